@@ -1,0 +1,281 @@
+"""Typed configuration, validated once at load into frozen objects.
+
+An error names the file, the key and what was expected. The example
+``etc/gpusched.toml`` documents every key.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import tomllib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpusched.core.timefmt import TimeFormatError, parse_time_limit
+from gpusched.errors import ConfigError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
+
+
+@dataclass(frozen=True)
+class StaticGpu:
+    """One GPU of a static inventory."""
+
+    index: int
+    uuid: str
+    name: str = "Demo GPU"
+    memory_mb: int = 0
+    pci_bus_id: str = ""
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """A partition as configured: ``nodes = ["*"]`` means every node."""
+
+    name: str
+    nodes: tuple[str, ...] = ("*",)
+    default: bool = False
+    max_time: int | None = None
+    default_time: int | None = None
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Settings of ``gpusched controller``."""
+
+    socket: Path = Path("/run/gpusched/controller.sock")
+    socket_mode: int = 0o666
+    schedule_interval: float = 5.0
+    node_timeout: float = 90.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of ``gpusched agent``."""
+
+    node_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    state_dir: Path = Path("/var/lib/gpusched/agent")
+    poll_wait: float = 20.0
+    kill_grace: float = 30.0
+    gpu_source: str = "static"
+    static_gpus: tuple[StaticGpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration of a gpusched installation."""
+
+    database_url: str = "postgresql+psycopg://gpusched@/gpusched?host=/run/postgresql"
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    partitions: tuple[PartitionConfig, ...] = (PartitionConfig("gpu", default=True),)
+    source: str = "<defaults>"
+
+    def default_partition(self) -> PartitionConfig:
+        """The partition jobs go to when they name none."""
+        for part in self.partitions:
+            if part.default:
+                return part
+        return self.partitions[0]
+
+
+def demo_gpus(node_name: str, count: int) -> tuple[StaticGpu, ...]:
+    """A demo inventory of ``count`` GPUs with UUIDs stable for this node name."""
+    return tuple(
+        StaticGpu(
+            index=i,
+            uuid=f"GPU-{uuid.uuid5(_DEMO_NAMESPACE, f'{node_name}/{i}')}",
+            name="gpusched demo GPU",
+            memory_mb=81920,
+            pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
+        )
+        for i in range(count)
+    )
+
+
+class _Reader:
+    """Typed access to one TOML table, with errors that name file and key."""
+
+    def __init__(self, source: str, table: Mapping[str, Any], prefix: str) -> None:
+        self.source, self.table, self.prefix = source, table, prefix
+
+    def fail(self, key: str, expected: str) -> ConfigError:
+        value = self.table.get(key)
+        return ConfigError(f"{self.source}: {self.prefix}{key}: expected {expected}, got {value!r}")
+
+    def check_keys(self, allowed: set[str]) -> None:
+        for key in self.table:
+            if key not in allowed:
+                raise ConfigError(f"{self.source}: {self.prefix}{key}: unknown key")
+
+    def get(self, key: str, kind: type, default: Any, expected: str) -> Any:
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(key, expected)
+        return value
+
+    def positive(self, key: str, default: float) -> float:
+        value = self.get(key, float, default, "a positive number of seconds")
+        if value <= 0:
+            raise self.fail(key, "a positive number of seconds")
+        return float(value)
+
+    def time_limit(self, key: str) -> int | None:
+        text = self.get(key, str, None, "a time such as '1-00:00:00' or 'UNLIMITED'")
+        if text is None:
+            return None
+        try:
+            return parse_time_limit(text)
+        except TimeFormatError:
+            raise self.fail(key, "a time such as '1-00:00:00' or 'UNLIMITED'") from None
+
+    def sub(self, key: str) -> _Reader:
+        value = self.table.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail(key, "a table")
+        return _Reader(self.source, value, f"{self.prefix}{key}.")
+
+    def name(self, key: str, default: str | None = None) -> str:
+        value = self.get(key, str, default, "a name of letters, digits, '_', '.', '-'")
+        if value is None or not _NAME.match(value):
+            raise self.fail(key, "a name of letters, digits, '_', '.', '-'")
+        return str(value)
+
+
+def _controller(r: _Reader) -> ControllerConfig:
+    r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout"})
+    mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
+    if not 0 <= mode <= 0o777:
+        raise r.fail("socket_mode", "an integer file mode such as 0o666")
+    return ControllerConfig(
+        socket=Path(r.get("socket", str, str(ControllerConfig.socket), "a path")),
+        socket_mode=mode,
+        schedule_interval=r.positive("schedule_interval", ControllerConfig.schedule_interval),
+        node_timeout=r.positive("node_timeout", ControllerConfig.node_timeout),
+    )
+
+
+def _static_gpus(r: _Reader, node_name: str) -> tuple[StaticGpu, ...]:
+    count = r.get("count", int, None, "a number of demo GPUs (0 or more)")
+    listed = r.table.get("static", [])
+    if count is not None:
+        if count < 0:
+            raise r.fail("count", "a number of demo GPUs (0 or more)")
+        if listed:
+            raise ConfigError(f"{r.source}: {r.prefix}count and {r.prefix}static: give one, not both")
+        return demo_gpus(node_name, count)
+    if not isinstance(listed, list):
+        raise r.fail("static", "an array of tables [[agent.gpus.static]]")
+    gpus: list[StaticGpu] = []
+    for i, entry in enumerate(listed):
+        if not isinstance(entry, dict):
+            raise r.fail("static", "an array of tables [[agent.gpus.static]]")
+        g = _Reader(r.source, entry, f"{r.prefix}static[{i}].")
+        g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id"})
+        index = g.get("index", int, i, "a GPU index (0 or more)")
+        gpu_uuid = g.get("uuid", str, None, "a GPU UUID such as 'GPU-…'")
+        if gpu_uuid is None or not gpu_uuid.startswith(("GPU-", "MIG-")):
+            raise g.fail("uuid", "a GPU UUID such as 'GPU-…'")
+        if index < 0:
+            raise g.fail("index", "a GPU index (0 or more)")
+        gpus.append(StaticGpu(
+            index=index, uuid=gpu_uuid,
+            name=g.get("name", str, "GPU", "a product name"),
+            memory_mb=g.get("memory_mb", int, 0, "memory in MiB"),
+            pci_bus_id=g.get("pci_bus_id", str, "", "a PCI bus id"),
+        ))
+    if len({g.uuid for g in gpus}) != len(gpus) or len({g.index for g in gpus}) != len(gpus):
+        raise r.fail("static", "GPUs with distinct indexes and UUIDs")
+    return tuple(gpus)
+
+
+def _agent(r: _Reader) -> AgentConfig:
+    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus"})
+    defaults = AgentConfig()
+    node_name = r.name("node_name", defaults.node_name)
+    gpus = r.sub("gpus")
+    gpus.check_keys({"source", "count", "static"})
+    source = gpus.get("source", str, "static", "'static'")
+    if source != "static":
+        raise gpus.fail("source", "'static' (NVML discovery is not available in this version)")
+    return AgentConfig(
+        node_name=node_name,
+        state_dir=Path(r.get("state_dir", str, str(defaults.state_dir), "a path")),
+        poll_wait=r.positive("poll_wait", defaults.poll_wait),
+        kill_grace=r.get("kill_grace", float, defaults.kill_grace, "seconds (0 or more)"),
+        gpu_source=source,
+        static_gpus=_static_gpus(gpus, node_name),
+    )
+
+
+def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:
+    if raw is None:
+        return Config.partitions
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{source}: partitions: expected one or more [[partitions]] tables")
+    parts: list[PartitionConfig] = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{source}: partitions[{i}]: expected a table")
+        r = _Reader(source, entry, f"partitions[{i}].")
+        r.check_keys({"name", "nodes", "default", "max_time", "default_time"})
+        nodes = r.get("nodes", list, ["*"], "a list of node names, or [\"*\"]")
+        if not nodes or not all(isinstance(n, str) and (n == "*" or _NAME.match(n)) for n in nodes):
+            raise r.fail("nodes", "a list of node names, or [\"*\"]")
+        part = PartitionConfig(
+            name=r.name("name"),
+            nodes=tuple(nodes),
+            default=r.get("default", bool, False, "true or false"),
+            max_time=r.time_limit("max_time"),
+            default_time=r.time_limit("default_time"),
+        )
+        if part.max_time and part.default_time and part.default_time > part.max_time:
+            raise r.fail("default_time", f"at most max_time")
+        parts.append(part)
+    names = [p.name for p in parts]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{source}: partitions: names must be distinct, got {names}")
+    if sum(p.default for p in parts) > 1:
+        raise ConfigError(f"{source}: partitions: at most one may have default = true")
+    return tuple(parts)
+
+
+def parse_config(data: Mapping[str, Any], source: str) -> Config:
+    """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
+    top = _Reader(source, data, "")
+    top.check_keys({"database", "controller", "agent", "partitions"})
+    database = top.sub("database")
+    database.check_keys({"url"})
+    url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
+    if not url.startswith("postgresql"):
+        raise database.fail("url", "a SQLAlchemy URL 'postgresql+psycopg://…'")
+    return Config(
+        database_url=url,
+        controller=_controller(top.sub("controller")),
+        agent=_agent(top.sub("agent")),
+        partitions=_partitions(source, data.get("partitions")),
+        source=source,
+    )
+
+
+def load_config(path: Path | None) -> Config:
+    """Load and validate a config file; ``None`` gives the built-in defaults."""
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such configuration file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,154 @@
+"""The scheduling model: what a pass sees (Snapshot) and what it decides (Plan).
+
+Everything here is plain immutable data. Times are POSIX seconds passed in by the
+caller; nothing in ``gpusched.core`` reads a clock, a database or the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """Job states, with Slurm's names."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+
+    @property
+    def short(self) -> str:
+        """The two-letter code squeue prints in its ST column."""
+        return _SHORT[self]
+
+    @property
+    def terminal(self) -> bool:
+        """True once the job has ended and holds no resources."""
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+_SHORT = {
+    JobState.PENDING: "PD",
+    JobState.RUNNING: "R",
+    JobState.COMPLETED: "CD",
+    JobState.FAILED: "F",
+    JobState.CANCELLED: "CA",
+    JobState.TIMEOUT: "TO",
+}
+
+
+class NodeState(StrEnum):
+    """Node states as the scheduler sees them."""
+
+    UP = "UP"
+    DOWN = "DOWN"
+    DRAIN = "DRAIN"
+
+
+class Reason(StrEnum):
+    """Why a job is pending, with Slurm's words."""
+
+    NONE = "None"
+    RESOURCES = "Resources"
+    PRIORITY = "Priority"
+    PARTITION_DOWN = "PartitionDown"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One allocatable GPU on a node."""
+
+    uuid: str
+    index: int
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node: its state, its GPUs, and whose jobs its agent may run.
+
+    ``run_uid`` is None when the agent runs as root (any user's jobs), else the one
+    uid whose jobs it can run.
+    """
+
+    name: str
+    state: NodeState
+    gpus: tuple[GpuView, ...]
+    run_uid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """A partition: a named, ordered set of nodes."""
+
+    name: str
+    nodes: tuple[str, ...]
+    up: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A job waiting to be placed."""
+
+    job_id: int
+    partition: str
+    gpus: int
+    uid: int
+    submit_time: float
+    time_limit: int | None = None
+    reason: Reason = Reason.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding GPUs on a node."""
+
+    job_id: int
+    node: str
+    gpu_uuids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one scheduling pass needs, loaded in bulk."""
+
+    nodes: tuple[NodeView, ...]
+    partitions: tuple[PartitionView, ...]
+    pending: tuple[PendingJob, ...]
+    running: tuple[RunningJob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Tunable behaviour of a pass."""
+
+    max_starts_per_pass: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Decision: start ``job_id`` on ``node`` with exactly ``gpu_uuids``."""
+
+    job_id: int
+    node: str
+    gpu_uuids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Decision: ``job_id`` stays pending, for ``reason``."""
+
+    job_id: int
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The outcome of one pass: the decisions, in the order they were made."""
+
+    starts: tuple[Start, ...] = field(default_factory=tuple)
+    pending: tuple[Pending, ...] = field(default_factory=tuple)

@@ -1,0 +1,73 @@
+"""One error hierarchy for the whole project; the edges (API, CLI) translate it."""
+
+from __future__ import annotations
+
+
+class GpuschedError(Exception):
+    """Base of every error gpusched raises on purpose.
+
+    ``exit_code`` is what a CLI exits with, ``http_status`` what the API answers.
+    """
+
+    exit_code = 1
+    http_status = 500
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(GpuschedError):
+    """Bad input: a malformed flag, script, config or request."""
+
+    exit_code = 2
+    http_status = 400
+    code = "invalid"
+
+
+class ConfigError(UsageError):
+    """A configuration file is missing, malformed, or has a bad value."""
+
+    code = "config"
+
+
+class NotFound(GpuschedError):
+    """The named job, node or partition does not exist."""
+
+    exit_code = 1
+    http_status = 404
+    code = "not_found"
+
+
+class PermissionDenied(GpuschedError):
+    """The caller may not do this (for example cancel another user's job)."""
+
+    exit_code = 1
+    http_status = 403
+    code = "forbidden"
+
+
+class Conflict(GpuschedError):
+    """The object is not in a state that allows the operation."""
+
+    exit_code = 1
+    http_status = 409
+    code = "conflict"
+
+
+class Unavailable(GpuschedError):
+    """A service (controller, database) cannot be reached."""
+
+    exit_code = 1
+    http_status = 503
+    code = "unavailable"
+
+
+_BY_CODE = {cls.code: cls for cls in (GpuschedError, UsageError, ConfigError, NotFound,
+                                     PermissionDenied, Conflict, Unavailable)}
+
+
+def from_code(code: str, message: str) -> GpuschedError:
+    """Rebuild an error from the ``code`` of an API error body."""
+    return _BY_CODE.get(code, GpuschedError)(message)
