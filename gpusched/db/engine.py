@@ -1,0 +1,29 @@
+"""Engines and sessions."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def make_engine(url: str, pool_size: int = 10) -> Engine:
+    """An engine for ``url`` with a pool sized for a threaded server."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        future=True,
+    )
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded objects usable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def psycopg_dsn(url: str) -> str:
+    """The libpq connection string psycopg wants for a SQLAlchemy URL."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)

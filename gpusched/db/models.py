@@ -1,0 +1,168 @@
+"""SQLAlchemy 2 models: the schema of record. Changes go through Alembic migrations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+NODE_STATES = ("UP", "DOWN", "DRAIN")
+LINK_KINDS = ("NVLINK", "PCIE_SWITCH", "PCIE_HOST_BRIDGE", "NUMA_NODE", "SYSTEM")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base with stable constraint names (Alembic needs them)."""
+
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Partition(Base):
+    """A named set of nodes jobs are submitted to, with its time limits."""
+
+    __tablename__ = "partitions"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    nodes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{*}'"))
+    is_default: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    max_time: Mapped[int | None] = mapped_column(Integer)
+    default_time: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(Text, server_default=text("'UP'"))
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
+class Node(Base):
+    """A compute node, as registered by its agent."""
+
+    __tablename__ = "nodes"
+    __table_args__ = (CheckConstraint(_in("state", NODE_STATES), name="state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    state: Mapped[str] = mapped_column(Text, server_default=text("'DOWN'"))
+    reason: Mapped[str | None] = mapped_column(Text)
+    run_uid: Mapped[int | None] = mapped_column(Integer)
+    registered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_seen: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Gpu(Base):
+    """A GPU, or a MIG slice of one (``parent_id`` set), on a node."""
+
+    __tablename__ = "gpus"
+    __table_args__ = (Index(None, "node_id", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(Text, unique=True)
+    name: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    gpu_type: Mapped[str | None] = mapped_column(Text)
+    mig_profile: Mapped[str | None] = mapped_column(Text)
+    memory_mb: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    pci_bus_id: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    healthy: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    present: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+
+
+class GpuLink(Base):
+    """How two GPUs of one node are connected (NVLink, else their PCIe common ancestor)."""
+
+    __tablename__ = "gpu_links"
+    __table_args__ = (
+        CheckConstraint(_in("kind", LINK_KINDS), name="kind"),
+        CheckConstraint("gpu_a < gpu_b", name="ordered"),
+    )
+
+    gpu_a: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
+    gpu_b: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    nvlinks: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
+class Job(Base):
+    """A batch job: its request, its state and its outcome."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_in("state", JOB_STATES), name="state"),
+        CheckConstraint("gpus >= 0", name="gpus"),
+        Index(
+            "ix_jobs_active", "state", "submit_time",
+            postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    uid: Mapped[int] = mapped_column(Integer)
+    gid: Mapped[int] = mapped_column(Integer)
+    user_name: Mapped[str] = mapped_column(Text)
+    partition: Mapped[str] = mapped_column(ForeignKey("partitions.name"))
+    state: Mapped[str] = mapped_column(Text, server_default=text("'PENDING'"))
+    reason: Mapped[str] = mapped_column(Text, server_default=text("'None'"))
+    gpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    time_limit: Mapped[int | None] = mapped_column(Integer)
+    submit_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    start_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    end_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    signal: Mapped[int | None] = mapped_column(Integer)
+    error_message: Mapped[str | None] = mapped_column(Text)
+    script: Mapped[str] = mapped_column(Text)
+    args: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    work_dir: Mapped[str] = mapped_column(Text)
+    environment: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'"))
+    output: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
+    launched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Allocation(Base):
+    """A GPU held by a job. The partial unique index makes double allocation impossible."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (
+        Index(
+            "uq_allocations_active_gpu", "gpu_id", unique=True,
+            postgresql_where=text("released_at IS NULL"),
+        ),
+    )
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
