@@ -1,0 +1,155 @@
+"""``gpusched agent``: registers the node, claims launches and cancels, reports job ends."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import urlencode
+
+from gpusched.agent.launcher import JobEnd, Launcher, build_spec
+from gpusched.cli.client import ApiClient
+from gpusched.config import Config
+from gpusched.errors import GpuschedError, NotFound, Unavailable
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF = 2.0
+
+
+class _Stopping(Exception):
+    """Raised in the main thread by SIGTERM/SIGINT to leave a blocking poll at once."""
+
+
+class Agent:
+    """One node's agent. Jobs run under supervisors that outlive it."""
+
+    def __init__(self, config: Config, socket_path: Path) -> None:
+        self.config = config.agent
+        self.node = config.agent.node_name
+        self.socket_path = socket_path
+        self.launcher = Launcher(self.config.state_dir / "jobs")
+        self.signalled: set[int] = set()
+        self._extra_ends: list[JobEnd] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def inventory(self) -> list[dict[str, Any]]:
+        """The GPUs this agent registers."""
+        return [asdict(gpu) for gpu in self.config.static_gpus]
+
+    def run(self) -> None:
+        """Adopt surviving jobs, register, then serve launches and cancels until stopped."""
+        adopted = self.launcher.adopt()
+        if adopted:
+            log.info("re-adopted running jobs %s", adopted)
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        reporter = threading.Thread(target=self._report_loop, name="reporter", daemon=True)
+        reporter.start()
+        with ApiClient(self.socket_path) as client:
+            self._serve(client)
+
+    def stop(self) -> None:
+        """Ask the loops to finish."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the agent (never the jobs)."""
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+            raise _Stopping()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _serve(self, client: ApiClient) -> None:
+        registered, backoff = False, 0.05
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not registered:
+                        self._register(client)
+                        registered, backoff = True, 0.05
+                    self._handle(client, self._poll(client))
+                except NotFound:
+                    registered = False  # the controller forgot us (new database): register again
+                except Unavailable as exc:
+                    registered = False
+                    log.warning("controller unavailable: %s", exc)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+        except _Stopping:
+            pass
+        log.info("agent stopped; running jobs continue under their supervisors")
+
+    def _register(self, client: ApiClient) -> None:
+        client.request("POST", "/agent/v1/register", {
+            "node": self.node, "uid": os.geteuid(), "gpus": self.inventory()})
+        log.info("registered node %s with %d GPUs", self.node, len(self.config.static_gpus))
+
+    def _poll(self, client: ApiClient) -> dict[str, Any]:
+        query = {"node": self.node, "wait": self.config.poll_wait,
+                 "signalled": ",".join(str(j) for j in sorted(self.signalled))}
+        return client.request("GET", f"/agent/v1/work?{urlencode(query)}",
+                              timeout=self.config.poll_wait + 15)
+
+    def _handle(self, client: ApiClient, work: dict[str, Any]) -> None:
+        for launch in work.get("launches", []):
+            self._launch(client, launch)
+        for job_id in work.get("cancels", []):
+            if not self.launcher.cancel(job_id) and not self._known(job_id):
+                # Cancelled before it was ever launched here: report that directly.
+                self._queue_end(JobEnd(job_id, "cancelled", None, None, None, time.time(), None))
+            self.signalled.add(job_id)
+
+    def _known(self, job_id: int) -> bool:
+        return (self.launcher.jobs_dir / str(job_id)).exists()
+
+    def _launch(self, client: ApiClient, launch: dict[str, Any]) -> None:
+        job_id = launch["job_id"]
+        if os.geteuid() != 0 and launch["uid"] != os.geteuid():
+            self._queue_end(JobEnd(job_id, "launch_failed", None, None, None, time.time(),
+                                   f"the agent on {self.node} runs as uid {os.geteuid()} and "
+                                   f"cannot run jobs of uid {launch['uid']}"))
+            return
+        spec = build_spec(launch, self.config.kill_grace, self.node)
+        if self.launcher.launch(job_id, spec, launch["script"]):
+            log.info("launched job %d for %s", job_id, launch["user"])
+        client.request("POST", f"/agent/v1/jobs/{job_id}/launched", {"node": self.node})
+
+    def _queue_end(self, end: JobEnd) -> None:
+        with self._lock:
+            self._extra_ends.append(end)
+
+    def _report_loop(self) -> None:
+        backoff = 0.05
+        with ApiClient(self.socket_path) as client:
+            while not self._stop.is_set():
+                ends = self.launcher.wait_ended(timeout=0.5)
+                with self._lock:
+                    extra, self._extra_ends = self._extra_ends, []
+                try:
+                    for end in [*ends, *extra]:
+                        self._report(client, end, synthetic=end in extra)
+                        extra = [e for e in extra if e is not end]
+                    backoff = 0.05
+                except GpuschedError as exc:
+                    log.warning("cannot report job ends yet: %s", exc)
+                    with self._lock:
+                        self._extra_ends[:0] = extra
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _report(self, client: ApiClient, end: JobEnd, synthetic: bool) -> None:
+        body = {"node": self.node, "outcome": end.outcome, "exit_code": end.exit_code,
+                "signal": end.signal, "end_time": end.end_time, "error": end.error}
+        client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", body)
+        if not synthetic:
+            self.launcher.mark_reported(end.job_id)
+        self.signalled.discard(end.job_id)
+        log.info("job %d ended: %s", end.job_id, end.outcome)

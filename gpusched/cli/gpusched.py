@@ -1,0 +1,125 @@
+"""``gpusched``: run the daemons, migrate the database, start a local cluster."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpusched.cli.common import new_app, run_cli
+
+app = new_app("gpusched: a batch scheduler for GPU clusters.")
+db_app = new_app("Database schema management.")
+app.add_typer(db_app, name="db")
+
+ConfigOption = Annotated[
+    Optional[Path],
+    typer.Option("--config", "-c", help="Configuration file (default: $GPUSCHED_CONFIG or "
+                 "/etc/gpusched/gpusched.toml)."),
+]
+
+
+def _load(path: Path | None):  # type: ignore[no-untyped-def]
+    from gpusched.config import load_config
+    from gpusched.paths import default_config_path
+
+    return load_config(path or default_config_path())
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+@app.command()
+def controller(config: ConfigOption = None,
+               verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Run the controller: the API and (when leader) the scheduling loop."""
+    from gpusched.controller.main import Controller
+
+    cfg = _load(config)
+    _logging(verbose)
+    Controller(cfg).serve_forever()
+
+
+@app.command()
+def agent(config: ConfigOption = None,
+          verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Run the node agent: register GPUs, launch and supervise jobs."""
+    from gpusched.agent.main import Agent
+
+    cfg = _load(config)
+    _logging(verbose)
+    node_agent = Agent(cfg, cfg.controller.socket)
+    node_agent.install_signal_handlers()
+    node_agent.run()
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    config: ConfigOption = None,
+    database_url: Annotated[Optional[str], typer.Option(help="Overrides the config's URL.")] = None,
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+) -> None:
+    """Migrate the database schema (Alembic) up to REVISION."""
+    from gpusched.db.migrate import current, upgrade
+
+    url = database_url or _load(config).database_url
+    upgrade(url, revision)
+    typer.echo(f"database at revision {current(url)}")
+
+
+@db_app.command("current")
+def db_current(
+    config: ConfigOption = None,
+    database_url: Annotated[Optional[str], typer.Option(help="Overrides the config's URL.")] = None,
+) -> None:
+    """Print the database's schema revision."""
+    from gpusched.db.migrate import current
+
+    typer.echo(current(database_url or _load(config).database_url) or "none (run 'gpusched db upgrade')")
+
+
+@app.command()
+def up(
+    gpus: Annotated[int, typer.Option(min=0, help="Demo GPUs for the agent when no NVML GPU is present.")] = 4,
+    database_url: Annotated[Optional[str], typer.Option(help="Use this PostgreSQL instead of an embedded one.")] = None,
+    foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")] = False,
+) -> None:
+    """Start a complete local cluster (PostgreSQL, controller, one agent) and return when ready."""
+    from gpusched import local
+
+    cluster = local.up(gpus, database_url, typer.echo)
+    typer.echo(f"gpusched is up: state in {cluster.state_dir}, logs in {cluster.logs}")
+    typer.echo("Submit a first job:  gsubmit --gpus 1 --wrap 'echo $CUDA_VISIBLE_DEVICES'")
+    typer.echo("Watch the queue:     gqueue        Stop everything:  gpusched down")
+    if foreground:
+        import signal
+
+        stop = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+        signal.sigwait(stop)
+        local.down(typer.echo)
+
+
+@app.command()
+def down() -> None:
+    """Stop the local cluster's daemons; running jobs keep running and are re-adopted by 'up'."""
+    from gpusched import local
+
+    local.down(typer.echo)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run_cli(app, "gpusched"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The HTTP/JSON API: request validation, authorisation, reads and writes via db/."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+import gpusched
+from gpusched.controller.events import Events, notify_in
+from gpusched.controller.http import Request, Router
+from gpusched.db import agents, jobs
+from gpusched.db.models import Allocation, Gpu, Node
+from gpusched.errors import PermissionDenied, UsageError
+
+MAX_POLL_WAIT = 60.0
+
+
+def _job_id(request: Request) -> int:
+    try:
+        return int(request.params["job_id"])
+    except ValueError:
+        raise UsageError(f"invalid job id: {request.params['job_id']!r}") from None
+
+
+class Api:
+    """Binds the routes to a session factory and the wake-up hub."""
+
+    def __init__(self, sessions: sessionmaker[Session], events: Events,
+                 is_leader: Callable[[], bool]) -> None:
+        self.sessions = sessions
+        self.events = events
+        self.is_leader = is_leader
+        self.own_uid = os.geteuid()
+
+    def router(self) -> Router:
+        """All routes of docs/api.md."""
+        r = Router()
+        r.add("GET", "/v1/ping", self.ping)
+        r.add("POST", "/v1/jobs", self.submit)
+        r.add("GET", "/v1/jobs", self.list_jobs)
+        r.add("GET", "/v1/jobs/{job_id}", self.get_job)
+        r.add("POST", "/v1/jobs/{job_id}/cancel", self.cancel)
+        r.add("GET", "/v1/nodes", self.nodes)
+        r.add("POST", "/agent/v1/register", self.register)
+        r.add("GET", "/agent/v1/work", self.work)
+        r.add("POST", "/agent/v1/jobs/{job_id}/launched", self.launched)
+        r.add("POST", "/agent/v1/jobs/{job_id}/ended", self.ended)
+        return r
+
+    @staticmethod
+    def who(request: Request) -> jobs.Identity:
+        """The caller as the kernel reported it."""
+        return jobs.Identity(request.caller.uid, request.caller.gid)
+
+    def _require_agent(self, request: Request) -> None:
+        if request.caller.uid not in (0, self.own_uid):
+            raise PermissionDenied("only an agent (root or the controller's user) may do this")
+
+    def ping(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Liveness and leadership of this controller."""
+        return 200, {"ok": True, "version": gpusched.__version__, "leader": self.is_leader()}
+
+    def submit(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Store a new PENDING job and wake the scheduler."""
+        with self.sessions() as session, session.begin():
+            job = jobs.submit_job(session, request.body, self.who(request))
+            notify_in(session, "sched")
+            job_id = job.id
+        self.events.wake_scheduler()
+        return 201, {"job_id": job_id}
+
+    def list_jobs(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The queue."""
+        with self.sessions() as session:
+            return 200, {"jobs": jobs.list_jobs(session, request.query)}
+
+    def get_job(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """One job."""
+        with self.sessions() as session:
+            return 200, jobs.get_job(session, _job_id(request), self.who(request))
+
+    def cancel(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Cancel a pending job at once, or ask the node's agent to stop a running one."""
+        job_id = _job_id(request)
+        with self.sessions() as session, session.begin():
+            job, node = jobs.cancel_job(session, job_id, self.who(request))
+            notify_in(session, "sched", *([f"node:{node}"] if node else []))
+        if node:
+            self.events.wake_node(node)
+        self.events.wake_scheduler()
+        with self.sessions() as session:
+            return 200, jobs.get_job(session, job_id, self.who(request))
+
+    def nodes(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Nodes with their GPUs and which job holds each."""
+        with self.sessions() as session:
+            holders = dict(session.execute(select(Allocation.gpu_id, Allocation.job_id)
+                                           .where(Allocation.released_at.is_(None))).all())
+            gpus: dict[int, list[dict[str, Any]]] = {}
+            for g in session.scalars(select(Gpu).where(Gpu.present).order_by(Gpu.index)):
+                gpus.setdefault(g.node_id, []).append({
+                    "index": g.index, "uuid": g.uuid, "name": g.name, "memory_mb": g.memory_mb,
+                    "healthy": g.healthy, "job_id": holders.get(g.id)})
+            return 200, {"nodes": [
+                {"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
+                 "last_seen": n.last_seen.isoformat() if n.last_seen else None,
+                 "gpus": gpus.get(n.id, [])}
+                for n in session.scalars(select(Node).order_by(Node.name))]}
+
+    def register(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """An agent announces its node and GPUs."""
+        self._require_agent(request)
+        with self.sessions() as session, session.begin():
+            agents.register_node(session, request.body)
+            notify_in(session, "sched")
+        self.events.wake_scheduler()
+        return 200, {"ok": True}
+
+    def work(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Long poll: launches and cancels for a node; doubles as its heartbeat."""
+        self._require_agent(request)
+        node_name = request.query.get("node", "")
+        try:
+            wait = min(float(request.query.get("wait", "0")), MAX_POLL_WAIT)
+            signalled = {int(i) for i in request.query.get("signalled", "").split(",") if i}
+        except ValueError:
+            raise UsageError("wait: expected seconds; signalled: expected job ids") from None
+        seen = self.events.node_generation(node_name)
+        with self.sessions() as session, session.begin():
+            node, came_back = agents.heartbeat(session, node_name)
+            work = agents.pending_work(session, node, signalled)
+            if came_back:
+                notify_in(session, "sched")
+        if came_back:
+            self.events.wake_scheduler()
+        if work["launches"] or work["cancels"] or wait <= 0:
+            return 200, work
+        self.events.wait_node(node_name, seen, wait)
+        with self.sessions() as session:
+            node = session.scalars(select(Node).where(Node.name == node_name)).one()
+            return 200, agents.pending_work(session, node, signalled)
+
+    def launched(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The agent started the job's supervisor."""
+        self._require_agent(request)
+        with self.sessions() as session, session.begin():
+            changed = agents.mark_launched(session, _job_id(request), str(request.body.get("node")))
+        return 200, {"ok": True, "changed": changed}
+
+    def ended(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The agent reports a job's end; its GPUs are released and the scheduler woken."""
+        self._require_agent(request)
+        with self.sessions() as session, session.begin():
+            changed = agents.record_end(session, _job_id(request), request.body)
+            if changed:
+                notify_in(session, "sched")
+        if changed:
+            self.events.wake_scheduler()
+        return 200, {"ok": True, "changed": changed}

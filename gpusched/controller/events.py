@@ -1,0 +1,91 @@
+"""Wake-ups: the scheduler on submit/cancel/job end, agents' long polls on new work.
+
+Within one controller process a wake is a threading primitive; across replicas the
+same wake travels as a PostgreSQL NOTIFY sent inside the transaction that caused it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+CHANNEL = "gpusched"
+
+
+def notify_in(session: Session, *payloads: str) -> None:
+    """Queue NOTIFYs that PostgreSQL delivers when ``session`` commits."""
+    for payload in payloads:
+        session.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": payload})
+
+
+class Events:
+    """The controller's wake-up hub."""
+
+    def __init__(self) -> None:
+        self.scheduler = threading.Event()
+        self._nodes = threading.Condition()
+        self._generation: dict[str, int] = {}
+        self._stop = threading.Event()
+
+    def wake_scheduler(self) -> None:
+        """Ask the leader for a scheduling pass soon."""
+        self.scheduler.set()
+
+    def wake_node(self, name: str) -> None:
+        """Release the agent of ``name`` from its long poll."""
+        with self._nodes:
+            self._generation[name] = self._generation.get(name, 0) + 1
+            self._nodes.notify_all()
+
+    def node_generation(self, name: str) -> int:
+        """A counter that changes whenever ``name`` is woken (read before checking work)."""
+        with self._nodes:
+            return self._generation.get(name, 0)
+
+    def wait_node(self, name: str, seen: int, timeout: float) -> None:
+        """Wait until ``name`` is woken after generation ``seen``, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._nodes:
+            while self._generation.get(name, 0) == seen and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._nodes.wait(left)
+
+    def dispatch(self, payload: str) -> None:
+        """Act on one NOTIFY payload: ``sched`` or ``node:NAME``."""
+        if payload == "sched":
+            self.wake_scheduler()
+        elif payload.startswith("node:"):
+            self.wake_node(payload[5:])
+
+    def listen(self, dsn: str) -> threading.Thread:
+        """Start a thread relaying NOTIFYs from other controllers into this process."""
+        thread = threading.Thread(target=self._listen, args=(dsn,), name="notify", daemon=True)
+        thread.start()
+        return thread
+
+    def _listen(self, dsn: str) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            self.dispatch(note.payload)
+            except psycopg.Error as exc:
+                log.warning("notification listener lost its connection: %s", exc)
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        """Stop the listener and release every long poll."""
+        self._stop.set()
+        self.scheduler.set()
+        with self._nodes:
+            self._nodes.notify_all()

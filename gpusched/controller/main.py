@@ -1,0 +1,88 @@
+"""``gpusched controller``: the API server plus the leader-only scheduling loop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.exc import OperationalError
+
+from gpusched.config import Config
+from gpusched.controller.api import Api
+from gpusched.controller.events import Events
+from gpusched.controller.http import UnixHttpServer
+from gpusched.controller.scheduler import SchedulerLoop
+from gpusched.db import agents
+from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
+from gpusched.db.migrate import current
+from gpusched.db.partitions import sync_partitions
+from gpusched.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    """One controller process; several may run against one database."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        try:
+            revision = current(config.database_url)
+        except OperationalError as exc:
+            raise Unavailable(f"cannot reach the database: {exc.orig}") from None
+        if revision is None:
+            raise Unavailable("the database has no gpusched schema; run 'gpusched db upgrade'")
+        self.engine = make_engine(config.database_url, pool_size=20)
+        self.sessions = make_sessionmaker(self.engine)
+        with self.sessions() as session, session.begin():
+            sync_partitions(session, config.partitions)
+        dsn = psycopg_dsn(config.database_url)
+        self.events = Events()
+        self.scheduler = SchedulerLoop(self.sessions, self.events, dsn)
+        api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader)
+        self.server = UnixHttpServer(config.controller.socket, api.router(),
+                                     config.controller.socket_mode)
+        self.periodic = BackgroundScheduler(daemon=True)
+        self.periodic.add_job(self.events.wake_scheduler, "interval",
+                              seconds=config.controller.schedule_interval, id="backstop-pass")
+        self.periodic.add_job(self.check_nodes, "interval",
+                              seconds=max(1.0, config.controller.node_timeout / 3), id="node-liveness")
+        self._dsn = dsn
+
+    def check_nodes(self) -> None:
+        """Mark nodes whose agent went silent DOWN (leader only)."""
+        if not self.scheduler.is_leader:
+            return
+        with self.sessions() as session, session.begin():
+            down = agents.mark_stale_nodes_down(session, self.config.controller.node_timeout)
+        for name in down:
+            log.warning("node %s is not responding: marked DOWN", name)
+
+    def serve_forever(self) -> None:
+        """Run until SIGTERM or SIGINT."""
+        self.events.listen(self._dsn)
+        self.scheduler.start()
+        self.periodic.start()
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            log.info("received signal %d, shutting down", signum)
+            threading.Thread(target=self.server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        log.info("controller listening on %s", self.config.controller.socket)
+        try:
+            self.server.serve_forever(poll_interval=0.5)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop every thread and release the socket and leadership."""
+        self.periodic.shutdown(wait=False)
+        self.events.stop()
+        self.scheduler.stop()
+        self.server.server_close()
+        self.engine.dispose()

@@ -1,0 +1,141 @@
+"""The leader-only scheduling loop: a Postgres advisory lock decides who schedules."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import psycopg
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpusched.controller.events import Events, notify_in
+from gpusched.core.model import Policy
+from gpusched.core.plan import plan
+from gpusched.db.schedule import apply_plan, load_snapshot
+
+log = logging.getLogger(__name__)
+LEADER_LOCK_KEY = 0x67707573  # "gpus"
+STANDBY_RETRY = 1.0
+
+
+@dataclass
+class PassStats:
+    """What the last pass did, for logs and ``/v1/ping``."""
+
+    passes: int = 0
+    last_pending: int = 0
+    last_started: int = 0
+    last_seconds: float = 0.0
+
+
+class Leadership:
+    """Holds the advisory lock on its own connection; losing it means stepping down."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._conn: psycopg.Connection | None = None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if free; True while we hold it."""
+        if self.held():
+            return True
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True)
+        except psycopg.Error as exc:
+            log.warning("cannot reach the database for leadership: %s", exc)
+            return False
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_KEY,)).fetchone()
+        if row and row[0]:
+            self._conn = conn
+            log.info("became the scheduling leader")
+            return True
+        conn.close()
+        return False
+
+    def held(self) -> bool:
+        """True if our lock connection is still alive (a dead one releases the lock)."""
+        if self._conn is None:
+            return False
+        try:
+            self._conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            log.warning("lost the leadership connection; stepping down")
+            self.release()
+            return False
+
+    def release(self) -> None:
+        """Give up leadership (closing the connection frees the lock)."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+
+class SchedulerLoop:
+    """Runs passes when woken (submit, cancel, job end) and on the periodic backstop."""
+
+    def __init__(self, sessions: sessionmaker[Session], events: Events, dsn: str,
+                 policy: Policy | None = None) -> None:
+        self.sessions = sessions
+        self.events = events
+        self.policy = policy or Policy()
+        self.leadership = Leadership(dsn)
+        self.stats = PassStats()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this controller holds the scheduling lock."""
+        return self.leadership._conn is not None
+
+    def start(self) -> None:
+        """Start the loop thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and release leadership."""
+        self._stop.set()
+        self.events.wake_scheduler()
+        self._thread.join(timeout=10)
+        self.leadership.release()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.leadership.try_acquire():
+                self._stop.wait(STANDBY_RETRY)
+                continue
+            self.events.scheduler.wait(timeout=30)
+            self.events.scheduler.clear()
+            if self._stop.is_set() or not self.leadership.held():
+                continue
+            try:
+                self.run_pass()
+            except Exception:
+                log.exception("scheduling pass failed; the next one starts over")
+                self._stop.wait(0.5)
+
+    def run_pass(self) -> set[str]:
+        """One pass: snapshot, plan, apply in one transaction, then wake agents."""
+        started = time.monotonic()
+        with self.sessions() as session, session.begin():
+            snapshot, node_ids = load_snapshot(session)
+            decided = plan(snapshot, time.time(), self.policy)
+            woken = apply_plan(session, snapshot, decided, node_ids)
+            notify_in(session, *(f"node:{name}" for name in sorted(woken)))
+        for name in woken:
+            self.events.wake_node(name)
+        elapsed = time.monotonic() - started
+        self.stats.passes += 1
+        self.stats.last_pending = len(snapshot.pending)
+        self.stats.last_started = len(decided.starts)
+        self.stats.last_seconds = elapsed
+        if decided.starts:
+            log.info("pass %d: %d pending, %d started in %.1f ms", self.stats.passes,
+                     len(snapshot.pending), len(decided.starts), elapsed * 1000)
+        return woken

@@ -1,0 +1,133 @@
+"""Agent-facing operations: registration, heartbeats, work to claim, launch and end reports."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from gpusched.db.jobs import job_placements
+from gpusched.db.models import Allocation, Gpu, Job, Node
+from gpusched.errors import NotFound, UsageError
+
+OUTCOME_STATES = {
+    "completed": "COMPLETED",
+    "failed": "FAILED",
+    "launch_failed": "FAILED",
+    "cancelled": "CANCELLED",
+    "timeout": "TIMEOUT",
+}
+
+
+def _node(session: Session, name: str) -> Node:
+    node = session.scalars(select(Node).where(Node.name == name)).first()
+    if node is None:
+        raise NotFound(f"unknown node {name!r}: the agent must register first")
+    return node
+
+
+def register_node(session: Session, body: dict[str, Any]) -> Node:
+    """Create or refresh a node and its GPU inventory; the node becomes UP."""
+    name, gpus, uid = body.get("node"), body.get("gpus"), body.get("uid")
+    if not isinstance(name, str) or not name:
+        raise UsageError("node: expected the node name")
+    if not isinstance(gpus, list) or not isinstance(uid, int):
+        raise UsageError("gpus: expected a list of GPUs; uid: expected the agent's uid")
+    now = datetime.now(UTC)
+    values = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
+              "registered_at": now, "last_seen": now}
+    session.execute(
+        insert(Node).values(name=name, **values)
+        .on_conflict_do_update(index_elements=[Node.name], set_=values)
+    )
+    node = _node(session, name)
+    seen: list[str] = []
+    for gpu in gpus:
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("uuid"), str):
+            raise UsageError("gpus: each GPU needs at least a uuid")
+        row = {
+            "node_id": node.id, "index": int(gpu.get("index", 0)), "uuid": gpu["uuid"],
+            "name": str(gpu.get("name", "")), "memory_mb": int(gpu.get("memory_mb", 0)),
+            "pci_bus_id": str(gpu.get("pci_bus_id", "")), "present": True,
+        }
+        session.execute(insert(Gpu).values(**row).on_conflict_do_update(
+            index_elements=[Gpu.uuid], set_=row))
+        seen.append(gpu["uuid"])
+    # A GPU that vanished keeps its row (allocations refer to it) but is no longer offered.
+    session.execute(update(Gpu).where(Gpu.node_id == node.id, Gpu.uuid.not_in(seen))
+                    .values(present=False))
+    return node
+
+
+def heartbeat(session: Session, name: str) -> tuple[Node, bool]:
+    """Record that the node's agent is alive; a DOWN node comes back UP (then True)."""
+    node = _node(session, name)
+    node.last_seen = datetime.now(UTC)
+    came_back = node.state == "DOWN"
+    if came_back:
+        node.state, node.reason = "UP", None
+    return node, came_back
+
+
+def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str, Any]:
+    """Launches not yet acknowledged and cancels not yet acted on for ``node``."""
+    jobs = list(session.scalars(
+        select(Job).where(Job.state == "RUNNING", Job.node_id == node.id).order_by(Job.id)
+    ))
+    to_launch = [j for j in jobs if j.launched_at is None and j.cancel_requested_at is None]
+    cancels = [j.id for j in jobs if j.cancel_requested_at is not None and j.id not in signalled]
+    placed = job_placements(session, [j.id for j in to_launch]) if to_launch else {}
+    launches = [
+        {
+            "job_id": j.id, "name": j.name, "user": j.user_name, "uid": j.uid, "gid": j.gid,
+            "script": j.script, "args": list(j.args), "work_dir": j.work_dir,
+            "environment": dict(j.environment), "output": j.output, "error": j.error,
+            "time_limit": j.time_limit, "node": node.name,
+            "gpu_uuids": placed.get(j.id, (node.name, []))[1],
+        }
+        for j in to_launch
+    ]
+    return {"launches": launches, "cancels": cancels}
+
+
+def mark_launched(session: Session, job_id: int, node_name: str) -> bool:
+    """Record that the job's supervisor runs; False if it was already recorded."""
+    node = _node(session, node_name)
+    return bool(session.execute(
+        update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING",
+                          Job.launched_at.is_(None))
+        .values(launched_at=datetime.now(UTC))
+    ).rowcount)
+
+
+def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
+    """Record how a job ended and release its GPUs; False if already recorded."""
+    outcome = body.get("outcome")
+    if outcome not in OUTCOME_STATES:
+        raise UsageError(f"outcome: expected one of {sorted(OUTCOME_STATES)}, got {outcome!r}")
+    node = _node(session, str(body.get("node")))
+    end_time = body.get("end_time")
+    ended = (datetime.fromtimestamp(end_time, UTC) if isinstance(end_time, int | float)
+             else datetime.now(UTC))
+    changed = session.execute(
+        update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING")
+        .values(state=OUTCOME_STATES[outcome], end_time=ended, exit_code=body.get("exit_code"),
+                signal=body.get("signal"), error_message=body.get("error"))
+    ).rowcount
+    if changed:
+        session.execute(update(Allocation).where(Allocation.job_id == job_id,
+                                                 Allocation.released_at.is_(None))
+                        .values(released_at=datetime.now(UTC)))
+    return bool(changed)
+
+
+def mark_stale_nodes_down(session: Session, timeout: float) -> list[str]:
+    """Nodes whose agent has been silent for ``timeout`` seconds go DOWN."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=timeout)
+    return list(session.scalars(
+        update(Node).where(Node.state == "UP", Node.last_seen < cutoff)
+        .values(state="DOWN", reason="Not responding").returning(Node.name)
+    ))

@@ -1,0 +1,213 @@
+"""Job operations for users: submit, cancel, list. Every transition is a guarded UPDATE."""
+
+from __future__ import annotations
+
+import pwd
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from gpusched.core.timefmt import format_duration
+from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
+from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
+
+MAX_NAME = 200
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is asking: uid and gid from the kernel, and the user name."""
+
+    uid: int
+    gid: int
+
+    @property
+    def user(self) -> str:
+        """The login name of ``uid`` (the number itself if it has none)."""
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return str(self.uid)
+
+    @property
+    def is_admin(self) -> bool:
+        """Root administers the cluster."""
+        return self.uid == 0
+
+
+def _field(body: dict[str, Any], key: str, kind: type, default: Any, expected: str) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise UsageError(f"{key}: expected {expected}, got {value!r}")
+    return value
+
+
+def _choose_partition(session: Session, name: str | None) -> Partition:
+    if name is None:
+        part = session.scalars(
+            select(Partition).where(Partition.state != "INACTIVE")
+            .order_by(Partition.is_default.desc(), Partition.name).limit(1)
+        ).first()
+        if part is None:
+            raise UsageError("no partitions are configured")
+        return part
+    part = session.get(Partition, name)
+    if part is None or part.state == "INACTIVE":
+        raise UsageError(f"invalid partition specified: {name}")
+    return part
+
+
+def _largest_node(session: Session, part: Partition) -> int | None:
+    """Most GPUs on any registered node of ``part``; None when it has no nodes yet."""
+    count = func.count(Gpu.id).filter(Gpu.present, Gpu.parent_id.is_(None))
+    query = select(Node.name, count).outerjoin(Gpu, Gpu.node_id == Node.id).group_by(Node.name)
+    sizes = [n for name, n in session.execute(query) if "*" in part.nodes or name in part.nodes]
+    return max(sizes) if sizes else None
+
+
+def _validate_time(part: Partition, limit: int | None) -> int | None:
+    if limit is None:
+        return part.default_time
+    if limit <= 0:
+        raise UsageError(f"time_limit: expected a positive number of seconds, got {limit}")
+    if part.max_time is not None and limit > part.max_time:
+        raise UsageError(
+            f"time limit {format_duration(limit)} exceeds the MaxTime "
+            f"{format_duration(part.max_time)} of partition {part.name}"
+        )
+    return limit
+
+
+def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
+    """Validate a submission and store it PENDING; nothing is stored if it is invalid."""
+    script = _field(body, "script", str, None, "the batch script text")
+    if script is None or not script.startswith("#!"):
+        raise UsageError("This does not look like a batch script: the first line must start "
+                         "with #! followed by the path to an interpreter")
+    args = _field(body, "args", list, [], "a list of strings")
+    if not all(isinstance(a, str) for a in args):
+        raise UsageError("args: expected a list of strings")
+    gpus = _field(body, "gpus", int, 0, "a whole number of GPUs (0 or more)")
+    if gpus < 0:
+        raise UsageError(f"gpus: expected a whole number of GPUs (0 or more), got {gpus}")
+    name = _field(body, "name", str, "job", "a job name")
+    if not name or len(name) > MAX_NAME or any(c in name for c in "\n\r\t"):
+        raise UsageError(f"name: expected 1 to {MAX_NAME} characters without tabs or newlines")
+    work_dir = _field(body, "work_dir", str, None, "an absolute directory path")
+    if not work_dir or not work_dir.startswith("/"):
+        raise UsageError(f"work_dir: expected an absolute directory path, got {work_dir!r}")
+    env = _field(body, "environment", dict, {}, "an object of strings")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("environment: expected an object mapping names to strings")
+    output = _field(body, "output", str, None, "a file name pattern")
+    error = _field(body, "error", str, None, "a file name pattern")
+    part = _choose_partition(session, _field(body, "partition", str, None, "a partition name"))
+    time_limit = _validate_time(part, _field(body, "time_limit", int, None, "seconds"))
+    largest = _largest_node(session, part)
+    if largest is not None and gpus > largest:
+        raise UsageError(
+            f"requested {gpus} GPUs, but no node in partition {part.name} has more than {largest}"
+        )
+    job = Job(
+        name=name, uid=who.uid, gid=who.gid, user_name=who.user, partition=part.name,
+        gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
+        environment=env, output=output, error=error,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, str | None]:
+    """Cancel a job; returns the job and the node to wake when it is running."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"invalid job id specified: {job_id}")
+    if job.uid != who.uid and not who.is_admin:
+        raise PermissionDenied(f"job {job_id} belongs to {job.user_name}; you may cancel only your own jobs")
+    now = datetime.now(UTC)
+    done = session.execute(
+        update(Job).where(Job.id == job_id, Job.state == "PENDING")
+        .values(state="CANCELLED", end_time=now, reason="None")
+    ).rowcount
+    if done:
+        session.refresh(job)
+        return job, None
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
+        .values(cancel_requested_at=now)
+    )
+    session.refresh(job)
+    if job.state != "RUNNING":
+        raise Conflict(f"job {job_id} has already ended ({job.state})")
+    node = session.get(Node, job.node_id) if job.node_id else None
+    return job, node.name if node else None
+
+
+def job_placements(session: Session, job_ids: list[int]) -> dict[int, tuple[str, list[str]]]:
+    """Node name and GPU UUIDs (in index order) of each started job."""
+    rows = session.execute(
+        select(Allocation.job_id, Node.name, Gpu.uuid)
+        .join(Gpu, Gpu.id == Allocation.gpu_id).join(Node, Node.id == Allocation.node_id)
+        .where(Allocation.job_id.in_(job_ids)).order_by(Allocation.job_id, Gpu.index)
+    )
+    placed: dict[int, tuple[str, list[str]]] = {}
+    for job_id, node, uuid in rows:
+        placed.setdefault(job_id, (node, []))[1].append(uuid)
+    return placed
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -> dict[str, Any]:
+    """The API's JOB object (docs/api.md); ``private`` adds script, args and environment."""
+    node, uuids = placement if placement else (None, [])
+    body: dict[str, Any] = {
+        "job_id": job.id, "name": job.name, "user": job.user_name, "uid": job.uid,
+        "partition": job.partition, "state": job.state, "reason": job.reason,
+        "gpus": job.gpus, "time_limit": job.time_limit,
+        "submit_time": _iso(job.submit_time), "start_time": _iso(job.start_time),
+        "end_time": _iso(job.end_time), "node": node, "gpu_uuids": uuids,
+        "exit_code": job.exit_code, "signal": job.signal, "error_message": job.error_message,
+        "work_dir": job.work_dir, "output": job.output, "error": job.error,
+    }
+    if private:
+        body.update(script=job.script, args=list(job.args), environment=dict(job.environment))
+    return body
+
+
+def list_jobs(session: Session, query: dict[str, str]) -> list[dict[str, Any]]:
+    """The queue (or, with ``all``, every job), filtered as ``GET /v1/jobs`` describes."""
+    stmt = select(Job).order_by(Job.id)
+    if query.get("state"):
+        stmt = stmt.where(Job.state.in_([s.strip().upper() for s in query["state"].split(",")]))
+    elif query.get("all") not in ("1", "true", "yes"):
+        stmt = stmt.where(Job.state.in_(["PENDING", "RUNNING"]))
+    if query.get("user"):
+        stmt = stmt.where(Job.user_name.in_(query["user"].split(",")))
+    if query.get("ids"):
+        try:
+            ids = [int(i) for i in query["ids"].split(",")]
+        except ValueError:
+            raise UsageError(f"ids: expected job ids separated by commas, got {query['ids']!r}") from None
+        stmt = stmt.where(Job.id.in_(ids))
+    jobs = list(session.scalars(stmt))
+    started = [j.id for j in jobs if j.start_time is not None]
+    placed = job_placements(session, started) if started else {}
+    return [job_json(j, placed.get(j.id), private=False) for j in jobs]
+
+
+def get_job(session: Session, job_id: int, who: Identity) -> dict[str, Any]:
+    """One JOB object; its owner and admins also see the script and environment."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"invalid job id specified: {job_id}")
+    private = who.is_admin or who.uid == job.uid
+    return job_json(job, job_placements(session, [job_id]).get(job_id), private)

@@ -1,0 +1,101 @@
+"""The database side of a scheduling pass: load a Snapshot in bulk, apply a Plan."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
+
+from gpusched.core.model import (
+    GpuView,
+    NodeState,
+    NodeView,
+    PartitionView,
+    PendingJob,
+    Plan,
+    Reason,
+    RunningJob,
+    Snapshot,
+)
+from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
+
+
+def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
+    """Everything a pass needs, in a handful of queries; also node ids by name."""
+    node_rows = session.execute(select(Node.id, Node.name, Node.state, Node.run_uid)
+                                .order_by(Node.name)).all()
+    gpus: dict[int, list[GpuView]] = {}
+    for node_id, index, uuid, healthy in session.execute(
+        select(Gpu.node_id, Gpu.index, Gpu.uuid, Gpu.healthy)
+        .where(Gpu.present, Gpu.parent_id.is_(None))
+    ):
+        gpus.setdefault(node_id, []).append(GpuView(uuid, index, healthy))
+    nodes = tuple(
+        NodeView(name, NodeState(state), tuple(sorted(gpus.get(nid, []), key=lambda g: g.index)),
+                 run_uid)
+        for nid, name, state, run_uid in node_rows
+    )
+    all_names = tuple(n.name for n in nodes)
+    partitions = tuple(
+        PartitionView(name, all_names if "*" in members else tuple(members), state == "UP")
+        for name, members, state in session.execute(
+            select(Partition.name, Partition.nodes, Partition.state).order_by(Partition.name))
+    )
+    pending = tuple(
+        PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason))
+        for jid, part, n, uid, submitted, limit, reason in session.execute(
+            select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
+                   Job.reason).where(Job.state == "PENDING"))
+    )
+    held: dict[int, tuple[str, list[str]]] = {}
+    for job_id, node_name, uuid in session.execute(
+        select(Allocation.job_id, Node.name, Gpu.uuid)
+        .join(Gpu, Gpu.id == Allocation.gpu_id).join(Node, Node.id == Allocation.node_id)
+        .where(Allocation.released_at.is_(None))
+    ):
+        held.setdefault(job_id, (node_name, []))[1].append(uuid)
+    running = tuple(RunningJob(j, node, tuple(uuids)) for j, (node, uuids) in held.items())
+    snapshot = Snapshot(nodes=nodes, partitions=partitions, pending=pending, running=running)
+    return snapshot, {name: nid for nid, name, _, _ in node_rows}
+
+
+def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
+               node_ids: dict[str, int]) -> set[str]:
+    """Write the plan with guarded UPDATEs; returns the nodes that got jobs to launch.
+
+    A start whose job is no longer PENDING (cancelled since the snapshot) is skipped.
+    The partial unique index on allocations turns any double allocation into an error
+    that rolls the whole pass back.
+    """
+    now = datetime.now(UTC)
+    woken: set[str] = set()
+    gpu_ids = dict(session.execute(select(Gpu.uuid, Gpu.id).where(
+        Gpu.uuid.in_([u for start in plan.starts for u in start.gpu_uuids]))).all()
+    ) if plan.starts else {}
+    for start in plan.starts:
+        node_id = node_ids[start.node]
+        started = session.execute(
+            update(Job).where(Job.id == start.job_id, Job.state == "PENDING")
+            .values(state="RUNNING", reason="None", start_time=now, node_id=node_id)
+        ).rowcount
+        if not started:
+            continue
+        if start.gpu_uuids:
+            session.execute(Allocation.__table__.insert(), [
+                {"job_id": start.job_id, "gpu_id": gpu_ids[u], "node_id": node_id,
+                 "allocated_at": now}
+                for u in start.gpu_uuids
+            ])
+        woken.add(start.node)
+    current = {job.job_id: job.reason for job in snapshot.pending}
+    changed = [{"jid": p.job_id, "r": p.reason.value} for p in plan.pending
+               if current.get(p.job_id) != p.reason]
+    if changed:
+        session.connection().execute(
+            update(Job.__table__).where(Job.__table__.c.id == bindparam("jid"),
+                                        Job.__table__.c.state == "PENDING")
+            .values(reason=bindparam("r")),
+            changed,
+        )
+    return woken

@@ -1,0 +1,167 @@
+"""A real cluster for end-to-end tests: controller and agent processes on a fresh database."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpusched.cli.client import ApiClient
+
+BIN = Path(sys.executable).parent
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], timeout: float = 20.0, what: str = "condition",
+             seen: Callable[[], object] | None = None) -> T:
+    """Poll ``check`` until it returns something truthy; fail showing what was seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            shown = seen() if seen else value
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {shown!r}")
+        time.sleep(0.02)
+
+
+class Cluster:
+    """Controller + one agent with ``gpus`` static GPUs, all under one temp dir."""
+
+    def __init__(self, database_url: str, gpus: int = 4, node: str = "node01",
+                 kill_grace: float = 1.0) -> None:
+        self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-e2e-"))
+        os.chmod(self.root, 0o755)
+        self.socket = self.root / "c.sock"
+        self.agent_state = self.root / "agent"
+        self.work = self.root / "work"
+        self.work.mkdir(mode=0o777)
+        os.chmod(self.work, 0o777)
+        self.config = self.root / "gpusched.toml"
+        self.config.write_text(f"""
+[database]
+url = "{database_url}"
+[controller]
+socket = "{self.socket}"
+schedule_interval = 2.0
+[agent]
+node_name = "{node}"
+state_dir = "{self.agent_state}"
+poll_wait = 5.0
+kill_grace = {kill_grace}
+[agent.gpus]
+source = "static"
+count = {gpus}
+[[partitions]]
+name = "gpu"
+default = true
+max_time = "1-00:00:00"
+[[partitions]]
+name = "debug"
+nodes = ["{node}"]
+""")
+        self.env = {**os.environ, "GPUSCHED_SOCKET": str(self.socket)}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- daemons -------------------------------------------------------------
+    def start(self, daemon: str) -> subprocess.Popen[bytes]:
+        """Start ``controller`` or ``agent`` as a real process, logging to the temp dir."""
+        log = open(self.root / f"{daemon}.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpusched.cli.gpusched", daemon, "--config", str(self.config)],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env,
+        )
+        log.close()
+        self.procs[daemon] = proc
+        return proc
+
+    def kill(self, daemon: str, sig: int = signal.SIGKILL) -> None:
+        """Signal a daemon and wait for it to exit."""
+        proc = self.procs.pop(daemon)
+        proc.send_signal(sig)
+        proc.wait(timeout=20)
+
+    def up(self) -> Cluster:
+        """Start both daemons and wait until the node is UP."""
+        self.start("controller")
+        wait_for(lambda: self.try_api("GET", "/v1/ping"), what="controller", seen=self.logs)
+        self.start("agent")
+        self.wait_node_up()
+        return self
+
+    def wait_node_up(self) -> None:
+        """Wait until the agent's node is registered and UP."""
+        def up() -> bool:
+            nodes = self.try_api("GET", "/v1/nodes")
+            return bool(nodes and any(n["state"] == "UP" for n in nodes["nodes"]))
+        wait_for(up, what="node UP", seen=self.logs)
+
+    def logs(self) -> str:
+        """The tails of the daemon logs, for failure messages."""
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.root.glob("*.log"))
+
+    def close(self) -> None:
+        """Stop daemons and any job still running, remove the temp dir."""
+        for daemon in list(self.procs):
+            self.kill(daemon, signal.SIGTERM)
+        for info in self.agent_state.glob("jobs/*/supervisor.json"):
+            try:
+                data = json.loads(info.read_text())
+                os.killpg(data["job_pid"], signal.SIGKILL)
+                os.kill(data["supervisor_pid"], signal.SIGKILL)
+            except (OSError, ValueError, KeyError):
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- API and CLIs ---------------------------------------------------------
+    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One API request as the test process's user."""
+        with ApiClient(self.socket, timeout=30) as client:
+            return client.request(method, path, body)
+
+    def try_api(self, method: str, path: str) -> dict[str, Any] | None:
+        """Like api() but None while the controller is unreachable."""
+        try:
+            return self.api(method, path)
+        except Exception:
+            return None
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        """The JOB object of ``job_id``."""
+        return self.api("GET", f"/v1/jobs/{job_id}")
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job, ended ones included."""
+        return self.api("GET", "/v1/jobs?all=1")["jobs"]
+
+    def run(self, cmd: str, *args: str, user: str | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run one of the console scripts (gsubmit, gqueue, gcancel) as a subprocess."""
+        return subprocess.run(
+            [str(BIN / cmd), *args], capture_output=True, text=True, env=self.env,
+            cwd=cwd or self.work, user=user, timeout=60,
+        )
+
+    def submit(self, *args: str, user: str | None = None, cwd: Path | None = None) -> int:
+        """gsubmit --parsable ARGS; returns the job id."""
+        result = self.run("gsubmit", "--parsable", *args, user=user, cwd=cwd)
+        assert result.returncode == 0, f"gsubmit failed: {result.stderr}"
+        return int(result.stdout.strip())
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 20.0) -> dict[str, Any]:
+        """Wait until the job is in one of ``states``; returns its JOB object."""
+        def reached() -> dict[str, Any] | None:
+            job = self.job(job_id)
+            return job if job["state"] in states else None
+        return wait_for(reached, timeout, f"job {job_id} in {states}",
+                        seen=lambda: (self.job(job_id), self.logs()))
