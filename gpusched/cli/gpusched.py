@@ -108,6 +108,41 @@ def up(
         local.down(typer.echo)
 
 
+DEMO_SCRIPT = """#!/bin/sh
+echo "job $GPUSCHED_JOB_ID on $GPUSCHED_JOB_NODELIST"
+echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+"""
+
+
+@app.command()
+def demo(
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs for the demo job.")] = 2,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the job.")] = 60.0,
+) -> None:
+    """Submit a demo GPU job to the running cluster, wait for it and show its output."""
+    import os
+    import time
+
+    from gpusched.cli.client import ApiClient
+    from gpusched.errors import Unavailable
+
+    with ApiClient() as client:
+        job_id = client.request("POST", "/v1/jobs", {
+            "script": DEMO_SCRIPT, "name": "demo", "gpus": gpus, "work_dir": os.getcwd(),
+            "environment": dict(os.environ), "output": "gpusched-demo-%j.out",
+        })["job_id"]
+        typer.echo(f"Submitted batch job {job_id}")
+        deadline = time.monotonic() + timeout
+        while (job := client.request("GET", f"/v1/jobs/{job_id}"))["state"] in ("PENDING", "RUNNING"):
+            if time.monotonic() > deadline:
+                raise Unavailable(f"demo job {job_id} still {job['state']} after {timeout:.0f}s")
+            time.sleep(0.1)
+    output = Path(os.getcwd()) / f"gpusched-demo-{job_id}.out"
+    typer.echo(f"job {job_id} {job['state']} on {job['node']} with GPUs {','.join(job['gpu_uuids'])}")
+    typer.echo(f"--- {output}")
+    typer.echo(output.read_text(), nl=False)
+
+
 @app.command()
 def down() -> None:
     """Stop the local cluster's daemons; running jobs keep running and are re-adopted by 'up'."""

@@ -17,3 +17,19 @@ def cluster(db_url: str) -> Iterator[Cluster]:
         yield c.up()
     finally:
         c.close()
+
+
+@pytest.fixture(scope="session")
+def job_user() -> tuple[int, int, str]:
+    """A real unprivileged user to submit jobs as (created when missing)."""
+    import pwd
+    import subprocess
+
+    name = "gpusched-test"
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", name], check=True, capture_output=True)
+        entry = pwd.getpwnam(name)
+    return entry.pw_uid, entry.pw_gid, name

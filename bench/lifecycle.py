@@ -1,0 +1,117 @@
+"""Lifecycle figures on a fresh local cluster; prints ``name: value`` lines.
+
+    .venv/bin/python bench/lifecycle.py [--jobs 1000] [--gpus 8] [--trials 30]
+
+Starts its own cluster (``gpusched up`` under a temporary XDG_STATE_HOME) and stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def _client():  # type: ignore[no-untyped-def]
+    from gpusched.cli.client import ApiClient
+
+    return ApiClient()
+
+
+def submit(client, script: str, work: Path, gpus: int = 1) -> int:  # type: ignore[no-untyped-def]
+    """Submit through the API, as gsubmit does."""
+    return client.request("POST", "/v1/jobs", {
+        "script": script, "name": "bench", "gpus": gpus, "work_dir": str(work),
+        "environment": {"PATH": os.environ["PATH"]}, "output": "/dev/null",
+    })["job_id"]
+
+
+def wait_done(client, ids: list[int], timeout: float) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Wait until every job in ``ids`` has ended; returns their JOB objects."""
+    deadline = time.monotonic() + timeout
+    wanted = ",".join(map(str, ids))
+    while True:
+        jobs = client.request("GET", f"/v1/jobs?all=1&ids={wanted}")["jobs"]
+        if all(j["state"] not in ("PENDING", "RUNNING") for j in jobs):
+            return jobs
+        if time.monotonic() > deadline:
+            raise SystemExit(f"jobs did not finish within {timeout}s")
+        time.sleep(0.05)
+
+
+def submit_to_start(client, work: Path, trials: int) -> float:  # type: ignore[no-untyped-def]
+    """Median seconds from just before the submit request to the job's first instruction."""
+    latencies = []
+    for i in range(trials):
+        stamp = work / f"start-{i}"
+        script = f"#!/bin/sh\ndate +%s.%N > {stamp}\n"
+        before = time.time()
+        job_id = submit(client, script, work)
+        wait_done(client, [job_id], 30)
+        latencies.append(float(stamp.read_text()) - before)
+    return statistics.median(latencies)
+
+
+def throughput(client, work: Path, count: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Jobs per second from the first submit to the last completion, and that span."""
+    first = time.time()
+    ids = [submit(client, "#!/bin/sh\ntrue\n", work) for _ in range(count)]
+    jobs = wait_done(client, ids, 600)
+    failed = [j for j in jobs if j["state"] != "COMPLETED"]
+    if failed:
+        raise SystemExit(f"{len(failed)} jobs did not complete, e.g. {failed[0]}")
+    last = max(datetime.fromisoformat(j["end_time"]).timestamp() for j in jobs)
+    return count / (last - first), last - first
+
+
+def cli_wall(args: list[str], trials: int, work: Path) -> float:
+    """Median wall seconds of one CLI invocation."""
+    times = []
+    for _ in range(trials):
+        started = time.perf_counter()
+        subprocess.run([str(BIN / args[0]), *args[1:]], check=True, cwd=work,
+                       stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    """Run every figure on a fresh cluster."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--trials", type=int, default=30)
+    opts = parser.parse_args()
+    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-bench-"))
+    os.chmod(root, 0o755)
+    work = root / "work"
+    work.mkdir()
+    os.environ["XDG_STATE_HOME"] = str(root / "state")
+    os.environ.pop("GPUSCHED_SOCKET", None)
+    run = [str(BIN / "gpusched")]
+    subprocess.run([*run, "up", "--gpus", str(opts.gpus)], check=True, stdout=subprocess.DEVNULL)
+    try:
+        with _client() as client:
+            print(f"submit_to_start_median_ms: {submit_to_start(client, work, opts.trials) * 1000:.1f}")
+            rate, span = throughput(client, work, opts.jobs)
+            print(f"throughput_jobs: {opts.jobs}")
+            print(f"throughput_span_s: {span:.2f}")
+            print(f"throughput_jobs_per_s: {rate:.1f}")
+        print(f"gsubmit_wrap_true_median_ms: {cli_wall(['gsubmit', '--wrap', 'true'], opts.trials, work) * 1000:.1f}")
+        print(f"gqueue_median_ms: {cli_wall(['gqueue'], opts.trials, work) * 1000:.1f}")
+    finally:
+        subprocess.run([*run, "down"], check=False, stdout=subprocess.DEVNULL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

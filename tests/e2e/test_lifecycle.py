@@ -1,0 +1,98 @@
+"""Jobs through a real controller and agent: start, placement, ends, cancel, time limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.e2e.cluster import Cluster, wait_for
+
+HOLD = 'while [ ! -e "{flag}" ]; do sleep 0.05; done'
+
+
+def _release(cluster: Cluster, name: str) -> None:
+    (cluster.work / name).touch()
+
+
+def _env_of(output: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in output.read_text().splitlines() if "=" in line)
+    return {k: v for k, v in pairs}
+
+
+def test_job_runs_to_completion_with_its_gpus_visible(cluster: Cluster) -> None:
+    job_id = cluster.submit("--gpus", "2", "--job-name", "envcheck", "--wrap", "env")
+    job = cluster.wait_state(job_id, "COMPLETED")
+    assert job["exit_code"] == 0 and job["signal"] is None
+    assert len(job["gpu_uuids"]) == 2 and job["node"] == "node01"
+    env = _env_of(cluster.work / f"gpusched-{job_id}.out")
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(job["gpu_uuids"])
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    for prefix in ("GPUSCHED", "SLURM"):
+        assert env[f"{prefix}_JOB_ID"] == str(job_id)
+        assert env[f"{prefix}_JOB_NAME"] == "envcheck"
+        assert env[f"{prefix}_JOB_NODELIST"] == "node01"
+        assert env[f"{prefix}_SUBMIT_DIR"] == str(cluster.work)
+    assert job["start_time"] <= job["end_time"]
+
+
+def test_two_jobs_share_a_node_on_disjoint_gpus_and_a_third_waits(cluster: Cluster) -> None:
+    first = cluster.submit("--gpus", "2", "--wrap", HOLD.format(flag="go1"))
+    second = cluster.submit("--gpus", "2", "--wrap", HOLD.format(flag="go2"))
+    a = cluster.wait_state(first, "RUNNING")
+    b = cluster.wait_state(second, "RUNNING")
+    assert set(a["gpu_uuids"]).isdisjoint(b["gpu_uuids"])
+    third = cluster.submit("--gpus", "2", "--wrap", "echo $CUDA_VISIBLE_DEVICES")
+    wait_for(lambda: cluster.job(third)["reason"] == "Resources", what="reason Resources",
+             seen=lambda: cluster.job(third))
+    assert cluster.job(third)["state"] == "PENDING"
+    _release(cluster, "go2")
+    c = cluster.wait_state(third, "COMPLETED")
+    assert sorted(c["gpu_uuids"]) == sorted(b["gpu_uuids"])
+    assert cluster.job(first)["state"] == "RUNNING"
+    _release(cluster, "go1")
+    cluster.wait_state(first, "COMPLETED")
+
+
+def test_failing_script_is_failed_with_its_exit_code(cluster: Cluster) -> None:
+    job_id = cluster.submit("--wrap", "echo oops >&2; exit 3")
+    job = cluster.wait_state(job_id, "FAILED")
+    assert job["exit_code"] == 3
+    assert "oops" in (cluster.work / f"gpusched-{job_id}.out").read_text()
+
+
+def test_cancel_pending_and_running(cluster: Cluster) -> None:
+    running = cluster.submit("--gpus", "4", "--wrap", "trap 'echo got TERM; exit 143' TERM; "
+                             "echo started; while :; do sleep 0.05; done")
+    cluster.wait_state(running, "RUNNING")
+    pending = cluster.submit("--gpus", "4", "--wrap", "true")
+    wait_for(lambda: cluster.job(pending)["reason"] == "Resources", what="pending job")
+    result = cluster.run("gcancel", str(pending))
+    assert result.returncode == 0, result.stderr
+    assert cluster.job(pending)["state"] == "CANCELLED"
+    out = cluster.work / f"gpusched-{running}.out"
+    wait_for(lambda: out.exists() and "started" in out.read_text(), what="job output")
+    assert cluster.run("gcancel", str(running)).returncode == 0
+    job = cluster.wait_state(running, "CANCELLED")
+    assert "got TERM" in out.read_text()
+    assert job["gpu_uuids"]  # it held GPUs; they are free again:
+    nodes = cluster.api("GET", "/v1/nodes")["nodes"]
+    assert all(g["job_id"] is None for g in nodes[0]["gpus"])
+    again = cluster.run("gcancel", str(pending))
+    assert again.returncode == 1 and "already ended" in again.stderr
+
+
+def test_time_limit_ends_a_job_as_timeout(cluster: Cluster) -> None:
+    job_id = cluster.submit("--time", "0:01", "--wrap", "trap '' TERM; sleep 60")
+    job = cluster.wait_state(job_id, "TIMEOUT", timeout=30)
+    assert job["signal"] == 9  # it ignored SIGTERM, so the grace period ended in SIGKILL
+
+
+def test_job_of_another_user_runs_as_that_user(cluster: Cluster, job_user: tuple[int, int, str]) -> None:
+    uid, gid, name = job_user
+    job_id = cluster.submit("--wrap", "id -u; id -g; id -un", user=name)
+    job = cluster.wait_state(job_id, "COMPLETED")
+    assert (job["user"], job["uid"]) == (name, uid)
+    out = cluster.work / f"gpusched-{job_id}.out"
+    assert out.read_text().split()[:2] == [str(uid), str(gid)]
+    assert out.stat().st_uid == uid
+    other = cluster.run("gcancel", str(cluster.submit("--wrap", "sleep 30")), user=name)
+    assert other.returncode == 1 and "only your own" in other.stderr
