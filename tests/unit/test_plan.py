@@ -1,0 +1,150 @@
+"""The pure scheduling pass: FIFO per partition, first fit, reasons, invariants."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.core.model import (
+    GpuView,
+    NodeState,
+    NodeView,
+    PartitionView,
+    PendingJob,
+    Plan,
+    Policy,
+    Reason,
+    RunningJob,
+    Snapshot,
+)
+from gpusched.core.plan import plan
+
+
+def node(name: str, gpus: int, state: NodeState = NodeState.UP, run_uid: int | None = None,
+         unhealthy: tuple[int, ...] = ()) -> NodeView:
+    return NodeView(name, state, tuple(GpuView(f"{name}-g{i}", i, i not in unhealthy)
+                                       for i in range(gpus)), run_uid)
+
+
+def job(job_id: int, gpus: int, partition: str = "gpu", uid: int = 1000,
+        submit: float | None = None) -> PendingJob:
+    return PendingJob(job_id, partition, gpus, uid, float(job_id if submit is None else submit))
+
+
+def run(nodes: list[NodeView], jobs: list[PendingJob], running: list[RunningJob] = (),  # type: ignore[assignment]
+        partitions: list[PartitionView] | None = None) -> Plan:
+    parts = partitions or [PartitionView("gpu", tuple(n.name for n in nodes))]
+    return plan(Snapshot(tuple(nodes), tuple(parts), tuple(jobs), tuple(running)), 0.0, Policy())
+
+
+def starts(p: Plan) -> dict[int, tuple[str, tuple[str, ...]]]:
+    return {s.job_id: (s.node, s.gpu_uuids) for s in p.starts}
+
+
+def reasons(p: Plan) -> dict[int, Reason]:
+    return {d.job_id: d.reason for d in p.pending}
+
+
+def test_two_jobs_fill_a_node_and_the_third_waits_for_resources() -> None:
+    p = run([node("a", 4)], [job(1, 2), job(2, 2), job(3, 2)])
+    assert starts(p) == {1: ("a", ("a-g0", "a-g1")), 2: ("a", ("a-g2", "a-g3"))}
+    assert reasons(p) == {3: Reason.RESOURCES}
+
+
+def test_jobs_behind_a_blocked_job_wait_with_reason_priority() -> None:
+    p = run([node("a", 4)], [job(1, 3), job(2, 2), job(3, 1)])
+    assert set(starts(p)) == {1}
+    assert reasons(p) == {2: Reason.RESOURCES, 3: Reason.PRIORITY}
+
+
+def test_submit_order_not_id_order() -> None:
+    p = run([node("a", 2)], [job(1, 2, submit=10), job(2, 2, submit=5)])
+    assert set(starts(p)) == {2}
+
+
+def test_first_node_with_room_in_partition_order() -> None:
+    p = run([node("a", 1), node("b", 4)], [job(1, 2), job(2, 1)])
+    assert starts(p) == {1: ("b", ("b-g0", "b-g1")), 2: ("a", ("a-g0",))}
+
+
+def test_allocated_unhealthy_and_down_gpus_are_not_offered() -> None:
+    nodes = [node("a", 4, unhealthy=(0,)), node("b", 4, state=NodeState.DOWN)]
+    p = run(nodes, [job(1, 2), job(2, 1)], running=[RunningJob(9, "a", ("a-g1",))])
+    assert starts(p) == {1: ("a", ("a-g2", "a-g3"))}
+    assert reasons(p) == {2: Reason.RESOURCES}
+
+
+def test_node_of_an_unprivileged_agent_runs_only_its_users_jobs() -> None:
+    p = run([node("a", 2, run_uid=1000)], [job(1, 1, uid=2000), job(2, 1, uid=1000)],
+            partitions=[PartitionView("gpu", ("a",)), PartitionView("other", ("a",))])
+    assert reasons(p) == {1: Reason.RESOURCES, 2: Reason.PRIORITY}
+
+
+def test_partitions_block_independently() -> None:
+    parts = [PartitionView("gpu", ("a",)), PartitionView("debug", ("b",))]
+    p = run([node("a", 1), node("b", 1)], [job(1, 1), job(2, 1), job(3, 1, "debug")],
+            partitions=parts)
+    assert set(starts(p)) == {1, 3}
+    assert reasons(p) == {2: Reason.RESOURCES}
+
+
+def test_down_or_missing_partition() -> None:
+    parts = [PartitionView("gpu", ("a",), up=False)]
+    p = run([node("a", 1)], [job(1, 1), job(2, 1, "gone")], partitions=parts)
+    assert reasons(p) == {1: Reason.PARTITION_DOWN, 2: Reason.PARTITION_DOWN}
+
+
+def test_zero_gpu_job_starts_without_gpus() -> None:
+    p = run([node("a", 1)], [job(1, 1), job(2, 0)])
+    assert starts(p) == {1: ("a", ("a-g0",)), 2: ("a", ())}
+
+
+# --- properties -------------------------------------------------------------------------
+
+snapshots = st.builds(
+    lambda sizes, health, reqs, held: _snapshot(sizes, health, reqs, held),
+    st.lists(st.integers(0, 8), min_size=1, max_size=5),
+    st.lists(st.booleans(), min_size=40, max_size=40),
+    st.lists(st.tuples(st.integers(0, 9), st.sampled_from(["p", "q"]), st.integers(0, 3)),
+             max_size=30),
+    st.lists(st.integers(0, 39), max_size=10, unique=True),
+)
+
+
+def _snapshot(sizes: list[int], health: list[bool], reqs: list[tuple[int, str, int]],
+              held: list[int]) -> Snapshot:
+    nodes, flat = [], []
+    for n, size in enumerate(sizes):
+        gpus = tuple(GpuView(f"n{n}-{i}", i, health[(n * 8 + i) % 40]) for i in range(size))
+        state = {3: NodeState.DOWN, 4: NodeState.DRAIN}.get(n, NodeState.UP)
+        nodes.append(NodeView(f"n{n}", state, gpus))
+        flat += [(f"n{n}", g.uuid) for g in gpus]
+    running = tuple(RunningJob(1000 + i, flat[i][0], (flat[i][1],)) for i in held if i < len(flat))
+    names = tuple(n.name for n in nodes)
+    parts = (PartitionView("p", names), PartitionView("q", names[::-1]))
+    pending = tuple(PendingJob(i + 1, part, gpus, 1000, float(t)) for i, (gpus, part, t) in enumerate(reqs))
+    return Snapshot(tuple(nodes), parts, pending, running)
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots)
+def test_no_gpu_is_given_twice_or_when_unusable(snapshot: Snapshot) -> None:
+    result = plan(snapshot, 0.0, Policy())
+    held = {u for r in snapshot.running for u in r.gpu_uuids}
+    usable = {g.uuid for n in snapshot.nodes if n.state is NodeState.UP for g in n.gpus if g.healthy}
+    given_out = [u for s in result.starts for u in s.gpu_uuids]
+    assert len(given_out) == len(set(given_out))
+    assert not set(given_out) & held
+    assert set(given_out) <= usable
+    by_id = {j.job_id: j for j in snapshot.pending}
+    for s in result.starts:
+        assert len(s.gpu_uuids) == by_id[s.job_id].gpus
+        assert all(u.startswith(s.node + "-") for u in s.gpu_uuids)
+    decided = [s.job_id for s in result.starts] + [p.job_id for p in result.pending]
+    assert sorted(decided) == sorted(by_id)
+
+
+@settings(max_examples=100, deadline=None)
+@given(snapshots)
+def test_plans_are_deterministic(snapshot: Snapshot) -> None:
+    assert plan(snapshot, 0.0, Policy()) == plan(snapshot, 0.0, Policy())
