@@ -93,10 +93,14 @@ nodes = ["{node}"]
     def up(self) -> Cluster:
         """Start both daemons and wait until the node is UP."""
         self.start("controller")
-        wait_for(lambda: self.try_api("GET", "/v1/ping"), what="controller", seen=self.logs)
+        self.wait_controller()
         self.start("agent")
         self.wait_node_up()
         return self
+
+    def wait_controller(self) -> None:
+        """Wait until the controller answers."""
+        wait_for(lambda: self.try_api("GET", "/v1/ping"), what="controller", seen=self.logs)
 
     def wait_node_up(self) -> None:
         """Wait until the agent's node is registered and UP."""
@@ -151,6 +155,31 @@ nodes = ["{node}"]
             [str(BIN / cmd), *args], capture_output=True, text=True, env=self.env,
             cwd=cwd or self.work, user=user, timeout=60,
         )
+
+    def api_as(self, uid: int, gid: int, method: str, path: str,
+               body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One API request from a forked child running as ``uid``: the controller sees
+        that uid through SO_PEERCRED. Returns the body, or ``{"error": message}``."""
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: drop privileges, ask, send the answer back, leave at once
+            try:
+                os.close(read_end)
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                try:
+                    answer: dict[str, Any] = self.api(method, path, body)
+                except Exception as exc:  # reported to the parent, which asserts on it
+                    answer = {"error": str(exc)}
+                os.write(write_end, json.dumps(answer).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+        os.waitpid(pid, 0)
+        return json.loads(data)
 
     def submit(self, *args: str, user: str | None = None, cwd: Path | None = None) -> int:
         """gsubmit --parsable ARGS; returns the job id."""

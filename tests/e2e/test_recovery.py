@@ -25,6 +25,7 @@ def test_controller_killed_while_jobs_run(cluster: Cluster) -> None:
     cluster.kill("controller", signal.SIGKILL)
     (cluster.work / "release").touch()  # the jobs end while no controller is there
     cluster.start("controller")
+    cluster.wait_controller()
 
     for job_id in running + waiting:
         cluster.wait_state(job_id, "COMPLETED", timeout=40)

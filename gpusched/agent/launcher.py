@@ -1,0 +1,503 @@
+"""The agent side of running jobs: job directories, supervisors, and their ends.
+
+Each job gets ``jobs_dir/<job_id>/`` holding its script, ``spec.json`` and what its
+supervisor (``supervisor.py``, one process per job in a session of its own) writes.
+The directory on disk is the truth, not this object: a restarted agent builds a new
+Launcher, calls ``adopt()`` and carries on, the way slurmd finds its slurmstepds.
+
+A supervisor holds ``supervisor.lock`` (flock) for its whole life, handed to it
+already locked, so "the lock is held" means "a supervisor is alive", with no window
+after the spawn and no trust in pids that may have been reused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import select
+import selectors
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpusched.agent.supervisor import proc_starttime, write_json_atomic
+from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR = Path(__file__).with_name("supervisor.py")
+SUPERVISOR_LOST = "job supervisor lost"
+SCRIPT_PLACEHOLDER = "script"  # argv[0] of a built spec, until launch() writes the file
+_SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                   "LC_ALL": "C.UTF-8"}
+_LOCK_FD_IN_SUPERVISOR = 3
+_SUPERVISOR_SIGMASK = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)  # supervisor._WATCHED
+
+
+class _SupervisorNotFound(Exception):
+    """A job's supervisor holds its lock, but no process could be matched to it."""
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job ended, as read from its status.json."""
+
+    job_id: int
+    outcome: str
+    exit_code: int | None
+    signal: int | None
+    start_time: float | None
+    end_time: float
+    error: str | None
+
+
+def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> dict[str, Any]:
+    """Turn a LAUNCH object of ``/agent/v1/work`` into a supervisor spec.
+
+    The environment is the submit environment plus the job's variables, each under
+    ``GPUSCHED_*`` and Slurm's ``SLURM_*`` name. ``CUDA_VISIBLE_DEVICES`` and
+    ``*_JOB_GPUS`` are the comma-joined GPU UUIDs (Slurm puts indexes in
+    ``SLURM_JOB_GPUS``; UUIDs cannot be misread under another device order), empty
+    when the job has no GPUs. ``argv[0]`` is a placeholder that ``launch()`` replaces
+    with the path of the script file.
+    """
+    job_id = int(launch["job_id"])
+    name, user, work_dir = str(launch["name"]), str(launch["user"]), str(launch["work_dir"])
+    gpus = ",".join(launch.get("gpu_uuids") or [])
+    env = {str(k): str(v) for k, v in (launch.get("environment") or {}).items()}
+    job_vars = {"JOB_ID": str(job_id), "JOB_NAME": name, "JOB_GPUS": gpus,
+                "JOB_NODELIST": node_name, "SUBMIT_DIR": work_dir}
+    for key, value in job_vars.items():
+        env[f"GPUSCHED_{key}"] = value
+        env[f"SLURM_{key}"] = value
+    env["SLURM_JOBID"] = str(job_id)
+    env["CUDA_VISIBLE_DEVICES"] = gpus
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # else CUDA orders by speed, unlike nvidia-smi
+
+    def output_path(pattern: str) -> str:
+        return os.path.join(work_dir, expand_output_pattern(pattern, job_id, name, user))
+
+    stdout = output_path(launch.get("output") or DEFAULT_OUTPUT_PATTERN)
+    stderr = output_path(launch["error"]) if launch.get("error") else stdout
+    return {
+        "job_id": job_id, "uid": int(launch["uid"]), "gid": int(launch["gid"]), "user": user,
+        "argv": [SCRIPT_PLACEHOLDER, *(str(a) for a in launch.get("args") or [])],
+        "cwd": work_dir, "env": env, "stdout": stdout, "stderr": stderr,
+        "time_limit": launch.get("time_limit"), "kill_grace": float(kill_grace),
+    }
+
+
+class Launcher:
+    """Starts job supervisors, cancels them, and reports how their jobs ended."""
+
+    def __init__(self, jobs_dir: Path, python: str = sys.executable) -> None:
+        self.jobs_dir = Path(jobs_dir)
+        self.python = python
+        if not self.jobs_dir.is_dir():
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            # Job users must pass through to exec their script, but not list other jobs.
+            self.jobs_dir.chmod(0o711)
+        self._lock = threading.Lock()  # guards _pidfds and _to_register
+        # adopt() must not take a job dir that launch() is still filling for lost.
+        self._launch_lock = threading.Lock()
+        self._select_lock = threading.Lock()  # whoever holds it owns the selector
+        self._pidfds: dict[int, int] = {}  # job id -> pidfd of its live supervisor
+        self._to_register: list[tuple[int, int]] = []
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+
+    def close(self) -> None:
+        """Stop watching; the supervisors (and their jobs) keep running."""
+        with self._select_lock, self._lock:
+            for pidfd in self._pidfds.values():
+                os.close(pidfd)
+            self._pidfds.clear()
+            self._to_register.clear()
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _jobdir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(int(job_id))
+
+    # ------------------------------------------------------------ launching
+
+    def launch(self, job_id: int, spec: dict[str, Any], script_text: str) -> bool:
+        """Start the job's supervisor; False (and nothing done) if it was launched before."""
+        with self._launch_lock:
+            return self._launch(job_id, spec, script_text)
+
+    def _launch(self, job_id: int, spec: dict[str, Any], script_text: str) -> bool:
+        jobdir = self._jobdir(job_id)
+        try:
+            os.mkdir(jobdir, 0o711)  # atomic: of two launches of one job, one wins
+        except FileExistsError:
+            return False
+        os.chmod(jobdir, 0o711)  # mkdir's mode went through the umask
+        spec = dict(spec, job_id=int(job_id))
+        script = jobdir / "script"
+        _write_script(script, script_text, spec)
+        spec["argv"] = [str(script), *spec["argv"][1:]]
+        write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600)
+        try:
+            pid = self._spawn_supervisor(jobdir)
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            _write_status(jobdir, "launch_failed", None,
+                          f"cannot start the job supervisor: {exc}")
+            self._wake()
+            return True
+        self._watch(job_id, pidfd)
+        return True
+
+    def _spawn_supervisor(self, jobdir: Path) -> int:
+        lock_fd = os.open(jobdir / "supervisor.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a fresh file: this never blocks
+            # posix_spawn's dup2 clears close-on-exec only when the numbers differ.
+            high_fd = fcntl.fcntl(lock_fd, fcntl.F_DUPFD_CLOEXEC, 10)
+            try:
+                log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                actions = [
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, str(jobdir / "supervisor.log"), log_flags, 0o600),
+                    (os.POSIX_SPAWN_DUP2, 1, 2),
+                    (os.POSIX_SPAWN_DUP2, high_fd, _LOCK_FD_IN_SUPERVISOR),
+                ]
+                argv = [self.python, "-I", "-S", str(SUPERVISOR), str(jobdir),
+                        "--lock-fd", str(_LOCK_FD_IN_SUPERVISOR)]
+                # Started with its signals blocked, as it runs: a cancel that comes
+                # while Python is still starting stays pending instead of killing it.
+                return os.posix_spawn(self.python, argv, _SUPERVISOR_ENV, file_actions=actions,
+                                      setsid=True, setsigmask=_SUPERVISOR_SIGMASK)
+            finally:
+                os.close(high_fd)
+        finally:
+            os.close(lock_fd)
+
+    def _watch(self, job_id: int, pidfd: int) -> None:
+        with self._lock:
+            self._pidfds[job_id] = pidfd
+            self._to_register.append((job_id, pidfd))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full: a wake-up is pending already
+
+    # ------------------------------------------------------------ control
+
+    def cancel(self, job_id: int) -> bool:
+        """Ask the job's supervisor to cancel it; False if it is unknown or ended."""
+        with self._lock:
+            pidfd = self._pidfds.get(job_id)
+            if pidfd is None or (self._jobdir(job_id) / "status.json").exists():
+                return False
+            try:
+                # Through the pidfd: the signal cannot reach a process that reused the pid.
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            except ProcessLookupError:
+                return False
+            return True
+
+    def running(self) -> list[int]:
+        """Ids of the jobs whose supervisor is alive."""
+        with self._lock:
+            return sorted(job for job, pidfd in self._pidfds.items()
+                          if not _pidfd_exited(pidfd))
+
+    def adopt(self) -> list[int]:
+        """Watch the live supervisors found in jobs_dir; return the ids of running jobs."""
+        with self._launch_lock:
+            return [job_id for job_id in self._job_ids() if self._adopt_one(job_id)]
+
+    def _adopt_one(self, job_id: int) -> bool:
+        """Watch one job dir's supervisor; True if the job is still running."""
+        with self._lock:
+            if job_id in self._pidfds:
+                return True
+        jobdir = self._jobdir(job_id)
+        if (jobdir / "reported").exists():
+            shutil.rmtree(jobdir, ignore_errors=True)  # mark_reported was interrupted
+            return False
+        if (jobdir / "status.json").exists():
+            return False
+        try:
+            pidfd = self._find_supervisor(jobdir)
+        except _SupervisorNotFound:
+            # Alive (it holds the lock) but unidentifiable, e.g. started by hand: leave
+            # it be. Its status.json is still found by the scans of wait_ended().
+            log.warning("job %s: supervisor alive but not found; not watching it", job_id)
+            return True
+        if pidfd is None:
+            self._record_lost(jobdir)
+            return False
+        self._watch(job_id, pidfd)
+        return True
+
+    def _find_supervisor(self, jobdir: Path) -> int | None:
+        """A pidfd of the job's live supervisor, or None once it is surely dead."""
+        for _ in range(3):
+            if not _lock_is_held(jobdir / "supervisor.lock"):
+                return None
+            info = _read_json(jobdir / "supervisor.json")
+            if info is not None:
+                pidfd = _open_pidfd(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
+            else:
+                # Started but not yet written supervisor.json: find it by its lock fd.
+                pidfd = _open_lock_holder(jobdir / "supervisor.lock")
+            if pidfd is not None:
+                return pidfd
+            # It may have exited between the two looks; look at the lock again.
+        raise _SupervisorNotFound(jobdir)
+
+    def _record_lost(self, jobdir: Path) -> None:
+        """Record the end of a job whose supervisor died without writing its status."""
+        info = _read_json(jobdir / "supervisor.json") or {}
+        if info:
+            _reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
+            # Nothing else will ever stop the job now; Slurm kills a step whose
+            # slurmstepd is gone the same way.
+            _kill_process_group(int(info["job_pid"]), int(info["supervisor_starttime"]))
+        if (jobdir / "status.json").exists():
+            return  # it did write it after all, just before dying
+        log.warning("job %s: %s", jobdir.name, SUPERVISOR_LOST)
+        start = info.get("start_time")
+        _write_status(jobdir, "failed", None if start is None else float(start), SUPERVISOR_LOST)
+
+    # ------------------------------------------------------------ ends
+
+    def wait_ended(self, timeout: float) -> list[JobEnd]:
+        """Block up to timeout until a job has ended; return all ended, unreported jobs."""
+        deadline = time.monotonic() + timeout
+        if not self._select_lock.acquire(timeout=max(0.0, timeout)):
+            return self._scan_ended()
+        try:
+            while True:
+                self._handle_exits(0)
+                ended = self._scan_ended()
+                remaining = deadline - time.monotonic()
+                if ended or remaining <= 0:
+                    return ended
+                self._handle_exits(remaining)
+        finally:
+            self._select_lock.release()
+
+    def unreported(self) -> list[JobEnd]:
+        """The ended jobs not yet marked reported, without blocking."""
+        if self._select_lock.acquire(blocking=False):
+            try:
+                self._handle_exits(0)
+            finally:
+                self._select_lock.release()
+        return self._scan_ended()
+
+    def mark_reported(self, job_id: int) -> None:
+        """The controller has recorded the job's end: forget it (a running job is kept)."""
+        jobdir = self._jobdir(job_id)
+        if not (jobdir / "status.json").exists():
+            return
+        # The marker makes an interrupted removal still count as reported.
+        (jobdir / "reported").touch()
+        shutil.rmtree(jobdir, ignore_errors=True)
+
+    def _handle_exits(self, timeout: float) -> None:
+        """Register new supervisors, wait up to timeout, and handle those that exited."""
+        with self._lock:
+            new, self._to_register = self._to_register, []
+        for job_id, pidfd in new:
+            self._selector.register(pidfd, selectors.EVENT_READ, job_id)
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                while True:
+                    try:
+                        if not os.read(self._wake_r, 4096):
+                            break
+                    except BlockingIOError:
+                        break
+            else:
+                self._supervisor_exited(key.data, key.fd)
+
+    def _supervisor_exited(self, job_id: int, pidfd: int) -> None:
+        self._selector.unregister(pidfd)
+        _reap_pidfd(pidfd)
+        with self._lock:
+            current = self._pidfds.get(job_id) == pidfd
+            if current:
+                del self._pidfds[job_id]
+            os.close(pidfd)  # under the lock: cancel() must not signal a closed fd
+        jobdir = self._jobdir(job_id)
+        # Not current: the job was reported and launched anew; the dir is the new run's.
+        if current and jobdir.is_dir() and not (jobdir / "status.json").exists():
+            self._record_lost(jobdir)
+
+    def _job_ids(self) -> list[int]:
+        ids = []
+        for entry in os.scandir(self.jobs_dir):
+            if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
+                ids.append(int(entry.name))
+        return sorted(ids)
+
+    def _scan_ended(self) -> list[JobEnd]:
+        ended = []
+        for job_id in self._job_ids():
+            jobdir = self._jobdir(job_id)
+            if (jobdir / "reported").exists():
+                continue
+            status = _read_json(jobdir / "status.json")
+            if status is not None:
+                ended.append(_job_end(job_id, status))
+        return ended
+
+
+def _job_end(job_id: int, status: Mapping[str, Any]) -> JobEnd:
+    start = status.get("start_time")
+    return JobEnd(
+        job_id=job_id, outcome=str(status["outcome"]), exit_code=status.get("exit_code"),
+        signal=status.get("signal"), start_time=None if start is None else float(start),
+        end_time=float(status["end_time"]), error=status.get("error"),
+    )
+
+
+def _write_script(path: Path, text: str, spec: Mapping[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
+    with open(fd, "wb") as f:
+        if os.geteuid() == 0:
+            # The job execs it after dropping to its user, and only that user may read it.
+            os.fchown(fd, int(spec["uid"]), int(spec["gid"]))
+        os.fchmod(fd, 0o700)
+        f.write(text.encode())
+
+
+def _write_status(jobdir: Path, outcome: str, start_time: float | None, error: str) -> None:
+    write_json_atomic(str(jobdir / "status.json"), {
+        "outcome": outcome, "exit_code": None, "signal": None,
+        "start_time": start_time, "end_time": time.time(), "error": error})
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable: %s", path, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _pidfd_exited(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _lock_is_held(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False  # the supervisor was never spawned
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock if it was ours
+    return False
+
+
+def _open_pidfd(pid: int, starttime: int) -> int | None:
+    """A pidfd of pid if it is still the process that started at starttime."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return None
+    # Checked after opening, so the pidfd refers to the very process we verified.
+    try:
+        same = proc_starttime(pid) == starttime
+    except (OSError, ValueError, IndexError):
+        same = False
+    if not same:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _open_lock_holder(lock: Path) -> int | None:
+    """A pidfd of the supervisor holding lock on its fd 3 (found through /proc)."""
+    try:
+        lock_stat = os.stat(lock)
+    except FileNotFoundError:
+        return None
+    holders: dict[int, int] = {}  # pid -> parent pid
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.path.samestat(os.stat(f"/proc/{name}/fd/{_LOCK_FD_IN_SUPERVISOR}"), lock_stat):
+                holders[int(name)] = _proc_stat(name)[0]
+        except (OSError, ValueError, IndexError):
+            continue
+    # A job child between fork and exec shares the fd; the supervisor is its parent.
+    for pid, ppid in holders.items():
+        if ppid not in holders:
+            try:
+                return _open_pidfd(pid, proc_starttime(pid))
+            except (OSError, ValueError, IndexError):
+                return None
+    return None
+
+
+def _proc_stat(pid: int | str) -> tuple[int, int, int]:
+    """(ppid, pgrp, starttime) of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def _reap_pidfd(pidfd: int) -> None:
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:
+        pass  # adopted from an earlier agent: not our child; init reaps it
+
+
+def _reap_if_child(pid: int, starttime: int) -> None:
+    pidfd = _open_pidfd(pid, starttime)
+    if pidfd is not None:
+        _reap_pidfd(pidfd)
+        os.close(pidfd)
+
+
+def _kill_process_group(pgid: int, not_before: int) -> None:
+    """SIGKILL process group pgid if a member started no earlier than not_before.
+
+    The start time check keeps an unrelated group that reused the id out of harm's way.
+    """
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            _, pgrp, started = _proc_stat(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgrp == pgid and started >= not_before:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return

@@ -1,0 +1,355 @@
+"""The per-job supervisor (like Slurm's slurmstepd): starts one job and watches it.
+
+Run as ``python -I -S supervisor.py JOBDIR [--lock-fd N]`` in a session of its own,
+so it outlives agent restarts. It imports only the stdlib, to start fast and to
+depend on nothing the agent might be upgrading underneath it.
+
+Files in JOBDIR:
+  spec.json        (input) what to run, as whom, where, for how long
+  supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked
+  supervisor.json  {"supervisor_pid", "supervisor_starttime", "job_pid", "start_time"}
+  status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error"}
+
+Outcomes: completed, failed, cancelled (SIGTERM to the supervisor), timeout,
+launch_failed (nothing of the job ever ran).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+_WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+_CANCEL_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+_LAUNCH_FAILED_EXIT = 127
+
+
+class LaunchError(Exception):
+    """The job could not be started; the message is for the user."""
+
+
+def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o644) -> None:
+    """Write JSON so readers see the old file or the whole new one, even after a crash."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, json.dumps(data, indent=1).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def proc_starttime(pid: int | str) -> int:
+    """Field 22 of /proc/PID/stat: start time in clock ticks since boot."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # comm (field 2) may contain spaces and parentheses; the fields after it do not.
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+# ---------------------------------------------------------------- the job child
+
+
+def _drop_privileges(spec: dict[str, Any]) -> None:
+    uid, gid, user = spec["uid"], spec["gid"], spec["user"]
+    if os.geteuid() == 0:
+        if uid == 0:
+            return
+        try:
+            os.setgid(gid)
+            os.initgroups(user, gid)
+            os.setuid(uid)
+        except OSError as exc:
+            raise LaunchError(f"cannot switch to user {user} (uid {uid}, gid {gid}): "
+                              f"{exc.strerror}") from None
+    elif uid != os.getuid():
+        raise LaunchError(f"cannot start a job as uid {uid}: the supervisor runs as "
+                          f"uid {os.getuid()}, not root")
+
+
+def _open_outputs(spec: dict[str, Any]) -> tuple[int, int]:
+    """Open stdout and stderr (once when they are the same file), as the job user."""
+    fds: dict[str, int] = {}
+    error = None
+    for path in dict.fromkeys([spec["stdout"], spec["stderr"]]):
+        try:
+            fds[path] = os.open(path, _OUTPUT_FLAGS, 0o644)
+        except OSError as exc:
+            error = error or f"cannot open output file {path}: {exc.strerror}"
+    if error is not None:
+        # Tell the user where they will look, if that file at least could be opened.
+        if spec["stderr"] in fds:
+            _note_error(fds[spec["stderr"]], error)
+        raise LaunchError(error)
+    return fds[spec["stdout"]], fds[spec["stderr"]]
+
+
+def _note_error(fd: int, message: str) -> None:
+    try:
+        os.write(fd, f"gpusched: error: {message}\n".encode())
+    except OSError:
+        pass
+
+
+def _exec_job(spec: dict[str, Any]) -> None:
+    """In the forked child: become the job. Returns only by raising LaunchError.
+
+    Privileges are dropped before the output files are opened, so a user cannot
+    have the job write where only root may.
+    """
+    os.setsid()  # own process group: the whole job can be signalled at once
+    _drop_privileges(spec)
+    out_fd, err_fd = _open_outputs(spec)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    try:
+        os.chdir(spec["cwd"])
+    except OSError as exc:
+        _fail_in_output(f"cannot change to working directory {spec['cwd']}: {exc.strerror}")
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    argv = spec["argv"]
+    try:
+        os.execve(argv[0], argv, spec["env"])
+    except OSError as exc:
+        _fail_in_output(f"cannot execute {argv[0]}: {exc.strerror}")
+
+
+def _fail_in_output(message: str) -> None:
+    """Raise LaunchError, noting it first in the job's stderr file (now on fd 2)."""
+    _note_error(2, message)
+    raise LaunchError(message)
+
+
+def _child_main(spec: dict[str, Any], report_fd: int) -> None:
+    """Run in the fork; never returns. Failures go up the CLOEXEC pipe."""
+    try:
+        _exec_job(spec)
+        message = "exec returned"
+    except LaunchError as exc:
+        message = str(exc)
+    except BaseException as exc:  # anything at all must reach the parent, not a traceback
+        message = f"cannot start the job: {exc!r}"
+    try:
+        os.write(report_fd, message.encode()[:4000])
+    finally:
+        os._exit(_LAUNCH_FAILED_EXIT)
+
+
+# ---------------------------------------------------------------- supervision
+
+
+class Supervisor:
+    """Starts the job of one JOBDIR and sees it to its end."""
+
+    def __init__(self, jobdir: str, spec: dict[str, Any]) -> None:
+        self.jobdir = jobdir
+        self.spec = spec
+        self.job_pid = 0
+        self.start_time = 0.0
+        self.stop_reason: str | None = None  # "cancelled" or "timeout" once stopping
+        self.kill_at: float | None = None
+        self.killed = False
+
+    def run(self) -> dict[str, Any]:
+        """Start the job, supervise it, and return the status to record."""
+        error = self._start()
+        if error is not None:
+            return self.status("launch_failed", None, None, error)
+        wait_status = self._supervise()
+        if os.WIFSIGNALED(wait_status):
+            exit_code, sig = None, os.WTERMSIG(wait_status)
+        else:
+            exit_code, sig = os.waitstatus_to_exitcode(wait_status), None
+        outcome = self.stop_reason or ("completed" if exit_code == 0 else "failed")
+        return self.status(outcome, exit_code, sig, None)
+
+    def _start(self) -> str | None:
+        """Fork and exec the job; return the launch error, or None once it runs."""
+        report_r, report_w = os.pipe()  # both ends CLOEXEC: exec closes the write end
+        self.start_time = time.time()
+        self.job_pid = os.fork()
+        if self.job_pid == 0:
+            os.close(report_r)
+            _child_main(self.spec, report_w)
+        os.close(report_w)
+        write_json_atomic(os.path.join(self.jobdir, "supervisor.json"), {
+            "supervisor_pid": os.getpid(),
+            "supervisor_starttime": proc_starttime("self"),
+            "job_pid": self.job_pid,
+            "start_time": self.start_time,
+        })
+        chunks = []
+        while chunk := os.read(report_r, 4096):
+            chunks.append(chunk)
+        os.close(report_r)
+        if not chunks:
+            return None
+        os.waitpid(self.job_pid, 0)
+        return b"".join(chunks).decode(errors="replace")
+
+    def _supervise(self) -> int:
+        """Wait for the job, enforcing the time limit and cancels; return its wait status."""
+        limit = self.spec.get("time_limit")
+        deadline = None if limit is None else time.monotonic() + float(limit)
+        # The job may have run a while already (output files on slow storage).
+        if deadline is not None:
+            deadline -= time.time() - self.start_time
+        while not self._job_exited():
+            now = time.monotonic()
+            if self.stop_reason is None and deadline is not None and now >= deadline:
+                self._stop("timeout", now)
+            if self.kill_at is not None and not self.killed and now >= self.kill_at:
+                self.signal_job(signal.SIGKILL)
+                self.killed = True
+            wake = self._next_wakeup(deadline)
+            info: signal.struct_siginfo | None
+            if wake is None:
+                info = signal.sigwaitinfo(_WATCHED)
+            else:
+                info = signal.sigtimedwait(_WATCHED, max(0.0, wake - time.monotonic()))
+            if info is not None and info.si_signo in _CANCEL_SIGNALS and self.stop_reason is None:
+                self._stop("cancelled", time.monotonic())
+        # Slurm ends the whole step with its main process: leftovers (backgrounded
+        # grandchildren) are killed. The unreaped child keeps the group id from reuse.
+        self.signal_job(signal.SIGKILL)
+        _, wait_status = os.waitpid(self.job_pid, 0)
+        return wait_status
+
+    def _next_wakeup(self, deadline: float | None) -> float | None:
+        if self.stop_reason is None:
+            return deadline
+        return None if self.killed else self.kill_at
+
+    def _job_exited(self) -> bool:
+        # WNOWAIT: leave the zombie in place so the process group id cannot be reused
+        # before the leftovers of the group are killed.
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, self.job_pid, flags) is not None
+
+    def _stop(self, reason: str, now: float) -> None:
+        self.stop_reason = reason
+        self.kill_at = now + float(self.spec.get("kill_grace", 0))
+        self.signal_job(signal.SIGTERM)
+        self.signal_job(signal.SIGCONT)  # a stopped job must wake up to see the TERM
+
+    def signal_job(self, sig: int) -> None:
+        """Send sig to the job's whole process group, if anything of it is left."""
+        try:
+            os.killpg(self.job_pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def status(self, outcome: str, exit_code: int | None, sig: int | None,
+               error: str | None) -> dict[str, Any]:
+        """The status.json content for this outcome, ending now."""
+        return {"outcome": outcome, "exit_code": exit_code, "signal": sig,
+                "start_time": self.start_time, "end_time": time.time(), "error": error}
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _take_lock(jobdir: str, lock_fd: int | None) -> int | None:
+    """Hold JOBDIR/supervisor.lock; None when another supervisor already holds it."""
+    path = os.path.join(jobdir, "supervisor.lock")
+    if lock_fd is not None:
+        # Handed over already locked by the launcher, so there is no unlocked window.
+        if os.path.samestat(os.fstat(lock_fd), os.stat(path)):
+            os.set_inheritable(lock_fd, False)
+            return lock_fd
+        os.close(lock_fd)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _ensure_std_fds() -> None:
+    # Files opened later must not land on 0-2, or dup2 onto them would be a no-op.
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+
+
+def _read_spec(jobdir: str) -> dict[str, Any]:
+    with open(os.path.join(jobdir, "spec.json"), "rb") as f:
+        spec = json.load(f)
+    for key in ("uid", "gid", "user", "argv", "cwd", "env", "stdout", "stderr"):
+        if key not in spec:
+            raise ValueError(f"missing key {key!r}")
+    if not spec["argv"] or not os.path.isabs(spec["argv"][0]):
+        raise ValueError("argv[0] must be an absolute path")
+    return dict(spec)
+
+
+def _parse_args(argv: list[str]) -> tuple[str, int | None]:
+    if len(argv) == 2:
+        return argv[1], None
+    if len(argv) == 4 and argv[2] == "--lock-fd":
+        return argv[1], int(argv[3])
+    raise SystemExit("usage: supervisor.py JOBDIR [--lock-fd N]")
+
+
+def main(argv: list[str]) -> int:
+    """Supervise the job of JOBDIR; exit 0 once its status.json is written."""
+    jobdir, lock_fd = _parse_args(argv)
+    status_path = os.path.join(jobdir, "status.json")
+    if os.path.exists(status_path):
+        return 0
+    _ensure_std_fds()
+    if _take_lock(jobdir, lock_fd) is None or os.path.exists(status_path):
+        return 0  # another supervisor runs (or ran) this job
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The launcher spawns us with these blocked already (so an early cancel is not
+    # fatal); block them anyway for a supervisor started by hand. Blocked before the fork: a SIGCHLD or cancel that comes early stays pending
+    # for sigtimedwait instead of being lost. The child unblocks before exec.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
+    try:
+        spec = _read_spec(jobdir)
+    except (OSError, ValueError) as exc:
+        now = time.time()
+        write_json_atomic(status_path, {
+            "outcome": "launch_failed", "exit_code": None, "signal": None,
+            "start_time": now, "end_time": now, "error": f"bad job spec: {exc}"})
+        return 0
+    supervisor = Supervisor(jobdir, spec)
+    try:
+        status = supervisor.run()
+    except BaseException as exc:
+        # Never leave a job running unsupervised.
+        if supervisor.job_pid > 0:
+            supervisor.signal_job(signal.SIGKILL)
+        status = supervisor.status("failed", None, None, f"job supervisor error: {exc!r}")
+        write_json_atomic(status_path, status)
+        raise
+    write_json_atomic(status_path, status)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

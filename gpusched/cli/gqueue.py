@@ -1,0 +1,150 @@
+"""gqueue: show the job queue, the way squeue does."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import typer
+
+from gpusched.cli.client import ApiClient
+from gpusched.cli.common import new_app, print_table, run_cli
+from gpusched.core.timefmt import format_duration
+from gpusched.errors import GpuschedError, UsageError
+
+PROG = "gqueue"
+HEADERS = ("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
+RIGHT_ALIGNED = frozenset({0, 5, 6})
+# Names may be cut to fit 80 columns; ids, states and times never are.
+SHRINKABLE = frozenset({1, 2, 3, 7})
+# squeue's codes for gpusched.core.model.JobState, copied rather than imported: the
+# model module builds a dozen dataclasses (~8 ms) that a queue listing never uses.
+# tests/cli/test_cli_format.py checks the copy against JobState.
+STATE_CODES = {
+    "PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD",
+    "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO",
+}
+_BY_CODE = {code: name for name, code in STATE_CODES.items()}
+
+app = new_app("Show the gpusched job queue, like squeue.")
+
+
+@app.command()
+def gqueue(
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print {"jobs": [JOB, ...]} as the API returns it (see docs/cli.md).',
+    )] = False,
+    user: Annotated[str | None, typer.Option(
+        "--user", "-u", metavar="NAME", show_default=False, help="Only this user's jobs.",
+    )] = None,
+    states: Annotated[str | None, typer.Option(
+        "--states", "-t", metavar="LIST", show_default=False,
+        help="Only jobs in these states, comma separated (PD,R or PENDING,RUNNING; 'all').",
+    )] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Include ended jobs.")] = False,
+    noheader: Annotated[bool, typer.Option("--noheader", "-h", help="Do not print the header.")] = False,
+) -> None:
+    """Show pending and running jobs (with --all, ended ones too)."""
+    path = jobs_path(user=user, states=parse_states(states), show_all=show_all)
+    with ApiClient() as client:
+        answer = client.request("GET", path)
+    jobs: list[dict[str, Any]] = answer.get("jobs", [])
+    if as_json:
+        print(json.dumps({"jobs": jobs}, indent=2))
+        return
+    now = datetime.now(timezone.utc)
+    rows = [job_row(job, now) for job in jobs]
+    print_table(
+        HEADERS, rows, right_aligned=RIGHT_ALIGNED, shrinkable=SHRINKABLE,
+        show_header=not noheader,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gqueue`` console script."""
+    return run_cli(app, PROG, argv)
+
+
+def parse_states(text: str | None) -> list[str] | None:
+    """State names from ``--states``: squeue's short codes or full names; None for any."""
+    if text is None:
+        return None
+    names: list[str] = []
+    for word in (part.strip().upper() for part in text.split(",")):
+        if not word:
+            continue
+        if word == "ALL":
+            return list(STATE_CODES)
+        state = _BY_CODE.get(word) or (word if word in STATE_CODES else None)
+        if state is None:
+            known = ", ".join(f"{code}/{name}" for name, code in STATE_CODES.items())
+            raise UsageError(f"--states: unknown job state {word!r}; known: {known}")
+        if state not in names:
+            names.append(state)
+    if not names:
+        raise UsageError("--states: give at least one job state")
+    return names
+
+
+def jobs_path(*, user: str | None, states: Iterable[str] | None, show_all: bool) -> str:
+    """The ``GET /v1/jobs`` path for these filters."""
+    query: dict[str, str] = {}
+    state_list = list(states) if states is not None else None
+    # Asking for states by name includes ended ones, as squeue -t CD does.
+    if show_all or state_list is not None:
+        query["all"] = "1"
+    if user:
+        query["user"] = user
+    if state_list is not None:
+        query["state"] = ",".join(state_list)
+    return "/v1/jobs" + (f"?{urlencode(query, safe=',')}" if query else "")
+
+
+def job_row(job: Mapping[str, Any], now: datetime) -> list[str]:
+    """One squeue-style row for a JOB object of the API."""
+    state = str(job.get("state", ""))
+    return [
+        str(job.get("job_id", "")),
+        str(job.get("partition") or ""),
+        str(job.get("name") or ""),
+        str(job.get("user") or ""),
+        short_state(state),
+        format_duration(elapsed_seconds(job, now)),
+        str(job.get("gpus", 0)),
+        node_or_reason(job),
+    ]
+
+
+def short_state(state: str) -> str:
+    """squeue's two-letter state code; an unknown state shows its first two letters."""
+    return STATE_CODES.get(state, state[:2])
+
+
+def elapsed_seconds(job: Mapping[str, Any], now: datetime) -> float:
+    """Run time so far (running) or in all (ended); 0 for a job that never started."""
+    start = _parse_time(job.get("start_time"))
+    if start is None:
+        return 0.0
+    end = _parse_time(job.get("end_time")) or now
+    return max(0.0, (end - start).total_seconds())
+
+
+def node_or_reason(job: Mapping[str, Any]) -> str:
+    """The NODELIST(REASON) cell: ``(Reason)`` while pending, else the node."""
+    if job.get("state") == "PENDING":
+        return f"({job.get('reason') or 'None'})"
+    return str(job.get("node") or "")
+
+
+def _parse_time(value: object) -> datetime | None:
+    """An ISO 8601 time of the API; a time without zone is taken as UTC."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise GpuschedError(f"the controller sent a malformed time {value!r}") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)

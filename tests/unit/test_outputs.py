@@ -1,0 +1,47 @@
+"""Output file name patterns (sbatch --output), expanded as Slurm does."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [
+    ("gpusched-%j.out", "gpusched-17.out"),
+    ("%x-%j.log", "train-17.log"),
+    ("/home/%u/logs/%j", "/home/alice/logs/17"),
+    ("100%%-%j", "100%-17"),
+    ("%%j", "%j"),                 # an escaped %, then a plain j
+    ("%%%j", "%17"),
+    ("%5j.out", "00017.out"),      # Slurm's zero padding
+    ("%2j", "17"),                 # padding never truncates
+    ("%5x", "train"),              # and does not apply to names
+    ("%A_%a.out", "%A_%a.out"),    # unknown here: kept as written
+    ("50%", "50%"),
+    ("", ""),
+])
+def test_expand_output_pattern(pattern: str, expected: str) -> None:
+    assert expand_output_pattern(pattern, 17, "train", "alice") == expected
+
+
+def test_default_pattern_is_slurm_like() -> None:
+    assert expand_output_pattern(DEFAULT_OUTPUT_PATTERN, 3, "x", "u") == "gpusched-3.out"
+
+
+def test_values_are_not_expanded_again() -> None:
+    # A job named "%j" must not have its name's % taken for a specifier.
+    assert expand_output_pattern("%x-%u", 9, "%j", "%%") == "%j-%%"
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="%")))
+def test_text_without_percent_is_unchanged(text: str) -> None:
+    assert expand_output_pattern(text, 1, "n", "u") == text
+
+
+@given(st.text())
+def test_doubled_percents_expand_to_the_text(text: str) -> None:
+    escaped = text.replace("%", "%%")
+    assert expand_output_pattern(escaped, 1, "n", "u") == text
