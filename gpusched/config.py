@@ -6,6 +6,7 @@ An error names the file, the key and what was expected. The example
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import tomllib
@@ -19,6 +20,9 @@ from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form of MIG devices.
+_GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+)$")
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
 
@@ -92,7 +96,7 @@ def demo_gpus(node_name: str, count: int) -> tuple[StaticGpu, ...]:
             uuid=f"GPU-{uuid.uuid5(_DEMO_NAMESPACE, f'{node_name}/{i}')}",
             name="gpusched demo GPU",
             memory_mb=81920,
-            pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
+            pci_bus_id=f"00000000:{0x10 + i % 0xE0:02X}:{i // 0xE0:02X}.0",
         )
         for i in range(count)
     )
@@ -111,7 +115,8 @@ class _Reader:
     def check_keys(self, allowed: set[str]) -> None:
         for key in self.table:
             if key not in allowed:
-                raise ConfigError(f"{self.source}: {self.prefix}{key}: unknown key")
+                raise ConfigError(f"{self.source}: {self.prefix}{key}: unknown key; expected one "
+                                  f"of {', '.join(sorted(allowed))}")
 
     def get(self, key: str, kind: type, default: Any, expected: str) -> Any:
         if key not in self.table:
@@ -123,10 +128,11 @@ class _Reader:
             raise self.fail(key, expected)
         return value
 
-    def positive(self, key: str, default: float) -> float:
-        value = self.get(key, float, default, "a positive number of seconds")
-        if value <= 0:
-            raise self.fail(key, "a positive number of seconds")
+    def positive(self, key: str, default: float, allow_zero: bool = False) -> float:
+        expected = "0 or more seconds" if allow_zero else "a positive number of seconds"
+        value = self.get(key, float, default, expected)
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise self.fail(key, expected)
         return float(value)
 
     def time_limit(self, key: str) -> int | None:
@@ -151,13 +157,20 @@ class _Reader:
         return str(value)
 
 
+def _path(r: _Reader, key: str, default: Path) -> Path:
+    value = r.get(key, str, str(default), "an absolute path")
+    if not value.startswith("/"):
+        raise r.fail(key, "an absolute path")
+    return Path(value)
+
+
 def _controller(r: _Reader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
     return ControllerConfig(
-        socket=Path(r.get("socket", str, str(ControllerConfig.socket), "a path")),
+        socket=_path(r, "socket", ControllerConfig.socket),
         socket_mode=mode,
         schedule_interval=r.positive("schedule_interval", ControllerConfig.schedule_interval),
         node_timeout=r.positive("node_timeout", ControllerConfig.node_timeout),
@@ -167,14 +180,14 @@ def _controller(r: _Reader) -> ControllerConfig:
 def _static_gpus(r: _Reader, node_name: str) -> tuple[StaticGpu, ...]:
     count = r.get("count", int, None, "a number of demo GPUs (0 or more)")
     listed = r.table.get("static", [])
+    if not isinstance(listed, list):
+        raise r.fail("static", "an array of tables [[agent.gpus.static]]")
     if count is not None:
         if count < 0:
             raise r.fail("count", "a number of demo GPUs (0 or more)")
         if listed:
             raise ConfigError(f"{r.source}: {r.prefix}count and {r.prefix}static: give one, not both")
         return demo_gpus(node_name, count)
-    if not isinstance(listed, list):
-        raise r.fail("static", "an array of tables [[agent.gpus.static]]")
     gpus: list[StaticGpu] = []
     for i, entry in enumerate(listed):
         if not isinstance(entry, dict):
@@ -182,11 +195,14 @@ def _static_gpus(r: _Reader, node_name: str) -> tuple[StaticGpu, ...]:
         g = _Reader(r.source, entry, f"{r.prefix}static[{i}].")
         g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id"})
         index = g.get("index", int, i, "a GPU index (0 or more)")
-        gpu_uuid = g.get("uuid", str, None, "a GPU UUID such as 'GPU-…'")
-        if gpu_uuid is None or not gpu_uuid.startswith(("GPU-", "MIG-")):
-            raise g.fail("uuid", "a GPU UUID such as 'GPU-…'")
+        expected = "a GPU UUID such as 'GPU-8c3f…' (GPU- or MIG- and a UUID)"
+        gpu_uuid = g.get("uuid", str, None, expected)
+        if gpu_uuid is None or not _GPU_UUID.match(gpu_uuid):
+            raise g.fail("uuid", expected)
         if index < 0:
             raise g.fail("index", "a GPU index (0 or more)")
+        if g.get("memory_mb", int, 0, "memory in MiB (0 or more)") < 0:
+            raise g.fail("memory_mb", "memory in MiB (0 or more)")
         gpus.append(StaticGpu(
             index=index, uuid=gpu_uuid,
             name=g.get("name", str, "GPU", "a product name"),
@@ -209,9 +225,9 @@ def _agent(r: _Reader) -> AgentConfig:
         raise gpus.fail("source", "'static' (NVML discovery is not available in this version)")
     return AgentConfig(
         node_name=node_name,
-        state_dir=Path(r.get("state_dir", str, str(defaults.state_dir), "a path")),
+        state_dir=_path(r, "state_dir", defaults.state_dir),
         poll_wait=r.positive("poll_wait", defaults.poll_wait),
-        kill_grace=r.get("kill_grace", float, defaults.kill_grace, "seconds (0 or more)"),
+        kill_grace=r.positive("kill_grace", defaults.kill_grace, allow_zero=True),
         gpu_source=source,
         static_gpus=_static_gpus(gpus, node_name),
     )
@@ -238,8 +254,10 @@ def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:
             max_time=r.time_limit("max_time"),
             default_time=r.time_limit("default_time"),
         )
-        if part.max_time and part.default_time and part.default_time > part.max_time:
-            raise r.fail("default_time", f"at most max_time")
+        if part.max_time is not None and "default_time" in entry:
+            # An UNLIMITED default (None) under a finite maximum is above it too.
+            if part.default_time is None or part.default_time > part.max_time:
+                raise r.fail("default_time", "at most max_time")
         parts.append(part)
     names = [p.name for p in parts]
     if len(set(names)) != len(names):
@@ -258,10 +276,15 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
     url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
     if not url.startswith("postgresql"):
         raise database.fail("url", "a SQLAlchemy URL 'postgresql+psycopg://…'")
+    controller, agent = _controller(top.sub("controller")), _agent(top.sub("agent"))
+    if controller.node_timeout <= agent.poll_wait:
+        raise ConfigError(f"{source}: controller.node_timeout: expected more than agent.poll_wait "
+                          f"({agent.poll_wait:g} s), since the agent's poll is its heartbeat; "
+                          f"got {controller.node_timeout:g}")
     return Config(
         database_url=url,
-        controller=_controller(top.sub("controller")),
-        agent=_agent(top.sub("agent")),
+        controller=controller,
+        agent=agent,
         partitions=_partitions(source, data.get("partitions")),
         source=source,
     )
@@ -276,6 +299,10 @@ def load_config(path: Path | None) -> Config:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such configuration file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse_config(data, str(path))

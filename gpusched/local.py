@@ -111,8 +111,11 @@ def _spawn(cluster: LocalCluster, daemon: str) -> int:
     cluster.logs.mkdir(parents=True, exist_ok=True)
     log = open(cluster.logs / f"{daemon}.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpusched.cli.gpusched", daemon, "--config", str(cluster.config_file)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        # -P and cwd="/": the caller's directory may hold something named "gpusched"
+        # (the state directory itself, for one) that must not shadow the package.
+        [sys.executable, "-P", "-m", "gpusched.cli.gpusched", daemon,
+         "--config", str(cluster.config_file)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/",
     )
     log.close()
     cluster.pidfile(daemon).write_text(str(proc.pid))
@@ -148,6 +151,19 @@ def _node_up(cluster: LocalCluster) -> bool:
 
 def up(gpus: int, database_url: str | None, say: Callable[[str], None]) -> LocalCluster:
     """Start whatever part of the local cluster is not running; return when it is ready."""
+    started: list[str] = []
+
+    def report(line: str) -> None:
+        started.append(line)
+        say(line)
+
+    cluster = _start_missing(gpus, database_url, report)
+    if not started:
+        say("gpusched is already running")
+    return cluster
+
+
+def _start_missing(gpus: int, database_url: str | None, say: Callable[[str], None]) -> LocalCluster:
     cluster = LocalCluster(local_state_dir())
     cluster.state_dir.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:

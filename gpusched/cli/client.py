@@ -89,26 +89,18 @@ class ApiClient:
         """One round trip, reconnecting once where that is safe."""
         if self._sock is not None and _closed_by_peer(self._sock):
             self.close()  # nothing was sent yet, so any method may simply reconnect
-        fresh = self._sock is None
-        try:
-            return self._round_trip(message, timeout)
-        except _ConnectionLost:
-            self.close()
-            # The server may drop an idle keep-alive connection just as we send. Only a
-            # GET can be repeated blindly: a POST may already have been applied.
-            if fresh or method != "GET":
-                raise Unavailable(
-                    f"the gpusched controller at {self.socket_path} closed the connection "
-                    "before answering"
-                ) from None
-        try:
-            return self._round_trip(message, timeout)
-        except _ConnectionLost:
-            self.close()
-            raise Unavailable(
-                f"the gpusched controller at {self.socket_path} closed the connection "
-                "before answering"
-            ) from None
+        # The server may still drop an idle keep-alive connection just as we send. Only
+        # a GET is then repeated (once, on a new connection): a POST may have been applied.
+        attempts = 2 if self._sock is not None and method == "GET" else 1
+        for _ in range(attempts):
+            try:
+                return self._round_trip(message, timeout)
+            except _ConnectionLost:
+                self.close()
+        raise Unavailable(
+            f"the gpusched controller at {self.socket_path} closed the connection "
+            "before answering"
+        )
 
     def _round_trip(self, message: bytes, timeout: float) -> tuple[int, bytes]:
         """Send ``message`` on the (possibly new) connection and read the answer."""

@@ -6,6 +6,7 @@ Kept cheap to import: ``rich`` is loaded only to draw a table on a terminal.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, Literal, TextIO
@@ -36,7 +37,7 @@ def print_error(prog: str, message: str) -> None:
 
 
 def run_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None) -> int:
-    """Run a single-command app and return its exit code.
+    """Run a typer app as PROG and return its exit code.
 
     User errors never show a traceback: a ``GpuschedError`` prints one line and exits
     with its ``exit_code``; a usage error (unknown flag, bad value) prints one line and
@@ -92,10 +93,10 @@ class _LightCoercion:
         if self.element is bool or self.element is str:
             return value if self.element is bool else str(value)
         text = str(value).strip()
-        try:
-            number = int(text)
-        except ValueError:
-            raise typer.BadParameter(f"{value!r} is not an integer", ctx=ctx, param=param) from None
+        # Stricter than int(), which also takes "1_000" and non-ASCII digits.
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise typer.BadParameter(f"{value!r} is not an integer", ctx=ctx, param=param)
+        number = int(text)
         if self.minimum is not None and number < self.minimum:
             raise typer.BadParameter(
                 f"{number} is below the minimum of {self.minimum}", ctx=ctx, param=param,
@@ -195,7 +196,7 @@ def fit_widths(
         candidates = [i for i in shrinkable if widths[i] > max(floors[i], 1)]
         if not candidates:
             break  # cannot fit without cutting ids or times; let the line be long
-        widest = max(candidates, key=lambda i: (widths[i], -i))
+        widest = max(candidates, key=lambda i: (widths[i], i))  # ties: cut the later column
         widths[widest] -= 1
     return widths
 

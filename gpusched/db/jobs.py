@@ -71,8 +71,8 @@ def _largest_node(session: Session, part: Partition) -> int | None:
 
 
 def _validate_time(part: Partition, limit: int | None) -> int | None:
-    if limit is None:
-        return part.default_time
+    if limit is None:  # Slurm: DefaultTime, else MaxTime
+        return part.default_time if part.default_time is not None else part.max_time
     if limit <= 0:
         raise UsageError(f"time_limit: expected a positive number of seconds, got {limit}")
     if part.max_time is not None and limit > part.max_time:

@@ -77,7 +77,7 @@ nodes = ["{node}"]
         """Start ``controller`` or ``agent`` as a real process, logging to the temp dir."""
         log = open(self.root / f"{daemon}.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpusched.cli.gpusched", daemon, "--config", str(self.config)],
+            [sys.executable, "-P", "-m", "gpusched.cli.gpusched", daemon, "--config", str(self.config)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env,
         )
         log.close()

@@ -292,52 +292,59 @@ def test_demo_gpu_uuids_load_back_as_a_static_inventory(tmp_path: Path) -> None:
     assert load_config(path).agent.static_gpus[0].uuid == gpu.uuid
 
 
-# --- known gaps in gpusched/config.py -----------------------------------------------------
-# Reported to the owner of config.py. strict=True: once fixed, these pass, the XPASS
-# fails the run, and the marker must be removed so the test guards the fix.
-
-# `raises` pins how each one fails today, so an unrelated breakage is not taken for the gap.
-_DID_NOT_RAISE = pytest.fail.Exception
+# --- stricter checks: finite numbers, real UUIDs, unreadable files -----------------------
 
 
-def _known_gap(*raises: type[BaseException]) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=raises,
-                             reason="gap in config.py, reported; remove when fixed")
-
-
-@_known_gap(AssertionError)
 def test_unknown_key_message_says_which_keys_are_expected(tmp_path: Path) -> None:
     message = load_error(write(tmp_path, "[agent]\npoll_interval = 5\n"))
     assert "poll_wait" in message  # the valid keys of [agent]
 
 
-@_known_gap(_DID_NOT_RAISE)
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_poll_wait_must_be_finite(tmp_path: Path, value: str) -> None:
     message = load_error(write(tmp_path, f"[agent]\npoll_wait = {value}\n"))
     assert "agent.poll_wait" in message
 
 
-@_known_gap(_DID_NOT_RAISE)
 def test_kill_grace_must_not_be_negative(tmp_path: Path) -> None:
     message = load_error(write(tmp_path, "[agent]\nkill_grace = -5\n"))
     assert "agent.kill_grace" in message
 
 
-@_known_gap(_DID_NOT_RAISE)
 @pytest.mark.parametrize("bad_uuid", ["GPU-", "GPU-not-a-uuid"])
 def test_static_gpu_uuid_must_be_a_uuid_after_its_prefix(tmp_path: Path, bad_uuid: str) -> None:
     message = load_error(write(tmp_path, f'[[agent.gpus.static]]\nuuid = "{bad_uuid}"\n'))
     assert "agent.gpus.static[0].uuid" in message
 
 
-@_known_gap(UnicodeDecodeError)
 def test_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "gpusched.toml"
     path.write_bytes(b"[agent]\nnode_name = \"\xff\"\n")
     assert str(path) in load_error(path)
 
 
-@_known_gap(IsADirectoryError)
 def test_directory_instead_of_a_file_is_a_config_error(tmp_path: Path) -> None:
     assert str(tmp_path) in load_error(tmp_path)
+
+
+def test_unlimited_default_time_under_a_finite_max_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[partitions]]\nname = "p"\nmax_time = "1:00:00"\n'
+                           'default_time = "UNLIMITED"\n')
+    assert "partitions[0].default_time" in load_error(path)
+
+
+@pytest.mark.parametrize(("key", "value"), [("socket", '"relative.sock"'), ("state_dir", '""')])
+def test_paths_must_be_absolute(tmp_path: Path, key: str, value: str) -> None:
+    table = "controller" if key == "socket" else "agent"
+    assert f"{table}.{key}" in load_error(write(tmp_path, f"[{table}]\n{key} = {value}\n"))
+
+
+def test_node_timeout_must_exceed_the_agent_poll(tmp_path: Path) -> None:
+    path = write(tmp_path, "[controller]\nnode_timeout = 10\n[agent]\npoll_wait = 20\n")
+    assert "controller.node_timeout" in load_error(path)
+
+
+def test_demo_inventory_pci_ids_stay_valid_for_large_counts() -> None:
+    ids = [g.pci_bus_id for g in demo_gpus("big", 300)]
+    assert len(set(ids)) == 300
+    assert all(len(i.split(":")[1]) == 2 for i in ids)

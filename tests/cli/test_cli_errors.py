@@ -1,0 +1,184 @@
+"""The real console scripts on bad input: exit 2, one line on stderr, nothing on stdout.
+
+No controller runs here: GPUSCHED_SOCKET names a socket that does not exist, so a
+command that got as far as contacting the controller exits 1 with the "cannot reach"
+line, and every input error must be caught before that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpusched.cli.gsubmit import NOT_A_BATCH_SCRIPT
+
+BIN = Path(sys.executable).parent
+GOOD_SCRIPT = "#!/bin/sh\n#GSUB --gpus=1\necho hi\n"
+
+
+def run(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run a console script in ``tmp_path`` with no controller reachable."""
+    env = {**os.environ, "GPUSCHED_SOCKET": str(tmp_path / "absent.sock")}
+    return subprocess.run(
+        [str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=60,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str], prog: str) -> str:
+    """The single stderr line of a failed command, checked for shape."""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{prog}: error: "), lines[0]
+    assert result.stdout == ""
+    return lines[0]
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(text)
+    return name
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--gpus", "-1", "--wrap", "true"], "--gpus"),
+        (["--gpus=-1", "--wrap", "true"], "minimum of 0"),
+        (["-G", "two", "--wrap", "true"], "'two' is not an integer"),
+        (["--gpus", "1.5", "--wrap", "true"], "is not an integer"),
+        (["--time", "abc", "--wrap", "true"], "invalid time 'abc'"),
+        (["-t", "0", "--wrap", "true"], "must be positive"),
+        (["missing.sh"], "unable to open batch script 'missing.sh': No such file or directory"),
+        (["."], "Is a directory"),
+        (["--wrap", "true", "extra.sh"], "not both"),
+        ([], "nothing to submit"),
+        (["--parsable"], "nothing to submit"),
+        (["--bogus", "--wrap", "true"], "No such option: --bogus"),
+        (["--gpus"], "--gpus"),
+    ],
+)
+def test_gsubmit_bad_input_exits_2(tmp_path: Path, argv: list[str], needle: str) -> None:
+    result = run(tmp_path, "gsubmit", *argv)
+    assert result.returncode == 2, result
+    assert needle in one_error_line(result, "gsubmit")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("echo hi\n", NOT_A_BATCH_SCRIPT),
+        ("", NOT_A_BATCH_SCRIPT),
+        ("#!/bin/sh\r\necho hi\r\n", "DOS line breaks"),
+        ("#!/bin/sh\necho \0\n", "NUL character"),
+        ("#!/bin/sh\n#SBATCH --time=abc\ntrue\n", "line 2: #SBATCH: --time: invalid time 'abc'"),
+        ("#!/bin/sh\n\n#GSUB --gpus=-3\ntrue\n", "line 3: #GSUB --gpus=-3: Invalid value for '--gpus'"),
+        ("#!/bin/sh\n#SBATCH --mem=4G\ntrue\n", "line 2: #SBATCH --mem=4G: No such option: --mem"),
+        ('#!/bin/sh\n#SBATCH -J "unclosed\ntrue\n', "line 2: #SBATCH directive: No closing quotation"),
+        ("#!/bin/sh\n#SBATCH other.sh\ntrue\n", "takes options only"),
+        ("#!/bin/sh\n#GSUB --wrap true\ntrue\n", "--wrap is not a directive"),
+    ],
+)
+def test_gsubmit_bad_script_exits_2(tmp_path: Path, text: str, needle: str) -> None:
+    result = run(tmp_path, "gsubmit", write(tmp_path, "job.sh", text))
+    assert result.returncode == 2, result
+    assert needle in one_error_line(result, "gsubmit")
+
+
+def test_gsubmit_not_utf8_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "job.sh").write_bytes(b"#!/bin/sh\necho \xff\n")
+    result = run(tmp_path, "gsubmit", "job.sh")
+    assert result.returncode == 2
+    assert "not UTF-8" in one_error_line(result, "gsubmit")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_gsubmit_unreadable_script_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / write(tmp_path, "job.sh", GOOD_SCRIPT)
+    path.chmod(0)
+    result = run(tmp_path, "gsubmit", "job.sh")
+    assert result.returncode == 2
+    assert "Permission denied" in one_error_line(result, "gsubmit")
+
+
+def test_command_line_wins_over_a_bad_directive_value(tmp_path: Path) -> None:
+    # The directive's --time alone is an error (see above); given on the command line,
+    # the flag wins, so validation passes and only the missing controller stops it.
+    script = write(tmp_path, "job.sh", "#!/bin/sh\n#SBATCH --time=abc\ntrue\n")
+    result = run(tmp_path, "gsubmit", "--time", "10", script)
+    assert result.returncode == 1
+    assert "cannot reach" in one_error_line(result, "gsubmit")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--wrap", "true"],
+        ["--gpus=2", "-t", "1-0", "-p", "gpu", "-J", "x", "-o", "o-%j", "-e", "e-%j", "--wrap", "true"],
+        ["job.sh", "--gpus", "-5", "not-an-option-of-ours"],  # after SCRIPT: the script's args
+    ],
+)
+def test_valid_submit_without_controller_exits_1(tmp_path: Path, argv: list[str]) -> None:
+    write(tmp_path, "job.sh", GOOD_SCRIPT)
+    result = run(tmp_path, "gsubmit", *argv)
+    assert result.returncode == 1, result
+    line = one_error_line(result, "gsubmit")
+    assert line == (
+        f"gsubmit: error: cannot reach the gpusched controller at {tmp_path / 'absent.sock'}: "
+        "No such file or directory; is it running? (start a local cluster with 'gpusched up')")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["abc"], "invalid job id 'abc'"),
+        (["12", "x1"], "invalid job id 'x1'"),  # checked before the first cancel is sent
+        (["0"], "invalid job id '0'"),
+        (["-5"], "No such option: -5"),
+        (["1.5"], "invalid job id '1.5'"),
+        ([], "Missing argument"),
+    ],
+)
+def test_gcancel_bad_ids_exit_2(tmp_path: Path, argv: list[str], needle: str) -> None:
+    result = run(tmp_path, "gcancel", *argv)
+    assert result.returncode == 2, result
+    assert needle in one_error_line(result, "gcancel")
+
+
+def test_gcancel_without_controller_says_so_once(tmp_path: Path) -> None:
+    result = run(tmp_path, "gcancel", "1", "2", "3")
+    assert result.returncode == 1
+    assert "cannot reach the gpusched controller" in one_error_line(result, "gcancel")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--states", "XX"], "unknown job state 'XX'"),
+        (["-t", ","], "at least one job state"),
+        (["--bogus"], "No such option: --bogus"),
+        (["--user"], "--user"),
+    ],
+)
+def test_gqueue_bad_input_exits_2(tmp_path: Path, argv: list[str], needle: str) -> None:
+    result = run(tmp_path, "gqueue", *argv)
+    assert result.returncode == 2, result
+    assert needle in one_error_line(result, "gqueue")
+
+
+@pytest.mark.parametrize("argv", [[], ["--json"], ["-t", "pd,R", "-u", "alice", "--all", "-h"]])
+def test_gqueue_without_controller_exits_1(tmp_path: Path, argv: list[str]) -> None:
+    result = run(tmp_path, "gqueue", *argv)
+    assert result.returncode == 1
+    assert "cannot reach the gpusched controller" in one_error_line(result, "gqueue")
+
+
+@pytest.mark.parametrize("prog", ["gsubmit", "gqueue", "gcancel"])
+def test_help_exits_0_in_plain_text(tmp_path: Path, prog: str) -> None:
+    result = run(tmp_path, prog, "--help")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith(f"Usage: {prog} ")
+    assert "╭" not in result.stdout  # no rich panels

@@ -1,0 +1,52 @@
+"""The user CLIs stay cheap to start: nothing heavy on their import path.
+
+A structural check (which modules get imported), not a timing one; the timing lives in
+bench/lifecycle.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLI_MODULES = "gpusched.cli.gsubmit, gpusched.cli.gqueue, gpusched.cli.gcancel"
+HEAVY = ("sqlalchemy", "psycopg", "apscheduler", "http.client", "gpusched.db",
+         "gpusched.controller")
+
+
+def imported_modules(code: str) -> set[str]:
+    """Every module ``python -X importtime -c code`` reports importing."""
+    env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code],
+                            capture_output=True, text=True, env=env, timeout=60)
+    names = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+             if line.startswith("import time:")}
+    assert "gpusched.cli.gsubmit" in names or "gpusched.cli.gqueue" in names, result.stderr[-2000:]
+    return names
+
+
+def heavy_in(names: set[str], heavy: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in heavy))
+
+
+def test_importing_the_user_clis_pulls_in_nothing_heavy() -> None:
+    names = imported_modules(f"import {CLI_MODULES}")
+    assert heavy_in(names, HEAVY) == []
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "gsubmit.main(['--gpus', '1', '-t', '5', '-p', 'gpu', '--wrap', 'true'])",
+        "gqueue.main(['--user', 'alice', '--states', 'PD'])",
+        "gcancel.main(['17'])",
+    ],
+)
+def test_running_a_cli_parses_without_pydantic_or_rich(call: str) -> None:
+    # typer builds a pydantic TypeAdapter per parameter unless common.py's light
+    # coercion takes over (~75 ms); rich is only for tables on a terminal.
+    names = imported_modules(f"from gpusched.cli import gsubmit, gqueue, gcancel; {call}")
+    assert heavy_in(names, (*HEAVY, "pydantic", "pydantic_core", "rich")) == []

@@ -1,0 +1,70 @@
+"""`gpusched up` gives a working cluster from nothing; the CLIs find it with no flags."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cluster import wait_for
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def state_home() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-up-"))
+    os.chmod(root, 0o755)  # the PostgreSQL user must reach the data directory
+    yield root
+    env = {**os.environ, "XDG_STATE_HOME": str(root)}
+    env.pop("GPUSCHED_SOCKET", None)
+    subprocess.run([str(BIN / "gpusched"), "down"], env=env, capture_output=True, timeout=120)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_up_submit_down(state_home: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    env.pop("GPUSCHED_SOCKET", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / args[0]), *args[1:]], env=env, capture_output=True,
+                              text=True, cwd=state_home, timeout=180)
+
+    first = run("gpusched", "up", "--gpus", "3")
+    assert first.returncode == 0, first.stderr
+    assert "started PostgreSQL" in first.stdout and "started the controller" in first.stdout
+    assert "gsubmit" in first.stdout  # tells how to submit a first job
+    assert (state_home / "gpusched" / "controller.sock").exists()
+
+    again = run("gpusched", "up", "--gpus", "3")
+    assert again.returncode == 0 and "already running" in again.stdout, again
+
+    submitted = run("gsubmit", "--parsable", "--gpus", "3", "--wrap", "echo $CUDA_VISIBLE_DEVICES")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    out = state_home / f"gpusched-{job_id}.out"
+    wait_for(lambda: out.exists() and out.read_text().strip(), what="job output")
+    assert out.read_text().strip().count("GPU-") == 3
+
+    queue = run("gqueue", "--all", "--json")
+    assert queue.returncode == 0, queue.stderr
+    assert '"job_id": ' + job_id in queue.stdout or f'"job_id":{job_id}' in queue.stdout
+
+    stopped = run("gpusched", "down")
+    assert stopped.returncode == 0
+    assert "stopped the controller" in stopped.stdout and "stopped PostgreSQL" in stopped.stdout
+    assert run("gqueue").returncode == 1  # nothing answers any more
+
+    demo = run("gpusched", "up", "--gpus", "2")  # the data survived: same job is there
+    assert demo.returncode == 0, demo.stderr
+    shown = run("gpusched", "demo")
+    assert shown.returncode == 0, shown.stderr
+    assert "CUDA_VISIBLE_DEVICES=GPU-" in shown.stdout
+    history = run("gqueue", "--all", "--json")
+    assert f'"job_id": {job_id}' in history.stdout or f'"job_id":{job_id}' in history.stdout
