@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -20,6 +21,7 @@ from gpusched.errors import GpuschedError, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
+REMEMBER_REPORTED = 10_000
 
 
 class _Stopping(Exception):
@@ -35,6 +37,9 @@ class Agent:
         self.socket_path = socket_path
         self.launcher = Launcher(self.config.state_dir / "jobs")
         self.signalled: set[int] = set()
+        # Ends the controller acknowledged. A poll answered just before that could still
+        # carry the job as a launch; its directory is gone, so only this stops a rerun.
+        self._reported: deque[int] = deque(maxlen=REMEMBER_REPORTED)
         self._extra_ends: list[JobEnd] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -112,6 +117,8 @@ class Agent:
 
     def _launch(self, client: ApiClient, launch: dict[str, Any]) -> None:
         job_id = launch["job_id"]
+        if job_id in self._reported:
+            return
         if os.geteuid() != 0 and launch["uid"] != os.geteuid():
             self._queue_end(JobEnd(job_id, "launch_failed", None, None, None, time.time(),
                                    f"the agent on {self.node} runs as uid {os.geteuid()} and "
@@ -151,5 +158,6 @@ class Agent:
         client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", body)
         if not synthetic:
             self.launcher.mark_reported(end.job_id)
+        self._reported.append(end.job_id)
         self.signalled.discard(end.job_id)
         log.info("job %d ended: %s", end.job_id, end.outcome)

@@ -57,41 +57,59 @@ class Submission:
     parsable: bool
 
 
+def _text_option(*names: str, metavar: str, help_text: str) -> Any:
+    """An optional string option whose default (None) is not shown in --help."""
+    return typer.Option(*names, metavar=metavar, show_default=False, help=help_text)
+
+
+# The options, declared once here so that the command's signature stays readable.
+ScriptArg = Annotated[str | None, typer.Argument(
+    metavar="SCRIPT", show_default=False,
+    help="Batch script; its first line must be #!. Options after it go to the script.",
+)]
+ArgsArg = Annotated[list[str] | None, typer.Argument(
+    metavar="ARGS", show_default=False, help="Arguments passed to the script.",
+)]
+GpusOpt = Annotated[int | None, typer.Option(
+    "--gpus", "-G", min=0, metavar="N", show_default=False, help="GPUs for the job (default 0).",
+)]
+TimeOpt = Annotated[str | None, _text_option(
+    "--time", "-t", metavar="TIME",
+    help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED.",
+)]
+PartitionOpt = Annotated[str | None, _text_option(
+    "--partition", "-p", metavar="P", help_text="Partition (default: the default one).",
+)]
+NameOpt = Annotated[str | None, _text_option(
+    "--job-name", "-J", metavar="NAME",
+    help_text="Job name (default: the script's file name, or 'wrap').",
+)]
+OutputOpt = Annotated[str | None, _text_option(
+    "--output", "-o", metavar="F",
+    help_text="stdout file pattern (%j = job id), relative to the current directory.",
+)]
+ErrorOpt = Annotated[str | None, _text_option(
+    "--error", "-e", metavar="F", help_text="stderr file pattern (default: with stdout).",
+)]
+ParsableOpt = Annotated[bool, typer.Option("--parsable", help="Print the job id alone.")]
+WrapOpt = Annotated[str | None, _text_option(
+    "--wrap", metavar="CMD", help_text="Submit CMD wrapped in a /bin/sh script.",
+)]
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def gsubmit(
     ctx: typer.Context,
-    script: Annotated[str | None, typer.Argument(
-        metavar="SCRIPT", show_default=False,
-        help="Batch script; its first line must be #!. Options after it go to the script.",
-    )] = None,
-    args: Annotated[list[str] | None, typer.Argument(
-        metavar="ARGS", show_default=False, help="Arguments passed to the script.",
-    )] = None,
-    gpus: Annotated[int | None, typer.Option(
-        "--gpus", "-G", min=0, metavar="N", show_default=False, help="GPUs for the job (default 0).",
-    )] = None,
-    time_limit: Annotated[str | None, typer.Option(
-        "--time", "-t", metavar="TIME", show_default=False,
-        help="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED.",
-    )] = None,
-    partition: Annotated[str | None, typer.Option(
-        "--partition", "-p", metavar="P", show_default=False, help="Partition (default: the default one).",
-    )] = None,
-    job_name: Annotated[str | None, typer.Option(
-        "--job-name", "-J", metavar="NAME", show_default=False,
-        help="Job name (default: the script's file name, or 'wrap').",
-    )] = None,
-    output: Annotated[str | None, typer.Option(
-        "--output", "-o", metavar="F", show_default=False,
-        help="stdout file pattern (%j = job id), relative to the current directory.",
-    )] = None,
-    error: Annotated[str | None, typer.Option(
-        "--error", "-e", metavar="F", show_default=False, help="stderr file pattern (default: with stdout).",
-    )] = None,
-    parsable: Annotated[bool, typer.Option("--parsable", help="Print the job id alone.")] = False,
-    wrap: Annotated[str | None, typer.Option(
-        "--wrap", metavar="CMD", show_default=False, help="Submit CMD wrapped in a /bin/sh script.",
-    )] = None,
+    script: ScriptArg = None,
+    args: ArgsArg = None,
+    gpus: GpusOpt = None,
+    time_limit: TimeOpt = None,
+    partition: PartitionOpt = None,
+    job_name: NameOpt = None,
+    output: OutputOpt = None,
+    error: ErrorOpt = None,
+    parsable: ParsableOpt = False,
+    wrap: WrapOpt = None,
 ) -> None:
     """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured."""
     submission = resolve_submission(ctx)
