@@ -20,6 +20,7 @@ import select
 import selectors
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -95,10 +96,89 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
     }
 
 
+class _Spawner:
+    """A single-threaded ``supervisor.py --spawner`` process that forks supervisors.
+
+    Forking it costs a millisecond or two; starting a fresh interpreter per job costs
+    tens. It is started on first use and again if it dies; it exits when we close our
+    end of the socket, leaving the supervisors it forked running.
+    """
+
+    def __init__(self, python: str, log_path: Path) -> None:
+        self.python = python
+        self.log_path = log_path
+        self._sock: socket.socket | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def spawn(self, jobdir: Path, lock_fd: int) -> int:
+        """Have a supervisor forked for ``jobdir``, handing it ``lock_fd``; its pid."""
+        with self._lock:
+            for attempt in range(2):
+                try:
+                    if self._sock is None:
+                        self._start()
+                    assert self._sock is not None
+                    socket.send_fds(self._sock, [str(jobdir).encode()], [lock_fd])
+                    answer = b""
+                    while len(answer) < 4:
+                        chunk = self._sock.recv(4 - len(answer))
+                        if not chunk:
+                            raise ConnectionError("the supervisor spawner exited")
+                        answer += chunk
+                    pid = int.from_bytes(answer, "little")
+                    if pid <= 0:
+                        raise OSError("the supervisor spawner could not fork")
+                    return pid
+                except OSError:
+                    self._stop()
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        high_fd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
+        try:
+            actions = [
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, str(self.log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                 0o600),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+                (os.POSIX_SPAWN_DUP2, high_fd, _LOCK_FD_IN_SUPERVISOR),
+            ]
+            argv = [self.python, "-I", "-S", str(SUPERVISOR), "--spawner",
+                    str(_LOCK_FD_IN_SUPERVISOR)]
+            # Its children are supervisors: they must start with their signals blocked.
+            self._pid = os.posix_spawn(self.python, argv, _SUPERVISOR_ENV, file_actions=actions,
+                                       setsid=True, setsigmask=_SUPERVISOR_SIGMASK)
+        finally:
+            os.close(high_fd)
+            theirs.close()
+        self._sock = ours
+
+    def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._pid:
+            try:
+                os.waitpid(self._pid, 0)  # it leaves as soon as it sees our end close
+            except ChildProcessError:
+                pass
+            self._pid = 0
+
+    def close(self) -> None:
+        """Let the spawner exit; supervisors it forked keep running."""
+        with self._lock:
+            self._stop()
+
+
 class Launcher:
     """Starts job supervisors, cancels them, and reports how their jobs ended."""
 
-    def __init__(self, jobs_dir: Path, python: str = sys.executable) -> None:
+    def __init__(self, jobs_dir: Path, python: str = sys.executable,
+                 spawner: bool = True) -> None:
         self.jobs_dir = Path(jobs_dir)
         self.python = python
         if not self.jobs_dir.is_dir():
@@ -116,9 +196,12 @@ class Launcher:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._spawner = _Spawner(python, self.jobs_dir.parent / "spawner.log") if spawner else None
 
     def close(self) -> None:
         """Stop watching; the supervisors (and their jobs) keep running."""
+        if self._spawner is not None:
+            self._spawner.close()
         with self._select_lock, self._lock:
             for pidfd in self._pidfds.values():
                 os.close(pidfd)
@@ -165,6 +248,11 @@ class Launcher:
         lock_fd = os.open(jobdir / "supervisor.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a fresh file: this never blocks
+            if self._spawner is not None:
+                try:
+                    return self._spawner.spawn(jobdir, lock_fd)
+                except OSError as exc:
+                    log.warning("supervisor spawner failed (%s); starting a fresh interpreter", exc)
             # posix_spawn's dup2 clears close-on-exec only when the numbers differ.
             high_fd = fcntl.fcntl(lock_fd, fcntl.F_DUPFD_CLOEXEC, 10)
             try:

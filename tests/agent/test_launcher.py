@@ -291,7 +291,7 @@ def test_adopt_right_after_launch_finds_the_starting_supervisor(
                       f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)\n"
                       "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
     python.chmod(0o755)
-    first = Launcher(jobs_dir, python=str(python))
+    first = Launcher(jobs_dir, python=str(python), spawner=False)  # a fresh interpreter per job
     start(first, work_dir, "sleep 300")
     first.close()
     second = Launcher(jobs_dir)
@@ -338,3 +338,64 @@ def test_output_pattern_is_expanded_for_the_job(
     start(launcher, work_dir, "echo patterned", output="%x_%u.log")
     wait_end(launcher, 7, wait_for)
     assert (work_dir / "train_root.log").read_text() == "patterned\n"
+
+
+# ------------------------------------------------------------ the spawner
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _spawner_pids() -> set[int]:
+    return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+            and _cmdline(p).endswith("--spawner 3")}
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def test_supervisors_are_forked_by_the_spawner_not_started_afresh(
+        launcher: Launcher, jobs_dir: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    start(launcher, work_dir, "sleep 300")
+    info = supervisor_info(jobs_dir / "7", wait_for)
+    spawner = _parent_of(info["supervisor_pid"])
+    assert spawner != os.getpid() and spawner in _spawner_pids()
+    assert _parent_of(spawner) == os.getpid()
+    start(launcher, work_dir, "sleep 300", job_id=8)
+    assert _parent_of(supervisor_info(jobs_dir / "8", wait_for)["supervisor_pid"]) == spawner
+
+
+def test_a_dead_spawner_is_replaced_and_its_supervisors_live_on(
+        launcher: Launcher, jobs_dir: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    start(launcher, work_dir, "sleep 300")
+    first = supervisor_info(jobs_dir / "7", wait_for)
+    spawner = _parent_of(first["supervisor_pid"])
+    os.kill(spawner, signal.SIGKILL)
+    wait_for(lambda: spawner not in _spawner_pids(), "the spawner to die")
+    start(launcher, work_dir, "echo second", job_id=8)
+    assert wait_end(launcher, 8, wait_for).outcome == "completed"
+    assert launcher.running() == [7]  # the first job's supervisor did not die with it
+    assert launcher.cancel(7)
+    assert wait_end(launcher, 7, wait_for).outcome == "cancelled"
+
+
+def test_closing_the_launcher_ends_the_spawner_but_not_the_jobs(
+        jobs_dir: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    first = Launcher(jobs_dir)
+    start(first, work_dir, "sleep 300")
+    info = supervisor_info(jobs_dir / "7", wait_for)
+    spawner = _parent_of(info["supervisor_pid"])
+    first.close()
+    wait_for(lambda: spawner not in _spawner_pids(), "the spawner to leave")
+    second = Launcher(jobs_dir)
+    try:
+        assert second.adopt() == [7]
+        assert second.cancel(7)
+        assert wait_end(second, 7, wait_for).outcome == "cancelled"
+    finally:
+        second.close()
