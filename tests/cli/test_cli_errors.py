@@ -95,13 +95,12 @@ def test_gsubmit_not_utf8_exits_2(tmp_path: Path) -> None:
     assert "not UTF-8" in one_error_line(result, "gsubmit")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_gsubmit_unreadable_script_exits_2(tmp_path: Path) -> None:
-    path = tmp_path / write(tmp_path, "job.sh", GOOD_SCRIPT)
-    path.chmod(0)
+    # A directory cannot be read as a script by anyone, root included.
+    (tmp_path / "job.sh").mkdir()
     result = run(tmp_path, "gsubmit", "job.sh")
     assert result.returncode == 2
-    assert "Permission denied" in one_error_line(result, "gsubmit")
+    assert "job.sh" in one_error_line(result, "gsubmit")
 
 
 def test_command_line_wins_over_a_bad_directive_value(tmp_path: Path) -> None:
