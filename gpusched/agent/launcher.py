@@ -16,11 +16,9 @@ import fcntl
 import json
 import logging
 import os
-import select
 import selectors
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -29,18 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpusched.agent.supervisor import proc_starttime, write_json_atomic
+from gpusched.agent import procs
+from gpusched.agent.spawn import (
+    LOCK_FD_IN_SUPERVISOR,
+    SupervisorSpawner,
+    spawn_supervisor_process,
+)
+from gpusched.agent.supervisor import write_json_atomic
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
 
 log = logging.getLogger(__name__)
 
-SUPERVISOR = Path(__file__).with_name("supervisor.py")
 SUPERVISOR_LOST = "job supervisor lost"
 SCRIPT_PLACEHOLDER = "script"  # argv[0] of a built spec, until launch() writes the file
-_SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                   "LC_ALL": "C.UTF-8"}
-_LOCK_FD_IN_SUPERVISOR = 3
-_SUPERVISOR_SIGMASK = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)  # supervisor._WATCHED
 
 
 class _SupervisorNotFound(Exception):
@@ -96,84 +95,6 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
     }
 
 
-class _Spawner:
-    """A single-threaded ``supervisor.py --spawner`` process that forks supervisors.
-
-    Forking it costs a millisecond or two; starting a fresh interpreter per job costs
-    tens. It is started on first use and again if it dies; it exits when we close our
-    end of the socket, leaving the supervisors it forked running.
-    """
-
-    def __init__(self, python: str, log_path: Path) -> None:
-        self.python = python
-        self.log_path = log_path
-        self._sock: socket.socket | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
-
-    def spawn(self, jobdir: Path, lock_fd: int) -> int:
-        """Have a supervisor forked for ``jobdir``, handing it ``lock_fd``; its pid."""
-        with self._lock:
-            for attempt in range(2):
-                try:
-                    if self._sock is None:
-                        self._start()
-                    assert self._sock is not None
-                    socket.send_fds(self._sock, [str(jobdir).encode()], [lock_fd])
-                    answer = b""
-                    while len(answer) < 4:
-                        chunk = self._sock.recv(4 - len(answer))
-                        if not chunk:
-                            raise ConnectionError("the supervisor spawner exited")
-                        answer += chunk
-                    pid = int.from_bytes(answer, "little")
-                    if pid <= 0:
-                        raise OSError("the supervisor spawner could not fork")
-                    return pid
-                except OSError:
-                    self._stop()
-                    if attempt:
-                        raise
-            raise AssertionError("unreachable")
-
-    def _start(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        high_fd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
-        try:
-            actions = [
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, str(self.log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                 0o600),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-                (os.POSIX_SPAWN_DUP2, high_fd, _LOCK_FD_IN_SUPERVISOR),
-            ]
-            argv = [self.python, "-I", "-S", str(SUPERVISOR), "--spawner",
-                    str(_LOCK_FD_IN_SUPERVISOR)]
-            # Its children are supervisors: they must start with their signals blocked.
-            self._pid = os.posix_spawn(self.python, argv, _SUPERVISOR_ENV, file_actions=actions,
-                                       setsid=True, setsigmask=_SUPERVISOR_SIGMASK)
-        finally:
-            os.close(high_fd)
-            theirs.close()
-        self._sock = ours
-
-    def _stop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        if self._pid:
-            try:
-                os.waitpid(self._pid, 0)  # it leaves as soon as it sees our end close
-            except ChildProcessError:
-                pass
-            self._pid = 0
-
-    def close(self) -> None:
-        """Let the spawner exit; supervisors it forked keep running."""
-        with self._lock:
-            self._stop()
-
-
 class Launcher:
     """Starts job supervisors, cancels them, and reports how their jobs ended."""
 
@@ -196,7 +117,7 @@ class Launcher:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._spawner = _Spawner(python, self.jobs_dir.parent / "spawner.log") if spawner else None
+        self._spawner = SupervisorSpawner(python, self.jobs_dir.parent / "spawner.log") if spawner else None
 
     def close(self) -> None:
         """Stop watching; the supervisors (and their jobs) keep running."""
@@ -253,24 +174,11 @@ class Launcher:
                     return self._spawner.spawn(jobdir, lock_fd)
                 except OSError as exc:
                     log.warning("supervisor spawner failed (%s); starting a fresh interpreter", exc)
-            # posix_spawn's dup2 clears close-on-exec only when the numbers differ.
-            high_fd = fcntl.fcntl(lock_fd, fcntl.F_DUPFD_CLOEXEC, 10)
-            try:
-                log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-                actions = [
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_OPEN, 1, str(jobdir / "supervisor.log"), log_flags, 0o600),
-                    (os.POSIX_SPAWN_DUP2, 1, 2),
-                    (os.POSIX_SPAWN_DUP2, high_fd, _LOCK_FD_IN_SUPERVISOR),
-                ]
-                argv = [self.python, "-I", "-S", str(SUPERVISOR), str(jobdir),
-                        "--lock-fd", str(_LOCK_FD_IN_SUPERVISOR)]
-                # Started with its signals blocked, as it runs: a cancel that comes
-                # while Python is still starting stays pending instead of killing it.
-                return os.posix_spawn(self.python, argv, _SUPERVISOR_ENV, file_actions=actions,
-                                      setsid=True, setsigmask=_SUPERVISOR_SIGMASK)
-            finally:
-                os.close(high_fd)
+            # Started with its signals blocked, as it runs: a cancel that comes
+            # while Python is still starting stays pending instead of killing it.
+            return spawn_supervisor_process(
+                self.python, [str(jobdir), "--lock-fd", str(LOCK_FD_IN_SUPERVISOR)],
+                jobdir / "supervisor.log", lock_fd)
         finally:
             os.close(lock_fd)
 
@@ -305,7 +213,7 @@ class Launcher:
         """Ids of the jobs whose supervisor is alive."""
         with self._lock:
             return sorted(job for job, pidfd in self._pidfds.items()
-                          if not _pidfd_exited(pidfd))
+                          if not procs.pidfd_exited(pidfd))
 
     def adopt(self) -> list[int]:
         """Watch the live supervisors found in jobs_dir; return the ids of running jobs."""
@@ -339,14 +247,14 @@ class Launcher:
     def _find_supervisor(self, jobdir: Path) -> int | None:
         """A pidfd of the job's live supervisor, or None once it is surely dead."""
         for _ in range(3):
-            if not _lock_is_held(jobdir / "supervisor.lock"):
+            if not procs.lock_is_held(jobdir / "supervisor.lock"):
                 return None
             info = _read_json(jobdir / "supervisor.json")
             if info is not None:
-                pidfd = _open_pidfd(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
+                pidfd = procs.open_pidfd(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
             else:
                 # Started but not yet written supervisor.json: find it by its lock fd.
-                pidfd = _open_lock_holder(jobdir / "supervisor.lock")
+                pidfd = procs.open_lock_holder(jobdir / "supervisor.lock")
             if pidfd is not None:
                 return pidfd
             # It may have exited between the two looks; look at the lock again.
@@ -356,10 +264,10 @@ class Launcher:
         """Record the end of a job whose supervisor died without writing its status."""
         info = _read_json(jobdir / "supervisor.json") or {}
         if info:
-            _reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
+            procs.reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
             # Nothing else will ever stop the job now; Slurm kills a step whose
             # slurmstepd is gone the same way.
-            _kill_process_group(int(info["job_pid"]), int(info["supervisor_starttime"]))
+            procs.kill_process_group(int(info["job_pid"]), int(info["supervisor_starttime"]))
         if (jobdir / "status.json").exists():
             return  # it did write it after all, just before dying
         log.warning("job %s: %s", jobdir.name, SUPERVISOR_LOST)
@@ -421,7 +329,7 @@ class Launcher:
 
     def _supervisor_exited(self, job_id: int, pidfd: int) -> None:
         self._selector.unregister(pidfd)
-        _reap_pidfd(pidfd)
+        procs.reap_pidfd(pidfd)
         with self._lock:
             current = self._pidfds.get(job_id) == pidfd
             if current:
@@ -486,106 +394,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         log.warning("%s: unreadable: %s", path, exc)
         return None
     return data if isinstance(data, dict) else None
-
-
-# ---------------------------------------------------------------- processes
-
-
-def _pidfd_exited(pidfd: int) -> bool:
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
-
-
-def _lock_is_held(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False  # the supervisor was never spawned
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases the lock if it was ours
-    return False
-
-
-def _open_pidfd(pid: int, starttime: int) -> int | None:
-    """A pidfd of pid if it is still the process that started at starttime."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
-        return None
-    # Checked after opening, so the pidfd refers to the very process we verified.
-    try:
-        same = proc_starttime(pid) == starttime
-    except (OSError, ValueError, IndexError):
-        same = False
-    if not same:
-        os.close(pidfd)
-        return None
-    return pidfd
-
-
-def _open_lock_holder(lock: Path) -> int | None:
-    """A pidfd of the supervisor holding lock on its fd 3 (found through /proc)."""
-    try:
-        lock_stat = os.stat(lock)
-    except FileNotFoundError:
-        return None
-    holders: dict[int, int] = {}  # pid -> parent pid
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.path.samestat(os.stat(f"/proc/{name}/fd/{_LOCK_FD_IN_SUPERVISOR}"), lock_stat):
-                holders[int(name)] = _proc_stat(name)[0]
-        except (OSError, ValueError, IndexError):
-            continue
-    # A job child between fork and exec shares the fd; the supervisor is its parent.
-    for pid, ppid in holders.items():
-        if ppid not in holders:
-            try:
-                return _open_pidfd(pid, proc_starttime(pid))
-            except (OSError, ValueError, IndexError):
-                return None
-    return None
-
-
-def _proc_stat(pid: int | str) -> tuple[int, int, int]:
-    """(ppid, pgrp, starttime) of a process, from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return int(fields[1]), int(fields[2]), int(fields[19])
-
-
-def _reap_pidfd(pidfd: int) -> None:
-    try:
-        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
-    except ChildProcessError:
-        pass  # adopted from an earlier agent: not our child; init reaps it
-
-
-def _reap_if_child(pid: int, starttime: int) -> None:
-    pidfd = _open_pidfd(pid, starttime)
-    if pidfd is not None:
-        _reap_pidfd(pidfd)
-        os.close(pidfd)
-
-
-def _kill_process_group(pgid: int, not_before: int) -> None:
-    """SIGKILL process group pgid if a member started no earlier than not_before.
-
-    The start time check keeps an unrelated group that reused the id out of harm's way.
-    """
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            _, pgrp, started = _proc_stat(pid)
-        except (OSError, ValueError, IndexError):
-            continue
-        if pgrp == pgid and started >= not_before:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return

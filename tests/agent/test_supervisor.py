@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pwd
 import signal
 import subprocess
@@ -12,9 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from gpusched.agent.launcher import SUPERVISOR
+from gpusched.agent.spawn import SUPERVISOR
 
 MakeJob = Callable[..., Path]
 WaitFor = Callable[..., Any]

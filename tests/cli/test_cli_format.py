@@ -12,7 +12,12 @@ import pytest
 from typer.main import get_command
 
 from gpusched.cli import gcancel, gqueue, gsubmit
-from gpusched.cli.common import fit_widths, format_plain_table, print_table, use_light_coercion
+from gpusched.cli.common import (
+    fit_widths,
+    format_plain_table,
+    print_table,
+    use_light_coercion,
+)
 from gpusched.core.model import JobState
 from gpusched.errors import UsageError
 
