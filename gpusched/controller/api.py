@@ -30,10 +30,12 @@ class Api:
     """Binds the routes to a session factory and the wake-up hub."""
 
     def __init__(self, sessions: sessionmaker[Session], events: Events,
-                 is_leader: Callable[[], bool]) -> None:
+                 is_leader: Callable[[], bool],
+                 pass_stats: Callable[[], dict[str, Any]] = dict) -> None:
         self.sessions = sessions
         self.events = events
         self.is_leader = is_leader
+        self.pass_stats = pass_stats
         self.own_uid = os.geteuid()
 
     def router(self) -> Router:
@@ -61,8 +63,9 @@ class Api:
             raise PermissionDenied("only an agent (root or the controller's user) may do this")
 
     def ping(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Liveness and leadership of this controller."""
-        return 200, {"ok": True, "version": gpusched.__version__, "leader": self.is_leader()}
+        """Liveness, leadership and (on the leader) the last pass's statistics."""
+        return 200, {"ok": True, "version": gpusched.__version__, "leader": self.is_leader(),
+                     "scheduler": self.pass_stats()}
 
     def submit(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Store a new PENDING job and wake the scheduler."""

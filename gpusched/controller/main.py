@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from dataclasses import asdict
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -42,7 +43,8 @@ class Controller:
         dsn = psycopg_dsn(config.database_url)
         self.events = Events()
         self.scheduler = SchedulerLoop(self.sessions, self.events, dsn)
-        api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader)
+        api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
+                  lambda: asdict(self.scheduler.stats))
         self.server = UnixHttpServer(config.controller.socket, api.router(),
                                      config.controller.socket_mode)
         self.periodic = BackgroundScheduler(daemon=True)

@@ -22,12 +22,14 @@ STANDBY_RETRY = 1.0
 
 @dataclass
 class PassStats:
-    """What the last pass did, for logs and ``/v1/ping``."""
+    """What this controller's passes did, for logs and ``/v1/ping``."""
 
     passes: int = 0
     last_pending: int = 0
     last_started: int = 0
     last_seconds: float = 0.0
+    max_seconds: float = 0.0
+    total_started: int = 0
 
 
 class Leadership:
@@ -135,6 +137,8 @@ class SchedulerLoop:
         self.stats.last_pending = len(snapshot.pending)
         self.stats.last_started = len(decided.starts)
         self.stats.last_seconds = elapsed
+        self.stats.max_seconds = max(self.stats.max_seconds, elapsed)
+        self.stats.total_started += len(decided.starts)
         if decided.starts:
             log.info("pass %d: %d pending, %d started in %.1f ms", self.stats.passes,
                      len(snapshot.pending), len(decided.starts), elapsed * 1000)

@@ -70,9 +70,16 @@ def _largest_node(session: Session, part: Partition) -> int | None:
     return max(sizes) if sizes else None
 
 
-def _validate_time(part: Partition, limit: int | None) -> int | None:
+def _validate_time(part: Partition, limit: int | str | None) -> int | None:
     if limit is None:  # Slurm: DefaultTime, else MaxTime
         return part.default_time if part.default_time is not None else part.max_time
+    if limit == "UNLIMITED":
+        if part.max_time is not None:
+            raise UsageError(f"an UNLIMITED time limit exceeds the MaxTime "
+                             f"{format_duration(part.max_time)} of partition {part.name}")
+        return None
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise UsageError(f"time_limit: expected seconds or \"UNLIMITED\", got {limit!r}")
     if limit <= 0:
         raise UsageError(f"time_limit: expected a positive number of seconds, got {limit}")
     if part.max_time is not None and limit > part.max_time:
@@ -107,7 +114,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     output = _field(body, "output", str, None, "a file name pattern")
     error = _field(body, "error", str, None, "a file name pattern")
     part = _choose_partition(session, _field(body, "partition", str, None, "a partition name"))
-    time_limit = _validate_time(part, _field(body, "time_limit", int, None, "seconds"))
+    time_limit = _validate_time(part, body.get("time_limit"))
     largest = _largest_node(session, part)
     if largest is not None and gpus > largest:
         raise UsageError(

@@ -73,8 +73,9 @@ def test_wrapped_command_text_is_not_read_for_directives(in_tmp: Path) -> None:
     assert sub.gpus == 0
 
 
-def test_unlimited_time_is_sent_as_null(in_tmp: Path) -> None:
-    assert parse_submit(["-t", "UNLIMITED", "--wrap", "true"]).time_limit is None
+def test_unlimited_time_is_sent_as_unlimited() -> None:
+    assert parse_submit(["-t", "UNLIMITED", "--wrap", "true"]).time_limit == "UNLIMITED"
+    assert parse_submit(["--wrap", "true"]).time_limit is None  # the partition's default
 
 
 def test_directive_errors_name_the_line(in_tmp: Path) -> None:

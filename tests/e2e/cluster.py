@@ -38,7 +38,7 @@ class Cluster:
     """Controller + one agent with ``gpus`` static GPUs, all under one temp dir."""
 
     def __init__(self, database_url: str, gpus: int = 4, node: str = "node01",
-                 kill_grace: float = 1.0) -> None:
+                 kill_grace: float = 1.0, poll_wait: float = 5.0) -> None:
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-e2e-"))
         os.chmod(self.root, 0o755)
         self.socket = self.root / "c.sock"
@@ -56,7 +56,7 @@ schedule_interval = 2.0
 [agent]
 node_name = "{node}"
 state_dir = "{self.agent_state}"
-poll_wait = 5.0
+poll_wait = {poll_wait}
 kill_grace = {kill_grace}
 [agent.gpus]
 source = "static"
@@ -83,6 +83,19 @@ nodes = ["{node}"]
         log.close()
         self.procs[daemon] = proc
         return proc
+
+    def start_standby(self) -> Path:
+        """A second controller on the same database, on its own socket; returns the socket."""
+        socket = self.root / "standby.sock"
+        config = self.root / "standby.toml"
+        config.write_text(self.config.read_text().replace(f'"{self.socket}"', f'"{socket}"'))
+        log = open(self.root / "standby.log", "ab")
+        self.procs["standby"] = subprocess.Popen(
+            [sys.executable, "-P", "-m", "gpusched.cli.gpusched", "controller", "--config", str(config)],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env,
+        )
+        log.close()
+        return socket
 
     def kill(self, daemon: str, sig: int = signal.SIGKILL) -> None:
         """Signal a daemon and wait for it to exit."""
@@ -128,15 +141,16 @@ nodes = ["{node}"]
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- API and CLIs ---------------------------------------------------------
-    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One API request as the test process's user."""
-        with ApiClient(self.socket, timeout=30) as client:
+    def api(self, method: str, path: str, body: dict[str, Any] | None = None,
+            socket: Path | None = None) -> dict[str, Any]:
+        """One API request as the test process's user (to another controller's ``socket``)."""
+        with ApiClient(socket or self.socket, timeout=30) as client:
             return client.request(method, path, body)
 
-    def try_api(self, method: str, path: str) -> dict[str, Any] | None:
+    def try_api(self, method: str, path: str, socket: Path | None = None) -> dict[str, Any] | None:
         """Like api() but None while the controller is unreachable."""
         try:
-            return self.api(method, path)
+            return self.api(method, path, socket=socket)
         except Exception:
             return None
 

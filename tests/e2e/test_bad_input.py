@@ -16,6 +16,7 @@ from tests.e2e.cluster import Cluster
         (["/no/such/script.sh"], "/no/such/script.sh"),
         (["--gpus", "5", "--wrap", "true"], "no node in partition gpu has more than 4"),
         (["--time", "2-00:00:00", "--wrap", "true"], "MaxTime"),
+        (["--time", "UNLIMITED", "--wrap", "true"], "UNLIMITED"),
     ],
 )
 def test_rejected_with_exit_2_and_nothing_stored(cluster: Cluster, args: list[str], needle: str) -> None:

@@ -32,6 +32,8 @@ def test_job_runs_to_completion_with_its_gpus_visible(cluster: Cluster) -> None:
         assert env[f"{prefix}_JOB_NODELIST"] == "node01"
         assert env[f"{prefix}_SUBMIT_DIR"] == str(cluster.work)
     assert job["start_time"] <= job["end_time"]
+    stats = cluster.api("GET", "/v1/ping")["scheduler"]
+    assert stats["passes"] >= 1 and stats["total_started"] >= 1
 
 
 def test_two_jobs_share_a_node_on_disjoint_gpus_and_a_third_waits(cluster: Cluster) -> None:

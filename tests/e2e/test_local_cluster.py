@@ -68,3 +68,32 @@ def test_up_submit_down(state_home: Path) -> None:
     assert "CUDA_VISIBLE_DEVICES=GPU-" in shown.stdout
     history = run("gqueue", "--all", "--json")
     assert f'"job_id": {job_id}' in history.stdout or f'"job_id":{job_id}' in history.stdout
+
+
+def test_up_foreground_stays_attached_and_ctrl_c_stops_the_cluster(state_home: Path) -> None:
+    import signal
+
+    from gpusched.cli.client import ApiClient
+
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    env.pop("GPUSCHED_SOCKET", None)
+    sock = state_home / "gpusched" / "controller.sock"
+    proc = subprocess.Popen([str(BIN / "gpusched"), "up", "--foreground", "--gpus", "1"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def nodes_up() -> bool:
+            try:
+                with ApiClient(sock, timeout=5) as client:
+                    return any(n["state"] == "UP" for n in client.request("GET", "/v1/nodes")["nodes"])
+            except Exception:
+                return False
+        wait_for(nodes_up, timeout=120, what="the foreground cluster")
+        assert proc.poll() is None  # still attached
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopped the agent" in out and "stopped PostgreSQL" in out
+    assert not sock.exists()

@@ -59,3 +59,32 @@ def test_agent_stopped_gracefully_leaves_jobs_running(cluster: Cluster) -> None:
     (cluster.work / "release").touch()
     cluster.start("agent")
     assert cluster.wait_state(job_id, "COMPLETED")["exit_code"] == 0
+
+
+def test_standby_controller_takes_over_scheduling(db_url: str) -> None:
+    # A long poll: a launch reaches the agent before it times out only if the standby's
+    # decision travels to the agent's controller as a NOTIFY.
+    cluster = Cluster(db_url, poll_wait=50.0).up()
+    try:
+        standby = cluster.start_standby()
+        wait_for(lambda: cluster.try_api("GET", "/v1/ping", socket=standby), what="standby")
+        leaders = [cluster.api("GET", "/v1/ping")["leader"],
+                   cluster.api("GET", "/v1/ping", socket=standby)["leader"]]
+        assert leaders == [True, False]
+
+        cluster.kill("controller", signal.SIGKILL)
+        wait_for(lambda: cluster.api("GET", "/v1/ping", socket=standby)["leader"],
+                 what="the standby to become leader")
+        body = {"script": "#!/bin/sh\ntrue\n", "work_dir": str(cluster.work), "gpus": 1}
+        first = cluster.api("POST", "/v1/jobs", body, socket=standby)["job_id"]
+        wait_for(lambda: cluster.api("GET", f"/v1/jobs/{first}", socket=standby)["state"]
+                 == "RUNNING", what="the standby to schedule")
+
+        cluster.start("controller")  # back, as a non-leader serving the agent
+        cluster.wait_controller()
+        assert cluster.api("GET", "/v1/ping")["leader"] is False
+        cluster.wait_state(first, "COMPLETED")
+        second = cluster.api("POST", "/v1/jobs", body, socket=standby)["job_id"]
+        cluster.wait_state(second, "COMPLETED", timeout=30)
+    finally:
+        cluster.close()
