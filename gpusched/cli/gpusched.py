@@ -93,18 +93,25 @@ def up(
     foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")] = False,
 ) -> None:
     """Start a complete local cluster (PostgreSQL, controller, one agent) and return when ready."""
+    import signal
+    import threading
+
     from gpusched import local
 
+    stop = threading.Event()
+    if foreground:
+        # A flag, not a blocked mask: the daemons started below must not inherit a mask,
+        # and a Ctrl-C during start-up still ends in an orderly 'down'.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
     cluster = local.up(gpus, database_url, typer.echo)
     typer.echo(f"gpusched is up: state in {cluster.state_dir}, logs in {cluster.logs}")
     typer.echo("Submit a first job:  gsubmit --gpus 1 --wrap 'echo $CUDA_VISIBLE_DEVICES'")
     typer.echo("Watch the queue:     gqueue        Stop everything:  gpusched down")
     if foreground:
-        import signal
-
-        stop = {signal.SIGINT, signal.SIGTERM}
-        signal.pthread_sigmask(signal.SIG_BLOCK, stop)
-        signal.sigwait(stop)
+        typer.echo("Staying attached; Ctrl-C stops the cluster.")
+        while not stop.wait(1.0):
+            pass
         local.down(typer.echo)
 
 
