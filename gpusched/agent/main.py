@@ -137,18 +137,20 @@ class Agent:
         backoff = 0.05
         with ApiClient(self.socket_path) as client:
             while not self._stop.is_set():
-                ends = self.launcher.wait_ended(timeout=0.5)
+                ended = self.launcher.wait_ended(timeout=0.5)  # unreported ends stay on disk
                 with self._lock:
-                    extra, self._extra_ends = self._extra_ends, []
+                    synthetic, self._extra_ends = self._extra_ends, []
                 try:
-                    for end in [*ends, *extra]:
-                        self._report(client, end, synthetic=end in extra)
-                        extra = [e for e in extra if e is not end]
+                    for end in ended:
+                        self._report(client, end, synthetic=False)
+                    while synthetic:
+                        self._report(client, synthetic[0], synthetic=True)
+                        synthetic.pop(0)
                     backoff = 0.05
                 except GpuschedError as exc:
                     log.warning("cannot report job ends yet: %s", exc)
                     with self._lock:
-                        self._extra_ends[:0] = extra
+                        self._extra_ends[:0] = synthetic  # kept only in memory: retry them
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
 

@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from gpusched.db.engine import rowcount
 from gpusched.db.jobs import job_placements
 from gpusched.db.models import Allocation, Gpu, Job, Node
 from gpusched.errors import NotFound, UsageError
@@ -79,7 +80,7 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
     ))
     to_launch = [j for j in jobs if j.launched_at is None and j.cancel_requested_at is None]
     cancels = [j.id for j in jobs if j.cancel_requested_at is not None and j.id not in signalled]
-    placed = job_placements(session, [j.id for j in to_launch]) if to_launch else {}
+    placed = job_placements(session, to_launch)
     launches = [
         {
             "job_id": j.id, "name": j.name, "user": j.user_name, "uid": j.uid, "gid": j.gid,
@@ -96,11 +97,11 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
 def mark_launched(session: Session, job_id: int, node_name: str) -> bool:
     """Record that the job's supervisor runs; False if it was already recorded."""
     node = _node(session, node_name)
-    return bool(session.execute(
+    return bool(rowcount(session.execute(
         update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING",
                           Job.launched_at.is_(None))
         .values(launched_at=datetime.now(UTC))
-    ).rowcount)
+    )))
 
 
 def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
@@ -112,11 +113,11 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
     end_time = body.get("end_time")
     ended = (datetime.fromtimestamp(end_time, UTC) if isinstance(end_time, int | float)
              else datetime.now(UTC))
-    changed = session.execute(
+    changed = rowcount(session.execute(
         update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING")
         .values(state=OUTCOME_STATES[outcome], end_time=ended, exit_code=body.get("exit_code"),
                 signal=body.get("signal"), error_message=body.get("error"))
-    ).rowcount
+    ))
     if changed:
         session.execute(update(Allocation).where(Allocation.job_id == job_id,
                                                  Allocation.released_at.is_(None))

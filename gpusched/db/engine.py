@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, create_engine
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Engine, Result, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -20,6 +22,11 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded objects usable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def rowcount(result: Result[Any]) -> int:
+    """Rows an UPDATE matched: how a guarded transition tells whether it happened."""
+    return cast(CursorResult[Any], result).rowcount
 
 
 def psycopg_dsn(url: str) -> str:

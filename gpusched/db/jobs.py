@@ -11,6 +11,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.timefmt import format_duration
+from gpusched.db.engine import rowcount
 from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
 from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
 
@@ -138,10 +139,10 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, str |
     if job.uid != who.uid and not who.is_admin:
         raise PermissionDenied(f"job {job_id} belongs to {job.user_name}; you may cancel only your own jobs")
     now = datetime.now(UTC)
-    done = session.execute(
+    done = rowcount(session.execute(
         update(Job).where(Job.id == job_id, Job.state == "PENDING")
         .values(state="CANCELLED", end_time=now, reason="None")
-    ).rowcount
+    ))
     if done:
         session.refresh(job)
         return job, None
@@ -156,16 +157,20 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, str |
     return job, node.name if node else None
 
 
-def job_placements(session: Session, job_ids: list[int]) -> dict[int, tuple[str, list[str]]]:
+def job_placements(session: Session, jobs: list[Job]) -> dict[int, tuple[str, list[str]]]:
     """Node name and GPU UUIDs (in index order) of each started job."""
-    rows = session.execute(
-        select(Allocation.job_id, Node.name, Gpu.uuid)
-        .join(Gpu, Gpu.id == Allocation.gpu_id).join(Node, Node.id == Allocation.node_id)
-        .where(Allocation.job_id.in_(job_ids)).order_by(Allocation.job_id, Gpu.index)
-    )
-    placed: dict[int, tuple[str, list[str]]] = {}
-    for job_id, node, uuid in rows:
-        placed.setdefault(job_id, (node, []))[1].append(uuid)
+    started = {j.id: j.node_id for j in jobs if j.node_id is not None}
+    if not started:
+        return {}
+    names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(
+        Node.id.in_(set(started.values())))).tuples().all())
+    placed: dict[int, tuple[str, list[str]]] = {
+        job_id: (names[node_id], []) for job_id, node_id in started.items()}
+    for job_id, uuid in session.execute(
+        select(Allocation.job_id, Gpu.uuid).join(Gpu, Gpu.id == Allocation.gpu_id)
+        .where(Allocation.job_id.in_(list(placed))).order_by(Allocation.job_id, Gpu.index)
+    ):
+        placed[job_id][1].append(uuid)
     return placed
 
 
@@ -205,10 +210,9 @@ def list_jobs(session: Session, query: dict[str, str]) -> list[dict[str, Any]]:
         except ValueError:
             raise UsageError(f"ids: expected job ids separated by commas, got {query['ids']!r}") from None
         stmt = stmt.where(Job.id.in_(ids))
-    jobs = list(session.scalars(stmt))
-    started = [j.id for j in jobs if j.start_time is not None]
-    placed = job_placements(session, started) if started else {}
-    return [job_json(j, placed.get(j.id), private=False) for j in jobs]
+    found = list(session.scalars(stmt))
+    placed = job_placements(session, found)
+    return [job_json(j, placed.get(j.id), private=False) for j in found]
 
 
 def get_job(session: Session, job_id: int, who: Identity) -> dict[str, Any]:
@@ -217,4 +221,4 @@ def get_job(session: Session, job_id: int, who: Identity) -> dict[str, Any]:
     if job is None:
         raise NotFound(f"invalid job id specified: {job_id}")
     private = who.is_admin or who.uid == job.uid
-    return job_json(job, job_placements(session, [job_id]).get(job_id), private)
+    return job_json(job, job_placements(session, [job]).get(job_id), private)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.model import (
@@ -18,6 +18,7 @@ from gpusched.core.model import (
     RunningJob,
     Snapshot,
 )
+from gpusched.db.engine import rowcount
 from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
 
 
@@ -75,14 +76,14 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     ) if plan.starts else {}
     for start in plan.starts:
         node_id = node_ids[start.node]
-        started = session.execute(
+        started = rowcount(session.execute(
             update(Job).where(Job.id == start.job_id, Job.state == "PENDING")
             .values(state="RUNNING", reason="None", start_time=now, node_id=node_id)
-        ).rowcount
+        ))
         if not started:
             continue
         if start.gpu_uuids:
-            session.execute(Allocation.__table__.insert(), [
+            session.execute(insert(Allocation), [
                 {"job_id": start.job_id, "gpu_id": gpu_ids[u], "node_id": node_id,
                  "allocated_at": now}
                 for u in start.gpu_uuids
@@ -92,9 +93,12 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     changed = [{"jid": p.job_id, "r": p.reason.value} for p in plan.pending
                if current.get(p.job_id) != p.reason]
     if changed:
+        # Core executemany (one statement, many parameter sets), not an ORM bulk update.
+        jobs_table = Job.__table__
+        assert isinstance(jobs_table, Table)
         session.connection().execute(
-            update(Job.__table__).where(Job.__table__.c.id == bindparam("jid"),
-                                        Job.__table__.c.state == "PENDING")
+            update(jobs_table).where(jobs_table.c.id == bindparam("jid"),
+                                     jobs_table.c.state == "PENDING")
             .values(reason=bindparam("r")),
             changed,
         )

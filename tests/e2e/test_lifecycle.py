@@ -103,3 +103,10 @@ def test_job_of_another_user_runs_as_that_user(cluster: Cluster, job_user: tuple
     assert "only your own" in refused["error"]
     assert cluster.job(roots)["state"] in ("PENDING", "RUNNING")
     assert cluster.run("gcancel", str(roots)).returncode == 0  # root may cancel any job
+
+
+def test_job_without_gpus_sees_none_and_still_has_its_node(cluster: Cluster) -> None:
+    job_id = cluster.submit("--partition", "debug", "--wrap", "echo \"[$CUDA_VISIBLE_DEVICES]\"")
+    job = cluster.wait_state(job_id, "COMPLETED")
+    assert (job["node"], job["gpu_uuids"], job["partition"]) == ("node01", [], "debug")
+    assert (cluster.work / f"gpusched-{job_id}.out").read_text() == "[]\n"
