@@ -1,8 +1,10 @@
 """The per-job supervisor (like Slurm's slurmstepd): starts one job and watches it.
 
 Run as ``python -I -S supervisor.py JOBDIR [--lock-fd N]`` in a session of its own,
-so it outlives agent restarts. It imports only the stdlib, to start fast and to
-depend on nothing the agent might be upgrading underneath it.
+so it outlives agent restarts; or, usually, forked in a new session by the agent's
+``supervisor.py --spawner FD`` process, which spares each job an interpreter start-up.
+It imports only the stdlib, to start fast and to depend on nothing the agent might be
+upgrading underneath it.
 
 Files in JOBDIR:
   spec.json        (input) what to run, as whom, where, for how long

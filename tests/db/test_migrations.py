@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool
@@ -44,4 +48,25 @@ def test_downgrade_base_removes_everything_and_upgrade_again(postgres: ScratchPo
     assert _tables(url) == {"alembic_version"}
     assert current(url) is None
     upgrade(url)
+    assert _diff(url) == []
+
+
+def _gpusched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(sys.executable).parent / "gpusched"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_db_upgrade_command_and_controller_refusing_an_unmigrated_database(
+        postgres: ScratchPostgres, tmp_path: Path) -> None:
+    url = postgres.empty_database()
+    config = tmp_path / "gpusched.toml"
+    config.write_text(f'[database]\nurl = "{url}"\n[controller]\nsocket = "{tmp_path}/c.sock"\n')
+    refused = _gpusched("controller", "--config", str(config))
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == ("gpusched: error: the database has no gpusched schema; "
+                                      "run 'gpusched db upgrade'")
+    assert "none" in _gpusched("db", "current", "--database-url", url).stdout
+    upgraded = _gpusched("db", "upgrade", "--config", str(config))
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert upgraded.stdout.strip() == f"database at revision {current(url)}"
     assert _diff(url) == []
