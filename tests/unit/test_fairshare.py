@@ -1,0 +1,148 @@
+"""Fair-share: hand-computed trees, decay over simulated time, and invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.core.fairshare import Account, FairShareTree, UserShare, accrue, decay
+
+DAY = 86400.0
+WEEK = 7 * DAY
+
+
+def three_level_tree() -> FairShareTree:
+    """root ─ physics(60) ─ theory(1) ─ alice
+                         └ exp(1)    ─ bob, carol
+           └ bio(40) ─ dave"""
+    return FairShareTree(
+        [Account("physics", "root", 60), Account("bio", "root", 40),
+         Account("theory", "physics", 1), Account("exp", "physics", 1)],
+        [UserShare("alice", "theory"), UserShare("bob", "exp"), UserShare("carol", "exp"),
+         UserShare("dave", "bio")],
+    )
+
+
+USAGE = {("alice", "theory"): 600.0, ("bob", "exp"): 300.0, ("dave", "bio"): 100.0}
+
+
+def test_fair_tree_ranks_depth_first_by_level_fairshare() -> None:
+    # root level: physics S=.6 U=.9 -> LF .667; bio S=.4 U=.1 -> LF 4: bio first.
+    # physics: theory S=.5 U=600/900 -> .75; exp S=.5 U=300/900 -> 1.5: exp first.
+    # exp: carol (no usage, LF inf) before bob. Ranks 4..1 over 4 users.
+    factors = three_level_tree().fair_tree(USAGE)
+    assert factors == {("dave", "bio"): 1.0, ("carol", "exp"): 0.75,
+                       ("bob", "exp"): 0.5, ("alice", "theory"): 0.25}
+
+
+def test_classic_formula_on_the_same_tree_ranks_differently() -> None:
+    # normalised shares: alice .3, bob .15, carol .15, dave .4; usage share .6 .3 0 .1
+    factors = three_level_tree().classic(USAGE)
+    assert factors[("carol", "exp")] == 1.0
+    assert factors[("dave", "bio")] == pytest.approx(2 ** -0.25)
+    assert factors[("alice", "theory")] == pytest.approx(0.25)
+    assert factors[("bob", "exp")] == pytest.approx(0.25)
+    # The classic formula puts carol above dave; Fair Tree does the opposite, because
+    # carol's account tree (physics) has used far more than its share.
+    fair = three_level_tree().fair_tree(USAGE)
+    assert factors[("carol", "exp")] > factors[("dave", "bio")]
+    assert fair[("carol", "exp")] < fair[("dave", "bio")]
+
+
+def test_users_tied_on_level_fairshare_share_a_rank() -> None:
+    tree = FairShareTree([Account("a", "root")],
+                         [UserShare("u1", "a"), UserShare("u2", "a"), UserShare("u3", "a")])
+    factors = tree.fair_tree({("u3", "a"): 5.0})
+    assert factors == {("u1", "a"): 1.0, ("u2", "a"): 1.0, ("u3", "a"): 1 / 3}
+
+
+def test_children_of_tied_accounts_are_ranked_as_one_pool() -> None:
+    tree = FairShareTree([Account("x", "root"), Account("y", "root")],
+                         [UserShare("a", "x"), UserShare("b", "x", 3), UserShare("c", "y")])
+    # x and y tie (same shares, same usage); their users are pooled: c (S=1, U=1 in y)
+    # has LF 1, b (S=.75, U=.5) 1.5, a (S=.25, U=.5) .5.
+    usage = {("a", "x"): 5.0, ("b", "x"): 5.0, ("c", "y"): 10.0}
+    assert tree.fair_tree(usage) == {("b", "x"): 1.0, ("c", "y"): 2 / 3, ("a", "x"): 1 / 3}
+
+
+def test_no_usage_at_all_gives_everyone_the_top_factor() -> None:
+    tree = three_level_tree()
+    assert set(tree.fair_tree({}).values()) == {1.0}
+    assert set(tree.classic({}).values()) == {1.0}
+
+
+def test_decay_halves_usage_every_half_life() -> None:
+    assert decay(1000.0, WEEK, WEEK) == pytest.approx(500.0)
+    assert decay(1000.0, 2 * WEEK, WEEK) == pytest.approx(250.0)
+    assert decay(1000.0, WEEK, 0) == 1000.0  # half-life 0: no decay
+
+
+def test_accrual_is_consistent_over_split_intervals_and_saturates() -> None:
+    once = accrue(0.0, 10 * DAY, WEEK, billed_rate=2.0)
+    twice = accrue(accrue(0.0, 4 * DAY, WEEK, 2.0), 6 * DAY, WEEK, 2.0)
+    assert once == pytest.approx(twice)
+    assert once < 2.0 * 10 * DAY  # what accrued early has decayed a little
+    steady = 2.0 * WEEK / math.log(2)
+    assert accrue(0.0, 50 * WEEK, WEEK, 2.0) == pytest.approx(steady, rel=1e-6)
+    assert accrue(10.0, 3600.0, 0, 2.0) == 10.0 + 7200.0
+
+
+def test_old_heavy_usage_decays_below_recent_light_usage() -> None:
+    """Simulated time: alice used 10,000 GPU-s four weeks ago, bob 1,000 one day ago."""
+    tree = FairShareTree([Account("lab", "root")], [UserShare("alice", "lab"), UserShare("bob", "lab")])
+    now = 30 * DAY
+    raw = {("alice", "lab"): (10_000.0, now - 28 * DAY), ("bob", "lab"): (1_000.0, now - DAY)}
+    undecayed = {k: u for k, (u, _) in raw.items()}
+    decayed = {k: decay(u, now - t, WEEK) for k, (u, t) in raw.items()}
+    assert decayed[("alice", "lab")] == pytest.approx(625.0)
+    assert tree.fair_tree(undecayed)[("bob", "lab")] > tree.fair_tree(undecayed)[("alice", "lab")]
+    assert tree.fair_tree(decayed)[("alice", "lab")] > tree.fair_tree(decayed)[("bob", "lab")]
+
+
+def test_tree_errors_name_the_bad_reference() -> None:
+    with pytest.raises(ValueError, match="unknown parent nowhere"):
+        FairShareTree([Account("a", "nowhere")], [])
+    with pytest.raises(ValueError, match="unknown account b"):
+        FairShareTree([Account("a", "root")], [UserShare("u", "b")])
+
+
+# --- properties ---------------------------------------------------------------------------
+
+@st.composite
+def trees_and_usage(draw: st.DrawFn) -> tuple[FairShareTree, dict[tuple[str, str], float]]:
+    n_accounts = draw(st.integers(1, 6))
+    accounts = []
+    for i in range(n_accounts):
+        parent = "root" if i == 0 else draw(st.sampled_from(["root"] + [f"a{j}" for j in range(i)]))
+        accounts.append(Account(f"a{i}", parent, draw(st.integers(1, 5))))
+    users = [UserShare(f"u{i}", f"a{draw(st.integers(0, n_accounts - 1))}", draw(st.integers(1, 5)))
+             for i in range(draw(st.integers(1, 8)))]
+    usage = {(u.user, u.account): float(draw(st.integers(0, 1000))) for u in users}
+    return FairShareTree(accounts, users), usage
+
+
+@settings(max_examples=300, deadline=None)
+@given(trees_and_usage(), st.data())
+def test_more_usage_never_raises_a_users_factor(
+        case: tuple[FairShareTree, dict[tuple[str, str], float]], data: st.DataObject) -> None:
+    tree, usage = case
+    key = data.draw(st.sampled_from(sorted(usage)))
+    more = {**usage, key: usage[key] + data.draw(st.integers(1, 5000))}
+    assert tree.fair_tree(more)[key] <= tree.fair_tree(usage)[key]
+    assert tree.classic(more)[key] <= tree.classic(usage)[key]
+
+
+@settings(max_examples=100, deadline=None)
+@given(trees_and_usage())
+def test_factors_are_deterministic_and_in_range(
+        case: tuple[FairShareTree, dict[tuple[str, str], float]]) -> None:
+    tree, usage = case
+    fair = tree.fair_tree(usage)
+    assert fair == tree.fair_tree(dict(reversed(list(usage.items()))))
+    assert set(fair) == set(tree.users)
+    assert all(0 < f <= 1 for f in fair.values())
+    assert max(fair.values()) == 1.0
+    assert all(0 <= f <= 1 for f in tree.classic(usage).values())
