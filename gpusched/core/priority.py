@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 WEEK = 7 * 86400.0
 
@@ -37,9 +38,12 @@ class PriorityScale:
     max_qos_priority: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PriorityInput:
-    """What priority needs to know about one pending job."""
+class PriorityInput(NamedTuple):
+    """What priority needs to know about one pending job.
+
+    A NamedTuple rather than a frozen dataclass: a queue builds tens of thousands per
+    pass, and a tuple is several times cheaper to build.
+    """
 
     job_id: int
     eligible_time: float  # when it became eligible to run: age counts from here
@@ -49,8 +53,7 @@ class PriorityInput:
     qos_priority: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PriorityBreakdown:
+class PriorityBreakdown(NamedTuple):
     """A job's factors and its total, for ordering and for ``gpusched prio``."""
 
     job_id: int
@@ -62,33 +65,52 @@ class PriorityBreakdown:
     total: float
 
 
-def _fraction(value: float, whole: float) -> float:
-    if whole <= 0:
-        return 0.0
-    return min(max(value / whole, 0.0), 1.0)
+def _inverse(whole: float) -> float:
+    return 1.0 / whole if whole > 0 else 0.0
+
+
+def _clamp(value: float) -> float:
+    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
+
+
+class _Scorer:
+    """Weights and scale folded into constants once, then applied to many jobs."""
+
+    def __init__(self, weights: PriorityWeights, scale: PriorityScale) -> None:
+        w = weights
+        weight_sum = w.age + w.fairshare + w.job_size + w.partition + w.qos
+        norm = 1.0 / weight_sum if weight_sum > 0 else 0.0
+        self.weights = (w.age * norm, w.fairshare * norm, w.job_size * norm,
+                        w.partition * norm, w.qos * norm)
+        self.inverses = (_inverse(w.max_age), _inverse(scale.cluster_gpus),
+                         _inverse(scale.max_partition_tier), _inverse(scale.max_qos_priority))
+        self.favor_small = w.favor_small
+
+    def score(self, job: PriorityInput, now: float) -> PriorityBreakdown:
+        """One job's breakdown."""
+        inv_age, inv_gpus, inv_tier, inv_qos = self.inverses
+        w_age, w_fs, w_size, w_part, w_qos = self.weights
+        age = _clamp((now - job.eligible_time) * inv_age)
+        size = _clamp(job.gpus * inv_gpus)
+        if self.favor_small:
+            size = 1.0 - size
+        fairshare = _clamp(job.fairshare)
+        partition = _clamp(job.partition_tier * inv_tier)
+        qos = _clamp(job.qos_priority * inv_qos)
+        total = w_age * age + w_fs * fairshare + w_size * size + w_part * partition + w_qos * qos
+        return PriorityBreakdown(job.job_id, age, fairshare, size, partition, qos, total)
 
 
 def job_priority(job: PriorityInput, now: float, weights: PriorityWeights,
                  scale: PriorityScale) -> PriorityBreakdown:
     """The factors and weighted total of one job at time ``now``."""
-    age = _fraction(now - job.eligible_time, weights.max_age)
-    size = _fraction(job.gpus, scale.cluster_gpus)
-    if weights.favor_small:
-        size = 1.0 - size
-    fairshare = min(max(job.fairshare, 0.0), 1.0)
-    partition = _fraction(job.partition_tier, scale.max_partition_tier)
-    qos = _fraction(job.qos_priority, scale.max_qos_priority)
-    weight_sum = (weights.age + weights.fairshare + weights.job_size + weights.partition
-                  + weights.qos)
-    weighted = (weights.age * age + weights.fairshare * fairshare + weights.job_size * size
-                + weights.partition * partition + weights.qos * qos)
-    total = weighted / weight_sum if weight_sum > 0 else 0.0
-    return PriorityBreakdown(job.job_id, age, fairshare, size, partition, qos, total)
+    return _Scorer(weights, scale).score(job, now)
 
 
 def priorities(jobs: Iterable[PriorityInput], now: float, weights: PriorityWeights,
                scale: PriorityScale) -> list[PriorityBreakdown]:
     """Breakdowns of many jobs, highest priority first (ties: lower job id first)."""
-    result = [job_priority(job, now, weights, scale) for job in jobs]
+    score = _Scorer(weights, scale).score
+    result = [score(job, now) for job in jobs]
     result.sort(key=lambda b: (-b.total, b.job_id))
     return result
