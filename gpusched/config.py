@@ -102,7 +102,7 @@ def demo_gpus(node_name: str, count: int) -> tuple[StaticGpu, ...]:
     )
 
 
-class _Reader:
+class TableReader:
     """Typed access to one TOML table, with errors that name file and key."""
 
     def __init__(self, source: str, table: Mapping[str, Any], prefix: str) -> None:
@@ -144,11 +144,11 @@ class _Reader:
         except TimeFormatError:
             raise self.fail(key, "a time such as '1-00:00:00' or 'UNLIMITED'") from None
 
-    def sub(self, key: str) -> _Reader:
+    def sub(self, key: str) -> TableReader:
         value = self.table.get(key, {})
         if not isinstance(value, dict):
             raise self.fail(key, "a table")
-        return _Reader(self.source, value, f"{self.prefix}{key}.")
+        return TableReader(self.source, value, f"{self.prefix}{key}.")
 
     def name(self, key: str, default: str | None = None) -> str:
         value = self.get(key, str, default, "a name of letters, digits, '_', '.', '-'")
@@ -157,14 +157,14 @@ class _Reader:
         return str(value)
 
 
-def _path(r: _Reader, key: str, default: Path) -> Path:
+def _path(r: TableReader, key: str, default: Path) -> Path:
     value = r.get(key, str, str(default), "an absolute path")
     if not value.startswith("/"):
         raise r.fail(key, "an absolute path")
     return Path(value)
 
 
-def _controller(r: _Reader) -> ControllerConfig:
+def _controller(r: TableReader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
@@ -177,7 +177,7 @@ def _controller(r: _Reader) -> ControllerConfig:
     )
 
 
-def _static_gpus(r: _Reader, node_name: str) -> tuple[StaticGpu, ...]:
+def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
     count = r.get("count", int, None, "a number of demo GPUs (0 or more)")
     listed = r.table.get("static", [])
     if not isinstance(listed, list):
@@ -192,7 +192,7 @@ def _static_gpus(r: _Reader, node_name: str) -> tuple[StaticGpu, ...]:
     for i, entry in enumerate(listed):
         if not isinstance(entry, dict):
             raise r.fail("static", "an array of tables [[agent.gpus.static]]")
-        g = _Reader(r.source, entry, f"{r.prefix}static[{i}].")
+        g = TableReader(r.source, entry, f"{r.prefix}static[{i}].")
         g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id"})
         index = g.get("index", int, i, "a GPU index (0 or more)")
         expected = "a GPU UUID such as 'GPU-8c3f…' (GPU- or MIG- and a UUID)"
@@ -214,7 +214,7 @@ def _static_gpus(r: _Reader, node_name: str) -> tuple[StaticGpu, ...]:
     return tuple(gpus)
 
 
-def _agent(r: _Reader) -> AgentConfig:
+def _agent(r: TableReader) -> AgentConfig:
     r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus"})
     defaults = AgentConfig()
     node_name = r.name("node_name", defaults.node_name)
@@ -242,7 +242,7 @@ def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             raise ConfigError(f"{source}: partitions[{i}]: expected a table")
-        r = _Reader(source, entry, f"partitions[{i}].")
+        r = TableReader(source, entry, f"partitions[{i}].")
         r.check_keys({"name", "nodes", "default", "max_time", "default_time"})
         nodes = r.get("nodes", list, ["*"], "a list of node names, or [\"*\"]")
         if not nodes or not all(isinstance(n, str) and (n == "*" or _NAME.match(n)) for n in nodes):
@@ -269,7 +269,7 @@ def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:
 
 def parse_config(data: Mapping[str, Any], source: str) -> Config:
     """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
-    top = _Reader(source, data, "")
+    top = TableReader(source, data, "")
     top.check_keys({"database", "controller", "agent", "partitions"})
     database = top.sub("database")
     database.check_keys({"url"})
@@ -290,13 +290,11 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
     )
 
 
-def load_config(path: Path | None) -> Config:
-    """Load and validate a config file; ``None`` gives the built-in defaults."""
-    if path is None:
-        return Config()
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; every way it can fail is a ConfigError naming the file."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such configuration file") from None
     except OSError as exc:
@@ -305,4 +303,10 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_config(data, str(path))
+
+
+def load_config(path: Path | None) -> Config:
+    """Load and validate a config file; ``None`` gives the built-in defaults."""
+    if path is None:
+        return Config()
+    return parse_config(read_toml(path), str(path))

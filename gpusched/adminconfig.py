@@ -1,0 +1,264 @@
+"""Admin configuration: partitions, accounts, users, QOS and GPU billing weights.
+
+Read from ``partitions.toml`` / ``accounts.toml`` style files (see ``etc/``), validated
+as a whole into frozen objects before anything is applied. A file may hold any of the
+tables; together the files given to one ``gpusched admin apply`` describe the complete
+desired state of each kind they mention.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpusched.config import TableReader, read_toml
+from gpusched.core.hostlist import HostlistError, expand_hostlist
+from gpusched.errors import ConfigError
+
+PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
+ROOT_ACCOUNT = "root"
+_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """A partition as an admin declares it. ``nodes == ("*",)`` means every node."""
+
+    name: str
+    nodes: tuple[str, ...] = ("*",)
+    default: bool = False
+    max_time: int | None = None
+    default_time: int | None = None
+    priority_tier: int = 0
+    allow_accounts: tuple[str, ...] | None = None  # None: every account
+    deny_accounts: tuple[str, ...] = ()
+    max_gpus_per_job: int | None = None
+    state: str = "UP"
+
+
+@dataclass(frozen=True)
+class AccountSpec:
+    """A node of the account tree."""
+
+    name: str
+    parent: str
+    shares: int = 1
+
+
+@dataclass(frozen=True)
+class UserSpec:
+    """A user, the accounts they may charge, and their default one."""
+
+    name: str
+    accounts: tuple[str, ...]
+    default_account: str
+    shares: int = 1
+
+
+@dataclass(frozen=True)
+class QosSpec:
+    """A quality of service: priority, per-user and per-account limits, preemption."""
+
+    name: str
+    priority: int = 0
+    max_gpus_per_user: int | None = None
+    max_jobs_per_user: int | None = None
+    grp_gpus: int | None = None  # GPUs all jobs of one account may hold at once
+    max_wall: int | None = None
+    preempt: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """The desired state; a kind that no file mentions is None and left as it is."""
+
+    partitions: tuple[PartitionSpec, ...] | None = None
+    accounts: tuple[AccountSpec, ...] | None = None
+    users: tuple[UserSpec, ...] | None = None
+    qos: tuple[QosSpec, ...] | None = None
+    billing: dict[str, float] | None = None
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _names(r: TableReader, key: str, default: Any = None) -> tuple[str, ...] | None:
+    value = r.get(key, list, default, "a list of names")
+    if value is None:
+        return None
+    if not all(isinstance(v, str) and v for v in value):
+        raise r.fail(key, "a list of names")
+    return tuple(value)
+
+
+def _count(r: TableReader, key: str, default: int | None, expected: str) -> int | None:
+    value = r.get(key, int, default, expected)
+    if value is not None and value < 0:
+        raise r.fail(key, expected)
+    return value  # type: ignore[no-any-return]
+
+
+def _partition(r: TableReader) -> PartitionSpec:
+    r.check_keys({"name", "nodes", "default", "max_time", "default_time", "priority_tier",
+                  "allow_accounts", "deny_accounts", "max_gpus_per_job", "state"})
+    nodes_raw = r.table.get("nodes", "*")
+    expected = "a host list such as 'gpu[01-16]', a list of them, or '*'"
+    items = [nodes_raw] if isinstance(nodes_raw, str) else nodes_raw
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise r.fail("nodes", expected)
+    try:
+        nodes = ("*",) if items == ["*"] else tuple(
+            dict.fromkeys(n for item in items for n in expand_hostlist(item)))
+    except HostlistError as exc:
+        raise r.fail("nodes", f"{expected} ({exc})") from None
+    state = r.get("state", str, "up", "one of up, down, drain, inactive").upper()
+    if state not in PARTITION_STATES:
+        raise r.fail("state", "one of up, down, drain, inactive")
+    spec = PartitionSpec(
+        name=r.name("name"), nodes=nodes, default=r.get("default", bool, False, "true or false"),
+        max_time=r.time_limit("max_time"), default_time=r.time_limit("default_time"),
+        priority_tier=_count(r, "priority_tier", 0, "a tier number (0 or more)") or 0,
+        allow_accounts=_names(r, "allow_accounts"), deny_accounts=_names(r, "deny_accounts", []) or (),
+        max_gpus_per_job=_count(r, "max_gpus_per_job", None, "a number of GPUs (0 or more)"),
+        state=state,
+    )
+    if spec.max_time is not None and spec.default_time is not None and spec.default_time > spec.max_time:
+        raise r.fail("default_time", "at most max_time")
+    return spec
+
+
+def _account(r: TableReader) -> AccountSpec:
+    r.check_keys({"name", "parent", "shares"})
+    shares = _count(r, "shares", 1, "a number of shares (0 or more)")
+    return AccountSpec(r.name("name"), r.name("parent", ROOT_ACCOUNT), shares or 0)
+
+
+def _user(r: TableReader) -> UserSpec:
+    r.check_keys({"name", "accounts", "default_account", "shares"})
+    accounts = _names(r, "accounts")
+    if not accounts:
+        raise r.fail("accounts", "a non-empty list of account names")
+    default = r.get("default_account", str, accounts[0], "one of the user's accounts")
+    if default not in accounts:
+        raise r.fail("default_account", f"one of the user's accounts {list(accounts)}")
+    shares = _count(r, "shares", 1, "a number of shares (0 or more)")
+    return UserSpec(r.name("name"), accounts, default, shares or 0)
+
+
+def _qos(r: TableReader) -> QosSpec:
+    r.check_keys({"name", "priority", "max_gpus_per_user", "max_jobs_per_user", "grp_gpus",
+                  "max_wall", "preempt"})
+    return QosSpec(
+        name=r.name("name"),
+        priority=_count(r, "priority", 0, "a priority (0 or more)") or 0,
+        max_gpus_per_user=_count(r, "max_gpus_per_user", None, "a number of GPUs (0 or more)"),
+        max_jobs_per_user=_count(r, "max_jobs_per_user", None, "a number of jobs (0 or more)"),
+        grp_gpus=_count(r, "grp_gpus", None, "a number of GPUs (0 or more)"),
+        max_wall=r.time_limit("max_wall"),
+        preempt=_names(r, "preempt", []) or (),
+    )
+
+
+def _billing(r: TableReader) -> dict[str, float]:
+    weights: dict[str, float] = {}
+    for gpu_type in r.table:
+        if not _GPU_TYPE.match(gpu_type):
+            raise r.fail(gpu_type, "a GPU type such as 'h100-80gb' (lower case)")
+        weights[gpu_type] = r.positive(gpu_type, 1.0)
+    return weights
+
+
+_TABLES = {"partition": _partition, "account": _account, "user": _user, "qos": _qos}
+
+
+def _entries(source: str, data: dict[str, Any], kind: str) -> list[Any] | None:
+    raw = data.get(kind)
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
+        raise ConfigError(f"{source}: {kind}: expected an array of tables [[{kind}]]")
+    return [_TABLES[kind](TableReader(source, e, f"{kind}[{i}].")) for i, e in enumerate(raw)]
+
+
+def _unique(source: str, kind: str, names: Iterable[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ConfigError(f"{source}: {kind}: {name!r} is declared twice")
+        seen.add(name)
+
+
+def _merge(found: dict[str, list[Any]], kind: str, entries: list[Any] | None) -> None:
+    if entries is not None:
+        found.setdefault(kind, []).extend(entries)
+
+
+def load_admin_config(paths: Iterable[Path]) -> AdminConfig:
+    """Read and validate admin files as one whole; raise ConfigError naming file and key."""
+    found: dict[str, list[Any]] = {}
+    billing: dict[str, float] | None = None
+    sources = []
+    for path in paths:
+        source = str(path)
+        sources.append(source)
+        data = read_toml(path)
+        TableReader(source, data, "").check_keys({*_TABLES, "billing"})
+        for kind in _TABLES:
+            _merge(found, kind, _entries(source, data, kind))
+        if "billing" in data:
+            billing = {**(billing or {}), **_billing(TableReader(source, data, "").sub("billing"))}
+    if not sources:
+        raise ConfigError("no admin configuration files given")
+    where = ", ".join(sources)
+    config = AdminConfig(
+        partitions=tuple(found["partition"]) if "partition" in found else None,
+        accounts=tuple(found["account"]) if "account" in found else None,
+        users=tuple(found["user"]) if "user" in found else None,
+        qos=tuple(found["qos"]) if "qos" in found else None,
+        billing=billing, sources=tuple(sources),
+    )
+    _check_whole(where, config)
+    return config
+
+
+def _check_whole(where: str, config: AdminConfig) -> None:
+    """Cross-references: names unique, parents and accounts exist, no cycles."""
+    for kind, items in (("partition", config.partitions), ("account", config.accounts),
+                        ("user", config.users), ("qos", config.qos)):
+        if items:
+            _unique(where, kind, (i.name for i in items))
+    if config.partitions is not None and sum(p.default for p in config.partitions) > 1:
+        raise ConfigError(f"{where}: partition: at most one may have default = true")
+    accounts = {a.name: a for a in config.accounts or ()}
+    if ROOT_ACCOUNT in accounts:
+        raise ConfigError(f"{where}: account: {ROOT_ACCOUNT!r} is implicit; do not declare it")
+    for account in accounts.values():
+        seen = {account.name}
+        parent = account.parent
+        while parent != ROOT_ACCOUNT:
+            if parent not in accounts:
+                raise ConfigError(f"{where}: account {account.name!r}: parent {parent!r} is not declared")
+            if parent in seen:
+                raise ConfigError(f"{where}: account {account.name!r}: the parents form a cycle")
+            seen.add(parent)
+            parent = accounts[parent].parent
+    if config.users is not None:
+        if config.accounts is None:
+            raise ConfigError(f"{where}: user: users need the [[account]] tables in the same apply")
+        for user in config.users:
+            for name in user.accounts:
+                if name not in accounts:
+                    raise ConfigError(f"{where}: user {user.name!r}: account {name!r} is not declared")
+    qos_names = {q.name for q in config.qos or ()}
+    for qos in config.qos or ():
+        for target in qos.preempt:
+            if target not in qos_names or target == qos.name:
+                raise ConfigError(f"{where}: qos {qos.name!r}: preempt: {target!r} is not another "
+                                  f"declared QOS")
+    if config.partitions is not None and config.accounts is not None:
+        for part in config.partitions:
+            for name in (part.allow_accounts or ()) + part.deny_accounts:
+                if name not in accounts:
+                    raise ConfigError(f"{where}: partition {part.name!r}: account {name!r} is "
+                                      f"not declared")
