@@ -10,6 +10,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -23,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
+PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 LINK_KINDS = ("NVLINK", "PCIE_SWITCH", "PCIE_HOST_BRIDGE", "NUMA_NODE", "SYSTEM")
 
 NAMING = {
@@ -48,6 +50,7 @@ class Partition(Base):
     """A named set of nodes jobs are submitted to, with its time limits."""
 
     __tablename__ = "partitions"
+    __table_args__ = (CheckConstraint(_in("state", PARTITION_STATES), name="state"),)
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     nodes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{*}'"))
@@ -55,6 +58,10 @@ class Partition(Base):
     max_time: Mapped[int | None] = mapped_column(Integer)
     default_time: Mapped[int | None] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(Text, server_default=text("'UP'"))
+    priority_tier: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    allow_accounts: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    deny_accounts: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    max_gpus_per_job: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
@@ -166,3 +173,62 @@ class Allocation(Base):
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
     allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Account(Base):
+    """A node of the fair-share account tree; ``root`` has no parent."""
+
+    __tablename__ = "accounts"
+    __table_args__ = (CheckConstraint("shares >= 0", name="shares"),)
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    parent: Mapped[str | None] = mapped_column(ForeignKey("accounts.name", ondelete="RESTRICT"))
+    shares: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+
+
+class AccountUser(Base):
+    """A user's association with an account (a leaf of the tree)."""
+
+    __tablename__ = "account_users"
+    __table_args__ = (CheckConstraint("shares >= 0", name="shares"),)
+
+    user_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    account: Mapped[str] = mapped_column(ForeignKey("accounts.name", ondelete="CASCADE"),
+                                         primary_key=True)
+    shares: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    is_default: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class Qos(Base):
+    """A quality of service: priority, limits and which QOS it may preempt."""
+
+    __tablename__ = "qos"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_gpus_per_user: Mapped[int | None] = mapped_column(Integer)
+    max_jobs_per_user: Mapped[int | None] = mapped_column(Integer)
+    grp_gpus: Mapped[int | None] = mapped_column(Integer)
+    max_wall: Mapped[int | None] = mapped_column(Integer)
+    preempt: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+
+
+class GpuBilling(Base):
+    """How many GPU-hours one hour on a GPU type bills in fair-share usage."""
+
+    __tablename__ = "gpu_billing"
+    __table_args__ = (CheckConstraint("weight > 0", name="weight"),)
+
+    gpu_type: Mapped[str] = mapped_column(Text, primary_key=True)
+    weight: Mapped[float] = mapped_column(Float)
+
+
+class FairShareUsage(Base):
+    """Decayed billed GPU-seconds of one user in one account, as of ``updated_at``."""
+
+    __tablename__ = "fairshare_usage"
+
+    user_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    account: Mapped[str] = mapped_column(Text, primary_key=True)
+    usage: Mapped[float] = mapped_column(Float, server_default=text("0"))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
