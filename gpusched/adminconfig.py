@@ -196,13 +196,18 @@ def _merge(found: dict[str, list[Any]], kind: str, entries: list[Any] | None) ->
 
 def load_admin_config(paths: Iterable[Path]) -> AdminConfig:
     """Read and validate admin files as one whole; raise ConfigError naming file and key."""
+    return parse_admin_config([(str(path), read_toml(path)) for path in paths])
+
+
+def parse_admin_config(files: Iterable[tuple[str, dict[str, Any]]]) -> AdminConfig:
+    """Validate parsed admin files (source name, TOML data) as one whole."""
     found: dict[str, list[Any]] = {}
     billing: dict[str, float] | None = None
     sources = []
-    for path in paths:
-        source = str(path)
+    for source, data in files:
         sources.append(source)
-        data = read_toml(path)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a TOML document")
         TableReader(source, data, "").check_keys({*_TABLES, "billing"})
         for kind in _TABLES:
             _merge(found, kind, _entries(source, data, kind))

@@ -1,0 +1,195 @@
+"""Apply an admin configuration: the difference from the database, then the change.
+
+Each kind present in the configuration (partitions, accounts, users, QOS, billing) is
+the complete desired set of that kind. Partitions are never deleted (ended jobs refer
+to them): one no longer listed becomes INACTIVE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from gpusched.adminconfig import ROOT_ACCOUNT, AdminConfig, PartitionSpec
+from gpusched.core.timefmt import format_duration
+from gpusched.db.models import Account, AccountUser, GpuBilling, Partition, Qos
+from gpusched.errors import ConfigError
+
+Row = dict[str, Any]
+_TIMES = {"max_time", "default_time", "max_wall"}
+
+
+def _show(key: str, value: Any) -> str:
+    if key in _TIMES:
+        return format_duration(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
+
+
+def _diff_rows(kind: str, current: Mapping[str, Row], desired: Mapping[str, Row],
+               removal: str = "-") -> list[str]:
+    """Lines ``+ kind name``, ``~ kind name: key old -> new``, ``- kind name``."""
+    lines = []
+    for name, row in desired.items():
+        if name not in current:
+            fields = ", ".join(f"{k} {_show(k, v)}" for k, v in row.items() if v not in (None, (), []))
+            lines.append(f"+ {kind} {name}" + (f" ({fields})" if fields else ""))
+            continue
+        changes = [f"{k} {_show(k, current[name].get(k))} -> {_show(k, v)}"
+                   for k, v in row.items() if _norm(current[name].get(k)) != _norm(v)]
+        if changes:
+            lines.append(f"~ {kind} {name}: " + "; ".join(changes))
+    for name in current:
+        if name not in desired:
+            lines.append(f"{removal} {kind} {name}")
+    return lines
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _partition_row(p: PartitionSpec) -> Row:
+    return {"nodes": list(p.nodes), "is_default": p.default, "max_time": p.max_time,
+            "default_time": p.default_time, "priority_tier": p.priority_tier,
+            "allow_accounts": list(p.allow_accounts) if p.allow_accounts is not None else None,
+            "deny_accounts": list(p.deny_accounts), "max_gpus_per_job": p.max_gpus_per_job,
+            "state": p.state}
+
+
+def _current(session: Session, model: Any, key: str, columns: list[str]) -> dict[str, Row]:
+    return {getattr(r, key): {c: getattr(r, c) for c in columns}
+            for r in session.scalars(select(model))}
+
+
+def desired_state(config: AdminConfig) -> dict[str, dict[str, Row]]:
+    """The rows each kind of the configuration asks for, keyed by name."""
+    state: dict[str, dict[str, Row]] = {}
+    if config.partitions is not None:
+        state["partition"] = {p.name: _partition_row(p) for p in config.partitions}
+    if config.accounts is not None:
+        state["account"] = {a.name: {"parent": a.parent, "shares": a.shares} for a in config.accounts}
+    if config.users is not None:
+        state["user"] = {f"{u.name}@{a}": {"shares": u.shares, "is_default": a == u.default_account}
+                         for u in config.users for a in u.accounts}
+    if config.qos is not None:
+        state["qos"] = {q.name: {"priority": q.priority, "max_gpus_per_user": q.max_gpus_per_user,
+                                 "max_jobs_per_user": q.max_jobs_per_user, "grp_gpus": q.grp_gpus,
+                                 "max_wall": q.max_wall, "preempt": list(q.preempt)}
+                        for q in config.qos}
+    if config.billing is not None:
+        state["billing"] = {t: {"weight": w} for t, w in config.billing.items()}
+    return state
+
+
+def current_state(session: Session, kinds: set[str]) -> dict[str, dict[str, Row]]:
+    """The stored rows of ``kinds``, in the shape of ``desired_state``."""
+    state: dict[str, dict[str, Row]] = {}
+    if "partition" in kinds:
+        state["partition"] = _current(session, Partition, "name", list(_partition_row(
+            PartitionSpec("x"))))
+    if "account" in kinds:
+        state["account"] = {k: v for k, v in _current(session, Account, "name",
+                                                      ["parent", "shares"]).items() if k != ROOT_ACCOUNT}
+    if "user" in kinds:
+        state["user"] = {f"{u.user_name}@{u.account}": {"shares": u.shares, "is_default": u.is_default}
+                         for u in session.scalars(select(AccountUser))}
+    if "qos" in kinds:
+        state["qos"] = _current(session, Qos, "name", ["priority", "max_gpus_per_user",
+                                                       "max_jobs_per_user", "grp_gpus", "max_wall",
+                                                       "preempt"])
+    if "billing" in kinds:
+        state["billing"] = {b.gpu_type: {"weight": b.weight} for b in session.scalars(select(GpuBilling))}
+    return state
+
+
+def plan_changes(session: Session, config: AdminConfig) -> list[str]:
+    """The difference between the database and ``config``, one line per change."""
+    desired = desired_state(config)
+    if "account" in desired and "user" not in desired:
+        # Users stay, except those whose account goes away.
+        kept = current_state(session, {"user"})["user"]
+        desired["user"] = {k: v for k, v in kept.items() if k.split("@", 1)[1] in desired["account"]}
+    current = current_state(session, set(desired))
+    lines: list[str] = []
+    for kind, rows in desired.items():
+        if kind == "partition":
+            still = {n: r for n, r in current[kind].items() if n in rows or r["state"] != "INACTIVE"}
+            lines += _diff_rows(kind, still, rows, removal="~ (state -> INACTIVE)")
+        else:
+            lines += _diff_rows(kind, current[kind], rows)
+    return [_tidy(line) for line in lines]
+
+
+def _tidy(line: str) -> str:
+    if line.startswith("~ (state -> INACTIVE) "):
+        return "~ " + line[len("~ (state -> INACTIVE) "):] + ": state -> INACTIVE"
+    return line
+
+
+def apply_config(session: Session, config: AdminConfig) -> list[str]:
+    """Make the database match ``config`` inside the caller's transaction; the changes."""
+    changes = plan_changes(session, config)
+    desired = desired_state(config)
+    if "account" in desired and "user" not in desired:
+        session.execute(delete(AccountUser).where(AccountUser.account.not_in(list(desired["account"]))))
+    if "partition" in desired:
+        for name, row in desired["partition"].items():
+            session.execute(insert(Partition).values(name=name, **row)
+                            .on_conflict_do_update(index_elements=[Partition.name], set_=row))
+        session.execute(Partition.__table__.update()  # type: ignore[attr-defined]
+                        .where(Partition.name.not_in(list(desired["partition"])))
+                        .values(state="INACTIVE", is_default=False))
+    if "user" in desired:
+        session.execute(delete(AccountUser))
+    if "account" in desired:
+        _replace_accounts(session, config)
+    if "user" in desired:
+        for key, row in desired["user"].items():
+            user, account = key.split("@", 1)
+            session.add(AccountUser(user_name=user, account=account, **row))
+    if "qos" in desired:
+        session.execute(delete(Qos))
+        session.add_all(Qos(name=name, **row) for name, row in desired["qos"].items())
+    if "billing" in desired:
+        session.execute(delete(GpuBilling))
+        session.add_all(GpuBilling(gpu_type=t, **row) for t, row in desired["billing"].items())
+    session.flush()
+    return changes
+
+
+def _replace_accounts(session: Session, config: AdminConfig) -> None:
+    # Upsert parents before children, then delete what is gone, children first; rows
+    # that stay keep their user associations (the foreign key cascades on delete).
+    session.execute(insert(Account).values(name=ROOT_ACCOUNT, parent=None, shares=1)
+                    .on_conflict_do_nothing())
+    pending = {a.name: a for a in config.accounts or ()}
+    placed = {ROOT_ACCOUNT}
+    while pending:
+        ready = sorted((a for a in pending.values() if a.parent in placed), key=lambda a: a.name)
+        if not ready:  # validation rules this out; never loop forever on a bad tree
+            raise ConfigError(f"accounts without a path to root: {sorted(pending)}")
+        for account in ready:
+            values = {"parent": account.parent, "shares": account.shares}
+            session.execute(insert(Account).values(name=account.name, **values)
+                            .on_conflict_do_update(index_elements=[Account.name], set_=values))
+            placed.add(account.name)
+            del pending[account.name]
+    existing = {a.name: a.parent for a in session.scalars(select(Account))}
+    for name in _deepest_first(existing):
+        if name not in placed:
+            session.execute(delete(Account).where(Account.name == name))
+
+
+def _deepest_first(parents: Mapping[str, str | None]) -> list[str]:
+    def depth(name: str) -> int:
+        d, parent = 0, parents.get(name)
+        while parent is not None and d < len(parents):
+            d, parent = d + 1, parents.get(parent)
+        return d
+    return sorted(parents, key=depth, reverse=True)

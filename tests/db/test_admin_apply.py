@@ -1,0 +1,85 @@
+"""admin apply against a real database: the difference, the change, idempotence."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpusched.adminconfig import load_admin_config, parse_admin_config
+from gpusched.db.admin import apply_config, plan_changes
+from gpusched.db.engine import make_engine, make_sessionmaker
+from gpusched.db.models import Account, AccountUser, Partition, Qos
+
+ETC = Path(__file__).resolve().parents[2] / "etc"
+
+
+@pytest.fixture
+def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(db_url, pool_size=2)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def _apply(sessions: sessionmaker[Session], config: object) -> list[str]:
+    with sessions() as s, s.begin():
+        return apply_config(s, config)  # type: ignore[arg-type]
+
+
+def test_apply_the_examples_then_nothing_changes(sessions: sessionmaker[Session]) -> None:
+    config = load_admin_config([ETC / "partitions.toml", ETC / "accounts.toml"])
+    changes = _apply(sessions, config)
+    assert "+ partition gpu (nodes [" in changes[0]
+    assert "+ account physics (parent root, shares 60)" in changes
+    assert "+ user alice@theory (shares 1, is_default True)" in changes
+    assert "+ billing h100-80gb (weight 2.0)" in changes
+    with sessions() as s:
+        assert plan_changes(s, config) == []
+        tree = {a.name: a.parent for a in s.scalars(select(Account))}
+        assert tree == {"root": None, "physics": "root", "theory": "physics",
+                        "experiment": "physics", "bio": "root"}
+        assert {(u.user_name, u.account, u.is_default) for u in s.scalars(select(AccountUser))} == {
+            ("alice", "theory", True), ("alice", "experiment", False), ("bob", "bio", True)}
+        gpu = s.get(Partition, "gpu")
+        assert gpu is not None and (gpu.max_time, gpu.priority_tier, gpu.max_gpus_per_job) == (
+            172800, 1, 8)
+    assert _apply(sessions, config) == []
+
+
+def test_changes_removals_and_inactive_partitions(sessions: sessionmaker[Session]) -> None:
+    _apply(sessions, load_admin_config([ETC / "partitions.toml", ETC / "accounts.toml"]))
+    smaller = parse_admin_config([("new.toml", {
+        "partition": [{"name": "gpu", "nodes": "gpu[01-16]", "default": True,
+                       "max_time": "1-00:00:00", "default_time": "4:00:00", "priority_tier": 1,
+                       "max_gpus_per_job": 8}],
+        "account": [{"name": "physics", "shares": 60}],
+        "qos": [{"name": "normal", "priority": 20}],
+    })])
+    with sessions() as s:
+        planned = plan_changes(s, smaller)
+    assert "~ partition gpu: max_time 2-00:00:00 -> 1-00:00:00" in planned
+    assert "~ partition debug: state -> INACTIVE" in planned
+    assert {"- account theory", "- account experiment", "- account bio"} <= set(planned)
+    assert {"- user alice@theory", "- user bob@bio"} <= set(planned)
+    assert "- qos scavenger" in planned
+    assert any(line.startswith("~ qos normal: priority 10 -> 20") for line in planned)
+    assert _apply(sessions, smaller) == planned
+    with sessions() as s:
+        debug = s.get(Partition, "debug")
+        assert debug is not None and debug.state == "INACTIVE"
+        assert [q.name for q in s.scalars(select(Qos))] == ["normal"]
+        assert {a.name for a in s.scalars(select(Account))} == {"root", "physics"}
+        # users went with the accounts they referred to; no user table was given
+        assert list(s.scalars(select(AccountUser))) == []
+
+
+def test_accounts_alone_keep_the_users_of_remaining_accounts(sessions: sessionmaker[Session]) -> None:
+    _apply(sessions, load_admin_config([ETC / "accounts.toml"]))
+    only_bio = parse_admin_config([("a.toml", {"account": [{"name": "bio", "shares": 40}]})])
+    changes = _apply(sessions, only_bio)
+    assert "- user alice@theory" in changes and "- user bob@bio" not in changes
+    with sessions() as s:
+        assert [(u.user_name, u.account) for u in s.scalars(select(AccountUser))] == [("bob", "bio")]
