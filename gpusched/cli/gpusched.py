@@ -14,6 +14,8 @@ from gpusched.cli.common import new_app, run_cli
 app = new_app("gpusched: a batch scheduler for GPU clusters.")
 db_app = new_app("Database schema management.")
 app.add_typer(db_app, name="db")
+admin_app = new_app("Cluster administration: partitions, accounts, QOS.")
+app.add_typer(admin_app, name="admin")
 
 ConfigOption = Annotated[
     Optional[Path],
@@ -114,6 +116,36 @@ def up(
         while not stop.wait(1.0):
             pass
         local.down(typer.echo)
+
+
+@admin_app.command("apply")
+def admin_apply(
+    files: Annotated[list[Path], typer.Argument(help="partitions.toml, accounts.toml, ...")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the difference; change nothing.")] = False,
+) -> None:
+    """Validate admin files as a whole, then store them in one transaction."""
+    import json
+
+    from gpusched.adminconfig import parse_admin_config
+    from gpusched.cli.client import ApiClient
+    from gpusched.config import read_toml
+
+    loaded = [(str(path), read_toml(path)) for path in files]
+    parse_admin_config(loaded)  # every error is reported here, before anything is sent
+    body = {"files": [{"source": source, "data": data} for source, data in loaded],
+            "dry_run": dry_run}
+    with ApiClient() as client:
+        # TOML dates are not JSON: send them as text; validation already refused them.
+        answer = client.request("POST", "/v1/admin/apply", json.loads(json.dumps(body, default=str)))
+    changes = answer["changes"]
+    for line in changes:
+        typer.echo(line)
+    if not changes:
+        typer.echo("no changes")
+    elif dry_run:
+        typer.echo(f"dry run: {len(changes)} change(s) not applied")
+    else:
+        typer.echo(f"applied {len(changes)} change(s)")
 
 
 DEMO_SCRIPT = """#!/bin/sh

@@ -12,7 +12,9 @@ from sqlalchemy.orm import Session, sessionmaker
 import gpusched
 from gpusched.controller.events import Events, notify_in
 from gpusched.controller.http import Request, Router
+from gpusched.adminconfig import parse_admin_config
 from gpusched.db import agents, jobs
+from gpusched.db.admin import apply_config, plan_changes
 from gpusched.db.models import Allocation, Gpu, Node
 from gpusched.errors import PermissionDenied, UsageError
 
@@ -47,6 +49,7 @@ class Api:
         r.add("GET", "/v1/jobs/{job_id}", self.get_job)
         r.add("POST", "/v1/jobs/{job_id}/cancel", self.cancel)
         r.add("GET", "/v1/nodes", self.nodes)
+        r.add("POST", "/v1/admin/apply", self.admin_apply)
         r.add("POST", "/agent/v1/register", self.register)
         r.add("GET", "/agent/v1/work", self.work)
         r.add("POST", "/agent/v1/jobs/{job_id}/launched", self.launched)
@@ -57,6 +60,27 @@ class Api:
     def who(request: Request) -> jobs.Identity:
         """The caller as the kernel reported it."""
         return jobs.Identity(request.caller.uid, request.caller.gid)
+
+    def _require_admin(self, request: Request) -> None:
+        if request.caller.uid not in (0, self.own_uid):
+            raise PermissionDenied("only an administrator (root or the controller's user) may do this")
+
+    def admin_apply(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Validate admin files as a whole; apply them in one transaction unless dry_run."""
+        self._require_admin(request)
+        files = request.body.get("files")
+        if not isinstance(files, list) or not all(
+                isinstance(f, dict) and isinstance(f.get("source"), str) for f in files):
+            raise UsageError("files: expected a list of {source, data} objects")
+        config = parse_admin_config([(f["source"], f.get("data")) for f in files])
+        dry_run = bool(request.body.get("dry_run"))
+        with self.sessions() as session, session.begin():
+            if dry_run:
+                return 200, {"changes": plan_changes(session, config), "applied": False}
+            changes = apply_config(session, config)
+            notify_in(session, "sched")
+        self.events.wake_scheduler()
+        return 200, {"changes": changes, "applied": True}
 
     def _require_agent(self, request: Request) -> None:
         if request.caller.uid not in (0, self.own_uid):

@@ -19,7 +19,7 @@ from gpusched.controller.scheduler import SchedulerLoop
 from gpusched.db import agents
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
 from gpusched.db.migrate import current
-from gpusched.db.partitions import sync_partitions
+from gpusched.db.partitions import seed_partitions
 from gpusched.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class Controller:
         self.engine = make_engine(config.database_url, pool_size=20)
         self.sessions = make_sessionmaker(self.engine)
         with self.sessions() as session, session.begin():
-            sync_partitions(session, config.partitions)
+            seed_partitions(session, config.partitions)
         dsn = psycopg_dsn(config.database_url)
         self.events = Events()
         self.scheduler = SchedulerLoop(self.sessions, self.events, dsn)

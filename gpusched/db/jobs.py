@@ -60,6 +60,8 @@ def _choose_partition(session: Session, name: str | None) -> Partition:
     part = session.get(Partition, name)
     if part is None or part.state == "INACTIVE":
         raise UsageError(f"invalid partition specified: {name}")
+    if part.state == "DRAIN":
+        raise UsageError(f"partition {name} is draining: it takes no new jobs")
     return part
 
 
@@ -116,6 +118,9 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     error = _field(body, "error", str, None, "a file name pattern")
     part = _choose_partition(session, _field(body, "partition", str, None, "a partition name"))
     time_limit = _validate_time(part, body.get("time_limit"))
+    if part.max_gpus_per_job is not None and gpus > part.max_gpus_per_job:
+        raise UsageError(f"requested {gpus} GPUs, more than the {part.max_gpus_per_job} "
+                         f"per job partition {part.name} allows")
     largest = _largest_node(session, part)
     if largest is not None and gpus > largest:
         raise UsageError(

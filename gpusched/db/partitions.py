@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from gpusched.config import PartitionConfig
 from gpusched.db.models import Partition
+
+
+def seed_partitions(session: Session, configured: tuple[PartitionConfig, ...]) -> bool:
+    """Store the configured partitions if the database has none yet; True if it did.
+
+    Afterwards partitions are managed with ``gpusched admin apply`` (partitions.toml).
+    """
+    if session.scalar(select(Partition.name).limit(1)) is not None:
+        return False
+    sync_partitions(session, configured)
+    return True
 
 
 def sync_partitions(session: Session, configured: tuple[PartitionConfig, ...]) -> None:

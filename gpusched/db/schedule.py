@@ -39,7 +39,9 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     )
     all_names = tuple(n.name for n in nodes)
     partitions = tuple(
-        PartitionView(name, all_names if "*" in members else tuple(members), state == "UP")
+        # DRAIN refuses new submissions but still runs what is queued (as in Slurm).
+        PartitionView(name, all_names if "*" in members else tuple(members),
+                      state in ("UP", "DRAIN"))
         for name, members, state in session.execute(
             select(Partition.name, Partition.nodes, Partition.state).order_by(Partition.name))
     )
