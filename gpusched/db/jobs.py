@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from gpusched.core.timefmt import format_duration
 from gpusched.db.engine import rowcount
-from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
+from gpusched.db.models import AccountUser, Allocation, Gpu, Job, Node, Partition, Qos
 from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
 
 MAX_NAME = 200
@@ -24,10 +24,13 @@ class Identity:
 
     uid: int
     gid: int
+    name: str | None = None  # known already; else looked up from uid
 
     @property
     def user(self) -> str:
         """The login name of ``uid`` (the number itself if it has none)."""
+        if self.name is not None:
+            return self.name
         try:
             return pwd.getpwuid(self.uid).pw_name
         except KeyError:
@@ -63,6 +66,45 @@ def _choose_partition(session: Session, name: str | None) -> Partition:
     if part.state == "DRAIN":
         raise UsageError(f"partition {name} is draining: it takes no new jobs")
     return part
+
+
+def _choose_account(session: Session, user: str, requested: str | None, part: Partition) -> str | None:
+    """The account a job charges: one of the user's associations, their default if unnamed.
+
+    Until an admin has configured any user associations, jobs charge no account.
+    """
+    mine = dict(session.execute(select(AccountUser.account, AccountUser.is_default)
+                                .where(AccountUser.user_name == user)).all())
+    if mine:
+        if requested is None:
+            requested = next((a for a, default in sorted(mine.items()) if default), min(mine))
+        elif requested not in mine:
+            raise UsageError(f"invalid account specified: user {user} may not charge account "
+                             f"{requested} (theirs: {', '.join(sorted(mine))})")
+    elif session.scalar(select(AccountUser.user_name).limit(1)) is not None:
+        raise UsageError(f"user {user} has no account in this cluster; ask an administrator to add one")
+    elif requested is not None:
+        raise UsageError(f"invalid account specified: {requested} (no accounts are configured)")
+    allowed = part.allow_accounts
+    if requested is not None and ((allowed is not None and requested not in allowed)
+                                  or requested in part.deny_accounts):
+        raise UsageError(f"partition {part.name} does not allow account {requested}")
+    if requested is None and allowed is not None:
+        raise UsageError(f"partition {part.name} allows only accounts {', '.join(allowed)}")
+    return requested
+
+
+def _choose_qos(session: Session, requested: str | None, time_limit: int | None) -> str | None:
+    """The job's QOS: the named one, else 'normal' when it exists, else none."""
+    if requested is None:
+        return "normal" if session.get(Qos, "normal") is not None else None
+    qos = session.get(Qos, requested)
+    if qos is None:
+        raise UsageError(f"invalid qos specification: {requested}")
+    if qos.max_wall is not None and (time_limit is None or time_limit > qos.max_wall):
+        raise UsageError(f"time limit {format_duration(time_limit)} exceeds the MaxWall "
+                         f"{format_duration(qos.max_wall)} of QOS {qos.name}")
+    return qos.name
 
 
 def _largest_node(session: Session, part: Partition) -> int | None:
@@ -126,8 +168,12 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         raise UsageError(
             f"requested {gpus} GPUs, but no node in partition {part.name} has more than {largest}"
         )
+    user = who.user
+    account = _choose_account(session, user, _field(body, "account", str, None, "an account"), part)
+    qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
     job = Job(
-        name=name, uid=who.uid, gid=who.gid, user_name=who.user, partition=part.name,
+        name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
+        account=account, qos=qos,
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
         environment=env, output=output, error=error,
     )
@@ -168,7 +214,7 @@ def job_placements(session: Session, jobs: list[Job]) -> dict[int, tuple[str, li
     if not started:
         return {}
     names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(
-        Node.id.in_(set(started.values())))).tuples().all())
+        Node.id.in_(set(started.values())))).all())
     placed: dict[int, tuple[str, list[str]]] = {
         job_id: (names[node_id], []) for job_id, node_id in started.items()}
     for job_id, uuid in session.execute(
@@ -188,7 +234,8 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
     node, uuids = placement if placement else (None, [])
     body: dict[str, Any] = {
         "job_id": job.id, "name": job.name, "user": job.user_name, "uid": job.uid,
-        "partition": job.partition, "state": job.state, "reason": job.reason,
+        "partition": job.partition, "account": job.account, "qos": job.qos,
+        "state": job.state, "reason": job.reason,
         "gpus": job.gpus, "time_limit": job.time_limit,
         "submit_time": _iso(job.submit_time), "start_time": _iso(job.start_time),
         "end_time": _iso(job.end_time), "node": node, "gpu_uuids": uuids,

@@ -136,6 +136,8 @@ class Job(Base):
     gid: Mapped[int] = mapped_column(Integer)
     user_name: Mapped[str] = mapped_column(Text)
     partition: Mapped[str] = mapped_column(ForeignKey("partitions.name"))
+    account: Mapped[str | None] = mapped_column(Text)
+    qos: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(Text, server_default=text("'PENDING'"))
     reason: Mapped[str] = mapped_column(Text, server_default=text("'None'"))
     gpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))

@@ -85,12 +85,12 @@ def test_directive_errors_name_the_line(in_tmp: Path) -> None:
 
 
 def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
-    sub = parse_submit(["-J", "n", "--wrap", "true", "-o", "o.txt"])
+    sub = parse_submit(["-J", "n", "--wrap", "true", "-o", "o.txt", "-A", "bio"])
     body = gsubmit.submission_body(sub, work_dir="/w", environment={"A": "1"})
     assert body == {
         "script": sub.script, "args": [], "name": "n", "gpus": 0, "time_limit": None,
-        "partition": None, "work_dir": "/w", "environment": {"A": "1"},
-        "output": "o.txt", "error": None,
+        "partition": None, "account": "bio", "qos": None, "work_dir": "/w",
+        "environment": {"A": "1"}, "output": "o.txt", "error": None,
     }
 
 

@@ -83,3 +83,36 @@ def test_accounts_alone_keep_the_users_of_remaining_accounts(sessions: sessionma
     assert "- user alice@theory" in changes and "- user bob@bio" not in changes
     with sessions() as s:
         assert [(u.user_name, u.account) for u in s.scalars(select(AccountUser))] == [("bob", "bio")]
+
+
+def _submit(sessions: sessionmaker[Session], user: str, **body: object) -> tuple[str | None, str | None]:
+    from gpusched.db.jobs import Identity, submit_job
+
+    with sessions() as s, s.begin():
+        job = submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body},
+                         Identity(1000, 1000, user))
+        return job.account, job.qos
+
+
+def test_jobs_charge_one_of_their_users_accounts_and_a_qos(sessions: sessionmaker[Session]) -> None:
+    from gpusched.errors import UsageError
+
+    _apply(sessions, load_admin_config([ETC / "partitions.toml"]))
+    assert _submit(sessions, "alice") == (None, None)  # no accounts or QOS configured yet
+    with pytest.raises(UsageError, match="no accounts are configured"):
+        _submit(sessions, "alice", account="theory")
+    _apply(sessions, load_admin_config([ETC / "accounts.toml"]))
+    assert _submit(sessions, "alice") == ("theory", "normal")  # her default, the normal QOS
+    assert _submit(sessions, "alice", account="experiment", qos="scavenger") == (
+        "experiment", "scavenger")
+    for body, needle in [
+        ({"account": "bio"}, "may not charge account bio"),
+        ({"partition": "debug"}, "partition debug does not allow account theory"),
+        ({"qos": "gold"}, "invalid qos specification: gold"),
+        ({"qos": "normal", "time_limit": 36 * 3600, "partition": "gpu"}, "MaxWall"),
+    ]:
+        with pytest.raises(UsageError, match=needle):
+            _submit(sessions, "alice", **body)
+    with pytest.raises(UsageError, match="carl has no account"):
+        _submit(sessions, "carl")
+    assert _submit(sessions, "bob", partition="debug") == ("bio", "normal")
