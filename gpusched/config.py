@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpusched.core.model import Policy
+from gpusched.core.priority import PriorityWeights
 from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.errors import ConfigError
 
@@ -71,11 +73,26 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class SchedulerConfig:
+    """Priority weights and fair-share settings of the scheduling passes."""
+
+    weights: PriorityWeights = field(default_factory=lambda: PriorityWeights(job_size=0.0))
+    fairshare: str = "fair_tree"
+    half_life: float = 7 * 86400.0
+    usage_interval: float = 30.0
+
+    def policy(self) -> Policy:
+        """The core Policy these settings describe."""
+        return Policy(weights=self.weights, fairshare=self.fairshare)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration of a gpusched installation."""
 
     database_url: str = "postgresql+psycopg://gpusched@/gpusched?host=/run/postgresql"
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     partitions: tuple[PartitionConfig, ...] = (PartitionConfig("gpu", default=True),)
     source: str = "<defaults>"
@@ -177,6 +194,33 @@ def _controller(r: TableReader) -> ControllerConfig:
     )
 
 
+def _scheduler(r: TableReader) -> SchedulerConfig:
+    r.check_keys({"fairshare", "half_life", "usage_interval", "weights"})
+    defaults = SchedulerConfig()
+    fairshare = r.get("fairshare", str, defaults.fairshare, "'fair_tree' or 'classic'")
+    if fairshare not in ("fair_tree", "classic"):
+        raise r.fail("fairshare", "'fair_tree' or 'classic'")
+    half_life = r.time_limit("half_life") if "half_life" in r.table else defaults.half_life
+    w = r.sub("weights")
+    w.check_keys({"age", "fairshare", "job_size", "partition", "qos", "max_age", "favor_small"})
+    d = defaults.weights
+    max_age = w.time_limit("max_age") if "max_age" in w.table else d.max_age
+    weights = PriorityWeights(
+        age=w.positive("age", d.age, allow_zero=True),
+        fairshare=w.positive("fairshare", d.fairshare, allow_zero=True),
+        job_size=w.positive("job_size", d.job_size, allow_zero=True),
+        partition=w.positive("partition", d.partition, allow_zero=True),
+        qos=w.positive("qos", d.qos, allow_zero=True),
+        max_age=float(max_age) if max_age else d.max_age,
+        favor_small=w.get("favor_small", bool, d.favor_small, "true or false"),
+    )
+    return SchedulerConfig(
+        weights=weights, fairshare=fairshare,
+        half_life=float(half_life) if half_life else 0.0,
+        usage_interval=r.positive("usage_interval", defaults.usage_interval),
+    )
+
+
 def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
     count = r.get("count", int, None, "a number of demo GPUs (0 or more)")
     listed = r.table.get("static", [])
@@ -270,7 +314,7 @@ def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:
 def parse_config(data: Mapping[str, Any], source: str) -> Config:
     """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
     top = TableReader(source, data, "")
-    top.check_keys({"database", "controller", "agent", "partitions"})
+    top.check_keys({"database", "controller", "agent", "partitions", "scheduler"})
     database = top.sub("database")
     database.check_keys({"url"})
     url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
@@ -284,6 +328,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
     return Config(
         database_url=url,
         controller=controller,
+        scheduler=_scheduler(top.sub("scheduler")),
         agent=agent,
         partitions=_partitions(source, data.get("partitions")),
         source=source,

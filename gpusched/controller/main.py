@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 from dataclasses import asdict
+from datetime import UTC, datetime
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -20,6 +21,7 @@ from gpusched.db import agents
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
 from gpusched.db.migrate import current
 from gpusched.db.partitions import seed_partitions
+from gpusched.db.usage import accrue_usage
 from gpusched.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class Controller:
             seed_partitions(session, config.partitions)
         dsn = psycopg_dsn(config.database_url)
         self.events = Events()
-        self.scheduler = SchedulerLoop(self.sessions, self.events, dsn)
+        self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy())
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats))
         self.server = UnixHttpServer(config.controller.socket, api.router(),
@@ -50,6 +52,8 @@ class Controller:
         self.periodic = BackgroundScheduler(daemon=True)
         self.periodic.add_job(self.events.wake_scheduler, "interval",
                               seconds=config.controller.schedule_interval, id="backstop-pass")
+        self.periodic.add_job(self.accrue_usage, "interval",
+                              seconds=config.scheduler.usage_interval, id="fairshare-usage")
         self.periodic.add_job(self.check_nodes, "interval",
                               seconds=max(1.0, config.controller.node_timeout / 3), id="node-liveness")
         self._dsn = dsn
@@ -62,6 +66,13 @@ class Controller:
             down = agents.mark_stale_nodes_down(session, self.config.controller.node_timeout)
         for name in down:
             log.warning("node %s is not responding: marked DOWN", name)
+
+    def accrue_usage(self) -> None:
+        """Bill running jobs' GPU time into fair-share usage, decayed (leader only)."""
+        if not self.scheduler.is_leader:
+            return
+        with self.sessions() as session, session.begin():
+            accrue_usage(session, datetime.now(UTC), self.config.scheduler.half_life)
 
     def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT."""

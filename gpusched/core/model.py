@@ -6,8 +6,12 @@ caller; nothing in ``gpusched.core`` reads a clock, a database or the environmen
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from gpusched.core.fairshare import Account, UserShare
+from gpusched.core.priority import PriorityWeights
 
 
 class JobState(StrEnum):
@@ -88,6 +92,7 @@ class PartitionView:
     name: str
     nodes: tuple[str, ...]
     up: bool = True
+    tier: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,9 @@ class PendingJob:
     submit_time: float
     time_limit: int | None = None
     reason: Reason = Reason.NONE
+    user: str = ""
+    account: str | None = None
+    qos: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +128,10 @@ class Snapshot:
     partitions: tuple[PartitionView, ...]
     pending: tuple[PendingJob, ...]
     running: tuple[RunningJob, ...] = ()
+    accounts: tuple[Account, ...] = ()
+    user_shares: tuple[UserShare, ...] = ()
+    usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    qos_priority: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +139,8 @@ class Policy:
     """Tunable behaviour of a pass."""
 
     max_starts_per_pass: int = 10_000
+    weights: PriorityWeights = field(default_factory=PriorityWeights)
+    fairshare: str = "fair_tree"  # or "classic"
 
 
 @dataclass(frozen=True, slots=True)

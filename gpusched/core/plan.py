@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import (
     NodeView,
     Pending,
@@ -13,21 +14,54 @@ from gpusched.core.model import (
     Start,
 )
 from gpusched.core.placement import first_fit, free_gpus_by_node
+from gpusched.core.priority import PriorityBreakdown, PriorityInput, PriorityScale, priorities
 
 
-def queue_order(jobs: tuple[PendingJob, ...]) -> list[PendingJob]:
-    """Submit order; the job id breaks ties so the order is total."""
-    return sorted(jobs, key=lambda job: (job.submit_time, job.job_id))
+def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:
+    """Each user association's fair-share factor (empty when no tree is configured)."""
+    if not snapshot.user_shares or policy.weights.fairshare == 0:
+        return {}
+    tree = FairShareTree(snapshot.accounts, snapshot.user_shares)
+    if policy.fairshare == "classic":
+        return tree.classic(snapshot.usage)
+    return tree.fair_tree(snapshot.usage)
+
+
+def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[PriorityBreakdown]:
+    """Every pending job's priority factors, highest first (ties: lower job id first)."""
+    factors = fairshare_factors(snapshot, policy)
+    tiers = {p.name: p.tier for p in snapshot.partitions}
+    scale = PriorityScale(
+        cluster_gpus=sum(len(n.gpus) for n in snapshot.nodes),
+        max_partition_tier=max(tiers.values(), default=0),
+        max_qos_priority=max(snapshot.qos_priority.values(), default=0),
+    )
+    inputs = (
+        PriorityInput(job.job_id, job.submit_time, job.gpus,
+                      # Jobs charging no account (none configured) are all treated alike.
+                      factors.get((job.user, job.account), 1.0) if job.account else 1.0,
+                      tiers.get(job.partition, 0), snapshot.qos_priority.get(job.qos or "", 0))
+        for job in snapshot.pending
+    )
+    return priorities(inputs, now, policy.weights, scale)
+
+
+def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJob]:
+    """Pending jobs by multifactor priority; equal priorities in submit order."""
+    by_id = {job.job_id: job for job in snapshot.pending}
+    ranked = job_priorities(snapshot, now, policy)
+    rank = {b.job_id: (-b.total, by_id[b.job_id].submit_time, b.job_id) for b in ranked}
+    return sorted(snapshot.pending, key=lambda job: rank[job.job_id])
 
 
 def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
-    Jobs are taken in queue order. Within a partition the first job that cannot be
-    placed blocks the ones behind it (reason ``Priority``), so a large job is never
-    overtaken indefinitely; placement is the first node with enough free GPUs.
+    Jobs are taken in priority order (``queue_order``). Within a partition the first
+    job that cannot be placed blocks the ones behind it (reason ``Priority``), so a
+    large job is never overtaken indefinitely; placement is the first node with enough
+    free GPUs.
     """
-    del now  # used by later policies (age, reservations); kept for a stable signature
     nodes_by_name = {node.name: node for node in snapshot.nodes}
     partitions = {part.name: part for part in snapshot.partitions}
     free = free_gpus_by_node(snapshot.nodes, snapshot.running)
@@ -35,7 +69,7 @@ def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
     starts: list[Start] = []
     pending: list[Pending] = []
 
-    for job in queue_order(snapshot.pending):
+    for job in queue_order(snapshot, now, policy):
         partition = partitions.get(job.partition)
         if partition is None or not partition.up:
             pending.append(Pending(job.job_id, Reason.PARTITION_DOWN))

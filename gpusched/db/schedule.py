@@ -19,7 +19,19 @@ from gpusched.core.model import (
     Snapshot,
 )
 from gpusched.db.engine import rowcount
-from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
+from gpusched.core.fairshare import Account as CoreAccount
+from gpusched.core.fairshare import UserShare
+from gpusched.db.models import (
+    Account,
+    AccountUser,
+    Allocation,
+    FairShareUsage,
+    Gpu,
+    Job,
+    Node,
+    Partition,
+    Qos,
+)
 
 
 def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
@@ -41,15 +53,17 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     partitions = tuple(
         # DRAIN refuses new submissions but still runs what is queued (as in Slurm).
         PartitionView(name, all_names if "*" in members else tuple(members),
-                      state in ("UP", "DRAIN"))
-        for name, members, state in session.execute(
-            select(Partition.name, Partition.nodes, Partition.state).order_by(Partition.name))
+                      state in ("UP", "DRAIN"), tier)
+        for name, members, state, tier in session.execute(
+            select(Partition.name, Partition.nodes, Partition.state, Partition.priority_tier)
+            .order_by(Partition.name))
     )
     pending = tuple(
-        PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason))
-        for jid, part, n, uid, submitted, limit, reason in session.execute(
+        PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason), user,
+                   account, qos)
+        for jid, part, n, uid, submitted, limit, reason, user, account, qos in session.execute(
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
-                   Job.reason).where(Job.state == "PENDING"))
+                   Job.reason, Job.user_name, Job.account, Job.qos).where(Job.state == "PENDING"))
     )
     held: dict[int, tuple[str, list[str]]] = {}
     for job_id, node_name, uuid in session.execute(
@@ -59,7 +73,17 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     ):
         held.setdefault(job_id, (node_name, []))[1].append(uuid)
     running = tuple(RunningJob(j, node, tuple(uuids)) for j, (node, uuids) in held.items())
-    snapshot = Snapshot(nodes=nodes, partitions=partitions, pending=pending, running=running)
+    snapshot = Snapshot(
+        nodes=nodes, partitions=partitions, pending=pending, running=running,
+        accounts=tuple(CoreAccount(name, parent, shares) for name, parent, shares in session.execute(
+            select(Account.name, Account.parent, Account.shares)) if name != "root"),
+        user_shares=tuple(UserShare(user, account, shares) for user, account, shares in
+                          session.execute(select(AccountUser.user_name, AccountUser.account,
+                                                 AccountUser.shares))),
+        usage={(u, a): value for u, a, value in session.execute(
+            select(FairShareUsage.user_name, FairShareUsage.account, FairShareUsage.usage))},
+        qos_priority=dict(session.execute(select(Qos.name, Qos.priority)).all()),
+    )
     return snapshot, {name: nid for nid, name, _, _ in node_rows}
 
 

@@ -116,3 +116,42 @@ def test_jobs_charge_one_of_their_users_accounts_and_a_qos(sessions: sessionmake
     with pytest.raises(UsageError, match="carl has no account"):
         _submit(sessions, "carl")
     assert _submit(sessions, "bob", partition="debug") == ("bio", "normal")
+
+
+def test_usage_accrues_from_running_jobs_and_feeds_the_snapshot(sessions: sessionmaker[Session]) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from gpusched.core.model import Plan, Start
+    from gpusched.db import agents
+    from gpusched.db.schedule import apply_plan, load_snapshot
+    from gpusched.db.usage import accrue_usage
+
+    _apply(sessions, load_admin_config([ETC / "partitions.toml", ETC / "accounts.toml"]))
+    with sessions() as s, s.begin():
+        agents.register_node(s, {"node": "gpu01", "uid": 0, "gpus": [
+            {"index": i, "uuid": f"GPU-{i}"} for i in range(2)]})
+    job_id = _submit_id(sessions, "alice", gpus=2)
+    _submit_id(sessions, "bob", gpus=1)
+    with sessions() as s, s.begin():
+        snapshot, node_ids = load_snapshot(s)
+        apply_plan(s, snapshot, Plan(starts=(Start(job_id, "gpu01", ("GPU-0", "GPU-1")),)), node_ids)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    with sessions() as s, s.begin():
+        assert accrue_usage(s, start, half_life=0) == 1  # first sight: nothing billed yet
+    with sessions() as s, s.begin():
+        accrue_usage(s, start + timedelta(seconds=100), half_life=0)
+    with sessions() as s:
+        snapshot, _ = load_snapshot(s)
+    assert snapshot.usage == {("alice", "theory"): 200.0}  # 2 GPUs x 100 s, billing weight 1
+    assert {(p.user, p.account, p.qos) for p in snapshot.pending} == {("bob", "bio", "normal")}
+    assert ("alice", "theory") in {(u.user, u.account) for u in snapshot.user_shares}
+    assert snapshot.qos_priority == {"normal": 10, "scavenger": 0}
+    assert {p.name: p.tier for p in snapshot.partitions} == {"gpu": 1, "debug": 2}
+
+
+def _submit_id(sessions: sessionmaker[Session], user: str, **body: object) -> int:
+    from gpusched.db.jobs import Identity, submit_job
+
+    with sessions() as s, s.begin():
+        return submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body},
+                          Identity(1000, 1000, user)).id

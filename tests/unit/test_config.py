@@ -348,3 +348,23 @@ def test_demo_inventory_pci_ids_stay_valid_for_large_counts() -> None:
     ids = [g.pci_bus_id for g in demo_gpus("big", 300)]
     assert len(set(ids)) == 300
     assert all(len(i.split(":")[1]) == 2 for i in ids)
+
+
+def test_scheduler_section_becomes_the_policy(tmp_path: Path) -> None:
+    path = write(tmp_path, '[scheduler]\nfairshare = "classic"\nhalf_life = "1-00:00:00"\n'
+                           '[scheduler.weights]\nage = 0\nqos = 5\nmax_age = "2-00:00:00"\n')
+    scheduler = load_config(path).scheduler
+    policy = scheduler.policy()
+    assert (policy.fairshare, scheduler.half_life) == ("classic", 86400.0)
+    assert (policy.weights.age, policy.weights.qos, policy.weights.max_age) == (0.0, 5.0, 172800.0)
+    assert policy.weights.fairshare == 10000.0  # untouched default
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[scheduler]\nfairshare = "lottery"\n', "scheduler.fairshare"),
+    ('[scheduler.weights]\nage = -1\n', "scheduler.weights.age"),
+    ('[scheduler.weights]\nspeed = 1\n', "scheduler.weights.speed"),
+    ('[scheduler]\nhalf_life = "soon"\n', "scheduler.half_life"),
+])
+def test_bad_scheduler_settings(tmp_path: Path, text: str, key: str) -> None:
+    assert key in load_error(write(tmp_path, text))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpusched.core.fairshare import Account, UserShare
 from gpusched.core.model import (
     GpuView,
     NodeState,
@@ -18,6 +19,7 @@ from gpusched.core.model import (
     Snapshot,
 )
 from gpusched.core.plan import plan
+from gpusched.core.priority import PriorityWeights
 
 
 def node(name: str, gpus: int, state: NodeState = NodeState.UP, run_uid: int | None = None,
@@ -148,3 +150,56 @@ def test_no_gpu_is_given_twice_or_when_unusable(snapshot: Snapshot) -> None:
 @given(snapshots)
 def test_plans_are_deterministic(snapshot: Snapshot) -> None:
     assert plan(snapshot, 0.0, Policy()) == plan(snapshot, 0.0, Policy())
+
+
+# --- priority order ----------------------------------------------------------------------
+
+
+def _accounted(jobs: list[PendingJob], usage: dict[tuple[str, str], float],
+               qos: dict[str, int] | None = None) -> Snapshot:
+    return Snapshot(
+        (node("a", 1),), (PartitionView("gpu", ("a",)),), tuple(jobs),
+        accounts=(Account("lab", "root"),),
+        user_shares=(UserShare("alice", "lab"), UserShare("bob", "lab")),
+        usage=usage, qos_priority=qos or {},
+    )
+
+
+def _pending(job_id: int, user: str, submit: float, qos: str | None = None) -> PendingJob:
+    return PendingJob(job_id, "gpu", 1, 1000, submit, user=user, account="lab", qos=qos)
+
+
+def test_fair_share_puts_the_lighter_user_first() -> None:
+    jobs = [_pending(1, "alice", 0.0), _pending(2, "bob", 10.0)]
+    heavy_alice = _accounted(jobs, {("alice", "lab"): 5000.0, ("bob", "lab"): 100.0})
+    p = plan(heavy_alice, 60.0, Policy())
+    assert [s.job_id for s in p.starts] == [2] and reasons(p) == {1: Reason.RESOURCES}
+    heavy_bob = _accounted(jobs, {("alice", "lab"): 100.0, ("bob", "lab"): 5000.0})
+    assert [s.job_id for s in plan(heavy_bob, 60.0, Policy()).starts] == [1]
+
+
+def test_qos_priority_outranks_age() -> None:
+    jobs = [_pending(1, "alice", 0.0, "normal"), _pending(2, "alice", 10.0, "high")]
+    snapshot = _accounted(jobs, {}, {"normal": 10, "high": 100})
+    assert [s.job_id for s in plan(snapshot, 60.0, Policy()).starts] == [2]
+
+
+def test_zero_weights_mean_submit_order() -> None:
+    jobs = [_pending(2, "alice", 0.0), _pending(1, "bob", 10.0)]
+    snapshot = _accounted(jobs, {("alice", "lab"): 5000.0})
+    zero = Policy(weights=PriorityWeights(age=0, fairshare=0, job_size=0, partition=0, qos=0))
+    assert [s.job_id for s in plan(snapshot, 60.0, zero).starts] == [2]
+
+
+def test_classic_and_fair_tree_can_order_differently() -> None:
+    accounts = (Account("physics", "root", 60), Account("bio", "root", 40),
+                Account("theory", "physics"), Account("exp", "physics"))
+    shares = (UserShare("alice", "theory"), UserShare("bob", "exp"), UserShare("carol", "exp"),
+              UserShare("dave", "bio"))
+    usage = {("alice", "theory"): 600.0, ("bob", "exp"): 300.0, ("dave", "bio"): 100.0}
+    jobs = (PendingJob(1, "gpu", 1, 1000, 0.0, user="carol", account="exp"),
+            PendingJob(2, "gpu", 1, 1000, 0.0, user="dave", account="bio"))
+    snapshot = Snapshot((node("a", 1),), (PartitionView("gpu", ("a",)),), jobs,
+                        accounts=accounts, user_shares=shares, usage=usage)
+    assert [s.job_id for s in plan(snapshot, 0.0, Policy()).starts] == [2]
+    assert [s.job_id for s in plan(snapshot, 0.0, Policy(fairshare="classic")).starts] == [1]
