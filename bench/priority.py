@@ -3,8 +3,9 @@
     .venv/bin/python bench/priority.py [--jobs 20000] [--users 500] [--repeat 7]
 
 A 3-level account tree (root → 5 divisions → 10 accounts each → users), seeded random
-usage, and pending jobs spread over the users. ``priority_ms`` is the median time to
-rank every user with Fair Tree and compute every job's multifactor priority.
+usage, and pending jobs spread over the users. ``priority_ms`` is the median time of
+``core.plan.job_priorities`` — what every pass runs: rank every user with Fair Tree and
+compute every job's multifactor priority.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import statistics
 import time
 
 from gpusched.core.fairshare import Account, FairShareTree, UserShare
-from gpusched.core.priority import PriorityInput, PriorityScale, PriorityWeights, priorities
+from gpusched.core.model import GpuView, NodeState, NodeView, PartitionView, PendingJob, Policy, Snapshot
+from gpusched.core.plan import job_priorities
 
 
 def build(jobs: int, users: int, seed: int = 7) -> tuple[FairShareTree, dict, list]:  # type: ignore[type-arg]
@@ -32,13 +34,24 @@ def build(jobs: int, users: int, seed: int = 7) -> tuple[FairShareTree, dict, li
     return FairShareTree(accounts, members), usage, pending
 
 
-def one_pass(tree: FairShareTree, usage: dict, pending: list, now: float) -> int:  # type: ignore[type-arg]
-    """Rank users and compute every job's priority; returns the top job id."""
-    factors = tree.fair_tree(usage)
-    inputs = [PriorityInput(job_id, now - waited, gpus, factors[(m.user, m.account)], 1, 10)
-              for job_id, m, gpus, waited in pending]
-    ranked = priorities(inputs, now, PriorityWeights(), PriorityScale(512, 2, 100))
-    return ranked[0].job_id
+def snapshot_of(tree: FairShareTree, usage: dict, pending: list, now: float) -> Snapshot:  # type: ignore[type-arg]
+    """The queue as a pass sees it: 64 nodes of 8 GPUs, two partitions, two QOS."""
+    nodes = tuple(NodeView(f"n{i:02d}", NodeState.UP,
+                           tuple(GpuView(f"GPU-{i}-{g}", g) for g in range(8))) for i in range(64))
+    names = tuple(n.name for n in nodes)
+    return Snapshot(
+        nodes=nodes, partitions=(PartitionView("gpu", names, tier=1), PartitionView("hi", names, tier=2)),
+        pending=tuple(PendingJob(job_id, "gpu" if job_id % 5 else "hi", gpus, 1000, now - waited,
+                                 user=m.user, account=m.account, qos="normal" if job_id % 3 else "low")
+                      for job_id, m, gpus, waited in pending),
+        accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
+        user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100, "low": 10},
+    )
+
+
+def one_pass(snapshot: Snapshot, now: float) -> int:
+    """Rank users with Fair Tree and every pending job by priority, as a pass does."""
+    return job_priorities(snapshot, now, Policy())[0].job_id
 
 
 def main() -> None:
@@ -49,10 +62,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     opts = parser.parse_args()
     tree, usage, pending = build(opts.jobs, opts.users)
+    now = 14 * 86400.0
+    snapshot = snapshot_of(tree, usage, pending, now)
     times = []
     for _ in range(opts.repeat):
         started = time.perf_counter()
-        one_pass(tree, usage, pending, now=14 * 86400.0)
+        one_pass(snapshot, now)
         times.append(time.perf_counter() - started)
     print(f"pending_jobs: {opts.jobs}")
     print(f"users: {opts.users}")
