@@ -148,6 +148,58 @@ def admin_apply(
         typer.echo(f"applied {len(changes)} change(s)")
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@app.command()
+def prio(
+    jobs: Annotated[Optional[list[int]], typer.Argument(help="Job ids (default: all pending).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Pending jobs' priority and its factors, highest first (like sprio)."""
+    from gpusched.cli.client import ApiClient
+    from gpusched.cli.common import print_table
+
+    query = f"?ids={','.join(map(str, jobs))}" if jobs else ""
+    with ApiClient() as client:
+        answer = client.request("GET", f"/v1/priority{query}")
+    if as_json:
+        _print_json(answer)
+        return
+    rows = [[str(j["job_id"]), j["user"], j["account"] or "", f"{j['priority']:.4f}",
+             f"{j['age']:.3f}", f"{j['fairshare']:.3f}", f"{j['job_size']:.3f}",
+             f"{j['partition']:.3f}", f"{j['qos']:.3f}"] for j in answer["jobs"]]
+    print_table(["JOBID", "USER", "ACCOUNT", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE",
+                 "PARTITION", "QOS"], rows, right_aligned=frozenset({0, 3, 4, 5, 6, 7, 8}),
+                shrinkable=frozenset({1, 2}))
+
+
+@app.command()
+def share(as_json: JsonOption = False) -> None:
+    """The fair-share tree: shares, usage and each user's factor (like sshare)."""
+    from gpusched.cli.client import ApiClient
+    from gpusched.cli.common import print_table
+
+    with ApiClient() as client:
+        answer = client.request("GET", "/v1/share")
+    if as_json:
+        _print_json(answer)
+        return
+    rows = [[" " * r["depth"] + (r["account"] if r["user"] is None else ""), r["user"] or "",
+             str(r["shares"]), f"{r['norm_shares']:.4f}", f"{r['raw_usage']:.0f}",
+             f"{r['effective_usage']:.4f}",
+             "" if r["fairshare"] is None else f"{r['fairshare']:.4f}"] for r in answer["rows"]]
+    print_table(["ACCOUNT", "USER", "SHARES", "NORMSHARES", "RAWUSAGE", "EFFECTVUSAGE",
+                 "FAIRSHARE"], rows, right_aligned=frozenset({2, 3, 4, 5, 6}),
+                shrinkable=frozenset({0, 1}))
+
+
+def _print_json(value: object) -> None:
+    import json
+
+    typer.echo(json.dumps(value, indent=2))
+
+
 DEMO_SCRIPT = """#!/bin/sh
 echo "job $GPUSCHED_JOB_ID on $GPUSCHED_JOB_NODELIST"
 echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"

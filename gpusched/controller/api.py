@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import select
@@ -13,12 +15,23 @@ import gpusched
 from gpusched.controller.events import Events, notify_in
 from gpusched.controller.http import Request, Router
 from gpusched.adminconfig import parse_admin_config
+from gpusched.core.fairshare import FairShareTree
+from gpusched.core.model import Policy
+from gpusched.core.plan import job_priorities
 from gpusched.db import agents, jobs
 from gpusched.db.admin import apply_config, plan_changes
+from gpusched.db.schedule import load_snapshot
 from gpusched.db.models import Allocation, Gpu, Node
 from gpusched.errors import PermissionDenied, UsageError
 
 MAX_POLL_WAIT = 60.0
+
+
+def _ids(text: str) -> set[int]:
+    try:
+        return {int(i) for i in text.split(",") if i}
+    except ValueError:
+        raise UsageError(f"ids: expected job ids separated by commas, got {text!r}") from None
 
 
 def _job_id(request: Request) -> int:
@@ -33,7 +46,9 @@ class Api:
 
     def __init__(self, sessions: sessionmaker[Session], events: Events,
                  is_leader: Callable[[], bool],
-                 pass_stats: Callable[[], dict[str, Any]] = dict) -> None:
+                 pass_stats: Callable[[], dict[str, Any]] = dict,
+                 policy: Policy | None = None) -> None:
+        self.policy = policy or Policy()
         self.sessions = sessions
         self.events = events
         self.is_leader = is_leader
@@ -50,6 +65,8 @@ class Api:
         r.add("POST", "/v1/jobs/{job_id}/cancel", self.cancel)
         r.add("GET", "/v1/nodes", self.nodes)
         r.add("POST", "/v1/admin/apply", self.admin_apply)
+        r.add("GET", "/v1/priority", self.priority)
+        r.add("GET", "/v1/share", self.share)
         r.add("POST", "/agent/v1/register", self.register)
         r.add("GET", "/agent/v1/work", self.work)
         r.add("POST", "/agent/v1/jobs/{job_id}/launched", self.launched)
@@ -60,6 +77,29 @@ class Api:
     def who(request: Request) -> jobs.Identity:
         """The caller as the kernel reported it."""
         return jobs.Identity(request.caller.uid, request.caller.gid)
+
+    def priority(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Pending jobs' priority factors, highest first (``?ids=`` to choose jobs)."""
+        wanted = _ids(request.query.get("ids", ""))
+        with self.sessions() as session:
+            snapshot, _ = load_snapshot(session)
+        owners = {j.job_id: (j.user, j.account) for j in snapshot.pending}
+        rows = [
+            {"job_id": b.job_id, "user": owners[b.job_id][0], "account": owners[b.job_id][1],
+             "priority": b.total, "age": b.age, "fairshare": b.fairshare,
+             "job_size": b.job_size, "partition": b.partition, "qos": b.qos}
+            for b in job_priorities(snapshot, time.time(), self.policy)
+            if not wanted or b.job_id in wanted
+        ]
+        return 200, {"jobs": rows, "weights": asdict(self.policy.weights)}
+
+    def share(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The fair-share tree with shares, usage and factors, depth first."""
+        with self.sessions() as session:
+            snapshot, _ = load_snapshot(session)
+        tree = FairShareTree(snapshot.accounts, snapshot.user_shares)
+        rows = tree.report(snapshot.usage, self.policy.fairshare)
+        return 200, {"method": self.policy.fairshare, "rows": [asdict(r) for r in rows]}
 
     def _require_admin(self, request: Request) -> None:
         if request.caller.uid not in (0, self.own_uid):

@@ -46,7 +46,7 @@ class Controller:
         self.events = Events()
         self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy())
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
-                  lambda: asdict(self.scheduler.stats))
+                  lambda: asdict(self.scheduler.stats), config.scheduler.policy())
         self.server = UnixHttpServer(config.controller.socket, api.router(),
                                      config.controller.socket_mode)
         self.periodic = BackgroundScheduler(daemon=True)

@@ -64,6 +64,20 @@ def accrue(usage: float, elapsed: float, half_life: float, billed_rate: float) -
     return decay(usage, elapsed, half_life) + billed_rate * (1 - math.exp(-k * elapsed)) / k
 
 
+@dataclass(frozen=True, slots=True)
+class ShareRow:
+    """One line of ``gpusched share``: an account, or a user within an account."""
+
+    depth: int
+    account: str
+    user: str | None
+    shares: int
+    norm_shares: float
+    raw_usage: float
+    effective_usage: float
+    fairshare: float | None  # users only
+
+
 class FairShareTree:
     """The account tree, ready to rank users for a given usage."""
 
@@ -115,6 +129,32 @@ class FairShareTree:
 
         walk(ROOT, 1.0)
         return result
+
+    def report(self, usage: Mapping[UserKey, float], method: str = "fair_tree") -> list[ShareRow]:
+        """The tree depth first, as ``sshare`` shows it: shares, usage and factors."""
+        factors = self.classic(usage) if method == "classic" else self.fair_tree(usage)
+        used = self.account_usage(usage)
+        grand = used[ROOT]
+        user_norm = self.normalized_shares()
+        rows: list[ShareRow] = []
+
+        def walk(name: str, depth: int, fraction: float) -> None:
+            account = self.accounts[name]
+            rows.append(ShareRow(depth, name, None, account.shares, fraction, used[name],
+                                 _ratio(used[name], grand), None))
+            kids = self._children[name]
+            users = self._user_children[name]
+            total = (sum(self.accounts[c].shares for c in kids)
+                     + sum(self.users[u].shares for u in users))
+            for key in users:
+                raw = usage.get(key, 0.0)
+                rows.append(ShareRow(depth + 1, name, key[0], self.users[key].shares,
+                                     user_norm[key], raw, _ratio(raw, grand), factors.get(key)))
+            for child in kids:
+                walk(child, depth + 1, fraction * _ratio(self.accounts[child].shares, total))
+
+        walk(ROOT, 0, 1.0)
+        return rows
 
     def classic(self, usage: Mapping[UserKey, float]) -> dict[UserKey, float]:
         """Classic factors ``2 ** (-U/S)`` for every user association."""

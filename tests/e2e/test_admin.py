@@ -66,3 +66,33 @@ def test_only_an_administrator_may_apply(cluster: Cluster, job_user: tuple[int, 
     refused = cluster.api_as(uid, gid, "POST", "/v1/admin/apply",
                              {"files": [{"source": "x", "data": {}}], "dry_run": True})
     assert "only an administrator" in refused["error"]
+
+
+def test_prio_and_share_show_the_pass_inputs(cluster: Cluster) -> None:
+    accounts = cluster.root / "accounts.toml"
+    accounts.write_text('[[account]]\nname = "ops"\nshares = 3\n[[account]]\nname = "lab"\n'
+                        '[[user]]\nname = "root"\naccounts = ["ops"]\n'
+                        '[[qos]]\nname = "normal"\npriority = 10\n[[qos]]\nname = "high"\npriority = 50\n')
+    assert admin(cluster, str(accounts)).returncode == 0
+    blocker = cluster.submit("--gpus", "4", "--wrap", "sleep 30")
+    cluster.wait_state(blocker, "RUNNING")
+    normal = cluster.submit("--gpus", "1", "--wrap", "true")
+    high = cluster.submit("--gpus", "1", "-q", "high", "--wrap", "true")
+
+    def gpusched(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "gpusched"), *args], capture_output=True, text=True,
+                              env=cluster.env, timeout=60)
+
+    import json
+    prio = json.loads(gpusched("prio", "--json").stdout)
+    assert [j["job_id"] for j in prio["jobs"]] == [high, normal]  # QOS high outranks age
+    assert prio["jobs"][0]["qos"] == 1.0 and prio["jobs"][1]["qos"] == 0.2
+    assert all(j["account"] == "ops" and j["fairshare"] == 1.0 for j in prio["jobs"])
+    table = gpusched("prio", str(normal)).stdout.splitlines()
+    assert table[0].split()[:4] == ["JOBID", "USER", "ACCOUNT", "PRIORITY"]
+    assert len(table) == 2 and table[1].split()[:3] == [str(normal), "root", "ops"]
+    share = json.loads(gpusched("share", "--json").stdout)
+    rows = [(r["account"], r["user"], r["shares"]) for r in share["rows"]]
+    assert rows == [("root", None, 1), ("lab", None, 1), ("ops", None, 3), ("ops", "root", 1)]
+    assert share["method"] == "fair_tree"
+    assert cluster.run("gcancel", str(blocker)).returncode == 0

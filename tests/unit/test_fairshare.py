@@ -146,3 +146,24 @@ def test_factors_are_deterministic_and_in_range(
     assert all(0 < f <= 1 for f in fair.values())
     assert max(fair.values()) == 1.0
     assert all(0 <= f <= 1 for f in tree.classic(usage).values())
+
+
+def test_report_walks_the_tree_like_sshare() -> None:
+    rows = three_level_tree().report(USAGE)
+    shown = [(r.depth, r.account, r.user, r.raw_usage, r.fairshare) for r in rows]
+    assert shown == [
+        (0, "root", None, 1000.0, None),
+        (1, "bio", None, 100.0, None),
+        (2, "bio", "dave", 100.0, 1.0),
+        (1, "physics", None, 900.0, None),
+        (2, "exp", None, 300.0, None),
+        (3, "exp", "bob", 300.0, 0.5),
+        (3, "exp", "carol", 0.0, 0.75),
+        (2, "theory", None, 600.0, None),
+        (3, "theory", "alice", 600.0, 0.25),
+    ]
+    physics = next(r for r in rows if r.account == "physics" and r.user is None)
+    assert (physics.norm_shares, physics.effective_usage) == (0.6, 0.9)
+    alice = rows[-1]
+    assert alice.norm_shares == pytest.approx(0.3)
+    assert three_level_tree().report(USAGE, "classic")[-1].fairshare == pytest.approx(0.25)
