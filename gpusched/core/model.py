@@ -60,6 +60,9 @@ class Reason(StrEnum):
     RESOURCES = "Resources"
     PRIORITY = "Priority"
     PARTITION_DOWN = "PartitionDown"
+    QOS_MAX_GPUS_PER_USER = "QOSMaxGPUPerUserLimit"
+    QOS_MAX_JOBS_PER_USER = "QOSMaxJobsPerUserLimit"
+    QOS_GRP_GPUS = "QOSGrpGPULimit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,18 @@ class RunningJob:
     job_id: int
     node: str
     gpu_uuids: tuple[str, ...]
+    user: str = ""
+    account: str | None = None
+    qos: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QosLimits:
+    """Limits of one QOS; None means no limit."""
+
+    max_gpus_per_user: int | None = None
+    max_jobs_per_user: int | None = None
+    grp_gpus: int | None = None  # GPUs all running jobs of one account may hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +147,7 @@ class Snapshot:
     user_shares: tuple[UserShare, ...] = ()
     usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
     qos_priority: Mapping[str, int] = field(default_factory=dict)
+    qos_limits: Mapping[str, QosLimits] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +166,9 @@ class Start:
     job_id: int
     node: str
     gpu_uuids: tuple[str, ...]
+    user: str = ""
+    account: str | None = None
+    qos: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

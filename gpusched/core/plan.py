@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpusched.core.fairshare import FairShareTree
+from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
     NodeView,
     Pending,
@@ -57,14 +58,16 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
 def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
-    Jobs are taken in priority order (``queue_order``). Within a partition the first
-    job that cannot be placed blocks the ones behind it (reason ``Priority``), so a
-    large job is never overtaken indefinitely; placement is the first node with enough
-    free GPUs.
+    Jobs are taken in priority order (``queue_order``). A job whose QOS limit is
+    reached waits with that limit as its reason and blocks nobody. Within a partition
+    the first job that cannot be placed blocks the ones behind it (reason ``Priority``),
+    so a large job is never overtaken indefinitely; placement is the first node with
+    enough free GPUs.
     """
     nodes_by_name = {node.name: node for node in snapshot.nodes}
     partitions = {part.name: part for part in snapshot.partitions}
     free = free_gpus_by_node(snapshot.nodes, snapshot.running)
+    limits = LimitTracker(snapshot.qos_limits, snapshot.running)
     blocked: set[str] = set()
     starts: list[Start] = []
     pending: list[Pending] = []
@@ -73,6 +76,11 @@ def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
         partition = partitions.get(job.partition)
         if partition is None or not partition.up:
             pending.append(Pending(job.job_id, Reason.PARTITION_DOWN))
+            continue
+        held_back = limits.blocking(job)
+        if held_back is not None:
+            # A job held by its own QOS limit does not hold back the jobs behind it.
+            pending.append(Pending(job.job_id, held_back))
             continue
         if job.partition in blocked or len(starts) >= policy.max_starts_per_pass:
             pending.append(Pending(job.job_id, Reason.PRIORITY))
@@ -89,5 +97,6 @@ def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
         taken = {gpu.uuid for gpu in gpus}
         free[node_name] = [gpu for gpu in free[node_name] if gpu.uuid not in taken]
         starts.append(Start(job.job_id, node_name, tuple(gpu.uuid for gpu in gpus)))
+        limits.started(job)
 
     return Plan(starts=tuple(starts), pending=tuple(pending))

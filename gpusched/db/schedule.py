@@ -14,6 +14,7 @@ from gpusched.core.model import (
     PartitionView,
     PendingJob,
     Plan,
+    QosLimits,
     Reason,
     RunningJob,
     Snapshot,
@@ -65,14 +66,19 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
                    Job.reason, Job.user_name, Job.account, Job.qos).where(Job.state == "PENDING"))
     )
-    held: dict[int, tuple[str, list[str]]] = {}
-    for job_id, node_name, uuid in session.execute(
-        select(Allocation.job_id, Node.name, Gpu.uuid)
-        .join(Gpu, Gpu.id == Allocation.gpu_id).join(Node, Node.id == Allocation.node_id)
-        .where(Allocation.released_at.is_(None))
+    gpus_of: dict[int, list[str]] = {}
+    for job_id, uuid in session.execute(
+        select(Allocation.job_id, Gpu.uuid).join(Gpu, Gpu.id == Allocation.gpu_id)
+        .where(Allocation.released_at.is_(None)).order_by(Allocation.job_id, Gpu.index)
     ):
-        held.setdefault(job_id, (node_name, []))[1].append(uuid)
-    running = tuple(RunningJob(j, node, tuple(uuids)) for j, (node, uuids) in held.items())
+        gpus_of.setdefault(job_id, []).append(uuid)
+    # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
+    running = tuple(
+        RunningJob(job_id, node_name, tuple(gpus_of.get(job_id, ())), user, account, qos)
+        for job_id, node_name, user, account, qos in session.execute(
+            select(Job.id, Node.name, Job.user_name, Job.account, Job.qos)
+            .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING"))
+    )
     snapshot = Snapshot(
         nodes=nodes, partitions=partitions, pending=pending, running=running,
         accounts=tuple(CoreAccount(name, parent, shares) for name, parent, shares in session.execute(
@@ -83,6 +89,9 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
         usage={(u, a): value for u, a, value in session.execute(
             select(FairShareUsage.user_name, FairShareUsage.account, FairShareUsage.usage))},
         qos_priority=dict(session.execute(select(Qos.name, Qos.priority)).all()),
+        qos_limits={name: QosLimits(per_user_gpus, per_user_jobs, grp) for name, per_user_gpus,
+                    per_user_jobs, grp in session.execute(select(
+                        Qos.name, Qos.max_gpus_per_user, Qos.max_jobs_per_user, Qos.grp_gpus))},
     )
     return snapshot, {name: nid for nid, name, _, _ in node_rows}
 

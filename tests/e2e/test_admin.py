@@ -96,3 +96,18 @@ def test_prio_and_share_show_the_pass_inputs(cluster: Cluster) -> None:
     assert rows == [("root", None, 1), ("lab", None, 1), ("ops", None, 3), ("ops", "root", 1)]
     assert share["method"] == "fair_tree"
     assert cluster.run("gcancel", str(blocker)).returncode == 0
+
+
+def test_qos_limit_holds_a_job_with_its_reason(cluster: Cluster) -> None:
+    accounts = cluster.root / "limits.toml"
+    accounts.write_text('[[account]]\nname = "ops"\n[[user]]\nname = "root"\naccounts = ["ops"]\n'
+                        '[[qos]]\nname = "normal"\nmax_jobs_per_user = 1\n')
+    assert admin(cluster, str(accounts)).returncode == 0
+    hold = 'while [ ! -e go ]; do sleep 0.05; done'
+    first = cluster.submit("--gpus", "1", "--wrap", hold)
+    second = cluster.submit("--gpus", "1", "--wrap", "true")
+    cluster.wait_state(first, "RUNNING")
+    wait_for(lambda: cluster.job(second)["reason"] == "QOSMaxJobsPerUserLimit",
+             what="the QOS reason", seen=lambda: cluster.job(second))
+    (cluster.work / "go").touch()
+    cluster.wait_state(second, "COMPLETED")

@@ -1,0 +1,45 @@
+"""QOS limits during a pass: what running jobs hold, and whether one more job fits."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from gpusched.core.model import PendingJob, QosLimits, Reason, RunningJob
+
+
+class LimitTracker:
+    """Per-QOS holdings by user and by account, updated as the pass starts jobs."""
+
+    def __init__(self, limits: Mapping[str, QosLimits], running: Iterable[RunningJob]) -> None:
+        self.limits = limits
+        self.user_gpus: Counter[tuple[str, str]] = Counter()
+        self.user_jobs: Counter[tuple[str, str]] = Counter()
+        self.account_gpus: Counter[tuple[str, str | None]] = Counter()
+        for job in running:
+            if job.qos is not None:
+                self._add(job.qos, job.user, job.account, len(job.gpu_uuids))
+
+    def _add(self, qos: str, user: str, account: str | None, gpus: int) -> None:
+        self.user_gpus[(qos, user)] += gpus
+        self.user_jobs[(qos, user)] += 1
+        self.account_gpus[(qos, account)] += gpus
+
+    def blocking(self, job: PendingJob) -> Reason | None:
+        """The limit that starting ``job`` now would break, if any."""
+        limits = self.limits.get(job.qos or "")
+        if limits is None or job.qos is None:
+            return None
+        key = (job.qos, job.user)
+        if limits.max_jobs_per_user is not None and self.user_jobs[key] + 1 > limits.max_jobs_per_user:
+            return Reason.QOS_MAX_JOBS_PER_USER
+        if limits.max_gpus_per_user is not None and self.user_gpus[key] + job.gpus > limits.max_gpus_per_user:
+            return Reason.QOS_MAX_GPUS_PER_USER
+        if limits.grp_gpus is not None and self.account_gpus[(job.qos, job.account)] + job.gpus > limits.grp_gpus:
+            return Reason.QOS_GRP_GPUS
+        return None
+
+    def started(self, job: PendingJob) -> None:
+        """Count a job this pass starts."""
+        if job.qos is not None:
+            self._add(job.qos, job.user, job.account, job.gpus)
