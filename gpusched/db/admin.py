@@ -31,9 +31,8 @@ def _show(key: str, value: Any) -> str:
     return str(value)
 
 
-def _diff_rows(kind: str, current: Mapping[str, Row], desired: Mapping[str, Row],
-               removal: str = "-") -> list[str]:
-    """Lines ``+ kind name``, ``~ kind name: key old -> new``, ``- kind name``."""
+def _diff_rows(kind: str, current: Mapping[str, Row], desired: Mapping[str, Row]) -> list[str]:
+    """Lines ``+ kind name (...)`` and ``~ kind name: key old -> new``; removals are the caller's."""
     lines = []
     for name, row in desired.items():
         if name not in current:
@@ -44,9 +43,6 @@ def _diff_rows(kind: str, current: Mapping[str, Row], desired: Mapping[str, Row]
                    for k, v in row.items() if _norm(current[name].get(k)) != _norm(v)]
         if changes:
             lines.append(f"~ {kind} {name}: " + "; ".join(changes))
-    for name in current:
-        if name not in desired:
-            lines.append(f"{removal} {kind} {name}")
     return lines
 
 
@@ -118,18 +114,14 @@ def plan_changes(session: Session, config: AdminConfig) -> list[str]:
     current = current_state(session, set(desired))
     lines: list[str] = []
     for kind, rows in desired.items():
-        if kind == "partition":
-            still = {n: r for n, r in current[kind].items() if n in rows or r["state"] != "INACTIVE"}
-            lines += _diff_rows(kind, still, rows, removal="~ (state -> INACTIVE)")
+        lines += _diff_rows(kind, current[kind], rows)
+        gone = [name for name in current[kind] if name not in rows]
+        if kind == "partition":  # never deleted: ended jobs refer to them
+            lines += [f"~ partition {name}: state -> INACTIVE" for name in gone
+                      if current[kind][name]["state"] != "INACTIVE"]
         else:
-            lines += _diff_rows(kind, current[kind], rows)
-    return [_tidy(line) for line in lines]
-
-
-def _tidy(line: str) -> str:
-    if line.startswith("~ (state -> INACTIVE) "):
-        return "~ " + line[len("~ (state -> INACTIVE) "):] + ": state -> INACTIVE"
-    return line
+            lines += [f"- {kind} {name}" for name in gone]
+    return lines
 
 
 def apply_config(session: Session, config: AdminConfig) -> list[str]:
