@@ -63,6 +63,9 @@ class Reason(StrEnum):
     QOS_MAX_GPUS_PER_USER = "QOSMaxGPUPerUserLimit"
     QOS_MAX_JOBS_PER_USER = "QOSMaxJobsPerUserLimit"
     QOS_GRP_GPUS = "QOSGrpGPULimit"
+    JOB_HELD_USER = "JobHeldUser"
+    JOB_HELD_ADMIN = "JobHeldAdmin"
+    BEGIN_TIME = "BeginTime"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,13 @@ class PendingJob:
     user: str = ""
     account: str | None = None
     qos: str | None = None
+    hold: str | None = None  # "user" or "admin"
+    begin_time: float | None = None
+
+    @property
+    def eligible_time(self) -> float:
+        """When the job could first run: age is counted from here."""
+        return self.submit_time if self.begin_time is None else max(self.submit_time, self.begin_time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +176,6 @@ class Start:
     job_id: int
     node: str
     gpu_uuids: tuple[str, ...]
-    user: str = ""
-    account: str | None = None
-    qos: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
         max_qos_priority=max(snapshot.qos_priority.values(), default=0),
     )
     inputs = (
-        PriorityInput(job.job_id, job.submit_time, job.gpus,
+        PriorityInput(job.job_id, job.eligible_time, job.gpus,
                       # Jobs charging no account (none configured) are all treated alike.
                       factors.get((job.user, job.account), 1.0) if job.account else 1.0,
                       tiers.get(job.partition, 0), snapshot.qos_priority.get(job.qos or "", 0))
@@ -53,6 +53,17 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
     ranked = job_priorities(snapshot, now, policy)
     rank = {b.job_id: (-b.total, by_id[b.job_id].submit_time, b.job_id) for b in ranked}
     return sorted(snapshot.pending, key=lambda job: rank[job.job_id])
+
+
+def _not_eligible(job: PendingJob, now: float) -> Reason | None:
+    """A hold or a begin time still in the future."""
+    if job.hold == "admin":
+        return Reason.JOB_HELD_ADMIN
+    if job.hold is not None:
+        return Reason.JOB_HELD_USER
+    if job.begin_time is not None and job.begin_time > now:
+        return Reason.BEGIN_TIME
+    return None
 
 
 def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
@@ -77,9 +88,9 @@ def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
         if partition is None or not partition.up:
             pending.append(Pending(job.job_id, Reason.PARTITION_DOWN))
             continue
-        held_back = limits.blocking(job)
+        held_back = _not_eligible(job, now) or limits.blocking(job)
         if held_back is not None:
-            # A job held by its own QOS limit does not hold back the jobs behind it.
+            # A held job, or one held by its own QOS limit, holds back nobody behind it.
             pending.append(Pending(job.job_id, held_back))
             continue
         if job.partition in blocked or len(starts) >= policy.max_starts_per_pass:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 
 _FORMS = (
     # D-H, D-H:M, D-H:M:S
@@ -56,3 +57,45 @@ def format_duration(seconds: float | None) -> str:
     if hours:
         return f"{hours}:{minutes:02d}:{secs:02d}"
     return f"{minutes}:{secs:02d}"
+
+
+_UNITS = {"": 1, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+          "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+          "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400,
+          "w": 604800, "week": 604800, "weeks": 604800}
+_WORDS = {"midnight": (0, 0), "noon": (12, 0), "teatime": (16, 0)}
+
+
+def parse_begin(text: str, now: datetime) -> datetime:
+    """Slurm's ``--begin`` forms, relative to the aware datetime ``now``.
+
+    ``now[+N[units]]``, ``HH:MM[:SS]`` (today, or tomorrow once past), ``YYYY-MM-DD``,
+    ``YYYY-MM-DDTHH:MM[:SS]``, ``today``, ``tomorrow``, ``midnight``, ``noon``,
+    ``teatime`` (16:00). Times without a zone are in ``now``'s zone.
+    """
+    value = text.strip().lower()
+    relative = re.fullmatch(r"now(?:\+(\d+)([a-z]*))?", value)
+    if relative:
+        count, unit = relative[1], relative[2] or ""
+        if unit not in _UNITS:
+            raise TimeFormatError(f"invalid --begin {text!r}: unknown unit {unit!r}")
+        return now + timedelta(seconds=int(count or 0) * _UNITS[unit])
+    if value in ("today", "tomorrow"):
+        day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        return day + timedelta(days=1) if value == "tomorrow" else day
+    clock = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", value)
+    if clock or value in _WORDS:
+        hour, minute = _WORDS[value] if value in _WORDS else (int(clock[1]), int(clock[2]))  # type: ignore[index]
+        second = int(clock[3]) if clock and clock[3] else 0
+        try:
+            at = now.replace(hour=hour, minute=minute, second=second, microsecond=0)
+        except ValueError:
+            raise TimeFormatError(f"invalid --begin {text!r}: no such time of day") from None
+        return at if at > now else at + timedelta(days=1)
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise TimeFormatError(
+            f"invalid --begin {text!r}: expected now+N[units], HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]], "
+            f"today, tomorrow, midnight, noon or teatime") from None
+    return at if at.tzinfo else at.replace(tzinfo=now.tzinfo)

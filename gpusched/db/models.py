@@ -124,6 +124,7 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint(_in("state", JOB_STATES), name="state"),
         CheckConstraint("gpus >= 0", name="gpus"),
+        CheckConstraint("hold IN ('user', 'admin')", name="hold"),
         Index(
             "ix_jobs_active", "state", "submit_time",
             postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
@@ -138,6 +139,8 @@ class Job(Base):
     partition: Mapped[str] = mapped_column(ForeignKey("partitions.name"))
     account: Mapped[str | None] = mapped_column(Text)
     qos: Mapped[str | None] = mapped_column(Text)
+    hold: Mapped[str | None] = mapped_column(Text)  # None, 'user' or 'admin'
+    begin_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     state: Mapped[str] = mapped_column(Text, server_default=text("'PENDING'"))
     reason: Mapped[str] = mapped_column(Text, server_default=text("'None'"))
     gpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.core.timefmt import TimeFormatError, format_duration, parse_time_limit
+from gpusched.core.timefmt import TimeFormatError, format_duration, parse_begin, parse_time_limit
 
 
 @pytest.mark.parametrize(
@@ -71,3 +73,30 @@ def test_format_duration_like_squeue(seconds: float | None, text: str) -> None:
 @given(st.integers(min_value=1, max_value=400 * 86400))
 def test_formatted_durations_parse_back(seconds: int) -> None:
     assert parse_time_limit(format_duration(seconds)) == seconds
+
+
+NOW = datetime(2026, 11, 22, 15, 30, 0, tzinfo=timezone(timedelta(hours=1)))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("now", NOW),
+    ("now+90", NOW + timedelta(seconds=90)),
+    ("now+2hours", NOW + timedelta(hours=2)),
+    ("now+1d", NOW + timedelta(days=1)),
+    ("16:00", NOW.replace(hour=16, minute=0)),
+    ("15:00:30", NOW.replace(hour=15, minute=0, second=30) + timedelta(days=1)),  # past: tomorrow
+    ("teatime", NOW.replace(hour=16, minute=0)),
+    ("midnight", NOW.replace(hour=0, minute=0) + timedelta(days=1)),
+    ("tomorrow", NOW.replace(hour=0, minute=0) + timedelta(days=1)),
+    ("2026-12-24", datetime(2026, 12, 24, tzinfo=NOW.tzinfo)),
+    ("2026-12-24T18:30", datetime(2026, 12, 24, 18, 30, tzinfo=NOW.tzinfo)),
+    ("2026-12-24T18:30:00+00:00", datetime(2026, 12, 24, 18, 30, tzinfo=timezone.utc)),
+])
+def test_begin_forms(text: str, expected: datetime) -> None:
+    assert parse_begin(text, NOW) == expected
+
+
+@pytest.mark.parametrize("text", ["now+3fortnights", "25:00", "yesterdayish", "2026-13-01"])
+def test_bad_begin(text: str) -> None:
+    with pytest.raises(TimeFormatError, match="--begin"):
+        parse_begin(text, NOW)
