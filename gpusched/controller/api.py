@@ -63,6 +63,8 @@ class Api:
         r.add("GET", "/v1/jobs", self.list_jobs)
         r.add("GET", "/v1/jobs/{job_id}", self.get_job)
         r.add("POST", "/v1/jobs/{job_id}/cancel", self.cancel)
+        r.add("POST", "/v1/jobs/{job_id}/hold", self.hold)
+        r.add("POST", "/v1/jobs/{job_id}/release", self.release)
         r.add("GET", "/v1/nodes", self.nodes)
         r.add("POST", "/v1/admin/apply", self.admin_apply)
         r.add("GET", "/v1/priority", self.priority)
@@ -158,6 +160,23 @@ class Api:
             notify_in(session, "sched", *([f"node:{node}"] if node else []))
         if node:
             self.events.wake_node(node)
+        self.events.wake_scheduler()
+        with self.sessions() as session:
+            return 200, jobs.get_job(session, job_id, self.who(request))
+
+    def hold(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Hold a pending job: it stays queued but is not started."""
+        return self._set_hold(request, True)
+
+    def release(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Release a held job; an admin hold needs an admin."""
+        return self._set_hold(request, False)
+
+    def _set_hold(self, request: Request, hold: bool) -> tuple[int, dict[str, Any]]:
+        job_id = _job_id(request)
+        with self.sessions() as session, session.begin():
+            jobs.set_hold(session, job_id, self.who(request), hold)
+            notify_in(session, "sched")
         self.events.wake_scheduler()
         with self.sessions() as session:
             return 200, jobs.get_job(session, job_id, self.who(request))

@@ -107,6 +107,40 @@ def _choose_qos(session: Session, requested: str | None, time_limit: int | None)
     return qos.name
 
 
+def _begin_time(value: object) -> datetime | None:
+    if value is None:
+        return None
+    expected = "an ISO 8601 time with a zone, such as 2026-12-24T18:30:00+00:00"
+    if not isinstance(value, str):
+        raise UsageError(f"begin_time: expected {expected}, got {value!r}")
+    try:
+        begin = datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(f"begin_time: expected {expected}, got {value!r}") from None
+    if begin.tzinfo is None:
+        raise UsageError(f"begin_time: expected {expected}, got {value!r}")
+    return begin
+
+
+def set_hold(session: Session, job_id: int, who: Identity, hold: bool) -> Job:
+    """Hold a pending job (an admin's hold is an admin hold) or release it."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"invalid job id specified: {job_id}")
+    if job.uid != who.uid and not who.is_admin:
+        raise PermissionDenied(f"job {job_id} belongs to {job.user_name}; you may hold or "
+                               f"release only your own jobs")
+    if not hold and job.hold == "admin" and not who.is_admin:
+        raise PermissionDenied(f"job {job_id} is held by an administrator; only one may release it")
+    value = ("admin" if who.is_admin else "user") if hold else None
+    changed = rowcount(session.execute(
+        update(Job).where(Job.id == job_id, Job.state == "PENDING").values(hold=value)))
+    session.refresh(job)
+    if not changed:
+        raise Conflict(f"job {job_id} is {job.state}: only pending jobs can be held or released")
+    return job
+
+
 def _largest_node(session: Session, part: Partition) -> int | None:
     """Most GPUs on any registered node of ``part``; None when it has no nodes yet."""
     count = func.count(Gpu.id).filter(Gpu.present, Gpu.parent_id.is_(None))
@@ -168,12 +202,14 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         raise UsageError(
             f"requested {gpus} GPUs, but no node in partition {part.name} has more than {largest}"
         )
+    begin = _begin_time(body.get("begin_time"))
+    hold = "user" if _field(body, "hold", bool, False, "true or false") else None
     user = who.user
     account = _choose_account(session, user, _field(body, "account", str, None, "an account"), part)
     qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
     job = Job(
         name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
-        account=account, qos=qos,
+        account=account, qos=qos, hold=hold, begin_time=begin,
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
         environment=env, output=output, error=error,
     )
@@ -236,7 +272,8 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         "job_id": job.id, "name": job.name, "user": job.user_name, "uid": job.uid,
         "partition": job.partition, "account": job.account, "qos": job.qos,
         "state": job.state, "reason": job.reason,
-        "gpus": job.gpus, "time_limit": job.time_limit,
+        "gpus": job.gpus, "time_limit": job.time_limit, "hold": job.hold,
+        "begin_time": _iso(job.begin_time),
         "submit_time": _iso(job.submit_time), "start_time": _iso(job.start_time),
         "end_time": _iso(job.end_time), "node": node, "gpu_uuids": uuids,
         "exit_code": job.exit_code, "signal": job.signal, "error_message": job.error_message,

@@ -61,10 +61,12 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     )
     pending = tuple(
         PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason), user,
-                   account, qos)
-        for jid, part, n, uid, submitted, limit, reason, user, account, qos in session.execute(
+                   account, qos, hold, begin.timestamp() if begin else None)
+        for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin in
+        session.execute(
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
-                   Job.reason, Job.user_name, Job.account, Job.qos).where(Job.state == "PENDING"))
+                   Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time)
+            .where(Job.state == "PENDING"))
     )
     gpus_of: dict[int, list[str]] = {}
     for job_id, uuid in session.execute(
