@@ -12,16 +12,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import gpusched
+from gpusched.adminconfig import parse_admin_config
 from gpusched.controller.events import Events, notify_in
 from gpusched.controller.http import Request, Router
-from gpusched.adminconfig import parse_admin_config
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
 from gpusched.core.plan import job_priorities
 from gpusched.db import agents, jobs
 from gpusched.db.admin import apply_config, plan_changes
-from gpusched.db.schedule import load_snapshot
 from gpusched.db.models import Allocation, Gpu, Node
+from gpusched.db.schedule import load_snapshot
 from gpusched.errors import PermissionDenied, UsageError
 
 MAX_POLL_WAIT = 60.0

@@ -66,6 +66,8 @@ class Reason(StrEnum):
     JOB_HELD_USER = "JobHeldUser"
     JOB_HELD_ADMIN = "JobHeldAdmin"
     BEGIN_TIME = "BeginTime"
+    DEPENDENCY = "Dependency"
+    DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,8 @@ class PendingJob:
     qos: str | None = None
     hold: str | None = None  # "user" or "admin"
     begin_time: float | None = None
+    dependency: str | None = None  # sbatch's --dependency text, validated at submit
+    name: str = ""
 
     @property
     def eligible_time(self) -> float:
@@ -158,6 +162,8 @@ class Snapshot:
     usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
     qos_priority: Mapping[str, int] = field(default_factory=dict)
     qos_limits: Mapping[str, QosLimits] = field(default_factory=dict)
+    job_states: Mapping[int, JobState] = field(default_factory=dict)  # jobs named by dependencies
+    running_names: frozenset[tuple[str, str]] = frozenset()  # (user, job name) of running jobs
 
 
 @dataclass(frozen=True, slots=True)

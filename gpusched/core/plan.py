@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpusched.core.dependency import dependency_clauses, dependency_reason
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
@@ -15,7 +16,12 @@ from gpusched.core.model import (
     Start,
 )
 from gpusched.core.placement import first_fit, free_gpus_by_node
-from gpusched.core.priority import PriorityBreakdown, PriorityInput, PriorityScale, priorities
+from gpusched.core.priority import (
+    PriorityBreakdown,
+    PriorityInput,
+    PriorityScale,
+    priorities,
+)
 
 
 def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:
@@ -66,6 +72,13 @@ def _not_eligible(job: PendingJob, now: float) -> Reason | None:
     return None
 
 
+def _dependency(job: PendingJob, snapshot: Snapshot, busy: set[tuple[str, str]]) -> Reason | None:
+    if not job.dependency:
+        return None
+    return dependency_reason(dependency_clauses(job.dependency), snapshot.job_states,
+                             (job.user, job.name) in busy)
+
+
 def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
@@ -79,6 +92,7 @@ def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
     partitions = {part.name: part for part in snapshot.partitions}
     free = free_gpus_by_node(snapshot.nodes, snapshot.running)
     limits = LimitTracker(snapshot.qos_limits, snapshot.running)
+    busy_names = set(snapshot.running_names)
     blocked: set[str] = set()
     starts: list[Start] = []
     pending: list[Pending] = []
@@ -88,7 +102,8 @@ def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
         if partition is None or not partition.up:
             pending.append(Pending(job.job_id, Reason.PARTITION_DOWN))
             continue
-        held_back = _not_eligible(job, now) or limits.blocking(job)
+        held_back = (_not_eligible(job, now) or _dependency(job, snapshot, busy_names)
+                     or limits.blocking(job))
         if held_back is not None:
             # A held job, or one held by its own QOS limit, holds back nobody behind it.
             pending.append(Pending(job.job_id, held_back))
@@ -109,5 +124,6 @@ def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
         free[node_name] = [gpu for gpu in free[node_name] if gpu.uuid not in taken]
         starts.append(Start(job.job_id, node_name, tuple(gpu.uuid for gpu in gpus)))
         limits.started(job)
+        busy_names.add((job.user, job.name))
 
     return Plan(starts=tuple(starts), pending=tuple(pending))

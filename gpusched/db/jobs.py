@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from gpusched.core.dependency import DependencyError, parse_dependency
 from gpusched.core.timefmt import format_duration
 from gpusched.db.engine import rowcount
 from gpusched.db.models import AccountUser, Allocation, Gpu, Job, Node, Partition, Qos
@@ -105,6 +106,22 @@ def _choose_qos(session: Session, requested: str | None, time_limit: int | None)
         raise UsageError(f"time limit {format_duration(time_limit)} exceeds the MaxWall "
                          f"{format_duration(qos.max_wall)} of QOS {qos.name}")
     return qos.name
+
+
+def _dependency(session: Session, text: str | None) -> str | None:
+    """Validate a --dependency value: its grammar, and that the jobs it names exist."""
+    if text is None or not text.strip():
+        return None
+    try:
+        clauses = parse_dependency(text)
+    except DependencyError as exc:
+        raise UsageError(str(exc)) from None
+    named = {j for clause in clauses for j in clause.job_ids}
+    known = set(session.scalars(select(Job.id).where(Job.id.in_(named)))) if named else set()
+    missing = sorted(named - known)
+    if missing:
+        raise UsageError(f"invalid dependency: job {missing[0]} does not exist")
+    return ",".join(c.kind + "".join(f":{j}" for j in c.job_ids) for c in clauses)
 
 
 def _begin_time(value: object) -> datetime | None:
@@ -203,13 +220,14 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
             f"requested {gpus} GPUs, but no node in partition {part.name} has more than {largest}"
         )
     begin = _begin_time(body.get("begin_time"))
+    dependency = _dependency(session, _field(body, "dependency", str, None, "a dependency"))
     hold = "user" if _field(body, "hold", bool, False, "true or false") else None
     user = who.user
     account = _choose_account(session, user, _field(body, "account", str, None, "an account"), part)
     qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
     job = Job(
         name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
-        account=account, qos=qos, hold=hold, begin_time=begin,
+        account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
         environment=env, output=output, error=error,
     )
@@ -273,7 +291,7 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         "partition": job.partition, "account": job.account, "qos": job.qos,
         "state": job.state, "reason": job.reason,
         "gpus": job.gpus, "time_limit": job.time_limit, "hold": job.hold,
-        "begin_time": _iso(job.begin_time),
+        "begin_time": _iso(job.begin_time), "dependency": job.dependency,
         "submit_time": _iso(job.submit_time), "start_time": _iso(job.start_time),
         "end_time": _iso(job.end_time), "node": node, "gpu_uuids": uuids,
         "exit_code": job.exit_code, "signal": job.signal, "error_message": job.error_message,

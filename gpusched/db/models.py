@@ -141,6 +141,7 @@ class Job(Base):
     qos: Mapped[str | None] = mapped_column(Text)
     hold: Mapped[str | None] = mapped_column(Text)  # None, 'user' or 'admin'
     begin_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    dependency: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(Text, server_default=text("'PENDING'"))
     reason: Mapped[str] = mapped_column(Text, server_default=text("'None'"))
     gpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))

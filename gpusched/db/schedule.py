@@ -7,8 +7,12 @@ from datetime import UTC, datetime
 from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from gpusched.core.dependency import dependency_clauses
+from gpusched.core.fairshare import Account as CoreAccount
+from gpusched.core.fairshare import UserShare
 from gpusched.core.model import (
     GpuView,
+    JobState,
     NodeState,
     NodeView,
     PartitionView,
@@ -20,8 +24,6 @@ from gpusched.core.model import (
     Snapshot,
 )
 from gpusched.db.engine import rowcount
-from gpusched.core.fairshare import Account as CoreAccount
-from gpusched.core.fairshare import UserShare
 from gpusched.db.models import (
     Account,
     AccountUser,
@@ -61,11 +63,12 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     )
     pending = tuple(
         PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason), user,
-                   account, qos, hold, begin.timestamp() if begin else None)
-        for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin in
-        session.execute(
+                   account, qos, hold, begin.timestamp() if begin else None, dependency, name)
+        for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
+        dependency, name in session.execute(
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
-                   Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time)
+                   Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
+                   Job.dependency, Job.name)
             .where(Job.state == "PENDING"))
     )
     gpus_of: dict[int, list[str]] = {}
@@ -75,12 +78,17 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     ):
         gpus_of.setdefault(job_id, []).append(uuid)
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
+    running_rows = session.execute(
+        select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name)
+        .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING")).all()
     running = tuple(
         RunningJob(job_id, node_name, tuple(gpus_of.get(job_id, ())), user, account, qos)
-        for job_id, node_name, user, account, qos in session.execute(
-            select(Job.id, Node.name, Job.user_name, Job.account, Job.qos)
-            .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING"))
+        for job_id, node_name, user, account, qos, _ in running_rows
     )
+    named = {j for job in pending if job.dependency for c in dependency_clauses(job.dependency)
+             for j in c.job_ids}
+    job_states = {job_id: JobState(state) for job_id, state in session.execute(
+        select(Job.id, Job.state).where(Job.id.in_(named)))} if named else {}
     snapshot = Snapshot(
         nodes=nodes, partitions=partitions, pending=pending, running=running,
         accounts=tuple(CoreAccount(name, parent, shares) for name, parent, shares in session.execute(
@@ -91,6 +99,8 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
         usage={(u, a): value for u, a, value in session.execute(
             select(FairShareUsage.user_name, FairShareUsage.account, FairShareUsage.usage))},
         qos_priority=dict(session.execute(select(Qos.name, Qos.priority)).all()),
+        job_states=job_states,
+        running_names=frozenset((user, name) for _, _, user, _, _, name in running_rows),
         qos_limits={name: QosLimits(per_user_gpus, per_user_jobs, grp) for name, per_user_gpus,
                     per_user_jobs, grp in session.execute(select(
                         Qos.name, Qos.max_gpus_per_user, Qos.max_jobs_per_user, Qos.grp_gpus))},

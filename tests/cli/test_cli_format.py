@@ -89,7 +89,7 @@ def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
     body = gsubmit.submission_body(sub, work_dir="/w", environment={"A": "1"})
     assert body == {
         "script": sub.script, "args": [], "name": "n", "gpus": 0, "time_limit": None,
-        "partition": None, "account": "bio", "qos": None, "hold": False, "begin_time": None,
+        "partition": None, "account": "bio", "qos": None, "hold": False, "begin_time": None, "dependency": None,
         "work_dir": "/w",
         "environment": {"A": "1"}, "output": "o.txt", "error": None,
     }

@@ -44,3 +44,22 @@ def test_begin_time_waits_then_runs(cluster: Cluster) -> None:
     bad = cluster.run("gsubmit", "--begin", "whenever", "--wrap", "true")
     assert bad.returncode == 2 and "--begin" in bad.stderr
     assert cluster.run("gcontrol", "hold", "abc").returncode == 2
+
+
+def test_dependencies_chain_and_a_failed_parent(cluster: Cluster) -> None:
+    parent = cluster.submit("--wrap", "while [ ! -e go ]; do sleep 0.05; done; exit 1")
+    child_ok = cluster.submit("--dependency", f"afterok:{parent}", "--wrap", "true")
+    child_any = cluster.submit("-d", f"afterany:{parent}", "--wrap", "true")
+    child_not = cluster.submit(f"--dependency=afternotok:{parent}", "--wrap", "true")
+    for job_id in (child_ok, child_any, child_not):
+        _reason(cluster, job_id, "Dependency")
+    (cluster.work / "go").touch()
+    assert cluster.wait_state(parent, "FAILED")["exit_code"] == 1
+    cluster.wait_state(child_any, "COMPLETED")
+    cluster.wait_state(child_not, "COMPLETED")
+    _reason(cluster, child_ok, "DependencyNeverSatisfied")
+    assert cluster.job(child_ok)["dependency"] == f"afterok:{parent}"
+    bad = cluster.run("gsubmit", "-d", "afterok:99999", "--wrap", "true")
+    assert bad.returncode == 2 and "job 99999 does not exist" in bad.stderr
+    bad = cluster.run("gsubmit", "-d", "whenever:1", "--wrap", "true")
+    assert bad.returncode == 2 and "invalid dependency" in bad.stderr

@@ -1,0 +1,91 @@
+"""Job dependencies, as sbatch's ``--dependency``: parse them, and judge them (pure).
+
+``afterok:ID[:ID...]`` waits for those jobs to complete successfully; ``afternotok``
+for them to end unsuccessfully; ``afterany`` for them to end at all; ``singleton`` for
+no other job of the same name and user to be running. Several, comma-separated, must all
+be satisfied. A dependency that can no longer be met (afterok on a failed job) leaves
+the job pending with reason ``DependencyNeverSatisfied``, as Slurm does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+
+from gpusched.core.model import JobState, Reason
+
+
+class DependencyError(ValueError):
+    """The dependency text is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """One clause: a kind and the jobs it names (none for singleton)."""
+
+    kind: str
+    job_ids: tuple[int, ...] = ()
+
+
+KINDS = ("afterok", "afternotok", "afterany", "singleton")
+
+
+class Verdict(Enum):
+    """How a clause stands right now."""
+
+    MET = 1
+    WAITING = 2
+    NEVER = 3
+
+
+def parse_dependency(text: str) -> tuple[Dependency, ...]:
+    """Clauses of a ``--dependency`` value such as ``afterok:12:13,singleton``."""
+    clauses: list[Dependency] = []
+    for raw in text.split(","):
+        kind, _, rest = raw.strip().partition(":")
+        if kind not in KINDS:
+            raise DependencyError(f"invalid dependency {raw.strip()!r}: expected one of "
+                                  f"{', '.join(KINDS)}")
+        if kind == "singleton":
+            if rest:
+                raise DependencyError("invalid dependency: singleton takes no job ids")
+            clauses.append(Dependency(kind))
+            continue
+        ids = rest.split(":") if rest else []
+        if not ids or not all(i.isascii() and i.isdigit() and int(i) > 0 for i in ids):
+            raise DependencyError(f"invalid dependency {raw.strip()!r}: expected {kind}:ID[:ID...]")
+        clauses.append(Dependency(kind, tuple(int(i) for i in ids)))
+    return tuple(clauses)
+
+
+@lru_cache(maxsize=4096)
+def dependency_clauses(text: str) -> tuple[Dependency, ...]:
+    """``parse_dependency``, cached: every pass sees the same stored texts again."""
+    return parse_dependency(text)
+
+
+def _clause(dep: Dependency, states: Mapping[int, JobState]) -> Verdict:
+    ended = [states[j] for j in dep.job_ids if j in states and states[j].terminal]
+    if dep.kind == "afterok" and any(s is not JobState.COMPLETED for s in ended):
+        return Verdict.NEVER
+    if dep.kind == "afternotok" and any(s is JobState.COMPLETED for s in ended):
+        return Verdict.NEVER
+    return Verdict.MET if len(ended) == len(dep.job_ids) else Verdict.WAITING
+
+
+def dependency_reason(deps: tuple[Dependency, ...], states: Mapping[int, JobState],
+                      singleton_busy: bool) -> Reason | None:
+    """Why the dependencies hold the job back now, or None when all are met.
+
+    ``states`` has the state of every job the clauses name (a missing one counts as not
+    ended); ``singleton_busy`` says whether a same-named job of the user runs.
+    """
+    verdicts = [Verdict.WAITING if d.kind == "singleton" and singleton_busy
+                else Verdict.MET if d.kind == "singleton" else _clause(d, states) for d in deps]
+    if Verdict.NEVER in verdicts:
+        return Reason.DEPENDENCY_NEVER_SATISFIED
+    if Verdict.WAITING in verdicts:
+        return Reason.DEPENDENCY
+    return None
