@@ -82,8 +82,9 @@ def _dependency(job: PendingJob, snapshot: Snapshot, busy: set[tuple[str, str]])
 def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
-    Jobs are taken in priority order (``queue_order``). A job whose QOS limit is
-    reached waits with that limit as its reason and blocks nobody. Within a partition
+    Jobs are taken in priority order (``queue_order``). A job that is held, waits for
+    its begin time or its dependencies, or is at its QOS limit waits with that reason
+    and blocks nobody. Within a partition
     the first job that cannot be placed blocks the ones behind it (reason ``Priority``),
     so a large job is never overtaken indefinitely; placement is the first node with
     enough free GPUs.
