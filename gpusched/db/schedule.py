@@ -37,8 +37,8 @@ from gpusched.db.models import (
 )
 
 
-def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
-    """Everything a pass needs, in a handful of queries; also node ids by name."""
+def _nodes(session: Session) -> tuple[tuple[NodeView, ...], dict[str, int]]:
+    """Nodes with their usable GPUs in index order, and node ids by name."""
     node_rows = session.execute(select(Node.id, Node.name, Node.state, Node.run_uid)
                                 .order_by(Node.name)).all()
     gpus: dict[int, list[GpuView]] = {}
@@ -52,8 +52,11 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
                  run_uid)
         for nid, name, state, run_uid in node_rows
     )
-    all_names = tuple(n.name for n in nodes)
-    partitions = tuple(
+    return nodes, {name: nid for nid, name, _, _ in node_rows}
+
+
+def _partitions(session: Session, all_names: tuple[str, ...]) -> tuple[PartitionView, ...]:
+    return tuple(
         # DRAIN refuses new submissions but still runs what is queued (as in Slurm).
         PartitionView(name, all_names if "*" in members else tuple(members),
                       state in ("UP", "DRAIN"), tier)
@@ -61,7 +64,10 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
             select(Partition.name, Partition.nodes, Partition.state, Partition.priority_tier)
             .order_by(Partition.name))
     )
-    pending = tuple(
+
+
+def _pending(session: Session) -> tuple[PendingJob, ...]:
+    return tuple(
         PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason), user,
                    account, qos, hold, begin.timestamp() if begin else None, dependency, name)
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
@@ -71,6 +77,10 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
                    Job.dependency, Job.name)
             .where(Job.state == "PENDING"))
     )
+
+
+def _running(session: Session) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
+    """Running jobs with their GPUs, and the (user, name) pairs singleton checks."""
     gpus_of: dict[int, list[str]] = {}
     for job_id, uuid in session.execute(
         select(Allocation.job_id, Gpu.uuid).join(Gpu, Gpu.id == Allocation.gpu_id)
@@ -78,19 +88,33 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     ):
         gpus_of.setdefault(job_id, []).append(uuid)
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
-    running_rows = session.execute(
+    rows = session.execute(
         select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name)
         .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING")).all()
-    running = tuple(
-        RunningJob(job_id, node_name, tuple(gpus_of.get(job_id, ())), user, account, qos)
-        for job_id, node_name, user, account, qos, _ in running_rows
-    )
+    running = tuple(RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos)
+                    for job_id, node, user, account, qos, _ in rows)
+    return running, frozenset((user, name) for _, _, user, _, _, name in rows)
+
+
+def _dependency_states(session: Session, pending: tuple[PendingJob, ...]) -> dict[int, JobState]:
     named = {j for job in pending if job.dependency for c in dependency_clauses(job.dependency)
              for j in c.job_ids}
-    job_states = {job_id: JobState(state) for job_id, state in session.execute(
-        select(Job.id, Job.state).where(Job.id.in_(named)))} if named else {}
+    if not named:
+        return {}
+    return {job_id: JobState(state) for job_id, state in session.execute(
+        select(Job.id, Job.state).where(Job.id.in_(named)))}
+
+
+def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
+    """Everything a pass needs, in a handful of queries; also node ids by name."""
+    nodes, node_ids = _nodes(session)
+    pending = _pending(session)
+    running, running_names = _running(session)
+    qos_rows = session.execute(select(Qos.name, Qos.priority, Qos.max_gpus_per_user,
+                                      Qos.max_jobs_per_user, Qos.grp_gpus)).all()
     snapshot = Snapshot(
-        nodes=nodes, partitions=partitions, pending=pending, running=running,
+        nodes=nodes, partitions=_partitions(session, tuple(node_ids)), pending=pending,
+        running=running,
         accounts=tuple(CoreAccount(name, parent, shares) for name, parent, shares in session.execute(
             select(Account.name, Account.parent, Account.shares)) if name != "root"),
         user_shares=tuple(UserShare(user, account, shares) for user, account, shares in
@@ -98,14 +122,12 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
                                                  AccountUser.shares))),
         usage={(u, a): value for u, a, value in session.execute(
             select(FairShareUsage.user_name, FairShareUsage.account, FairShareUsage.usage))},
-        qos_priority=dict(session.execute(select(Qos.name, Qos.priority)).all()),
-        job_states=job_states,
-        running_names=frozenset((user, name) for _, _, user, _, _, name in running_rows),
-        qos_limits={name: QosLimits(per_user_gpus, per_user_jobs, grp) for name, per_user_gpus,
-                    per_user_jobs, grp in session.execute(select(
-                        Qos.name, Qos.max_gpus_per_user, Qos.max_jobs_per_user, Qos.grp_gpus))},
+        qos_priority={name: priority for name, priority, *_ in qos_rows},
+        qos_limits={name: QosLimits(gpus, jobs, grp) for name, _, gpus, jobs, grp in qos_rows},
+        job_states=_dependency_states(session, pending),
+        running_names=running_names,
     )
-    return snapshot, {name: nid for nid, name, _, _ in node_rows}
+    return snapshot, node_ids
 
 
 def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
