@@ -18,6 +18,9 @@ from gpusched.db.schedule import apply_plan, load_snapshot
 log = logging.getLogger(__name__)
 LEADER_LOCK_KEY = 0x67707573  # "gpus"
 STANDBY_RETRY = 1.0
+# After a wake-up, gather the events of the next few milliseconds into the same pass: a
+# burst of job ends or submits then costs one pass, not one each.
+COALESCE_SECONDS = 0.01
 
 
 @dataclass
@@ -112,7 +115,8 @@ class SchedulerLoop:
             if not self.leadership.try_acquire():
                 self._stop.wait(STANDBY_RETRY)
                 continue
-            self.events.scheduler.wait(timeout=30)
+            if self.events.scheduler.wait(timeout=30):
+                self._stop.wait(COALESCE_SECONDS)
             self.events.scheduler.clear()
             if self._stop.is_set() or not self.leadership.held():
                 continue
