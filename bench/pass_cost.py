@@ -1,0 +1,63 @@
+"""Controller-side cost of a submit and of a scheduling pass; prints ``name: value`` lines.
+
+    .venv/bin/python bench/pass_cost.py [--pending 200] [--passes 20]
+
+In process, against a throwaway PostgreSQL: one node of 8 GPUs, ``--pending`` submitted
+1-GPU jobs (8 start in the first pass), then repeated passes over the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpusched.config import PartitionConfig  # noqa: E402
+from gpusched.controller.events import Events  # noqa: E402
+from gpusched.controller.scheduler import SchedulerLoop  # noqa: E402
+from gpusched.db import agents, jobs  # noqa: E402
+from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn  # noqa: E402
+from gpusched.db.partitions import sync_partitions  # noqa: E402
+from tests.pg import ScratchPostgres  # noqa: E402
+
+
+def main() -> None:
+    """Time submits and passes."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pending", type=int, default=200)
+    parser.add_argument("--passes", type=int, default=20)
+    opts = parser.parse_args()
+    pg = ScratchPostgres()
+    try:
+        url = pg.fresh_database()
+        engine = make_engine(url)
+        sessions = make_sessionmaker(engine)
+        with sessions() as s, s.begin():
+            sync_partitions(s, (PartitionConfig("gpu", default=True),))
+            agents.register_node(s, {"node": "n", "uid": 0, "gpus": [
+                {"index": i, "uuid": f"GPU-{i}"} for i in range(8)]})
+        started = time.perf_counter()
+        for _ in range(opts.pending):
+            with sessions() as s, s.begin():
+                jobs.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp"},
+                                jobs.Identity(0, 0))
+        submit_ms = (time.perf_counter() - started) / opts.pending * 1000
+        loop = SchedulerLoop(sessions, Events(), psycopg_dsn(url))
+        loop.run_pass()
+        started = time.perf_counter()
+        for _ in range(opts.passes):
+            loop.run_pass()
+        pass_ms = (time.perf_counter() - started) / opts.passes * 1000
+        print(f"submit_ms: {submit_ms:.2f}")
+        print(f"pass_ms: {pass_ms:.2f}")
+        print(f"pending_in_pass: {opts.pending - 8}")
+        engine.dispose()
+    finally:
+        pg.close()
+
+
+if __name__ == "__main__":
+    main()
