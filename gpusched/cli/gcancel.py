@@ -24,16 +24,23 @@ def gcancel(
     )],
 ) -> int:
     """Cancel each job; report every one that fails and go on, as scancel does."""
-    ids = parse_job_ids(job_ids)  # all checked before the first cancel is sent
+    return post_for_each(PROG, job_ids, "cancel")
+
+
+def post_for_each(prog: str, job_ids: Sequence[str], action: str) -> int:
+    """POST /v1/jobs/{id}/ACTION for each job; report failures and go on; the worst exit code.
+
+    Every id is checked before the first request is sent.
+    """
     worst = 0
     with ApiClient() as client:
-        for job_id in ids:
+        for job_id in parse_job_ids(job_ids):
             try:
-                client.request("POST", f"/v1/jobs/{job_id}/cancel")
+                client.request("POST", f"/v1/jobs/{job_id}/{action}")
             except Unavailable:
                 raise  # the next ids would fail the same way; one line is enough
             except GpuschedError as err:
-                print_error(PROG, describe_failure(job_id, err.message))
+                print_error(prog, describe_failure(job_id, err.message))
                 worst = max(worst, err.exit_code)
     return worst
 

@@ -103,9 +103,13 @@ class Api:
         rows = tree.report(snapshot.usage, self.policy.fairshare)
         return 200, {"method": self.policy.fairshare, "rows": [asdict(r) for r in rows]}
 
-    def _require_admin(self, request: Request) -> None:
+    def _require_trusted(self, request: Request, who: str) -> None:
+        """Admins and agents alike are root or the controller's own user."""
         if request.caller.uid not in (0, self.own_uid):
-            raise PermissionDenied("only an administrator (root or the controller's user) may do this")
+            raise PermissionDenied(f"only {who} (root or the controller's user) may do this")
+
+    def _require_admin(self, request: Request) -> None:
+        self._require_trusted(request, "an administrator")
 
     def admin_apply(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Validate admin files as a whole; apply them in one transaction unless dry_run."""
@@ -125,8 +129,7 @@ class Api:
         return 200, {"changes": changes, "applied": True}
 
     def _require_agent(self, request: Request) -> None:
-        if request.caller.uid not in (0, self.own_uid):
-            raise PermissionDenied("only an agent (root or the controller's user) may do this")
+        self._require_trusted(request, "an agent")
 
     def ping(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Liveness, leadership and (on the leader) the last pass's statistics."""

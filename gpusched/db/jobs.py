@@ -141,12 +141,7 @@ def _begin_time(value: object) -> datetime | None:
 
 def set_hold(session: Session, job_id: int, who: Identity, hold: bool) -> Job:
     """Hold a pending job (an admin's hold is an admin hold) or release it."""
-    job = session.get(Job, job_id)
-    if job is None:
-        raise NotFound(f"invalid job id specified: {job_id}")
-    if job.uid != who.uid and not who.is_admin:
-        raise PermissionDenied(f"job {job_id} belongs to {job.user_name}; you may hold or "
-                               f"release only your own jobs")
+    job = _owned_job(session, job_id, who, "hold or release")
     if not hold and job.hold == "admin" and not who.is_admin:
         raise PermissionDenied(f"job {job_id} is held by an administrator; only one may release it")
     value = ("admin" if who.is_admin else "user") if hold else None
@@ -236,13 +231,20 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     return job
 
 
-def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, str | None]:
-    """Cancel a job; returns the job and the node to wake when it is running."""
+def _owned_job(session: Session, job_id: int, who: Identity, verb: str) -> Job:
+    """The job, if it exists and ``who`` may ``verb`` it (its owner or an admin)."""
     job = session.get(Job, job_id)
     if job is None:
         raise NotFound(f"invalid job id specified: {job_id}")
     if job.uid != who.uid and not who.is_admin:
-        raise PermissionDenied(f"job {job_id} belongs to {job.user_name}; you may cancel only your own jobs")
+        raise PermissionDenied(f"job {job_id} belongs to {job.user_name}; you may {verb} only "
+                               f"your own jobs")
+    return job
+
+
+def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, str | None]:
+    """Cancel a job; returns the job and the node to wake when it is running."""
+    job = _owned_job(session, job_id, who, "cancel")
     now = datetime.now(UTC)
     done = rowcount(session.execute(
         update(Job).where(Job.id == job_id, Job.state == "PENDING")
