@@ -34,6 +34,7 @@ from gpusched.agent.spawn import (
     spawn_supervisor_process,
 )
 from gpusched.agent.supervisor import write_json_atomic
+from gpusched.core.arrays import runs, task_bounds
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,18 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
         env[f"GPUSCHED_{key}"] = value
         env[f"SLURM_{key}"] = value
     env["SLURM_JOBID"] = str(job_id)
+    array_job, task = launch.get("array_job_id"), launch.get("array_task_id")
+    if array_job is not None and task is not None:
+        for key, value in array_variables(int(array_job), int(task),
+                                          str(launch.get("array_spec") or task)).items():
+            env[f"GPUSCHED_{key}"] = value
+            env[f"SLURM_{key}"] = value
     env["CUDA_VISIBLE_DEVICES"] = gpus
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # else CUDA orders by speed, unlike nvidia-smi
 
     def output_path(pattern: str) -> str:
-        return os.path.join(work_dir, expand_output_pattern(pattern, job_id, name, user))
+        return os.path.join(work_dir, expand_output_pattern(
+            pattern, job_id, name, user, array_job, None if task is None else int(task)))
 
     stdout = output_path(launch.get("output") or DEFAULT_OUTPUT_PATTERN)
     stderr = output_path(launch["error"]) if launch.get("error") else stdout
@@ -93,6 +101,17 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
         "cwd": work_dir, "env": env, "stdout": stdout, "stderr": stderr,
         "time_limit": launch.get("time_limit"), "kill_grace": float(kill_grace),
     }
+
+
+def array_variables(array_job: int, task: int, spec: str) -> dict[str, str]:
+    """``ARRAY_*`` variables of one task, as Slurm sets them (STEP only for one range)."""
+    count, lowest, highest = task_bounds(spec)
+    found = {"ARRAY_JOB_ID": str(array_job), "ARRAY_TASK_ID": str(task),
+             "ARRAY_TASK_COUNT": str(count), "ARRAY_TASK_MIN": str(lowest),
+             "ARRAY_TASK_MAX": str(highest)}
+    if "," not in spec:
+        found["ARRAY_TASK_STEP"] = str(runs(spec)[0].step)
+    return found
 
 
 class Launcher:

@@ -107,7 +107,7 @@ def job_row(job: Mapping[str, Any], now: datetime) -> list[str]:
     """One squeue-style row for a JOB object of the API."""
     state = str(job.get("state", ""))
     return [
-        str(job.get("job_id", "")),
+        job_label(job),
         str(job.get("partition") or ""),
         str(job.get("name") or ""),
         str(job.get("user") or ""),
@@ -116,6 +116,20 @@ def job_row(job: Mapping[str, Any], now: datetime) -> list[str]:
         str(job.get("gpus", 0)),
         node_or_reason(job),
     ]
+
+
+def job_label(job: Mapping[str, Any], width: int = 24) -> str:
+    """The JOBID cell: the job id, ``12_3`` for an array task, ``12_[4-99%8]`` for the
+    tasks of an array still pending (a long task list cut at a comma to fit ``width``)."""
+    label = str(job.get("display_id") or job.get("job_id", ""))
+    if len(label) <= width or not label.endswith("]"):
+        return label
+    head, _, tasks = label[:-1].partition("[")
+    tasks, percent, cap = tasks.partition("%")
+    tail = f"...{percent}{cap}]"
+    room = width - len(head) - 1 - len(tail)
+    cut = tasks[:room + 1].rpartition(",")[0] if room > 0 else ""
+    return f"{head}[{cut},{tail}" if cut else label
 
 
 def short_state(state: str) -> str:

@@ -159,9 +159,9 @@ class Api:
         """Cancel a pending job at once, or ask the node's agent to stop a running one."""
         job_id = _job_id(request)
         with self.sessions() as session, session.begin():
-            job, node = jobs.cancel_job(session, job_id, self.who(request))
-            notify_in(session, "sched", *([f"node:{node}"] if node else []))
-        if node:
+            job, nodes = jobs.cancel_job(session, job_id, self.who(request))
+            notify_in(session, "sched", *(f"node:{node}" for node in sorted(nodes)))
+        for node in nodes:
             self.events.wake_node(node)
         self.events.wake_scheduler()
         with self.sessions() as session:

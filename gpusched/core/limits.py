@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from gpusched.core.model import PendingJob, QosLimits, Reason, RunningJob
 
@@ -26,18 +26,21 @@ class LimitTracker:
         self.account_gpus[(qos, account)] += gpus
 
     def blocking(self, job: PendingJob) -> Reason | None:
-        """The limit that starting ``job`` now would break, if any."""
+        """The first limit that starting ``job`` now would break, if any."""
+        return next(self.violations(job), None)
+
+    def violations(self, job: PendingJob) -> Iterator[Reason]:
+        """Every limit that starting ``job`` now would break."""
         limits = self.limits.get(job.qos or "")
         if limits is None or job.qos is None:
-            return None
+            return
         key = (job.qos, job.user)
         if limits.max_jobs_per_user is not None and self.user_jobs[key] + 1 > limits.max_jobs_per_user:
-            return Reason.QOS_MAX_JOBS_PER_USER
+            yield Reason.QOS_MAX_JOBS_PER_USER
         if limits.max_gpus_per_user is not None and self.user_gpus[key] + job.gpus > limits.max_gpus_per_user:
-            return Reason.QOS_MAX_GPUS_PER_USER
+            yield Reason.QOS_MAX_GPUS_PER_USER
         if limits.grp_gpus is not None and self.account_gpus[(job.qos, job.account)] + job.gpus > limits.grp_gpus:
-            return Reason.QOS_GRP_GPUS
-        return None
+            yield Reason.QOS_GRP_GPUS
 
     def started(self, job: PendingJob) -> None:
         """Count a job this pass starts."""

@@ -68,6 +68,10 @@ class Reason(StrEnum):
     BEGIN_TIME = "BeginTime"
     DEPENDENCY = "Dependency"
     DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
+    JOB_ARRAY_TASK_LIMIT = "JobArrayTaskLimit"
+    PARTITION_TIME_LIMIT = "PartitionTimeLimit"
+    PARTITION_CONFIG = "PartitionConfig"
+    ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,10 @@ class PartitionView:
     nodes: tuple[str, ...]
     up: bool = True
     tier: int = 0
+    max_time: int | None = None  # seconds; None: no limit
+    allow_accounts: frozenset[str] | None = None  # None: every account
+    deny_accounts: frozenset[str] = frozenset()
+    max_gpus_per_job: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +129,9 @@ class PendingJob:
     begin_time: float | None = None
     dependency: str | None = None  # sbatch's --dependency text, validated at submit
     name: str = ""
+    array_job_id: int | None = None
+    array_tasks: str | None = None  # an array's pending task ids (canonical text)
+    array_max_running: int | None = None
 
     @property
     def eligible_time(self) -> float:
@@ -138,6 +149,7 @@ class RunningJob:
     user: str = ""
     account: str | None = None
     qos: str | None = None
+    array_job_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +189,15 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Decision: start ``job_id`` on ``node`` with exactly ``gpu_uuids``."""
+    """Decision: start ``job_id`` on ``node`` with exactly ``gpu_uuids``.
+
+    For an array's pending record, ``array_task_id`` names the task that starts.
+    """
 
     job_id: int
     node: str
     gpu_uuids: tuple[str, ...]
+    array_task_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
 """Output file name patterns, as in Slurm's ``sbatch --output``.
 
-``%j`` job id, ``%x`` job name, ``%u`` user name, ``%%`` a literal ``%``. As in
-Slurm, a number between ``%`` and the letter zero-pads the job id (``%5j`` ->
-``00017``); it is ignored for names. Any other ``%`` sequence is kept as written, so a pattern using a
+``%j`` job id, ``%x`` job name, ``%u`` user name, ``%A`` an array's job id, ``%a`` its
+task id, ``%%`` a literal ``%``. For a job that is not part of an array, ``%A`` is its
+job id and ``%a`` is 4294967294, Slurm's "no value", so scripts written for Slurm name
+their files the same way. As in Slurm, a number between ``%`` and the letter zero-pads
+ids (``%5j`` -> ``00017``); it is ignored for names. Any other ``%`` sequence is kept as written, so a pattern using a
 specifier this version does not know yet is not silently mangled.
 """
 
@@ -12,12 +14,18 @@ import re
 
 DEFAULT_OUTPUT_PATTERN = "gpusched-%j.out"
 
-_SPECIFIER = re.compile(r"%(%|(\d*)([jxu]))")
+NO_TASK = 4294967294
+_SPECIFIER = re.compile(r"%(%|(\d*)([jxuAa]))")
+_NUMERIC = frozenset("jAa")
 
 
-def expand_output_pattern(pattern: str, job_id: int, name: str, user: str) -> str:
-    """Expand ``%j``, ``%x``, ``%u`` and ``%%`` in an output file pattern."""
-    values = {"j": str(job_id), "x": name, "u": user}
+def expand_output_pattern(pattern: str, job_id: int, name: str, user: str,
+                          array_job_id: int | None = None,
+                          array_task_id: int | None = None) -> str:
+    """Expand ``%j``, ``%x``, ``%u``, ``%A``, ``%a`` and ``%%`` in an output file pattern."""
+    values = {"j": str(job_id), "x": name, "u": user,
+              "A": str(job_id if array_job_id is None else array_job_id),
+              "a": str(NO_TASK if array_task_id is None else array_task_id)}
 
     def replace(match: re.Match[str]) -> str:
         if match.group(1) == "%":
@@ -25,6 +33,6 @@ def expand_output_pattern(pattern: str, job_id: int, name: str, user: str) -> st
         width, letter = match.group(2), match.group(3)
         value = values[letter]
         # Slurm ignores the width for non-numeric values.
-        return value.zfill(int(width)) if width and letter == "j" else value
+        return value.zfill(int(width)) if width and letter in _NUMERIC else value
 
     return _SPECIFIER.sub(replace, pattern)

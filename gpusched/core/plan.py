@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.dependency import dependency_clauses, dependency_reason
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
     NodeView,
+    PartitionView,
     Pending,
     PendingJob,
     Plan,
@@ -15,7 +21,7 @@ from gpusched.core.model import (
     Snapshot,
     Start,
 )
-from gpusched.core.placement import first_fit, free_gpus_by_node
+from gpusched.core.placement import first_fit, free_gpus_by_node, node_can_run
 from gpusched.core.priority import (
     PriorityBreakdown,
     PriorityInput,
@@ -61,70 +67,147 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
     return sorted(snapshot.pending, key=lambda job: rank[job.job_id])
 
 
-def _not_eligible(job: PendingJob, now: float) -> Reason | None:
-    """A hold or a begin time still in the future."""
-    if job.hold == "admin":
-        return Reason.JOB_HELD_ADMIN
-    if job.hold is not None:
-        return Reason.JOB_HELD_USER
-    if job.begin_time is not None and job.begin_time > now:
-        return Reason.BEGIN_TIME
-    return None
+@dataclass(frozen=True, slots=True)
+class Moment:
+    """What the pass saw when it came to one job: the raw material of an explanation."""
+
+    job: PendingJob
+    waits: tuple[Reason, ...]  # every reason that holds it back and blocks nobody, ranked
+    blocked_by: PendingJob | None  # the job ahead that holds its partition, if any
+    best_free: tuple[str, int] | None  # the candidate node with most free GPUs, and how many
+    qos_held: tuple[int, int, int]  # the user's jobs and GPUs, the account's GPUs, in its QOS
+    array_running: int  # tasks of its array running (or starting in this pass)
 
 
-def _dependency(job: PendingJob, snapshot: Snapshot, busy: set[tuple[str, str]]) -> Reason | None:
-    if not job.dependency:
+def _partition_waits(job: PendingJob, part: PartitionView | None) -> Iterator[Reason]:
+    if part is None or not part.up:
+        yield Reason.PARTITION_DOWN
+        if part is None:
+            return
+    if part.max_time is not None and (job.time_limit is None or job.time_limit > part.max_time):
+        yield Reason.PARTITION_TIME_LIMIT
+    if job.account is not None and (job.account in part.deny_accounts or (
+            part.allow_accounts is not None and job.account not in part.allow_accounts)):
+        yield Reason.ACCOUNT_NOT_ALLOWED
+    if part.max_gpus_per_job is not None and job.gpus > part.max_gpus_per_job:
+        yield Reason.PARTITION_CONFIG
+
+
+class SchedulingPass:
+    """The state of one pass as it walks the queue; ``plan`` runs one to the end.
+
+    ``watch`` names a job whose ``Moment`` is recorded when the pass reaches it.
+    """
+
+    def __init__(self, snapshot: Snapshot, now: float, policy: Policy,
+                 watch: int | None = None) -> None:
+        self.snapshot, self.now, self.policy, self.watch = snapshot, now, policy, watch
+        self.nodes = {node.name: node for node in snapshot.nodes}
+        self.partitions = {part.name: part for part in snapshot.partitions}
+        self.free = free_gpus_by_node(snapshot.nodes, snapshot.running)
+        self.limits = LimitTracker(snapshot.qos_limits, snapshot.running)
+        self.busy_names = set(snapshot.running_names)
+        self.array_running = Counter(job.array_job_id for job in snapshot.running
+                                     if job.array_job_id is not None)
+        self.blocked: dict[str, PendingJob] = {}  # partition -> the job that holds it
+        self.starts: list[Start] = []
+        self.pending: list[Pending] = []
+        self.moment: Moment | None = None
+
+    def waits(self, job: PendingJob) -> Iterator[Reason]:
+        """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
+        yield from _partition_waits(job, self.partitions.get(job.partition))
+        deps = (dependency_reason(dependency_clauses(job.dependency), self.snapshot.job_states,
+                                  (job.user, job.name) in self.busy_names)
+                if job.dependency else None)
+        if deps is Reason.DEPENDENCY_NEVER_SATISFIED:
+            yield deps
+        if job.hold == "admin":
+            yield Reason.JOB_HELD_ADMIN
+        elif job.hold is not None:
+            yield Reason.JOB_HELD_USER
+        if job.begin_time is not None and job.begin_time > self.now:
+            yield Reason.BEGIN_TIME
+        if deps is Reason.DEPENDENCY:
+            yield deps
+        yield from self.limits.violations(job)
+        if (job.array_max_running is not None and job.array_job_id is not None
+                and self.array_running[job.array_job_id] >= job.array_max_running):
+            yield Reason.JOB_ARRAY_TASK_LIMIT
+
+    def _candidates(self, job: PendingJob) -> list[NodeView]:
+        part = self.partitions[job.partition]
+        return [self.nodes[name] for name in part.nodes if name in self.nodes]
+
+    def _record(self, job: PendingJob) -> None:
+        fits = [(len(self.free[node.name]), node.name) for node in self._candidates(job)
+                if node.name in self.free and node_can_run(node, job.uid)] \
+            if job.partition in self.partitions else []
+        best = max(fits, key=lambda fit: fit[0], default=None)  # the first of equals
+        qos, user = job.qos or "", job.user
+        self.moment = Moment(
+            job, tuple(self.waits(job)), self.blocked.get(job.partition),
+            (best[1], best[0]) if best else None,
+            (self.limits.user_jobs[(qos, user)], self.limits.user_gpus[(qos, user)],
+             self.limits.account_gpus[(qos, job.account)]),
+            self.array_running[job.array_job_id] if job.array_job_id is not None else 0)
+
+    def _try_start(self, job: PendingJob, task: int | None) -> Reason | None:
+        """Start one job (or one task of an array) now; else the reason it waits."""
+        if job.partition in self.blocked or len(self.starts) >= self.policy.max_starts_per_pass:
+            return Reason.PRIORITY
+        placed = first_fit(self._candidates(job), self.free, job.gpus, job.uid)
+        if placed is None:
+            self.blocked[job.partition] = job
+            return Reason.RESOURCES
+        node_name, gpus = placed
+        taken = {gpu.uuid for gpu in gpus}
+        self.free[node_name] = [gpu for gpu in self.free[node_name] if gpu.uuid not in taken]
+        self.starts.append(Start(job.job_id, node_name, tuple(gpu.uuid for gpu in gpus), task))
+        self.limits.started(job)
+        self.busy_names.add((job.user, job.name))
+        if job.array_job_id is not None:
+            self.array_running[job.array_job_id] += 1
         return None
-    return dependency_reason(dependency_clauses(job.dependency), snapshot.job_states,
-                             (job.user, job.name) in busy)
+
+    def consider(self, job: PendingJob) -> None:
+        """Start ``job`` (or as many tasks of an array as may start), or say why it waits.
+
+        A job that waits for one of ``waits`` holds back nobody behind it. Within a
+        partition the first job that cannot be placed blocks the ones behind it
+        (reason ``Priority``), so a large job is never overtaken indefinitely.
+        """
+        if job.job_id == self.watch:
+            self._record(job)
+        reason = next(self.waits(job), None)
+        if reason is None and job.array_tasks is None:
+            reason = self._try_start(job, None)
+        elif reason is None and job.array_tasks is not None:
+            left = task_count(job.array_tasks)
+            for task in iter_tasks(job.array_tasks):
+                reason = self._try_start(job, task)
+                if reason is not None:
+                    break
+                left -= 1
+                reason = next(self.waits(job), None)
+                if reason is not None or not left:
+                    break
+            if not left:
+                return
+        if reason is not None:
+            self.pending.append(Pending(job.job_id, reason))
+
+    def run(self, order: Iterable[PendingJob]) -> Plan:
+        """Consider every job of ``order`` in turn; the decisions made."""
+        for job in order:
+            self.consider(job)
+        return Plan(starts=tuple(self.starts), pending=tuple(self.pending))
 
 
 def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
-    Jobs are taken in priority order (``queue_order``). A job that is held, waits for
-    its begin time or its dependencies, or is at its QOS limit waits with that reason
-    and blocks nobody. Within a partition
-    the first job that cannot be placed blocks the ones behind it (reason ``Priority``),
-    so a large job is never overtaken indefinitely; placement is the first node with
-    enough free GPUs.
+    Jobs are taken in priority order (``queue_order``) and placed on the first node
+    with enough free GPUs; see ``SchedulingPass.consider`` for who waits and why.
     """
-    nodes_by_name = {node.name: node for node in snapshot.nodes}
-    partitions = {part.name: part for part in snapshot.partitions}
-    free = free_gpus_by_node(snapshot.nodes, snapshot.running)
-    limits = LimitTracker(snapshot.qos_limits, snapshot.running)
-    busy_names = set(snapshot.running_names)
-    blocked: set[str] = set()
-    starts: list[Start] = []
-    pending: list[Pending] = []
-
-    for job in queue_order(snapshot, now, policy):
-        partition = partitions.get(job.partition)
-        if partition is None or not partition.up:
-            pending.append(Pending(job.job_id, Reason.PARTITION_DOWN))
-            continue
-        held_back = (_not_eligible(job, now) or _dependency(job, snapshot, busy_names)
-                     or limits.blocking(job))
-        if held_back is not None:
-            # A held job, or one held by its own QOS limit, holds back nobody behind it.
-            pending.append(Pending(job.job_id, held_back))
-            continue
-        if job.partition in blocked or len(starts) >= policy.max_starts_per_pass:
-            pending.append(Pending(job.job_id, Reason.PRIORITY))
-            continue
-        candidates: list[NodeView] = [
-            nodes_by_name[name] for name in partition.nodes if name in nodes_by_name
-        ]
-        placed = first_fit(candidates, free, job.gpus, job.uid)
-        if placed is None:
-            blocked.add(job.partition)
-            pending.append(Pending(job.job_id, Reason.RESOURCES))
-            continue
-        node_name, gpus = placed
-        taken = {gpu.uuid for gpu in gpus}
-        free[node_name] = [gpu for gpu in free[node_name] if gpu.uuid not in taken]
-        starts.append(Start(job.job_id, node_name, tuple(gpu.uuid for gpu in gpus)))
-        limits.started(job)
-        busy_names.add((job.user, job.name))
-
-    return Plan(starts=tuple(starts), pending=tuple(pending))
+    return SchedulingPass(snapshot, now, policy).run(queue_order(snapshot, now, policy))

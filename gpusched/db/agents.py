@@ -88,6 +88,8 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
             "environment": dict(j.environment), "output": j.output, "error": j.error,
             "time_limit": j.time_limit, "node": node.name,
             "gpu_uuids": placed.get(j.id, (node.name, []))[1],
+            "array_job_id": j.array_job_id, "array_task_id": j.array_task_id,
+            "array_spec": j.array_spec,
         }
         for j in to_launch
     ]

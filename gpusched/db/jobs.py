@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
 from gpusched.core.dependency import DependencyError, parse_dependency
 from gpusched.core.timefmt import format_duration
 from gpusched.db.engine import rowcount
@@ -220,15 +221,31 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     user = who.user
     account = _choose_account(session, user, _field(body, "account", str, None, "an account"), part)
     qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
+    array = _array(_field(body, "array", str, None, "task ids such as 0-99 or 1,3,5-9%4"))
     job = Job(
         name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
         account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
         environment=env, output=output, error=error,
     )
+    if array is not None:
+        job.array_tasks = job.array_spec = array.tasks
+        job.array_max_running = array.max_running
     session.add(job)
     session.flush()
+    if array is not None:
+        job.array_job_id = job.id
+        session.flush()
     return job
+
+
+def _array(text: str | None) -> ArraySpec | None:
+    if text is None:
+        return None
+    try:
+        return parse_array(text)
+    except ArrayError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _owned_job(session: Session, job_id: int, who: Identity, verb: str) -> Job:
@@ -242,26 +259,26 @@ def _owned_job(session: Session, job_id: int, who: Identity, verb: str) -> Job:
     return job
 
 
-def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, str | None]:
-    """Cancel a job; returns the job and the node to wake when it is running."""
+def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[str]]:
+    """Cancel a job, or every task of an array; returns the job and the nodes to wake."""
     job = _owned_job(session, job_id, who, "cancel")
     now = datetime.now(UTC)
+    whole_array = job.array_job_id == job.id
+    ids = Job.array_job_id == job_id if whole_array else Job.id == job_id
     done = rowcount(session.execute(
-        update(Job).where(Job.id == job_id, Job.state == "PENDING")
+        update(Job).where(ids, Job.state == "PENDING")
         .values(state="CANCELLED", end_time=now, reason="None")
     ))
-    if done:
-        session.refresh(job)
-        return job, None
-    session.execute(
-        update(Job).where(Job.id == job_id, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
-        .values(cancel_requested_at=now)
-    )
+    nodes = set(session.scalars(
+        update(Job).where(ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
+        .values(cancel_requested_at=now).returning(Job.node_id)))
     session.refresh(job)
-    if job.state != "RUNNING":
-        raise Conflict(f"job {job_id} has already ended ({job.state})")
-    node = session.get(Node, job.node_id) if job.node_id else None
-    return job, node.name if node else None
+    if not done and not nodes and session.scalar(
+            select(Job.id).where(ids, Job.state == "RUNNING").limit(1)) is None:
+        raise Conflict(f"every task of array job {job_id} has already ended" if whole_array
+                       else f"job {job_id} has already ended ({job.state})")
+    names = set(session.scalars(select(Node.name).where(Node.id.in_(nodes)))) if nodes else set()
+    return job, names
 
 
 def job_placements(session: Session, jobs: list[Job]) -> dict[int, tuple[str, list[str]]]:
@@ -285,6 +302,16 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+def display_id(job_id: int, array_job: int | None, task: int | None, tasks: str | None,
+               cap: int | None) -> str:
+    """How squeue names a job: ``17``, an array task ``12_3``, pending tasks ``12_[4-9%2]``."""
+    if array_job is None:
+        return str(job_id)
+    if tasks is not None:
+        return f"{array_job}_[{tasks}{'' if cap is None else f'%{cap}'}]"
+    return f"{array_job}_{task}"
+
+
 def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -> dict[str, Any]:
     """The API's JOB object (docs/api.md); ``private`` adds script, args and environment."""
     node, uuids = placement if placement else (None, [])
@@ -298,6 +325,10 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         "end_time": _iso(job.end_time), "node": node, "gpu_uuids": uuids,
         "exit_code": job.exit_code, "signal": job.signal, "error_message": job.error_message,
         "work_dir": job.work_dir, "output": job.output, "error": job.error,
+        "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+        "array_tasks": job.array_tasks, "array_max_running": job.array_max_running,
+        "display_id": display_id(job.id, job.array_job_id, job.array_task_id, job.array_tasks,
+                                 job.array_max_running),
     }
     if private:
         body.update(script=job.script, args=list(job.args), environment=dict(job.environment))
@@ -318,7 +349,7 @@ def list_jobs(session: Session, query: dict[str, str]) -> list[dict[str, Any]]:
             ids = [int(i) for i in query["ids"].split(",")]
         except ValueError:
             raise UsageError(f"ids: expected job ids separated by commas, got {query['ids']!r}") from None
-        stmt = stmt.where(Job.id.in_(ids))
+        stmt = stmt.where(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
     found = list(session.scalars(stmt))
     placed = job_placements(session, found)
     return [job_json(j, placed.get(j.id), private=False) for j in found]

@@ -129,6 +129,8 @@ class Job(Base):
             "ix_jobs_active", "state", "submit_time",
             postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
         ),
+        Index("ix_jobs_array_job_id", "array_job_id",
+              postgresql_where=text("array_job_id IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -161,6 +163,15 @@ class Job(Base):
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
     launched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # An array is one PENDING record (id == array_job_id, array_tasks = the task ids still
+    # pending); each task that starts is split off into a row of its own, and the last
+    # one to start is the record itself. array_spec is the whole set, for the job's
+    # environment.
+    array_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    array_task_id: Mapped[int | None] = mapped_column(Integer)
+    array_tasks: Mapped[str | None] = mapped_column(Text)
+    array_spec: Mapped[str | None] = mapped_column(Text)
+    array_max_running: Mapped[int | None] = mapped_column(Integer)
 
 
 class Allocation(Base):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from gpusched.core.arrays import drop_first
 from gpusched.core.dependency import dependency_clauses
 from gpusched.core.fairshare import Account as CoreAccount
 from gpusched.core.fairshare import UserShare
@@ -22,6 +23,7 @@ from gpusched.core.model import (
     Reason,
     RunningJob,
     Snapshot,
+    Start,
 )
 from gpusched.db.engine import rowcount
 from gpusched.db.models import (
@@ -59,9 +61,12 @@ def _partitions(session: Session, all_names: tuple[str, ...]) -> tuple[Partition
     return tuple(
         # DRAIN refuses new submissions but still runs what is queued (as in Slurm).
         PartitionView(name, all_names if "*" in members else tuple(members),
-                      state in ("UP", "DRAIN"), tier)
-        for name, members, state, tier in session.execute(
-            select(Partition.name, Partition.nodes, Partition.state, Partition.priority_tier)
+                      state in ("UP", "DRAIN"), tier, max_time,
+                      None if allow is None else frozenset(allow), frozenset(deny), max_gpus)
+        for name, members, state, tier, max_time, allow, deny, max_gpus in session.execute(
+            select(Partition.name, Partition.nodes, Partition.state, Partition.priority_tier,
+                   Partition.max_time, Partition.allow_accounts, Partition.deny_accounts,
+                   Partition.max_gpus_per_job)
             .order_by(Partition.name))
     )
 
@@ -69,12 +74,14 @@ def _partitions(session: Session, all_names: tuple[str, ...]) -> tuple[Partition
 def _pending(session: Session) -> tuple[PendingJob, ...]:
     return tuple(
         PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason), user,
-                   account, qos, hold, begin.timestamp() if begin else None, dependency, name)
+                   account, qos, hold, begin.timestamp() if begin else None, dependency, name,
+                   array_job, array_tasks, array_cap)
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
-        dependency, name in session.execute(
+        dependency, name, array_job, array_tasks, array_cap in session.execute(
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
                    Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
-                   Job.dependency, Job.name)
+                   Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
+                   Job.array_max_running)
             .where(Job.state == "PENDING"))
     )
 
@@ -89,20 +96,36 @@ def _running(session: Session) -> tuple[tuple[RunningJob, ...], frozenset[tuple[
         gpus_of.setdefault(job_id, []).append(uuid)
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
     rows = session.execute(
-        select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name)
+        select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name, Job.array_job_id)
         .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING")).all()
-    running = tuple(RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos)
-                    for job_id, node, user, account, qos, _ in rows)
-    return running, frozenset((user, name) for _, _, user, _, _, name in rows)
+    running = tuple(RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos,
+                               array_job)
+                    for job_id, node, user, account, qos, _, array_job in rows)
+    return running, frozenset((user, name) for _, _, user, _, _, name, _ in rows)
 
 
 def _dependency_states(session: Session, pending: tuple[PendingJob, ...]) -> dict[int, JobState]:
+    """The state of each job a dependency names; for an array, of all its tasks together."""
     named = {j for job in pending if job.dependency for c in dependency_clauses(job.dependency)
              for j in c.job_ids}
     if not named:
         return {}
-    return {job_id: JobState(state) for job_id, state in session.execute(
-        select(Job.id, Job.state).where(Job.id.in_(named)))}
+    states: dict[int, list[JobState]] = {}
+    for job_id, array_job, state in session.execute(
+            select(Job.id, Job.array_job_id, Job.state)
+            .where(or_(Job.id.in_(named), Job.array_job_id.in_(named)))):
+        key = array_job if array_job in named else job_id
+        states.setdefault(key, []).append(JobState(state))
+    return {job_id: array_state(found) for job_id, found in states.items()}
+
+
+def array_state(states: list[JobState]) -> JobState:
+    """One state for a group of tasks: running until all end, then the worst ending."""
+    if any(s is JobState.RUNNING for s in states):
+        return JobState.RUNNING
+    if any(not s.terminal for s in states):
+        return JobState.PENDING
+    return next((s for s in states if s is not JobState.COMPLETED), JobState.COMPLETED)
 
 
 def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
@@ -130,6 +153,51 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
     return snapshot, node_ids
 
 
+# What a task split off an array's record takes from it (the rest is the task's own).
+_TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos", "begin_time",
+                "dependency", "gpus", "time_limit", "submit_time", "script", "args", "work_dir",
+                "environment", "output", "error", "array_job_id", "array_spec",
+                "array_max_running")
+_SPLIT_TASKS = text(
+    f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, state, reason, "
+    f"start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "
+    "'RUNNING', 'None', :now FROM jobs AS j, "
+    "unnest(CAST(:tasks AS integer[]), CAST(:nodes AS integer[])) AS t(task, node) "
+    "WHERE j.id = :record RETURNING id, array_task_id"
+)
+
+
+def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
+                 node_ids: dict[str, int], now: datetime) -> dict[int, Start]:
+    """Start tasks of an array: split them off its pending record; started rows by job id.
+
+    The record's task text is compared and swapped, so a cancel or a change since the
+    snapshot makes this pass start none of its tasks. When the last pending task
+    starts, the record itself becomes that task.
+    """
+    assert record.array_tasks is not None
+    remaining = drop_first(record.array_tasks, len(starts))
+    last = starts[-1] if remaining is None else None
+    values: dict[str, object] = {"array_tasks": remaining}
+    if last is not None:
+        values.update(array_task_id=last.array_task_id, state="RUNNING", reason="None",
+                      start_time=now, node_id=node_ids[last.node])
+    swapped = rowcount(session.execute(
+        update(Job).where(Job.id == record.job_id, Job.state == "PENDING",
+                          Job.array_tasks == record.array_tasks).values(**values)))
+    if not swapped:
+        return {}
+    started = {record.job_id: last} if last is not None else {}
+    split = starts[:-1] if last is not None else starts
+    if split:
+        by_task = {start.array_task_id: start for start in split}
+        for job_id, task in session.execute(_SPLIT_TASKS, {
+                "now": now, "record": record.job_id, "tasks": list(by_task),
+                "nodes": [node_ids[start.node] for start in split]}):
+            started[job_id] = by_task[task]
+    return started
+
+
 def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
                node_ids: dict[str, int]) -> set[str]:
     """Write the plan with guarded UPDATEs; returns the nodes that got jobs to launch.
@@ -139,25 +207,28 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     that rolls the whole pass back.
     """
     now = datetime.now(UTC)
-    woken: set[str] = set()
-    gpu_ids = dict(session.execute(select(Gpu.uuid, Gpu.id).where(
-        Gpu.uuid.in_([u for start in plan.starts for u in start.gpu_uuids]))).all()
-    ) if plan.starts else {}
+    started: dict[int, Start] = {}
+    tasks_of: dict[int, list[Start]] = {}
     for start in plan.starts:
-        node_id = node_ids[start.node]
-        started = rowcount(session.execute(
-            update(Job).where(Job.id == start.job_id, Job.state == "PENDING")
-            .values(state="RUNNING", reason="None", start_time=now, node_id=node_id)
-        ))
-        if not started:
-            continue
-        if start.gpu_uuids:
-            session.execute(insert(Allocation), [
-                {"job_id": start.job_id, "gpu_id": gpu_ids[u], "node_id": node_id,
-                 "allocated_at": now}
-                for u in start.gpu_uuids
-            ])
-        woken.add(start.node)
+        if start.array_task_id is not None:
+            tasks_of.setdefault(start.job_id, []).append(start)
+        elif rowcount(session.execute(
+                update(Job).where(Job.id == start.job_id, Job.state == "PENDING")
+                .values(state="RUNNING", reason="None", start_time=now,
+                        node_id=node_ids[start.node]))):
+            started[start.job_id] = start
+    if tasks_of:
+        records = {job.job_id: job for job in snapshot.pending if job.job_id in tasks_of}
+        for record_id, starts in tasks_of.items():
+            started.update(_start_tasks(session, records[record_id], starts, node_ids, now))
+    gpu_ids = dict(session.execute(select(Gpu.uuid, Gpu.id).where(
+        Gpu.uuid.in_([u for start in started.values() for u in start.gpu_uuids]))).all()
+    ) if started else {}
+    allocations = [{"job_id": job_id, "gpu_id": gpu_ids[u], "node_id": node_ids[start.node],
+                    "allocated_at": now}
+                   for job_id, start in started.items() for u in start.gpu_uuids]
+    if allocations:
+        session.execute(insert(Allocation), allocations)
     current = {job.job_id: job.reason for job in snapshot.pending}
     changed = [{"jid": p.job_id, "r": p.reason.value} for p in plan.pending
                if current.get(p.job_id) != p.reason]
@@ -171,4 +242,4 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
             .values(reason=bindparam("r")),
             changed,
         )
-    return woken
+    return {start.node for start in started.values()}

@@ -88,6 +88,24 @@ def test_build_spec_hides_all_gpus_from_a_job_without_gpus(work_dir: Path) -> No
     assert spec["env"]["SLURM_JOB_GPUS"] == ""
 
 
+def test_build_spec_sets_array_variables_and_names(work_dir: Path) -> None:
+    spec = build_spec(launch_object(work_dir, 42, array_job_id=40, array_task_id=20,
+                                    array_spec="0-30:10", output="o-%A_%a-%j"),
+                      kill_grace=1.0, node_name="n")
+    for prefix in ("GPUSCHED_", "SLURM_"):
+        assert {k[len(prefix):]: v for k, v in spec["env"].items()
+                if k.startswith(prefix + "ARRAY_")} == {
+            "ARRAY_JOB_ID": "40", "ARRAY_TASK_ID": "20", "ARRAY_TASK_COUNT": "4",
+            "ARRAY_TASK_MIN": "0", "ARRAY_TASK_MAX": "30", "ARRAY_TASK_STEP": "10"}
+    assert spec["stdout"] == str(work_dir / "o-40_20-42")
+    listed = build_spec(launch_object(work_dir, 42, array_job_id=40, array_task_id=3,
+                                      array_spec="1,3,5-9"), kill_grace=1.0, node_name="n")
+    assert listed["env"]["SLURM_ARRAY_TASK_COUNT"] == "7"
+    assert "SLURM_ARRAY_TASK_STEP" not in listed["env"]
+    plain = build_spec(launch_object(work_dir, 42), kill_grace=1.0, node_name="n")
+    assert not any("ARRAY" in key for key in plain["env"])
+
+
 def test_build_spec_output_paths(work_dir: Path) -> None:
     default = build_spec(launch_object(work_dir, 5), kill_grace=1.0, node_name="n")
     assert default["stdout"] == default["stderr"] == str(work_dir / "gpusched-5.out")

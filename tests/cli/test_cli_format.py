@@ -90,7 +90,7 @@ def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
     assert body == {
         "script": sub.script, "args": [], "name": "n", "gpus": 0, "time_limit": None,
         "partition": None, "account": "bio", "qos": None, "hold": False, "begin_time": None, "dependency": None,
-        "work_dir": "/w",
+        "array": None, "work_dir": "/w",
         "environment": {"A": "1"}, "output": "o.txt", "error": None,
     }
 
@@ -116,6 +116,27 @@ def test_running_row_shows_elapsed_time_and_node() -> None:
     start = (NOW - timedelta(hours=1, minutes=2, seconds=3)).isoformat()
     row = gqueue.job_row(job(start_time=start, node="node01"), NOW)
     assert row == ["17", "gpu", "train", "alice", "R", "1:02:03", "2", "node01"]
+
+
+def test_array_body_is_canonical_and_bad_arrays_name_their_line(in_tmp: Path) -> None:
+    sub = parse_submit(["--array", "9,1-3%2", "--wrap", "true"])
+    assert gsubmit.submission_body(sub, work_dir="/w", environment={})["array"] == "1-3,9%2"
+    assert parse_submit(["-a", "0-30:10", "--wrap", "true"]).array == "0-30:10"
+    script = in_tmp / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --array=5-1\ntrue\n")
+    with pytest.raises(UsageError, match=r"line 2: #SBATCH: --array: invalid array '5-1'"):
+        parse_submit([str(script)])
+
+
+@pytest.mark.parametrize(("fields", "label"), [
+    ({}, "17"),
+    ({"display_id": "12_3"}, "12_3"),
+    ({"display_id": "12_[0-9999%8]"}, "12_[0-9999%8]"),
+    ({"display_id": "12_[1,3,5,7,9,11,13,15,17,19,21-40%4]"}, "12_[1,3,5,7,9,11,...%4]"),
+    ({"display_id": "123456_[100000-100010:2,100012]"}, "123456_[100000-100010:2,100012]"),
+])
+def test_job_label_folds_pending_tasks(fields: dict[str, Any], label: str) -> None:
+    assert gqueue.job_label(job(**fields)) == label
 
 
 def test_pending_row_shows_zero_time_and_reason() -> None:

@@ -99,7 +99,7 @@ def test_cancel_rules(sessions: sessionmaker[Session]) -> None:
     _schedule(sessions, Plan(starts=(Start(running, "n1", ("GPU-0",)),)))
     with sessions() as s, s.begin():
         job, node = jobs.cancel_job(s, running, ROOT)  # root may cancel anyone's job
-        assert (job.state, node) == ("RUNNING", "n1") and job.cancel_requested_at is not None
+        assert (job.state, node) == ("RUNNING", {"n1"}) and job.cancel_requested_at is not None
     with sessions() as s, s.begin():
         assert jobs.cancel_job(s, pending, ALICE)[0].state == "CANCELLED"
     with sessions() as s, s.begin(), pytest.raises(Conflict):

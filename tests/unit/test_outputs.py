@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
+from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, NO_TASK, expand_output_pattern
 
 
 @pytest.mark.parametrize(("pattern", "expected"), [
@@ -19,7 +19,7 @@ from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
     ("%5j.out", "00017.out"),      # Slurm's zero padding
     ("%2j", "17"),                 # padding never truncates
     ("%5x", "train"),              # and does not apply to names
-    ("%A_%a.out", "%A_%a.out"),    # unknown here: kept as written
+    ("%N-%t.out", "%N-%t.out"),    # unknown here: kept as written
     ("50%", "50%"),
     ("", ""),
 ])
@@ -45,3 +45,12 @@ def test_text_without_percent_is_unchanged(text: str) -> None:
 def test_doubled_percents_expand_to_the_text(text: str) -> None:
     escaped = text.replace("%", "%%")
     assert expand_output_pattern(escaped, 1, "n", "u") == text
+
+
+def test_array_ids_and_their_padding() -> None:
+    assert expand_output_pattern("%A_%a.out", 40, "x", "u", 12, 3) == "12_3.out"
+    assert expand_output_pattern("%4a-%5A-%j", 40, "x", "u", 12, 3) == "0003-00012-40"
+
+
+def test_array_ids_of_a_job_outside_any_array_are_slurms() -> None:
+    assert expand_output_pattern("%A_%a", 40, "x", "u") == f"40_{NO_TASK}" == "40_4294967294"
