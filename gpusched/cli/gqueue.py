@@ -46,8 +46,17 @@ def gqueue(
     )] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Include ended jobs.")] = False,
     noheader: Annotated[bool, typer.Option("--noheader", "-h", help="Do not print the header.")] = False,
+    explain: Annotated[int | None, typer.Option(
+        "--explain", metavar="JOB", min=1, show_default=False,
+        help="Say everything that keeps pending JOB from starting, and what would unblock it.",
+    )] = None,
 ) -> None:
     """Show pending and running jobs (with --all, ended ones too)."""
+    if explain is not None:
+        with ApiClient() as client:
+            answer = client.request("GET", f"/v1/jobs/{explain}/explain")
+        print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
+        return
     path = jobs_path(user=user, states=parse_states(states), show_all=show_all)
     with ApiClient() as client:
         answer = client.request("GET", path)
@@ -130,6 +139,36 @@ def job_label(job: Mapping[str, Any], width: int = 24) -> str:
     room = width - len(head) - 1 - len(tail)
     cut = tasks[:room + 1].rpartition(",")[0] if room > 0 else ""
     return f"{head}[{cut},{tail}" if cut else label
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def explain_lines(answer: Mapping[str, Any]) -> list[str]:
+    """``gqueue --explain``: the answer of ``GET /v1/jobs/{id}/explain`` in sentences."""
+    job = answer.get("job") or {}
+    label = job_label(job, width=10**6)
+    head = f"Job {label} ({job.get('name')}, user {job.get('user')}, partition {job.get('partition')})"
+    state = job.get("state")
+    if state != "PENDING":
+        where = f" on {job['node']}" if state == "RUNNING" and job.get("node") else ""
+        return [f"{head} is {state}{where}: nothing holds it back."]
+    lines = [f"{head} is pending, reason {answer.get('reason')}.",
+             f"Priority {answer.get('priority', 0):.4g}, {_ordinal(int(answer.get('position', 0)))} "
+             f"of {answer.get('queue_length')} pending jobs."]
+    starts = answer.get("would_start") or []
+    if starts:
+        tasks = [s["array_task_id"] for s in starts if s.get("array_task_id") is not None]
+        what = f"{len(tasks)} of its tasks" if tasks else "It"
+        nodes = ", ".join(sorted({str(s["node"]) for s in starts}))
+        lines.append(f"{what} would start at the next pass, on {nodes}.")
+    blockers = answer.get("blockers") or []
+    if blockers:
+        lines.append("What holds it back, most fundamental first:")
+        lines.extend(f"  {i}. {b['reason']}: {b['detail']}" for i, b in enumerate(blockers, 1))
+    return lines
 
 
 def short_state(state: str) -> str:

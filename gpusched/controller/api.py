@@ -15,6 +15,7 @@ import gpusched
 from gpusched.adminconfig import parse_admin_config
 from gpusched.controller.events import Events, notify_in
 from gpusched.controller.http import Request, Router
+from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
 from gpusched.core.plan import job_priorities
@@ -62,6 +63,7 @@ class Api:
         r.add("POST", "/v1/jobs", self.submit)
         r.add("GET", "/v1/jobs", self.list_jobs)
         r.add("GET", "/v1/jobs/{job_id}", self.get_job)
+        r.add("GET", "/v1/jobs/{job_id}/explain", self.explain)
         r.add("POST", "/v1/jobs/{job_id}/cancel", self.cancel)
         r.add("POST", "/v1/jobs/{job_id}/hold", self.hold)
         r.add("POST", "/v1/jobs/{job_id}/release", self.release)
@@ -94,6 +96,26 @@ class Api:
             if not wanted or b.job_id in wanted
         ]
         return 200, {"jobs": rows, "weights": asdict(self.policy.weights)}
+
+    def explain(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Everything that keeps a pending job from starting, ranked, in words."""
+        job_id = _job_id(request)
+        with self.sessions() as session:
+            job = jobs.get_job(session, job_id, self.who(request))
+            snapshot, _ = load_snapshot(session) if job["state"] == "PENDING" else (None, None)
+            try:
+                why = explain(snapshot, time.time(), self.policy, job_id) if snapshot else None
+            except NotPending:  # it started or ended since it was read
+                job, why = jobs.get_job(session, job_id, self.who(request)), None
+        if why is None:
+            return 200, {"job": job, "reason": job["reason"], "blockers": [], "would_start": []}
+        return 200, {
+            "job": job, "reason": why.reason.value, "priority": why.priority,
+            "position": why.position, "queue_length": why.queue_length,
+            "blockers": [{"reason": b.reason.value, "detail": b.detail} for b in why.blockers],
+            "would_start": [{"node": s.node, "gpu_uuids": list(s.gpu_uuids),
+                             "array_task_id": s.array_task_id} for s in why.starts],
+        }
 
     def share(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The fair-share tree with shares, usage and factors, depth first."""

@@ -61,8 +61,12 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
 
 def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJob]:
     """Pending jobs by multifactor priority; equal priorities in submit order."""
+    return ordered(snapshot, job_priorities(snapshot, now, policy))
+
+
+def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[PendingJob]:
+    """The snapshot's pending jobs in the order of their computed priorities."""
     by_id = {job.job_id: job for job in snapshot.pending}
-    ranked = job_priorities(snapshot, now, policy)
     rank = {b.job_id: (-b.total, by_id[b.job_id].submit_time, b.job_id) for b in ranked}
     return sorted(snapshot.pending, key=lambda job: rank[job.job_id])
 

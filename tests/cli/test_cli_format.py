@@ -259,3 +259,27 @@ def test_failure_lines_name_the_job_once() -> None:
     assert gcancel.describe_failure(7, "already ended") == "job 7: already ended"
     assert gcancel.describe_failure(7, "job 7 has already ended") == "job 7 has already ended"
     assert gcancel.describe_failure(7, "job 77 is not yours") == "job 7: job 77 is not yours"
+
+
+def test_explain_lines_for_a_pending_array_and_an_ended_job() -> None:
+    answer = {
+        "job": job(state="PENDING", display_id="12_[3-9%2]"), "reason": "JobArrayTaskLimit",
+        "priority": 0.123456, "position": 3, "queue_length": 11,
+        "blockers": [{"reason": "JobArrayTaskLimit", "detail": "2 task(s) run"}],
+        "would_start": [],
+    }
+    assert gqueue.explain_lines(answer) == [
+        "Job 12_[3-9%2] (train, user alice, partition gpu) is pending, reason JobArrayTaskLimit.",
+        "Priority 0.1235, 3rd of 11 pending jobs.",
+        "What holds it back, most fundamental first:",
+        "  1. JobArrayTaskLimit: 2 task(s) run",
+    ]
+    starting = {**answer, "reason": "None", "blockers": [], "position": 12,
+                "would_start": [{"node": "n2", "gpu_uuids": [], "array_task_id": 3},
+                                {"node": "n1", "gpu_uuids": [], "array_task_id": 4}]}
+    assert gqueue.explain_lines(starting)[1:] == [
+        "Priority 0.1235, 12th of 11 pending jobs.",
+        "2 of its tasks would start at the next pass, on n1, n2."]
+    ended = {"job": job(state="COMPLETED"), "reason": "None", "blockers": [], "would_start": []}
+    assert gqueue.explain_lines(ended) == [
+        "Job 17 (train, user alice, partition gpu) is COMPLETED: nothing holds it back."]
