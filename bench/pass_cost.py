@@ -3,7 +3,9 @@
     .venv/bin/python bench/pass_cost.py [--pending 200] [--passes 20]
 
 In process, against a throwaway PostgreSQL: one node of 8 GPUs, ``--pending`` submitted
-1-GPU jobs (8 start in the first pass), then repeated passes over the rest.
+1-GPU jobs (8 start in the first pass), then repeated passes over the rest; then the
+same with one more submission, a 10,000-task array (``--array 0-9999%8``), in the queue:
+``pass_with_array_ms`` should be ``pass_ms``, as the array's tasks cannot start.
 """
 
 from __future__ import annotations
@@ -51,9 +53,20 @@ def main() -> None:
         for _ in range(opts.passes):
             loop.run_pass()
         pass_ms = (time.perf_counter() - started) / opts.passes * 1000
+        started = time.perf_counter()
+        with sessions() as s, s.begin():
+            jobs.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp",
+                                "array": "0-9999%8"}, jobs.Identity(0, 0))
+        array_submit_ms = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        for _ in range(opts.passes):
+            loop.run_pass()
+        with_array_ms = (time.perf_counter() - started) / opts.passes * 1000
         print(f"submit_ms: {submit_ms:.2f}")
         print(f"pass_ms: {pass_ms:.2f}")
         print(f"pending_in_pass: {opts.pending - 8}")
+        print(f"array_10000_submit_ms: {array_submit_ms:.2f}")
+        print(f"pass_with_array_ms: {with_array_ms:.2f}")
         engine.dispose()
     finally:
         pg.close()

@@ -154,3 +154,23 @@ def test_a_huge_array_costs_a_pass_only_its_runnable_tasks() -> None:
     small_cost = time.perf_counter() - started
     assert reasons(plan(empty, 0.0, Policy())) == {7: Reason.RESOURCES}
     assert big_cost < 3 * small_cost + 0.05
+
+
+@given(st.lists(st.tuples(st.sets(st.integers(0, 40), min_size=1, max_size=12),
+                          st.none() | st.integers(1, 4), st.integers(0, 3), st.integers(0, 2)),
+                min_size=1, max_size=4),
+       st.integers(1, 3), st.integers(0, 4))
+def test_no_pass_breaks_a_cap_or_starts_a_task_twice(
+        arrays: list[tuple[set[int], int | None, int, int]], nodes: int, gpus: int) -> None:
+    pending, running = [], []
+    for n, (ids, cap, already, size) in enumerate(arrays, start=1):
+        pending.append(array_job(n, fold(sorted(ids)), gpus=size, cap=cap))
+        running += [RunningJob(1000 * n + k, "n0", (), "u", array_job_id=n) for k in range(already)]
+    p = plan(snapshot(nodes, gpus, pending, running), 0.0, Policy())
+    for n, (ids, cap, already, _) in enumerate(arrays, start=1):
+        tasks = [s.array_task_id for s in p.starts if s.job_id == n]
+        assert tasks == sorted(ids)[:len(tasks)]  # lowest ids first, each once
+        if cap is not None:
+            assert len(tasks) == 0 or already + len(tasks) <= cap
+    used = [u for s in p.starts for u in s.gpu_uuids]
+    assert len(used) == len(set(used))
