@@ -76,11 +76,25 @@ class Reason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GpuView:
-    """One allocatable GPU on a node."""
+    """One GPU, or one MIG slice of a GPU, on a node.
+
+    ``gpu_type`` is the normalised type (``a100-80gb``, ``h100-80gb``, ``l4``; ``gpu``
+    when unknown). A MIG slice has its ``mig_profile`` (``1g.10gb``) and the index of
+    its ``parent`` GPU; a GPU in MIG mode (``mig_mode``) is never handed out whole.
+    """
 
     uuid: str
     index: int
     healthy: bool = True
+    gpu_type: str = "gpu"
+    mig_profile: str | None = None
+    parent: int | None = None
+    mig_mode: bool = False
+
+    @property
+    def kind(self) -> str:
+        """What a request names to get this unit: its MIG profile, else its GPU type."""
+        return self.mig_profile or self.gpu_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +109,12 @@ class NodeView:
     state: NodeState
     gpus: tuple[GpuView, ...]
     run_uid: int | None = None
+    cpus: int = 0  # 0: CPUs are not counted on this node
+    memory_mb: int = 0  # 0: memory is not counted on this node
+    block: str | None = None  # topology block (a switch, a rack) for multi-node jobs
+    # How well two GPUs (by index, lower first) are connected: higher is better
+    # (gpusched.core.topology). Pairs not listed are the worst link.
+    links: Mapping[tuple[int, int], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +152,17 @@ class PendingJob:
     array_job_id: int | None = None
     array_tasks: str | None = None  # an array's pending task ids (canonical text)
     array_max_running: int | None = None
+    # The shape: ``gpus`` of one of ``gpu_kinds`` (any whole GPU when empty), ``cpus``
+    # and ``mem_mb`` on each of ``nodes`` nodes.
+    gpu_kinds: tuple[str, ...] = ()
+    nodes: int = 1
+    cpus: int = 0
+    mem_mb: int = 0
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs over all of its nodes."""
+        return self.gpus * self.nodes
 
     @property
     def eligible_time(self) -> float:
@@ -150,6 +181,10 @@ class RunningJob:
     account: str | None = None
     qos: str | None = None
     array_job_id: int | None = None
+    end_time: float | None = None  # when its time limit ends it; None: no limit
+    cpus: int = 0  # per node
+    mem_mb: int = 0  # per node
+    nodes: tuple[str, ...] = ()  # every node of a multi-node job (else just ``node``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,19 +220,54 @@ class Policy:
     max_starts_per_pass: int = 10_000
     weights: PriorityWeights = field(default_factory=PriorityWeights)
     fairshare: str = "fair_tree"  # or "classic"
+    backfill: str = "easy"  # "none" (strict priority order per partition), or "conservative"
+    # Blocked jobs per partition that get a reservation: None for the mode's own
+    # (none 0, easy 1, conservative all).
+    reservations: int | None = None
+    # At most this many jobs are examined after the reserved ones; the next pass goes
+    # on from where this one stopped (Slurm's bf_continue). None: no limit.
+    backfill_max_jobs: int | None = None
+
+    @property
+    def reservation_depth(self) -> float:
+        """How many blocked jobs of one partition get a reservation."""
+        if self.reservations is not None:
+            return self.reservations
+        return {"none": 0, "easy": 1}.get(self.backfill, float("inf"))
+
+
+class StartKind(StrEnum):
+    """How a job came to start: in priority order, or backfilled past a blocked one."""
+
+    IMMEDIATE = "immediate"
+    BACKFILLED = "backfilled"
 
 
 @dataclass(frozen=True, slots=True)
 class Start:
     """Decision: start ``job_id`` on ``node`` with exactly ``gpu_uuids``.
 
-    For an array's pending record, ``array_task_id`` names the task that starts.
+    For an array's pending record, ``array_task_id`` names the task that starts. A
+    multi-node job lists all of its ``nodes`` (``node`` is the first, where its batch
+    script runs); ``gpu_uuids`` are then the GPUs of all of them.
     """
 
     job_id: int
     node: str
     gpu_uuids: tuple[str, ...]
     array_task_id: int | None = None
+    kind: StartKind = StartKind.IMMEDIATE
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Decision: ``job_id`` is expected to start at ``start_time`` on ``nodes``; no job
+    started now may delay that."""
+
+    job_id: int
+    start_time: float
+    nodes: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,3 +284,5 @@ class Plan:
 
     starts: tuple[Start, ...] = field(default_factory=tuple)
     pending: tuple[Pending, ...] = field(default_factory=tuple)
+    reservations: tuple[Reservation, ...] = field(default_factory=tuple)
+    resume_after: int | None = None  # the last job examined when the pass stopped early

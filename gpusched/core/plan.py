@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpusched.core.arrays import iter_tasks, task_count
@@ -11,17 +11,18 @@ from gpusched.core.dependency import dependency_clauses, dependency_reason
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
-    NodeView,
     PartitionView,
     Pending,
     PendingJob,
     Plan,
     Policy,
     Reason,
+    Reservation,
     Snapshot,
     Start,
+    StartKind,
 )
-from gpusched.core.placement import first_fit, free_gpus_by_node, node_can_run
+from gpusched.core.capacity import INF, Capacity, Shape
 from gpusched.core.priority import (
     PriorityBreakdown,
     PriorityInput,
@@ -106,17 +107,27 @@ class SchedulingPass:
     def __init__(self, snapshot: Snapshot, now: float, policy: Policy,
                  watch: int | None = None) -> None:
         self.snapshot, self.now, self.policy, self.watch = snapshot, now, policy, watch
-        self.nodes = {node.name: node for node in snapshot.nodes}
         self.partitions = {part.name: part for part in snapshot.partitions}
-        self.free = free_gpus_by_node(snapshot.nodes, snapshot.running)
+        self.capacity = Capacity(snapshot.nodes, snapshot.running, now)
+        index = self.capacity.index
+        self.members = {part.name: frozenset(index[n] for n in part.nodes if n in index)
+                        for part in snapshot.partitions}
+        # Partitions sharing nodes: a job starting in one passes blocked jobs of the others.
+        self.overlaps = {a: [b for b in self.members if self.members[a] & self.members[b]]
+                         for a in self.members}
         self.limits = LimitTracker(snapshot.qos_limits, snapshot.running)
         self.busy_names = set(snapshot.running_names)
         self.array_running = Counter(job.array_job_id for job in snapshot.running
                                      if job.array_job_id is not None)
-        self.blocked: dict[str, PendingJob] = {}  # partition -> the job that holds it
+        self.blocked: dict[str, PendingJob] = {}  # partition -> its first job that must wait
+        self.reserved_in: Counter[str] = Counter()
+        self.depth = policy.reservation_depth
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
+        self.reservations: list[Reservation] = []
         self.moment: Moment | None = None
+        self.backfill_examined = 0
+        self.last_examined: int | None = None
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
@@ -139,35 +150,54 @@ class SchedulingPass:
                 and self.array_running[job.array_job_id] >= job.array_max_running):
             yield Reason.JOB_ARRAY_TASK_LIMIT
 
-    def _candidates(self, job: PendingJob) -> list[NodeView]:
-        part = self.partitions[job.partition]
-        return [self.nodes[name] for name in part.nodes if name in self.nodes]
-
     def _record(self, job: PendingJob) -> None:
-        fits = [(len(self.free[node.name]), node.name) for node in self._candidates(job)
-                if node.name in self.free and node_can_run(node, job.uid)] \
-            if job.partition in self.partitions else []
-        best = max(fits, key=lambda fit: fit[0], default=None)  # the first of equals
+        best = self.capacity.biggest_free(self.members.get(job.partition, frozenset()),
+                                          Shape.of(job))
         qos, user = job.qos or "", job.user
         self.moment = Moment(
-            job, tuple(self.waits(job)), self.blocked.get(job.partition),
-            (best[1], best[0]) if best else None,
+            job, tuple(self.waits(job)), self.blocked.get(job.partition), best,
             (self.limits.user_jobs[(qos, user)], self.limits.user_gpus[(qos, user)],
              self.limits.account_gpus[(qos, job.account)]),
             self.array_running[job.array_job_id] if job.array_job_id is not None else 0)
 
+    def backfilling(self, job: PendingJob) -> bool:
+        """Whether ``job`` can only start by backfill: its partition has a blocked job
+        and no reservation left to give."""
+        return job.partition in self.blocked and self.reserved_in[job.partition] >= self.depth
+
     def _try_start(self, job: PendingJob, task: int | None) -> Reason | None:
-        """Start one job (or one task of an array) now; else the reason it waits."""
-        if job.partition in self.blocked or len(self.starts) >= self.policy.max_starts_per_pass:
+        """Start one job (or one task of an array) now; else the reason it waits.
+
+        Without backfill the first job of a partition that must wait holds back all
+        behind it. With it, a job starts wherever it fits now without delaying any
+        reservation; the first jobs that must wait get reservations.
+        """
+        if len(self.starts) >= self.policy.max_starts_per_pass or (
+                self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
-        placed = first_fit(self._candidates(job), self.free, job.gpus, job.uid)
+        shape = Shape.of(job)
+        members = self.members.get(job.partition, frozenset())
+        placed = self.capacity.place_now(shape, members, job.partition)
         if placed is None:
-            self.blocked[job.partition] = job
-            return Reason.RESOURCES
-        node_name, gpus = placed
-        taken = {gpu.uuid for gpu in gpus}
-        self.free[node_name] = [gpu for gpu in self.free[node_name] if gpu.uuid not in taken]
-        self.starts.append(Start(job.job_id, node_name, tuple(gpu.uuid for gpu in gpus), task))
+            first = job.partition not in self.blocked
+            self.blocked.setdefault(job.partition, job)
+            if self.reserved_in[job.partition] < self.depth:
+                self.reserved_in[job.partition] += 1
+                at, where = self.capacity.earliest(shape, members)
+                if at < INF:
+                    self.capacity.reserve(at, where, shape)
+                    self.reservations.append(Reservation(
+                        job.job_id, at, tuple(self.capacity.nodes[i].view.name for i, _ in where)))
+            return Reason.RESOURCES if first else Reason.PRIORITY
+        kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])
+                else StartKind.IMMEDIATE)
+        names: list[str] = []
+        uuids: list[str] = []
+        for index, unit_kind in placed:
+            names.append(self.capacity.nodes[index].view.name)
+            uuids.extend(gpu.uuid for gpu in self.capacity.take(index, unit_kind, shape))
+        self.starts.append(Start(job.job_id, names[0], tuple(uuids), task, kind,
+                                 tuple(names) if len(names) > 1 else ()))
         self.limits.started(job)
         self.busy_names.add((job.user, job.name))
         if job.array_job_id is not None:
@@ -177,12 +207,13 @@ class SchedulingPass:
     def consider(self, job: PendingJob) -> None:
         """Start ``job`` (or as many tasks of an array as may start), or say why it waits.
 
-        A job that waits for one of ``waits`` holds back nobody behind it. Within a
-        partition the first job that cannot be placed blocks the ones behind it
-        (reason ``Priority``), so a large job is never overtaken indefinitely.
+        A job that waits for one of ``waits`` holds back nobody behind it.
         """
         if job.job_id == self.watch:
             self._record(job)
+        self.last_examined = job.job_id
+        if self.backfilling(job):
+            self.backfill_examined += 1
         reason = next(self.waits(job), None)
         if reason is None and job.array_tasks is None:
             reason = self._try_start(job, None)
@@ -201,17 +232,48 @@ class SchedulingPass:
         if reason is not None:
             self.pending.append(Pending(job.job_id, reason))
 
-    def run(self, order: Iterable[PendingJob]) -> Plan:
-        """Consider every job of ``order`` in turn; the decisions made."""
-        for job in order:
+    def run(self, order: Sequence[PendingJob], resume_after: int | None = None) -> Plan:
+        """Consider the jobs of ``order`` in turn; the decisions made.
+
+        With ``policy.backfill_max_jobs``, at most that many jobs are examined for
+        backfill alone; the rest keep their reasons and the plan says where it stopped.
+        Given that job as ``resume_after``, the next pass examines for backfill first the
+        jobs after it, then the ones before: every job gets its turn.
+        """
+        limit = self.policy.backfill_max_jobs
+        after = next((i for i, job in enumerate(order) if job.job_id == resume_after), -1) \
+            if limit is not None and resume_after is not None else -1
+        deferred: list[PendingJob] = []
+        stopped = False
+        for position, job in enumerate(order):
+            if position <= after and self.backfilling(job):
+                deferred.append(job)
+                continue
+            if limit is not None and self.backfilling(job) and self.backfill_examined >= limit:
+                stopped = True
+                deferred.extend(order[position:])
+                break
             self.consider(job)
-        return Plan(starts=tuple(self.starts), pending=tuple(self.pending))
+        resume = self.last_examined if stopped else None
+        for job in deferred:
+            if limit is not None and self.backfilling(job) and self.backfill_examined >= limit:
+                resume = self.last_examined if resume is None else resume
+                self._keep_reason(job)
+                continue
+            self.consider(job)
+        return Plan(starts=tuple(self.starts), pending=tuple(self.pending),
+                    reservations=tuple(self.reservations), resume_after=resume)
+
+    def _keep_reason(self, job: PendingJob) -> None:
+        self.pending.append(Pending(job.job_id, job.reason if job.reason is not Reason.NONE
+                                    else Reason.PRIORITY))
 
 
-def plan(snapshot: Snapshot, now: float, policy: Policy) -> Plan:
+def plan(snapshot: Snapshot, now: float, policy: Policy, resume_after: int | None = None) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
-    Jobs are taken in priority order (``queue_order``) and placed on the first node
-    with enough free GPUs; see ``SchedulingPass.consider`` for who waits and why.
+    Jobs are taken in priority order (``queue_order``) and placed best fit; see
+    ``SchedulingPass`` for backfill, reservations and who waits and why.
     """
-    return SchedulingPass(snapshot, now, policy).run(queue_order(snapshot, now, policy))
+    return SchedulingPass(snapshot, now, policy).run(queue_order(snapshot, now, policy),
+                                                     resume_after)

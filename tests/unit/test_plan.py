@@ -17,6 +17,7 @@ from gpusched.core.model import (
     Reason,
     RunningJob,
     Snapshot,
+    StartKind,
 )
 from gpusched.core.plan import plan
 from gpusched.core.priority import PriorityWeights
@@ -33,10 +34,13 @@ def job(job_id: int, gpus: int, partition: str = "gpu", uid: int = 1000,
     return PendingJob(job_id, partition, gpus, uid, float(job_id if submit is None else submit))
 
 
+FIFO = Policy(backfill="none")
+
+
 def run(nodes: list[NodeView], jobs: list[PendingJob], running: list[RunningJob] = (),  # type: ignore[assignment]
-        partitions: list[PartitionView] | None = None) -> Plan:
+        partitions: list[PartitionView] | None = None, policy: Policy = FIFO) -> Plan:
     parts = partitions or [PartitionView("gpu", tuple(n.name for n in nodes))]
-    return plan(Snapshot(tuple(nodes), tuple(parts), tuple(jobs), tuple(running)), 0.0, Policy())
+    return plan(Snapshot(tuple(nodes), tuple(parts), tuple(jobs), tuple(running)), 0.0, policy)
 
 
 def starts(p: Plan) -> dict[int, tuple[str, tuple[str, ...]]]:
@@ -57,6 +61,12 @@ def test_jobs_behind_a_blocked_job_wait_with_reason_priority() -> None:
     p = run([node("a", 4)], [job(1, 3), job(2, 2), job(3, 1)])
     assert set(starts(p)) == {1}
     assert reasons(p) == {2: Reason.RESOURCES, 3: Reason.PRIORITY}
+    # With backfill, job 1 has no time limit: job 2 can never get a reservation, and
+    # job 3 delays nothing by starting.
+    easy = run([node("a", 4)], [job(1, 3), job(2, 2), job(3, 1)], policy=Policy())
+    assert [(s.job_id, s.kind) for s in easy.starts] == [(1, StartKind.IMMEDIATE),
+                                                         (3, StartKind.BACKFILLED)]
+    assert easy.reservations == () and reasons(easy) == {2: Reason.RESOURCES}
 
 
 def test_submit_order_not_id_order() -> None:
@@ -80,6 +90,10 @@ def test_node_of_an_unprivileged_agent_runs_only_its_users_jobs() -> None:
     p = run([node("a", 2, run_uid=1000)], [job(1, 1, uid=2000), job(2, 1, uid=1000)],
             partitions=[PartitionView("gpu", ("a",)), PartitionView("other", ("a",))])
     assert reasons(p) == {1: Reason.RESOURCES, 2: Reason.PRIORITY}
+    easy = run([node("a", 2, run_uid=1000)], [job(1, 1, uid=2000), job(2, 1, uid=1000)],
+               partitions=[PartitionView("gpu", ("a",)), PartitionView("other", ("a",))],
+               policy=Policy())
+    assert set(starts(easy)) == {2} and reasons(easy) == {1: Reason.RESOURCES}
 
 
 def test_partitions_block_independently() -> None:

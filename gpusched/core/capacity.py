@@ -1,0 +1,357 @@
+"""Free resources over time: what may start now, and when a blocked job could start.
+
+A pass keeps, for every usable node, its free GPUs (by kind: a GPU type, or a MIG
+profile), CPUs and memory now; the times at which running jobs will give resources back
+(their time limits); and the reservations made for blocked jobs. Starting a job now must
+leave every reservation whole for its whole time limit, which is what makes backfill safe.
+
+Speed comes from three things. Nodes sit in buckets by how many GPUs of each kind they
+have free, so best fit walks buckets upward instead of scanning every node. A node with no
+reservation only gains resources as time goes on, so a job fits there for its whole time
+limit exactly when it fits at its start. And within one pass resources only shrink, so a
+shape that could not start now is remembered, and any job needing at least as much for at
+least as long is refused without a search.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import insort
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpusched.core.model import GpuView, NodeState, NodeView, PendingJob, RunningJob
+from gpusched.core.topology import choose_gpus
+
+INF = math.inf
+_MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
+
+
+def is_mig_profile(kind: str) -> bool:
+    """``1g.10gb``, ``3g.40gb``, ``1g.10gb+me``: names of MIG slices, not GPU types."""
+    return _MIG_PROFILE.match(kind) is not None
+
+
+def kind_matches(kind: str, is_slice: bool, wanted: tuple[str, ...]) -> bool:
+    """Whether a unit of ``kind`` satisfies a request for one of ``wanted``.
+
+    No kinds asks for any whole GPU. A GPU type matches itself and its variants (``a100``
+    matches ``a100-80gb``); a MIG profile matches only slices of that profile.
+    """
+    if not wanted:
+        return not is_slice
+    for want in wanted:
+        if is_mig_profile(want):
+            if is_slice and kind == want:
+                return True
+        elif not is_slice and (kind == want or kind.startswith(want + "-")):
+            return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a job needs on each of its nodes, and for how long."""
+
+    kinds: tuple[str, ...]
+    gpus: int
+    cpus: int
+    mem_mb: int
+    nodes: int
+    duration: float  # INF: no time limit
+    uid: int
+
+    @classmethod
+    def of(cls, job: PendingJob) -> Shape:
+        """The shape of a pending job."""
+        return cls(job.gpu_kinds, job.gpus, job.cpus, job.mem_mb, max(1, job.nodes),
+                   INF if job.time_limit is None else float(job.time_limit), job.uid)
+
+
+class _Node:
+    """One usable node's free resources now, later releases, and reservations."""
+
+    __slots__ = ("index", "view", "free", "cpus", "mem", "releases", "reserved", "version",
+                 "total", "slices")
+
+    def __init__(self, index: int, view: NodeView, allocated: set[str]) -> None:
+        self.index = index
+        self.view = view
+        self.free: dict[str, list[GpuView]] = {}
+        self.total: dict[str, int] = {}
+        self.slices: set[str] = set()  # the kinds here that are MIG slices
+        for gpu in view.gpus:
+            if gpu.mig_mode or not gpu.healthy:
+                continue
+            self.total[gpu.kind] = self.total.get(gpu.kind, 0) + 1
+            if gpu.mig_profile is not None:
+                self.slices.add(gpu.kind)
+            if gpu.uuid not in allocated:
+                self.free.setdefault(gpu.kind, []).append(gpu)
+        for units in self.free.values():
+            units.sort(key=lambda g: g.index)
+        self.cpus: float = view.cpus if view.cpus else INF
+        self.mem: float = view.memory_mb if view.memory_mb else INF
+        # (time, kind, gpus, cpus, mem) given back at time; sorted by time.
+        self.releases: list[tuple[float, str, int, float, float]] = []
+        # (start, end, kind, gpus, cpus, mem) held for a blocked job.
+        self.reserved: list[tuple[float, float, str, int, float, float]] = []
+        self.version = 0
+
+    def count(self, kind: str) -> int:
+        """Free units of ``kind`` now."""
+        units = self.free.get(kind)
+        return len(units) if units else 0
+
+    def free_gpus(self) -> int:
+        """Free units of every kind now."""
+        return sum(len(units) for units in self.free.values())
+
+    def available(self, kind: str, at: float) -> tuple[float, float, float]:
+        """GPUs of ``kind``, CPUs and memory free at time ``at``, reservations taken."""
+        gpus: float = self.count(kind)
+        cpus, mem = self.cpus, self.mem
+        for when, k, g, c, m in self.releases:
+            if when > at:
+                break
+            if k == kind:
+                gpus += g
+            cpus += c
+            mem += m
+        for start, end, k, g, c, m in self.reserved:
+            if start <= at < end:
+                if k == kind:
+                    gpus -= g
+                cpus -= c
+                mem -= m
+        return gpus, cpus, mem
+
+    def fits(self, kind: str, shape: Shape, start: float) -> bool:
+        """Whether ``shape`` fits here from ``start`` for its whole duration."""
+        end = start + shape.duration
+        for at in (start, *(s for s, _, _, _, _, _ in self.reserved if start < s < end)):
+            gpus, cpus, mem = self.available(kind, at)
+            if gpus < shape.gpus or cpus < shape.cpus or mem < shape.mem_mb:
+                return False
+        return True
+
+    def earliest(self, kind: str, shape: Shape, now: float) -> float:
+        """The first time ``shape`` could start here and run its whole duration; INF if never."""
+        times = {now}
+        times.update(t for t, _, _, _, _ in self.releases if t > now)
+        times.update(e for _, e, _, _, _, _ in self.reserved if now < e < INF)
+        for at in sorted(times):
+            if self.fits(kind, shape, at):
+                return at
+        return INF
+
+
+class Capacity:
+    """The resources of the usable nodes during one pass."""
+
+    def __init__(self, nodes: Iterable[NodeView], running: Iterable[RunningJob],
+                 now: float) -> None:
+        self.now = now
+        running = list(running)
+        allocated = {uuid for job in running for uuid in job.gpu_uuids}
+        usable = sorted((n for n in nodes if n.state is NodeState.UP), key=lambda n: n.name)
+        self.nodes = [_Node(i, view, allocated) for i, view in enumerate(usable)]
+        self.index = {node.view.name: node.index for node in self.nodes}
+        self._release_running(running)
+        self.kinds = sorted({kind for node in self.nodes for kind in node.total})
+        self.slice_kinds = {kind for node in self.nodes for kind in node.slices}
+        self.most = max((units for node in self.nodes for units in node.total.values()),
+                        default=0)
+        # buckets[kind][n]: indexes of the nodes with exactly n free units of kind, sorted.
+        self.buckets: dict[str, list[list[int]]] = {
+            kind: [[] for _ in range(self.most + 1)] for kind in self.kinds}
+        for node in self.nodes:
+            for kind in node.total:
+                self.buckets[kind][node.count(kind)].append(node.index)
+        self.reserved_nodes: set[int] = set()
+        self._matching: dict[tuple[str, ...], list[str]] = {}
+        self._failed: dict[tuple[object, ...], list[tuple[int, int, int, float]]] = {}
+        self._earliest: dict[tuple[object, ...], float] = {}
+        self.restricted = any(node.view.run_uid is not None for node in self.nodes)
+
+    def _release_running(self, running: list[RunningJob]) -> None:
+        kind_of: dict[str, tuple[int, str]] = {}
+        for node in self.nodes:
+            for gpu in node.view.gpus:
+                kind_of[gpu.uuid] = (node.index, gpu.kind)
+        for job in running:
+            end = INF if job.end_time is None else job.end_time
+            held: dict[tuple[int, str], int] = {}
+            for uuid in job.gpu_uuids:
+                where = kind_of.get(uuid)
+                if where is not None:
+                    held[where] = held.get(where, 0) + 1
+            for name in job.nodes or (job.node,):
+                index = self.index.get(name)
+                if index is None:
+                    continue
+                node = self.nodes[index]
+                node.cpus -= job.cpus
+                node.mem -= job.mem_mb
+                if end < INF:
+                    insort(node.releases, (end, "", 0, float(job.cpus), float(job.mem_mb)))
+            if end < INF:
+                for (index, kind), count in held.items():
+                    insort(self.nodes[index].releases, (end, kind, count, 0.0, 0.0))
+
+    # -- which nodes may run a shape ------------------------------------------------
+    def matching(self, wanted: tuple[str, ...]) -> list[str]:
+        """The kinds in this cluster that satisfy a request for ``wanted``."""
+        found = self._matching.get(wanted)
+        if found is None:
+            found = [k for k in self.kinds if kind_matches(k, k in self.slice_kinds, wanted)]
+            self._matching[wanted] = found
+        return found
+
+    def _usable(self, node: _Node, shape: Shape) -> bool:
+        run_uid = node.view.run_uid
+        return run_uid is None or run_uid == shape.uid
+
+    def _fits_now(self, node: _Node, kind: str, shape: Shape) -> bool:
+        if node.index in self.reserved_nodes:
+            return node.fits(kind, shape, self.now)
+        return (node.count(kind) >= shape.gpus and node.cpus >= shape.cpus
+                and node.mem >= shape.mem_mb)
+
+    def _failed_before(self, key: tuple[object, ...], shape: Shape) -> bool:
+        return any(shape.gpus >= g and shape.cpus >= c and shape.mem_mb >= m
+                   and shape.duration >= d for g, c, m, d in self._failed.get(key, ()))
+
+    # -- now --------------------------------------------------------------------------
+    def place_now(self, shape: Shape, members: frozenset[int],
+                  group: object) -> list[tuple[int, str]] | None:
+        """Best-fit nodes (and the kind used on each) to start ``shape`` on now.
+
+        ``members`` are the node indexes it may use and ``group`` names that set (its
+        partition) for remembering failures. None when it cannot start now without
+        breaking a reservation.
+        """
+        key = (group, shape.kinds, shape.nodes, shape.uid if self.restricted else None)
+        if self._failed_before(key, shape):
+            return None
+        found = self._search_now(shape, members)
+        if found is None:
+            self._failed.setdefault(key, []).append(
+                (shape.gpus, shape.cpus, shape.mem_mb, shape.duration))
+        return found
+
+    def _search_now(self, shape: Shape, members: frozenset[int]) -> list[tuple[int, str]] | None:
+        if shape.gpus == 0:
+            fit = [(node.free_gpus(), node.index) for node in self.nodes
+                   if node.index in members and self._usable(node, shape)
+                   and self._fits_now(node, "", shape)]
+            fit.sort()
+            return [(index, "") for _, index in fit[:shape.nodes]] \
+                if len(fit) >= shape.nodes else None
+        kinds = self.matching(shape.kinds)
+        chosen: list[tuple[int, str]] = []
+        seen: set[int] = set()
+        for count in range(shape.gpus, self.most + 1):
+            for kind in kinds:
+                for index in self.buckets[kind][count]:
+                    if index in seen or index not in members:
+                        continue
+                    node = self.nodes[index]
+                    if self._usable(node, shape) and self._fits_now(node, kind, shape):
+                        if shape.nodes == 1:
+                            return [(index, kind)]
+                        seen.add(index)
+                        chosen.append((index, kind))
+        if len(chosen) < shape.nodes:
+            return None
+        return self._same_block(chosen, shape.nodes)
+
+    def _same_block(self, ordered: list[tuple[int, str]], count: int) -> list[tuple[int, str]]:
+        """``count`` of the (best first) nodes, from one topology block when one has enough."""
+        blocks: dict[str, list[tuple[int, str]]] = {}
+        for entry in ordered:
+            block = self.nodes[entry[0]].view.block
+            if block is not None:
+                blocks.setdefault(block, []).append(entry)
+        enough = [b for b in blocks.values() if len(b) >= count]
+        if enough:  # the tightest block that holds it, leaving bigger ones whole
+            return min(enough, key=len)[:count]
+        return ordered[:count]
+
+    def take(self, index: int, kind: str, shape: Shape) -> tuple[GpuView, ...]:
+        """Start ``shape`` on node ``index`` now: the units it gets, chosen by topology."""
+        node = self.nodes[index]
+        gpus: tuple[GpuView, ...] = ()
+        if shape.gpus:
+            free = node.free[kind]
+            before = len(free)
+            gpus = choose_gpus(node.view, free, shape.gpus, kind in node.slices)
+            taken = {gpu.uuid for gpu in gpus}
+            node.free[kind] = [gpu for gpu in free if gpu.uuid not in taken]
+            bucket = self.buckets[kind]
+            bucket[before].remove(index)
+            insort(bucket[before - shape.gpus], index)
+        node.cpus -= shape.cpus
+        node.mem -= shape.mem_mb
+        if shape.duration < INF:
+            insort(node.releases, (self.now + shape.duration, kind, shape.gpus,
+                                   float(shape.cpus), float(shape.mem_mb)))
+        node.version += 1
+        return gpus
+
+    # -- later ------------------------------------------------------------------------
+    def earliest(self, shape: Shape, members: frozenset[int]) -> tuple[float, list[tuple[int, str]]]:
+        """When and where ``shape`` could start at the earliest; (INF, []) if never."""
+        starts: list[tuple[float, int, str]] = []
+        for index in members:
+            node = self.nodes[index]
+            if not self._usable(node, shape):
+                continue
+            best = (INF, "")
+            for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+                if kind and node.total.get(kind, 0) < shape.gpus:
+                    continue
+                key = (index, node.version, kind, shape.gpus, shape.cpus, shape.mem_mb,
+                       shape.duration)
+                at = self._earliest.get(key)
+                if at is None:
+                    at = node.earliest(kind, shape, self.now)
+                    self._earliest[key] = at
+                best = min(best, (at, kind))
+            if best[0] < INF:
+                starts.append((best[0], index, best[1]))
+        if len(starts) < shape.nodes:
+            return INF, []
+        starts.sort()
+        if shape.nodes == 1:
+            at, index, kind = starts[0]
+            return at, [(index, kind)]
+        for at in sorted({t for t, _, _ in starts[shape.nodes - 1:]}):
+            ready = [(index, kind) for t, index, kind in starts if t <= at and (
+                index not in self.reserved_nodes or self.nodes[index].fits(kind, shape, at))]
+            if len(ready) >= shape.nodes:
+                return at, self._same_block(ready, shape.nodes)
+        return INF, []
+
+    def reserve(self, at: float, where: Sequence[tuple[int, str]], shape: Shape) -> None:
+        """Hold ``shape`` on these nodes from ``at`` for its duration."""
+        for index, kind in where:
+            node = self.nodes[index]
+            node.reserved.append((at, at + shape.duration, kind, shape.gpus,
+                                  float(shape.cpus), float(shape.mem_mb)))
+            node.version += 1
+            self.reserved_nodes.add(index)
+
+    def biggest_free(self, members: frozenset[int], shape: Shape) -> tuple[str, int] | None:
+        """The member node with the most free units of a kind the shape accepts, and how many."""
+        best: tuple[int, int] | None = None
+        kinds = self.matching(shape.kinds)
+        for index in sorted(members):
+            node = self.nodes[index]
+            if not self._usable(node, shape):
+                continue
+            free = max((node.count(kind) for kind in kinds), default=0)
+            if best is None or free > best[0]:
+                best = (free, index)
+        return None if best is None else (self.nodes[best[1]].view.name, best[0])
