@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -72,8 +72,8 @@ class Shape:
 class _Node:
     """One usable node's free resources now, later releases, and reservations."""
 
-    __slots__ = ("index", "view", "free", "cpus", "mem", "releases", "reserved", "version",
-                 "total", "slices")
+    __slots__ = ("index", "view", "free", "cpus", "mem", "releases", "reserved", "total",
+                 "slices")
 
     def __init__(self, index: int, view: NodeView, allocated: set[str]) -> None:
         self.index = index
@@ -97,7 +97,6 @@ class _Node:
         self.releases: list[tuple[float, str, int, float, float]] = []
         # (start, end, kind, gpus, cpus, mem) held for a blocked job.
         self.reserved: list[tuple[float, float, str, int, float, float]] = []
-        self.version = 0
 
     def count(self, kind: str) -> int:
         """Free units of ``kind`` now."""
@@ -172,7 +171,13 @@ class Capacity:
         self.reserved_nodes: set[int] = set()
         self._matching: dict[tuple[str, ...], list[str]] = {}
         self._failed: dict[tuple[object, ...], list[tuple[int, int, int, float]]] = {}
-        self._earliest: dict[tuple[object, ...], float] = {}
+        # Per (kind, gpus, cpus, mem): sorted (earliest start, node), each node's entry,
+        # and how much of the change log it has seen.
+        self._starts: dict[tuple[str, int, int, int],
+                           tuple[list[tuple[float, int]], dict[int, float], int]] = {}
+        self._changed: list[int] = []  # nodes changed by a start or a reservation, in order
+        self._versions = [0] * len(self.nodes)  # changes to each node so far
+        self._reserved_starts: dict[tuple[object, ...], tuple[float, int]] = {}
         self.restricted = any(node.view.run_uid is not None for node in self.nodes)
 
     def _release_running(self, running: list[RunningJob]) -> None:
@@ -297,33 +302,66 @@ class Capacity:
         if shape.duration < INF:
             insort(node.releases, (self.now + shape.duration, kind, shape.gpus,
                                    float(shape.cpus), float(shape.mem_mb)))
-        node.version += 1
+        self._changed.append(index)
+        self._versions[index] += 1
         return gpus
 
     # -- later ------------------------------------------------------------------------
+    def _monotone_starts(self, kind: str, shape: Shape) -> list[tuple[float, int]]:
+        """(earliest start, node) for ``shape`` on every node without a reservation, sorted.
+
+        Such a node only gains resources as time goes on, so when a shape could start
+        there does not depend on how long it runs: one list serves every job of the same
+        size, and only the nodes changed since it was last used are looked at again.
+        """
+        key = (kind, shape.gpus, shape.cpus, shape.mem_mb)
+        entry = self._starts.get(key)
+        if entry is None:
+            starts = sorted((node.earliest(kind, shape, self.now), node.index)
+                            for node in self.nodes
+                            if node.index not in self.reserved_nodes
+                            and (not kind or node.total.get(kind, 0) >= shape.gpus))
+            self._starts[key] = (starts, {i: t for t, i in starts}, len(self._changed))
+            return starts
+        starts, at, seen = entry
+        for index in set(self._changed[seen:]):
+            old = at.pop(index, None)
+            if old is not None:
+                del starts[bisect_left(starts, (old, index))]
+            node = self.nodes[index]
+            if index not in self.reserved_nodes and (not kind or node.total.get(kind, 0) >= shape.gpus):
+                at[index] = node.earliest(kind, shape, self.now)
+                insort(starts, (at[index], index))
+        self._starts[key] = (starts, at, len(self._changed))
+        return starts
+
     def earliest(self, shape: Shape, members: frozenset[int]) -> tuple[float, list[tuple[int, str]]]:
         """When and where ``shape`` could start at the earliest; (INF, []) if never."""
         starts: list[tuple[float, int, str]] = []
-        for index in members:
-            node = self.nodes[index]
-            if not self._usable(node, shape):
-                continue
-            best = (INF, "")
-            for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
-                if kind and node.total.get(kind, 0) < shape.gpus:
-                    continue
-                key = (index, node.version, kind, shape.gpus, shape.cpus, shape.mem_mb,
-                       shape.duration)
-                at = self._earliest.get(key)
-                if at is None:
-                    at = node.earliest(kind, shape, self.now)
-                    self._earliest[key] = at
-                best = min(best, (at, kind))
-            if best[0] < INF:
-                starts.append((best[0], index, best[1]))
+        for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+            found = 0
+            for at, index in self._monotone_starts(kind, shape):
+                if at == INF or found >= shape.nodes:
+                    break
+                if index in members and self._usable(self.nodes[index], shape):
+                    starts.append((at, index, kind))
+                    found += 1
+            for index in self.reserved_nodes & members:
+                node = self.nodes[index]
+                if self._usable(node, shape) and (not kind or node.total.get(kind, 0) >= shape.gpus):
+                    key = (index, kind, shape.gpus, shape.cpus, shape.mem_mb, shape.duration)
+                    cached = self._reserved_starts.get(key)
+                    if cached is None or cached[1] != self._versions[index]:
+                        cached = (node.earliest(kind, shape, self.now), self._versions[index])
+                        self._reserved_starts[key] = cached
+                    if cached[0] < INF:
+                        starts.append((cached[0], index, kind))
+        best: dict[int, tuple[float, int, str]] = {}
+        for entry in sorted(starts):
+            best.setdefault(entry[1], entry)  # one kind per node: its earliest
+        starts = sorted(best.values())
         if len(starts) < shape.nodes:
             return INF, []
-        starts.sort()
         if shape.nodes == 1:
             at, index, kind = starts[0]
             return at, [(index, kind)]
@@ -340,8 +378,9 @@ class Capacity:
             node = self.nodes[index]
             node.reserved.append((at, at + shape.duration, kind, shape.gpus,
                                   float(shape.cpus), float(shape.mem_mb)))
-            node.version += 1
             self.reserved_nodes.add(index)
+            self._changed.append(index)
+            self._versions[index] += 1
 
     def biggest_free(self, members: frozenset[int], shape: Shape) -> tuple[str, int] | None:
         """The member node with the most free units of a kind the shape accepts, and how many."""
