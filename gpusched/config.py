@@ -80,10 +80,14 @@ class SchedulerConfig:
     fairshare: str = "fair_tree"
     half_life: float = 7 * 86400.0
     usage_interval: float = 30.0
+    backfill: str = "easy"
+    reservations: int | None = None
+    backfill_max_jobs: int | None = 5000
 
     def policy(self) -> Policy:
         """The core Policy these settings describe."""
-        return Policy(weights=self.weights, fairshare=self.fairshare)
+        return Policy(weights=self.weights, fairshare=self.fairshare, backfill=self.backfill,
+                      reservations=self.reservations, backfill_max_jobs=self.backfill_max_jobs)
 
 
 @dataclass(frozen=True)
@@ -195,8 +199,19 @@ def _controller(r: TableReader) -> ControllerConfig:
 
 
 def _scheduler(r: TableReader) -> SchedulerConfig:
-    r.check_keys({"fairshare", "half_life", "usage_interval", "weights"})
+    r.check_keys({"fairshare", "half_life", "usage_interval", "weights", "backfill",
+                  "reservations", "backfill_max_jobs"})
     defaults = SchedulerConfig()
+    backfill = r.get("backfill", str, defaults.backfill, "'none', 'easy' or 'conservative'")
+    if backfill not in ("none", "easy", "conservative"):
+        raise r.fail("backfill", "'none', 'easy' or 'conservative'")
+    reservations = r.get("reservations", int, None, "a number of jobs (0 or more)")
+    if reservations is not None and reservations < 0:
+        raise r.fail("reservations", "a number of jobs (0 or more)")
+    max_jobs = r.get("backfill_max_jobs", int, defaults.backfill_max_jobs,
+                     "a number of jobs (1 or more; 0 for no limit)")
+    if max_jobs is not None and max_jobs < 0:
+        raise r.fail("backfill_max_jobs", "a number of jobs (1 or more; 0 for no limit)")
     fairshare = r.get("fairshare", str, defaults.fairshare, "'fair_tree' or 'classic'")
     if fairshare not in ("fair_tree", "classic"):
         raise r.fail("fairshare", "'fair_tree' or 'classic'")
@@ -218,6 +233,7 @@ def _scheduler(r: TableReader) -> SchedulerConfig:
         weights=weights, fairshare=fairshare,
         half_life=float(half_life) if half_life else 0.0,
         usage_interval=r.positive("usage_interval", defaults.usage_interval),
+        backfill=backfill, reservations=reservations, backfill_max_jobs=max_jobs or None,
     )
 
 

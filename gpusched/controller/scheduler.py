@@ -89,6 +89,7 @@ class SchedulerLoop:
         self.sessions = sessions
         self.events = events
         self.policy = policy or Policy()
+        self.resume_after: int | None = None  # where the last pass stopped examining, if early
         self.leadership = Leadership(dsn)
         self.stats = PassStats()
         self._stop = threading.Event()
@@ -131,7 +132,8 @@ class SchedulerLoop:
         started = time.monotonic()
         with self.sessions() as session, session.begin():
             snapshot, node_ids = load_snapshot(session)
-            decided = plan(snapshot, time.time(), self.policy)
+            decided = plan(snapshot, time.time(), self.policy, self.resume_after)
+            self.resume_after = decided.resume_after
             woken = apply_plan(session, snapshot, decided, node_ids)
             notify_in(session, *(f"node:{name}" for name in sorted(woken)))
         for name in woken:

@@ -11,7 +11,9 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
+from gpusched.core.capacity import kind_matches
 from gpusched.core.dependency import DependencyError, parse_dependency
+from gpusched.core.shapes import ShapeError, parse_gpus
 from gpusched.core.timefmt import format_duration
 from gpusched.db.engine import rowcount
 from gpusched.db.models import AccountUser, Allocation, Gpu, Job, Node, Partition, Qos
@@ -154,12 +156,63 @@ def set_hold(session: Session, job_id: int, who: Identity, hold: bool) -> Job:
     return job
 
 
-def _largest_node(session: Session, part: Partition) -> int | None:
-    """Most GPUs on any registered node of ``part``; None when it has no nodes yet."""
-    count = func.count(Gpu.id).filter(Gpu.present, Gpu.parent_id.is_(None))
-    query = select(Node.name, count).outerjoin(Gpu, Gpu.node_id == Node.id).group_by(Node.name)
-    sizes = [n for name, n in session.execute(query) if "*" in part.nodes or name in part.nodes]
-    return max(sizes) if sizes else None
+def _check_fits(session: Session, part: Partition, per_node: int, kinds: tuple[str, ...],
+                nodes: int, cpus: int, mem_mb: int) -> None:
+    """Refuse a shape no set of registered nodes of ``part`` could ever hold.
+
+    A partition without registered nodes yet takes anything.
+    """
+    rows = session.execute(
+        select(Node.id, Node.name, Node.cpus, Node.memory_mb)).all()
+    members = [(nid, name, c, m) for nid, name, c, m in rows if "*" in part.nodes or name in part.nodes]
+    if not members:
+        return
+    gpus = session.execute(select(Gpu.id, Gpu.node_id, Gpu.gpu_type, Gpu.mig_profile, Gpu.parent_id)
+                           .where(Gpu.present, Gpu.node_id.in_([m[0] for m in members]))).all()
+    parents = {parent for *_, parent in gpus if parent is not None}
+    per: dict[tuple[int, str], int] = {}
+    for gpu_id, node_id, gpu_type, profile, _ in gpus:
+        if gpu_id in parents:
+            continue  # a GPU in MIG mode is never given out whole
+        kind = profile or gpu_type or "gpu"
+        if kind_matches(kind, profile is not None, kinds):
+            per[(node_id, kind)] = per.get((node_id, kind), 0) + 1
+    most = {nid: max((n for (node_id, _), n in per.items() if node_id == nid), default=0)
+            for nid, *_ in members}
+    able = [name for nid, name, c, m in members
+            if most[nid] >= per_node and (not c or c >= cpus) and (not m or m >= mem_mb)]
+    if len(able) >= nodes:
+        return
+    what = f"{per_node} {'|'.join(kinds) + ' ' if kinds else ''}GPUs"
+    extra = "".join([f", {cpus} CPUs" if cpus else "", f", {mem_mb} MiB" if mem_mb else ""])
+    if nodes == 1:
+        raise UsageError(f"requested {what}{extra} on one node, but no node in partition "
+                         f"{part.name} has that (the most: {max(most.values())} such GPUs)")
+    raise UsageError(f"requested {nodes} nodes with {what}{extra} each, but partition "
+                     f"{part.name} has only {len(able)} such node(s)")
+
+
+def _shape(body: dict[str, Any], gpus: int) -> tuple[tuple[str, ...], int, int, int]:
+    """GPU types, nodes, and CPUs and memory per node, validated."""
+    types = _field(body, "gpu_types", list, [], "a list of GPU types or MIG profiles")
+    if not all(isinstance(t, str) for t in types):
+        raise UsageError("gpu_types: expected a list of GPU types or MIG profiles")
+    try:
+        kinds = parse_gpus("|".join(types) + ":1", "gpu_types")[0] if types else ()
+    except ShapeError as exc:
+        raise UsageError(str(exc)) from None
+    nodes = _field(body, "nodes", int, 1, "a number of nodes (1 or more)")
+    cpus = _field(body, "cpus", int, 0, "CPUs per node (0 or more)")
+    mem_mb = _field(body, "mem_mb", int, 0, "MiB of memory per node (0 or more)")
+    if nodes < 1:
+        raise UsageError(f"nodes: expected a number of nodes (1 or more), got {nodes}")
+    if cpus < 0 or mem_mb < 0:
+        raise UsageError("cpus, mem_mb: expected 0 or more")
+    if gpus % nodes:
+        raise UsageError(f"gpus: {gpus} GPUs cannot be spread evenly over {nodes} nodes")
+    if kinds and gpus == 0:
+        raise UsageError("gpu_types: a GPU type needs a number of GPUs (--gpus TYPE:N)")
+    return kinds, nodes, cpus, mem_mb
 
 
 def _validate_time(part: Partition, limit: int | str | None) -> int | None:
@@ -210,11 +263,8 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     if part.max_gpus_per_job is not None and gpus > part.max_gpus_per_job:
         raise UsageError(f"requested {gpus} GPUs, more than the {part.max_gpus_per_job} "
                          f"per job partition {part.name} allows")
-    largest = _largest_node(session, part)
-    if largest is not None and gpus > largest:
-        raise UsageError(
-            f"requested {gpus} GPUs, but no node in partition {part.name} has more than {largest}"
-        )
+    kinds, nodes, cpus, mem_mb = _shape(body, gpus)
+    _check_fits(session, part, gpus // nodes, kinds, nodes, cpus, mem_mb)
     begin = _begin_time(body.get("begin_time"))
     dependency = _dependency(session, _field(body, "dependency", str, None, "a dependency"))
     hold = "user" if _field(body, "hold", bool, False, "true or false") else None
@@ -226,7 +276,8 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
         account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
-        environment=env, output=output, error=error,
+        environment=env, output=output, error=error, gpu_types=list(kinds), nodes=nodes,
+        cpus=cpus, mem_mb=mem_mb,
     )
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks
@@ -327,6 +378,9 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         "work_dir": job.work_dir, "output": job.output, "error": job.error,
         "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
         "array_tasks": job.array_tasks, "array_max_running": job.array_max_running,
+        "gpu_types": list(job.gpu_types), "nodes": job.nodes, "cpus": job.cpus,
+        "mem_mb": job.mem_mb, "start_kind": job.start_kind,
+        "expected_start": _iso(job.expected_start), "node_names": job.node_names,
         "display_id": display_id(job.id, job.array_job_id, job.array_task_id, job.array_tasks,
                                  job.array_max_running),
     }

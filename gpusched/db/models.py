@@ -78,6 +78,9 @@ class Node(Base):
     state: Mapped[str] = mapped_column(Text, server_default=text("'DOWN'"))
     reason: Mapped[str | None] = mapped_column(Text)
     run_uid: Mapped[int | None] = mapped_column(Integer)
+    cpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # 0: not counted
+    memory_mb: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # 0: not counted
+    block: Mapped[str | None] = mapped_column(Text)  # topology block (switch, rack)
     registered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_seen: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -125,6 +128,7 @@ class Job(Base):
         CheckConstraint(_in("state", JOB_STATES), name="state"),
         CheckConstraint("gpus >= 0", name="gpus"),
         CheckConstraint("hold IN ('user', 'admin')", name="hold"),
+        CheckConstraint("nodes >= 1", name="nodes"),
         Index(
             "ix_jobs_active", "state", "submit_time",
             postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
@@ -172,6 +176,16 @@ class Job(Base):
     array_tasks: Mapped[str | None] = mapped_column(Text)
     array_spec: Mapped[str | None] = mapped_column(Text)
     array_max_running: Mapped[int | None] = mapped_column(Integer)
+    # The shape: ``gpus`` in all over ``nodes`` nodes (the same number on each), of one of
+    # ``gpu_types`` (types or MIG profiles; empty: any whole GPU), with ``cpus`` and
+    # ``mem_mb`` on each node (0: not counted).
+    gpu_types: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    nodes: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    cpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    mem_mb: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    start_kind: Mapped[str | None] = mapped_column(Text)  # immediate or backfilled
+    expected_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    node_names: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # every node it runs on
 
 
 class Allocation(Base):

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import drop_first
 from gpusched.core.dependency import dependency_clauses
+from gpusched.core.topology import link_rank
 from gpusched.core.fairshare import Account as CoreAccount
 from gpusched.core.fairshare import UserShare
 from gpusched.core.model import (
@@ -32,6 +33,7 @@ from gpusched.db.models import (
     Allocation,
     FairShareUsage,
     Gpu,
+    GpuLink,
     Job,
     Node,
     Partition,
@@ -40,21 +42,32 @@ from gpusched.db.models import (
 
 
 def _nodes(session: Session) -> tuple[tuple[NodeView, ...], dict[str, int]]:
-    """Nodes with their usable GPUs in index order, and node ids by name."""
-    node_rows = session.execute(select(Node.id, Node.name, Node.state, Node.run_uid)
-                                .order_by(Node.name)).all()
+    """Nodes with their GPUs and MIG slices in index order, and node ids by name."""
+    node_rows = session.execute(select(Node.id, Node.name, Node.state, Node.run_uid, Node.cpus,
+                                       Node.memory_mb, Node.block).order_by(Node.name)).all()
+    rows = session.execute(
+        select(Gpu.id, Gpu.node_id, Gpu.index, Gpu.uuid, Gpu.healthy, Gpu.gpu_type,
+               Gpu.mig_profile, Gpu.parent_id).where(Gpu.present)).all()
+    index_of = {gpu_id: index for gpu_id, _, index, *_ in rows}
+    parents = {parent for *_, parent in rows if parent is not None}
     gpus: dict[int, list[GpuView]] = {}
-    for node_id, index, uuid, healthy in session.execute(
-        select(Gpu.node_id, Gpu.index, Gpu.uuid, Gpu.healthy)
-        .where(Gpu.present, Gpu.parent_id.is_(None))
-    ):
-        gpus.setdefault(node_id, []).append(GpuView(uuid, index, healthy))
+    for gpu_id, node_id, index, uuid, healthy, gpu_type, profile, parent in rows:
+        gpus.setdefault(node_id, []).append(GpuView(
+            uuid, index, healthy, gpu_type or "gpu", profile,
+            index_of.get(parent) if parent is not None else None, gpu_id in parents))
+    links: dict[int, dict[tuple[int, int], int]] = {}
+    for node_id, a, b, kind, nvlinks in session.execute(
+            select(Gpu.node_id, GpuLink.gpu_a, GpuLink.gpu_b, GpuLink.kind, GpuLink.nvlinks)
+            .join(Gpu, Gpu.id == GpuLink.gpu_a)):
+        if a in index_of and b in index_of:
+            pair = sorted((index_of[a], index_of[b]))
+            links.setdefault(node_id, {})[(pair[0], pair[1])] = link_rank(kind, nvlinks)
     nodes = tuple(
         NodeView(name, NodeState(state), tuple(sorted(gpus.get(nid, []), key=lambda g: g.index)),
-                 run_uid)
-        for nid, name, state, run_uid in node_rows
+                 run_uid, cpus, memory_mb, block, links.get(nid, {}))
+        for nid, name, state, run_uid, cpus, memory_mb, block in node_rows
     )
-    return nodes, {name: nid for nid, name, _, _ in node_rows}
+    return nodes, {name: nid for nid, name, *_ in node_rows}
 
 
 def _partitions(session: Session, all_names: tuple[str, ...]) -> tuple[PartitionView, ...]:
@@ -73,15 +86,16 @@ def _partitions(session: Session, all_names: tuple[str, ...]) -> tuple[Partition
 
 def _pending(session: Session) -> tuple[PendingJob, ...]:
     return tuple(
-        PendingJob(jid, part, n, uid, submitted.timestamp(), limit, Reason(reason), user,
-                   account, qos, hold, begin.timestamp() if begin else None, dependency, name,
-                   array_job, array_tasks, array_cap)
+        PendingJob(jid, part, n // nodes, uid, submitted.timestamp(), limit, Reason(reason),
+                   user, account, qos, hold, begin.timestamp() if begin else None, dependency,
+                   name, array_job, array_tasks, array_cap, tuple(types), nodes, cpus, mem)
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
-        dependency, name, array_job, array_tasks, array_cap in session.execute(
+        dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem
+        in session.execute(
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
                    Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
                    Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
-                   Job.array_max_running)
+                   Job.array_max_running, Job.gpu_types, Job.nodes, Job.cpus, Job.mem_mb)
             .where(Job.state == "PENDING"))
     )
 
@@ -96,12 +110,15 @@ def _running(session: Session) -> tuple[tuple[RunningJob, ...], frozenset[tuple[
         gpus_of.setdefault(job_id, []).append(uuid)
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
     rows = session.execute(
-        select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name, Job.array_job_id)
+        select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name, Job.array_job_id,
+               Job.start_time, Job.time_limit, Job.cpus, Job.mem_mb, Job.node_names)
         .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING")).all()
-    running = tuple(RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos,
-                               array_job)
-                    for job_id, node, user, account, qos, _, array_job in rows)
-    return running, frozenset((user, name) for _, _, user, _, _, name, _ in rows)
+    running = tuple(
+        RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos, array_job,
+                   start.timestamp() + limit if start is not None and limit else None,
+                   cpus, mem, tuple(names or ()))
+        for job_id, node, user, account, qos, _, array_job, start, limit, cpus, mem, names in rows)
+    return running, frozenset((row[2], row[5]) for row in rows)
 
 
 def _dependency_states(session: Session, pending: tuple[PendingJob, ...]) -> dict[int, JobState]:
@@ -157,14 +174,21 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
 _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos", "begin_time",
                 "dependency", "gpus", "time_limit", "submit_time", "script", "args", "work_dir",
                 "environment", "output", "error", "array_job_id", "array_spec",
-                "array_max_running")
+                "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb")
 _SPLIT_TASKS = text(
-    f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, state, reason, "
-    f"start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "
-    "'RUNNING', 'None', :now FROM jobs AS j, "
-    "unnest(CAST(:tasks AS integer[]), CAST(:nodes AS integer[])) AS t(task, node) "
-    "WHERE j.id = :record RETURNING id, array_task_id"
+    f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
+    f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "
+    "t.kind, 'RUNNING', 'None', :now FROM jobs AS j, "
+    "unnest(CAST(:tasks AS integer[]), CAST(:nodes AS integer[]), CAST(:kinds AS text[])) "
+    "AS t(task, node, kind) WHERE j.id = :record RETURNING id, array_task_id"
 )
+
+
+def _started(start: Start, node_ids: dict[str, int], now: datetime) -> dict[str, object]:
+    """The columns a start sets."""
+    return {"state": "RUNNING", "reason": "None", "start_time": now,
+            "node_id": node_ids[start.node], "start_kind": start.kind.value,
+            "expected_start": None, "node_names": list(start.nodes) if start.nodes else None}
 
 
 def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
@@ -180,8 +204,7 @@ def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
     last = starts[-1] if remaining is None else None
     values: dict[str, object] = {"array_tasks": remaining}
     if last is not None:
-        values.update(array_task_id=last.array_task_id, state="RUNNING", reason="None",
-                      start_time=now, node_id=node_ids[last.node])
+        values.update(array_task_id=last.array_task_id, **_started(last, node_ids, now))
     swapped = rowcount(session.execute(
         update(Job).where(Job.id == record.job_id, Job.state == "PENDING",
                           Job.array_tasks == record.array_tasks).values(**values)))
@@ -193,7 +216,8 @@ def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
         by_task = {start.array_task_id: start for start in split}
         for job_id, task in session.execute(_SPLIT_TASKS, {
                 "now": now, "record": record.job_id, "tasks": list(by_task),
-                "nodes": [node_ids[start.node] for start in split]}):
+                "nodes": [node_ids[start.node] for start in split],
+                "kinds": [start.kind.value for start in split]}):
             started[job_id] = by_task[task]
     return started
 
@@ -214,17 +238,17 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
             tasks_of.setdefault(start.job_id, []).append(start)
         elif rowcount(session.execute(
                 update(Job).where(Job.id == start.job_id, Job.state == "PENDING")
-                .values(state="RUNNING", reason="None", start_time=now,
-                        node_id=node_ids[start.node]))):
+                .values(**_started(start, node_ids, now)))):
             started[start.job_id] = start
     if tasks_of:
         records = {job.job_id: job for job in snapshot.pending if job.job_id in tasks_of}
         for record_id, starts in tasks_of.items():
             started.update(_start_tasks(session, records[record_id], starts, node_ids, now))
-    gpu_ids = dict(session.execute(select(Gpu.uuid, Gpu.id).where(
-        Gpu.uuid.in_([u for start in started.values() for u in start.gpu_uuids]))).all()
-    ) if started else {}
-    allocations = [{"job_id": job_id, "gpu_id": gpu_ids[u], "node_id": node_ids[start.node],
+    gpu_ids = {uuid: (gpu_id, node_id) for uuid, gpu_id, node_id in session.execute(
+        select(Gpu.uuid, Gpu.id, Gpu.node_id).where(
+            Gpu.uuid.in_([u for start in started.values() for u in start.gpu_uuids])))
+    } if started else {}
+    allocations = [{"job_id": job_id, "gpu_id": gpu_ids[u][0], "node_id": gpu_ids[u][1],
                     "allocated_at": now}
                    for job_id, start in started.items() for u in start.gpu_uuids]
     if allocations:
@@ -242,4 +266,21 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
             .values(reason=bindparam("r")),
             changed,
         )
+    _expected_starts(session, plan)
     return {start.node for start in started.values()}
+
+
+def _expected_starts(session: Session, plan: Plan) -> None:
+    """Reserved jobs get their expected start; other pending jobs lose a stale one."""
+    jobs_table = Job.__table__
+    assert isinstance(jobs_table, Table)
+    if plan.reservations:
+        session.connection().execute(
+            update(jobs_table).where(jobs_table.c.id == bindparam("jid"),
+                                     jobs_table.c.state == "PENDING")
+            .values(expected_start=bindparam("at")),
+            [{"jid": r.job_id, "at": datetime.fromtimestamp(r.start_time, UTC)}
+             for r in plan.reservations])
+    session.execute(update(Job).where(
+        Job.state == "PENDING", Job.expected_start.is_not(None),
+        Job.id.not_in([r.job_id for r in plan.reservations])).values(expected_start=None))

@@ -80,7 +80,7 @@ def test_unlimited_time_is_sent_as_unlimited() -> None:
 
 def test_directive_errors_name_the_line(in_tmp: Path) -> None:
     (in_tmp / "job.sh").write_text("#!/bin/sh\n# comment\n#GSUB --gpus=x\ntrue\n")
-    with pytest.raises(UsageError, match=r"^line 3: #GSUB --gpus=x: Invalid value"):
+    with pytest.raises(UsageError, match=r"^line 3: #GSUB: invalid --gpus 'x'"):
         parse_submit(["job.sh"])
 
 
@@ -88,7 +88,8 @@ def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
     sub = parse_submit(["-J", "n", "--wrap", "true", "-o", "o.txt", "-A", "bio"])
     body = gsubmit.submission_body(sub, work_dir="/w", environment={"A": "1"})
     assert body == {
-        "script": sub.script, "args": [], "name": "n", "gpus": 0, "time_limit": None,
+        "script": sub.script, "args": [], "name": "n", "gpus": 0, "gpu_types": [], "nodes": 1,
+        "cpus": 0, "mem_mb": 0, "time_limit": None,
         "partition": None, "account": "bio", "qos": None, "hold": False, "begin_time": None, "dependency": None,
         "array": None, "work_dir": "/w",
         "environment": {"A": "1"}, "output": "o.txt", "error": None,
@@ -283,3 +284,26 @@ def test_explain_lines_for_a_pending_array_and_an_ended_job() -> None:
     ended = {"job": job(state="COMPLETED"), "reason": "None", "blockers": [], "would_start": []}
     assert gqueue.explain_lines(ended) == [
         "Job 17 (train, user alice, partition gpu) is COMPLETED: nothing holds it back."]
+
+
+@pytest.mark.parametrize(("argv", "shape"), [
+    (["--gpus", "a100|H100:4"], (4, ["a100", "h100"], 1, 0, 0)),
+    (["-G", "1g.10gb:2"], (2, ["1g.10gb"], 1, 0, 0)),
+    (["--gres=gpu:l4:2", "-N", "2"], (4, ["l4"], 2, 0, 0)),
+    (["--gres", "gpu"], (1, [], 1, 0, 0)),
+    (["-N", "3", "--gpus-per-node", "8", "--cpus-per-gpu", "4", "--mem-per-gpu", "16G"],
+     (24, [], 3, 32, 8 * 16 * 1024)),
+    (["-G", "4", "-N", "2", "--mem", "512M"], (4, [], 2, 0, 512)),
+    (["--mem", "1T"], (0, [], 1, 0, 1024 * 1024)),
+])
+def test_resource_options_make_the_shape(in_tmp: Path, argv: list[str],
+                                         shape: tuple[object, ...]) -> None:
+    body = gsubmit.submission_body(parse_submit([*argv, "--wrap", "true"]), work_dir="/w",
+                                   environment={})
+    assert (body["gpus"], body["gpu_types"], body["nodes"], body["cpus"], body["mem_mb"]) == shape
+
+
+def test_resource_directives_name_their_line(in_tmp: Path) -> None:
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --gres=gpu:a100:2\n#SBATCH --mem=9X\ntrue\n")
+    with pytest.raises(UsageError, match=r"^line 3: #SBATCH: invalid --mem '9X'"):
+        parse_submit(["job.sh"])

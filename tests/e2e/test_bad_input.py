@@ -14,7 +14,7 @@ from tests.e2e.cluster import Cluster
         (["--gpus", "-1", "--wrap", "true"], "gpus"),
         (["--time", "abc", "--wrap", "true"], "invalid time"),
         (["/no/such/script.sh"], "/no/such/script.sh"),
-        (["--gpus", "5", "--wrap", "true"], "no node in partition gpu has more than 4"),
+        (["--gpus", "5", "--wrap", "true"], "no node in partition gpu has that (the most: 4 such GPUs)"),
         (["--time", "2-00:00:00", "--wrap", "true"], "MaxTime"),
         (["--time", "UNLIMITED", "--wrap", "true"], "UNLIMITED"),
     ],

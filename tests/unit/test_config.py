@@ -134,7 +134,7 @@ def test_unknown_key(tmp_path: Path) -> None:
 
 
 def test_unknown_top_level_table(tmp_path: Path) -> None:
-    path = write(tmp_path, "[scheduler]\nbackfill = true\n")
+    path = write(tmp_path, "[scheduler]\nbf_window = 3\n")
     message = load_error(path)
     assert str(path) in message and "scheduler" in message and "unknown key" in message
 

@@ -1,0 +1,71 @@
+"""sbatch's resource options, parsed: ``--gpus [TYPE[|TYPE...]:]N``, ``--gres gpu[:TYPE]:N``,
+and memory sizes (``--mem 64G``).
+
+A TYPE is a GPU type as the cluster names them (``a100``, ``h100-80gb``, ``l4``; a
+prefix such as ``a100`` takes every A100 variant) or a MIG profile (``1g.10gb``).
+"""
+
+from __future__ import annotations
+
+import re
+
+_KIND = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
+_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_MEM_FACTORS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1}
+
+
+class ShapeError(ValueError):
+    """A resource option is malformed."""
+
+
+def _count(text: str, what: str, whole: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise ShapeError(f"invalid {what} {whole!r}: {text!r} is not a whole number of GPUs")
+    return int(text)
+
+
+def _kinds(text: str, what: str, whole: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip().lower() for k in text.split("|"))
+    for kind in kinds:
+        if not _KIND.match(kind):
+            raise ShapeError(f"invalid {what} {whole!r}: {kind!r} is not a GPU type or MIG "
+                             f"profile (such as a100, h100-80gb or 1g.10gb)")
+    return kinds
+
+
+def parse_gpus(text: str, what: str = "--gpus") -> tuple[tuple[str, ...], int]:
+    """``2``, ``a100:2``, ``a100|h100:2``, ``1g.10gb:1``: the acceptable kinds and the count."""
+    whole = text.strip()
+    kinds_text, colon, count_text = whole.rpartition(":")
+    if not colon:
+        return (), _count(whole, what, whole)
+    if not kinds_text:
+        raise ShapeError(f"invalid {what} {whole!r}: expected N or TYPE:N")
+    return _kinds(kinds_text, what, whole), _count(count_text, what, whole)
+
+
+def parse_gres(text: str) -> tuple[tuple[str, ...], int]:
+    """``gpu:2``, ``gpu:a100:2``, ``gpu`` (one GPU): Slurm's generic resource for GPUs."""
+    whole = text.strip()
+    parts = whole.split(":")
+    if parts[0] != "gpu":
+        raise ShapeError(f"invalid --gres {whole!r}: only gpu[:TYPE]:N is a resource here")
+    if len(parts) == 1:
+        return (), 1
+    if len(parts) == 2:
+        if parts[1].isdigit():
+            return (), _count(parts[1], "--gres", whole)
+        return _kinds(parts[1], "--gres", whole), 1
+    if len(parts) == 3:
+        return _kinds(parts[1], "--gres", whole), _count(parts[2], "--gres", whole)
+    raise ShapeError(f"invalid --gres {whole!r}: expected gpu[:TYPE]:N")
+
+
+def parse_memory(text: str, what: str = "--mem") -> int:
+    """A memory size in MiB: ``4096``, ``64G``, ``512M``, ``1T`` (no unit: MiB, as in Slurm)."""
+    match = _MEM.match(text.strip())
+    if not match:
+        raise ShapeError(f"invalid {what} {text.strip()!r}: expected a size such as 4096, "
+                         f"512M, 64G or 1T")
+    value = int(match.group(1)) * _MEM_FACTORS[match.group(2).upper()]
+    return max(1, round(value)) if int(match.group(1)) else 0
