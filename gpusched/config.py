@@ -25,6 +25,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 # GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form of MIG devices.
 _GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+)$")
+_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
 
@@ -37,6 +38,7 @@ class StaticGpu:
     name: str = "Demo GPU"
     memory_mb: int = 0
     pci_bus_id: str = ""
+    type: str = "gpu"  # normalised GPU type requests name (a100-80gb, h100-80gb, l4)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class AgentConfig:
     kill_grace: float = 30.0
     gpu_source: str = "static"
     static_gpus: tuple[StaticGpu, ...] = ()
+    block: str | None = None  # topology block (switch, rack) multi-node jobs keep within
 
 
 @dataclass(frozen=True)
@@ -253,7 +256,10 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
         if not isinstance(entry, dict):
             raise r.fail("static", "an array of tables [[agent.gpus.static]]")
         g = TableReader(r.source, entry, f"{r.prefix}static[{i}].")
-        g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id"})
+        g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id", "type"})
+        gpu_type = g.get("type", str, "gpu", "a GPU type such as a100-80gb or l4")
+        if not _GPU_TYPE.match(gpu_type):
+            raise g.fail("type", "a GPU type such as a100-80gb or l4 (lower case)")
         index = g.get("index", int, i, "a GPU index (0 or more)")
         expected = "a GPU UUID such as 'GPU-8c3f…' (GPU- or MIG- and a UUID)"
         gpu_uuid = g.get("uuid", str, None, expected)
@@ -268,6 +274,7 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
             name=g.get("name", str, "GPU", "a product name"),
             memory_mb=g.get("memory_mb", int, 0, "memory in MiB"),
             pci_bus_id=g.get("pci_bus_id", str, "", "a PCI bus id"),
+            type=gpu_type,
         ))
     if len({g.uuid for g in gpus}) != len(gpus) or len({g.index for g in gpus}) != len(gpus):
         raise r.fail("static", "GPUs with distinct indexes and UUIDs")
@@ -275,7 +282,7 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
 
 
 def _agent(r: TableReader) -> AgentConfig:
-    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus"})
+    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus", "block"})
     defaults = AgentConfig()
     node_name = r.name("node_name", defaults.node_name)
     gpus = r.sub("gpus")
@@ -290,6 +297,7 @@ def _agent(r: TableReader) -> AgentConfig:
         kill_grace=r.positive("kill_grace", defaults.kill_grace, allow_zero=True),
         gpu_source=source,
         static_gpus=_static_gpus(gpus, node_name),
+        block=r.get("block", str, None, "a topology block name"),
     )
 
 

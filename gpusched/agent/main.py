@@ -94,7 +94,9 @@ class Agent:
 
     def _register(self, client: ApiClient) -> None:
         client.request("POST", "/agent/v1/register", {
-            "node": self.node, "uid": os.geteuid(), "gpus": self.inventory()})
+            "node": self.node, "uid": os.geteuid(), "gpus": self.inventory(),
+            "cpus": os.cpu_count() or 0, "memory_mb": _memory_mb(),
+            "block": self.config.block})
         log.info("registered node %s with %d GPUs", self.node, len(self.config.static_gpus))
 
     def _poll(self, client: ApiClient) -> dict[str, Any]:
@@ -163,3 +165,11 @@ class Agent:
         self._reported.append(end.job_id)
         self.signalled.discard(end.job_id)
         log.info("job %d ended: %s", end.job_id, end.outcome)
+
+
+def _memory_mb() -> int:
+    """This host's memory in MiB (0 when it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        return 0

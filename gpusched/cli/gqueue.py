@@ -18,6 +18,8 @@ from gpusched.errors import GpuschedError, UsageError
 PROG = "gqueue"
 HEADERS = ("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
 RIGHT_ALIGNED = frozenset({0, 5, 6})
+START_HEADERS = ("JOBID", "PARTITION", "NAME", "USER", "ST", "START_TIME", "NODES",
+                 "NODELIST(REASON)")
 # Names may be cut to fit 80 columns; ids, states and times never are.
 SHRINKABLE = frozenset({1, 2, 3, 7})
 # squeue's codes for gpusched.core.model.JobState, copied rather than imported: the
@@ -46,6 +48,9 @@ def gqueue(
     )] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Include ended jobs.")] = False,
     noheader: Annotated[bool, typer.Option("--noheader", "-h", help="Do not print the header.")] = False,
+    start: Annotated[bool, typer.Option(
+        "--start", help="Pending jobs with the time each is expected to start (reserved ones).",
+    )] = False,
     explain: Annotated[int | None, typer.Option(
         "--explain", metavar="JOB", min=1, show_default=False,
         help="Say everything that keeps pending JOB from starting, and what would unblock it.",
@@ -57,7 +62,8 @@ def gqueue(
             answer = client.request("GET", f"/v1/jobs/{explain}/explain")
         print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
         return
-    path = jobs_path(user=user, states=parse_states(states), show_all=show_all)
+    path = jobs_path(user=user, states=["PENDING"] if start else parse_states(states),
+                     show_all=show_all)
     with ApiClient() as client:
         answer = client.request("GET", path)
     jobs: list[dict[str, Any]] = answer.get("jobs", [])
@@ -65,6 +71,10 @@ def gqueue(
         print(json.dumps({"jobs": jobs}, indent=2))
         return
     now = datetime.now(timezone.utc)
+    if start:
+        print_table(START_HEADERS, [start_row(job) for job in jobs], right_aligned=frozenset({0, 6}),
+                    shrinkable=frozenset({1, 2, 3, 7}), show_header=not noheader)
+        return
     rows = [job_row(job, now) for job in jobs]
     print_table(
         HEADERS, rows, right_aligned=RIGHT_ALIGNED, shrinkable=SHRINKABLE,
@@ -169,6 +179,15 @@ def explain_lines(answer: Mapping[str, Any]) -> list[str]:
         lines.append("What holds it back, most fundamental first:")
         lines.extend(f"  {i}. {b['reason']}: {b['detail']}" for i, b in enumerate(blockers, 1))
     return lines
+
+
+def start_row(job: Mapping[str, Any]) -> list[str]:
+    """One ``gqueue --start`` row: the expected start in local time, or N/A."""
+    expected = _parse_time(job.get("expected_start"))
+    when = expected.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if expected else "N/A"
+    return [job_label(job), str(job.get("partition") or ""), str(job.get("name") or ""),
+            str(job.get("user") or ""), short_state(str(job.get("state", ""))), when,
+            str(job.get("nodes") or 1), node_or_reason(job)]
 
 
 def short_state(state: str) -> str:

@@ -38,8 +38,14 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
     if not isinstance(gpus, list) or not isinstance(uid, int):
         raise UsageError("gpus: expected a list of GPUs; uid: expected the agent's uid")
     now = datetime.now(UTC)
+    cpus, memory_mb, block = body.get("cpus", 0), body.get("memory_mb", 0), body.get("block")
+    if not isinstance(cpus, int) or not isinstance(memory_mb, int) or cpus < 0 or memory_mb < 0:
+        raise UsageError("cpus, memory_mb: expected whole numbers, 0 or more")
+    if block is not None and not isinstance(block, str):
+        raise UsageError("block: expected a topology block name")
     values = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
-              "registered_at": now, "last_seen": now}
+              "registered_at": now, "last_seen": now, "cpus": cpus, "memory_mb": memory_mb,
+              "block": block}
     session.execute(
         insert(Node).values(name=name, **values)
         .on_conflict_do_update(index_elements=[Node.name], set_=values)
@@ -53,6 +59,7 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
             "node_id": node.id, "index": int(gpu.get("index", 0)), "uuid": gpu["uuid"],
             "name": str(gpu.get("name", "")), "memory_mb": int(gpu.get("memory_mb", 0)),
             "pci_bus_id": str(gpu.get("pci_bus_id", "")), "present": True,
+            "gpu_type": str(gpu.get("type") or "gpu"),
         }
         session.execute(insert(Gpu).values(**row).on_conflict_do_update(
             index_elements=[Gpu.uuid], set_=row))

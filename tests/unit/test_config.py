@@ -64,10 +64,11 @@ def test_example_loads_with_the_values_written_in_it() -> None:
         gpu_source="static",
         static_gpus=(
             StaticGpu(0, "GPU-5a1f3c8e-2d47-4b9a-8e61-0c3f7d92ab14", "NVIDIA A100-SXM4-80GB",
-                      81920, "00000000:07:00.0"),
+                      81920, "00000000:07:00.0", "a100-80gb"),
             StaticGpu(1, "GPU-c83e0b6d-91f2-4e05-a7d8-6b24f1e9c530", "NVIDIA A100-SXM4-80GB",
-                      81920, "00000000:0F:00.0"),
+                      81920, "00000000:0F:00.0", "a100-80gb"),
         ),
+        block="rack1",
     )
     assert config.partitions == (
         PartitionConfig("gpu", ("*",), default=True, max_time=2 * 86400, default_time=3600),
@@ -368,3 +369,24 @@ def test_scheduler_section_becomes_the_policy(tmp_path: Path) -> None:
 ])
 def test_bad_scheduler_settings(tmp_path: Path, text: str, key: str) -> None:
     assert key in load_error(write(tmp_path, text))
+
+
+def test_backfill_settings(tmp_path: Path) -> None:
+    path = write(tmp_path, '[scheduler]\nbackfill = "conservative"\nreservations = 3\n'
+                           'backfill_max_jobs = 0\n')
+    policy = load_config(path).scheduler.policy()
+    assert (policy.backfill, policy.reservations, policy.backfill_max_jobs) == (
+        "conservative", 3, None)
+    assert policy.reservation_depth == 3
+    default = load_config(write(tmp_path, "")).scheduler.policy()
+    assert (default.backfill, default.reservation_depth, default.backfill_max_jobs) == (
+        "easy", 1, 5000)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('backfill = "aggressive"', "backfill"), ("reservations = -1", "reservations"),
+    ('backfill_max_jobs = "lots"', "backfill_max_jobs"),
+])
+def test_bad_backfill_settings(tmp_path: Path, text: str, key: str) -> None:
+    message = load_error(write(tmp_path, f"[scheduler]\n{text}\n"))
+    assert f"scheduler.{key}" in message

@@ -1,0 +1,89 @@
+"""Multi-node jobs, typed GPUs and reservations against a real database."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpusched.core.model import Policy
+from gpusched.core.plan import plan
+from gpusched.db import agents, jobs
+from gpusched.db.models import Allocation, Job, Node
+from gpusched.db.schedule import apply_plan, load_snapshot
+from gpusched.errors import UsageError
+from tests.db.test_transitions import ALICE, _submit, sessions  # noqa: F401  (a fixture)
+
+
+def _pass(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s, s.begin():
+        snapshot, node_ids = load_snapshot(s)
+        apply_plan(s, snapshot, plan(snapshot, time.time(), Policy()), node_ids)
+
+
+def _second_node(sessions: sessionmaker[Session], **extra: object) -> None:
+    with sessions() as s, s.begin():
+        agents.register_node(s, {"node": "n2", "uid": 0, "cpus": 16, "memory_mb": 1000,
+                                 "gpus": [{"index": i, "uuid": f"H-{i}", "type": "h100-80gb"}
+                                          for i in range(2)], **extra})
+
+
+def test_a_multi_node_job_holds_gpus_on_each_node_and_runs_on_the_first(
+        sessions: sessionmaker[Session]) -> None:
+    _second_node(sessions)
+    job_id = _submit(sessions, gpus=4, nodes=2)
+    _pass(sessions)
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.state == "RUNNING" and job.node_names == ["n1", "n2"]
+        held = sorted(s.execute(select(Node.name, Allocation.gpu_id).join(
+            Node, Node.id == Allocation.node_id).where(Allocation.job_id == job_id)).all())
+        assert [name for name, _ in held] == ["n1", "n1", "n2", "n2"]
+        nodes = {n.name: n for n in s.scalars(select(Node))}
+        assert [w["job_id"] for w in agents.pending_work(s, nodes["n1"], set())["launches"]] == [job_id]
+        assert agents.pending_work(s, nodes["n2"], set())["launches"] == []
+        assert jobs.get_job(s, job_id, ALICE)["start_kind"] == "immediate"
+
+
+def test_typed_requests_go_to_their_type_and_reservations_are_stored(
+        sessions: sessionmaker[Session]) -> None:
+    _second_node(sessions)
+    h100 = _submit(sessions, gpus=2, gpu_types=["h100"], time_limit=600)
+    after = _submit(sessions, gpus=2, gpu_types=["h100"], time_limit=600)
+    _pass(sessions)
+    with sessions() as s:
+        first = jobs.get_job(s, h100, ALICE)
+        assert first["node"] == "n2" and first["gpu_uuids"] == ["H-0", "H-1"]
+        waiting = jobs.get_job(s, after, ALICE)
+        assert waiting["reason"] == "Resources" and waiting["expected_start"] is not None
+        assert waiting["gpu_types"] == ["h100"]
+    with sessions() as s, s.begin():
+        jobs.cancel_job(s, h100, ALICE)
+    with sessions() as s, s.begin():  # the agent reports the end: the GPUs come back
+        assert agents.record_end(s, h100, {"node": "n2", "outcome": "cancelled"})
+    _pass(sessions)
+    with sessions() as s:
+        assert jobs.get_job(s, after, ALICE)["expected_start"] is None  # it started
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"gpus": 3, "nodes": 2}, "cannot be spread evenly over 2 nodes"),
+    ({"gpus": 1, "gpu_types": ["a100"]}, "no node in partition gpu has that"),
+    ({"gpus": 3, "nodes": 3}, "has only 2 such node(s)"),
+    ({"gpus": 1, "gpu_types": ["h100"], "cpus": 64}, "no node in partition gpu has that"),
+    ({"gpus": 1, "gpu_types": ["h100"], "mem_mb": 2000}, "no node in partition gpu has that"),
+    ({"gpus": 0, "gpu_types": ["l4"]}, "a GPU type needs a number of GPUs"),
+    ({"gpus": 1, "gpu_types": ["Not A Type"]}, "is not a GPU type"),
+    ({"gpus": 1, "nodes": 0}, "nodes: expected a number of nodes"),
+    ({"gpus": 1, "mem_mb": -1}, "expected 0 or more"),
+])
+def test_impossible_shapes_are_refused_and_nothing_stored(
+        sessions: sessionmaker[Session], body: dict[str, object], words: str) -> None:
+    _second_node(sessions)
+    with pytest.raises(UsageError) as err:
+        _submit(sessions, **body)
+    assert words in str(err.value)
+    with sessions() as s:
+        assert s.scalars(select(Job)).first() is None
