@@ -169,6 +169,7 @@ class Capacity:
             for kind in node.total:
                 self.buckets[kind][node.count(kind)].append(node.index)
         self.reserved_nodes: set[int] = set()
+        self.owners: dict[tuple[int, float], int] = {}  # (node, start) -> the reserved job
         self._matching: dict[tuple[str, ...], list[str]] = {}
         self._failed: dict[tuple[object, ...], list[tuple[int, int, int, float]]] = {}
         # Per (kind, gpus, cpus, mem): sorted (earliest start, node), each node's entry,
@@ -372,15 +373,36 @@ class Capacity:
                 return at, self._same_block(ready, shape.nodes)
         return INF, []
 
-    def reserve(self, at: float, where: Sequence[tuple[int, str]], shape: Shape) -> None:
-        """Hold ``shape`` on these nodes from ``at`` for its duration."""
+    def reserve(self, at: float, where: Sequence[tuple[int, str]], shape: Shape,
+                job_id: int = 0) -> None:
+        """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
         for index, kind in where:
+            self.owners[(index, at)] = job_id
             node = self.nodes[index]
             node.reserved.append((at, at + shape.duration, kind, shape.gpus,
                                   float(shape.cpus), float(shape.mem_mb)))
             self.reserved_nodes.add(index)
             self._changed.append(index)
             self._versions[index] += 1
+
+    def in_the_way(self, shape: Shape, members: frozenset[int]) -> tuple[str, int, float] | None:
+        """A node where ``shape`` has room now but would run into a reservation: the node,
+        the reserved job and when its reservation starts (the earliest such)."""
+        found: tuple[float, int, int] | None = None
+        for index in sorted(self.reserved_nodes & members):
+            node = self.nodes[index]
+            if not self._usable(node, shape):
+                continue
+            for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+                if (node.count(kind) < shape.gpus or node.cpus < shape.cpus
+                        or node.mem < shape.mem_mb or node.fits(kind, shape, self.now)):
+                    continue
+                start = min(s for s, *_ in node.reserved if s < self.now + shape.duration)
+                if found is None or start < found[0]:
+                    found = (start, index, self.owners.get((index, start), 0))
+        if found is None:
+            return None
+        return self.nodes[found[1]].view.name, found[2], found[0]
 
     def biggest_free(self, members: frozenset[int], shape: Shape) -> tuple[str, int] | None:
         """The member node with the most free units of a kind the shape accepts, and how many."""

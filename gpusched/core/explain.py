@@ -122,6 +122,12 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
     if reason is Reason.JOB_ARRAY_TASK_LIMIT:
         return (f"{moment.array_running} task(s) of array {job.array_job_id} run, the most its "
                 f"%{job.array_max_running} allows: the next starts when one ends")
+    if reason is Reason.PRIORITY and moment.in_the_way is not None:
+        node, owner, start = moment.in_the_way
+        room = format_duration(start - now)
+        return (f"not backfilled: it has room on {node} now, but would still run when job "
+                f"{owner}'s reservation starts there in {room}: it would start now with a "
+                f"time limit <= {room}")
     if reason is Reason.PRIORITY:
         ahead = moment.blocked_by
         if ahead is None:

@@ -82,6 +82,9 @@ class Moment:
     best_free: tuple[str, int] | None  # the candidate node with most free GPUs, and how many
     qos_held: tuple[int, int, int]  # the user's jobs and GPUs, the account's GPUs, in its QOS
     array_running: int  # tasks of its array running (or starting in this pass)
+    # A node with room for it now, the reserved job it would delay there, and when that
+    # reservation starts: why it was not backfilled.
+    in_the_way: tuple[str, int, float] | None = None
 
 
 def _partition_waits(job: PendingJob, part: PartitionView | None) -> Iterator[Reason]:
@@ -151,14 +154,15 @@ class SchedulingPass:
             yield Reason.JOB_ARRAY_TASK_LIMIT
 
     def _record(self, job: PendingJob) -> None:
-        best = self.capacity.biggest_free(self.members.get(job.partition, frozenset()),
-                                          Shape.of(job))
+        members = self.members.get(job.partition, frozenset())
+        best = self.capacity.biggest_free(members, Shape.of(job))
         qos, user = job.qos or "", job.user
         self.moment = Moment(
             job, tuple(self.waits(job)), self.blocked.get(job.partition), best,
             (self.limits.user_jobs[(qos, user)], self.limits.user_gpus[(qos, user)],
              self.limits.account_gpus[(qos, job.account)]),
-            self.array_running[job.array_job_id] if job.array_job_id is not None else 0)
+            self.array_running[job.array_job_id] if job.array_job_id is not None else 0,
+            self.capacity.in_the_way(Shape.of(job), members))
 
     def backfilling(self, job: PendingJob) -> bool:
         """Whether ``job`` can only start by backfill: its partition has a blocked job
@@ -185,7 +189,7 @@ class SchedulingPass:
                 self.reserved_in[job.partition] += 1
                 at, where = self.capacity.earliest(shape, members)
                 if at < INF:
-                    self.capacity.reserve(at, where, shape)
+                    self.capacity.reserve(at, where, shape, job.job_id)
                     self.reservations.append(Reservation(
                         job.job_id, at, tuple(self.capacity.nodes[i].view.name for i, _ in where)))
             return Reason.RESOURCES if first else Reason.PRIORITY

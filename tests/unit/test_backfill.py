@@ -260,3 +260,34 @@ def test_removing_backfilled_jobs_never_moves_a_reservation_earlier(
         if all(b > job_id for b in backfilled):
             assert after.get(job_id) == at, (job_id, at, after.get(job_id))
     assert not backfilled or pol.backfill != "none"
+
+
+def test_explain_says_why_a_job_was_not_backfilled() -> None:
+    from gpusched.core.explain import explain
+
+    why = explain(snapshot([node("n0", 4)], QUEUE, RUNNING), 0.0, policy("easy"), 3)
+    assert why.reason is Reason.PRIORITY
+    assert [b.detail for b in why.blockers] == [
+        "not backfilled: it has room on n0 now, but would still run when job 1's reservation "
+        "starts there in 0:30: it would start now with a time limit <= 0:30"]
+
+
+def test_a_pass_budget_resumes_where_it_stopped_and_reaches_every_job() -> None:
+    """Node n0 is full for a long time and job 1 waits for it; jobs 2-9 could only
+    backfill. With a budget of 3 jobs per pass, each pass goes on after the last job the
+    previous one examined, wrapping round, instead of starting over at the top."""
+    full = [RunningJob(90, "n0", tuple(f"n0-g{i}" for i in range(4)), end_time=1000.0)]
+    # A stored reason no pass gives these jobs marks the ones a pass did not examine.
+    jobs = [pj(1, 4, 100)] + [pj(j, 1, 2000, reason=Reason.BEGIN_TIME) for j in range(2, 10)]
+    snap = snapshot([node("n0", 4)], jobs, full)
+    pol = policy("easy", backfill_max_jobs=3)
+    seen, resume = [], None
+    for _ in range(4):
+        p = plan(snap, 0.0, pol, resume)
+        seen.append(sorted(j for j, r in reasons(p).items() if r is Reason.PRIORITY))
+        assert reasons(p)[1] is Reason.RESOURCES  # the head is examined every pass
+        resume = p.resume_after
+    assert seen == [[2, 3, 4], [5, 6, 7], [2, 8, 9], [3, 4, 5]]
+    whole = plan(snap, 0.0, policy("easy"))
+    assert whole.resume_after is None and reasons(whole) == {1: Reason.RESOURCES, **{
+        j: Reason.PRIORITY for j in range(2, 10)}}
