@@ -86,11 +86,14 @@ class SchedulerConfig:
     backfill: str = "easy"
     reservations: int | None = None
     backfill_max_jobs: int | None = 5000
+    preempt_mode: str = "requeue"
+    preempt_grace: float = 30.0
 
     def policy(self) -> Policy:
         """The core Policy these settings describe."""
         return Policy(weights=self.weights, fairshare=self.fairshare, backfill=self.backfill,
-                      reservations=self.reservations, backfill_max_jobs=self.backfill_max_jobs)
+                      reservations=self.reservations, backfill_max_jobs=self.backfill_max_jobs,
+                      preempt_mode=self.preempt_mode, preempt_grace=self.preempt_grace)
 
 
 @dataclass(frozen=True)
@@ -203,8 +206,12 @@ def _controller(r: TableReader) -> ControllerConfig:
 
 def _scheduler(r: TableReader) -> SchedulerConfig:
     r.check_keys({"fairshare", "half_life", "usage_interval", "weights", "backfill",
-                  "reservations", "backfill_max_jobs"})
+                  "reservations", "backfill_max_jobs", "preempt_mode", "preempt_grace"})
     defaults = SchedulerConfig()
+    preempt_mode = r.get("preempt_mode", str, defaults.preempt_mode,
+                         "'requeue', 'cancel' or 'off'")
+    if preempt_mode not in ("requeue", "cancel", "off"):
+        raise r.fail("preempt_mode", "'requeue', 'cancel' or 'off'")
     backfill = r.get("backfill", str, defaults.backfill, "'none', 'easy' or 'conservative'")
     if backfill not in ("none", "easy", "conservative"):
         raise r.fail("backfill", "'none', 'easy' or 'conservative'")
@@ -237,6 +244,8 @@ def _scheduler(r: TableReader) -> SchedulerConfig:
         half_life=float(half_life) if half_life else 0.0,
         usage_interval=r.positive("usage_interval", defaults.usage_interval),
         backfill=backfill, reservations=reservations, backfill_max_jobs=max_jobs or None,
+        preempt_mode=preempt_mode,
+        preempt_grace=r.positive("preempt_grace", defaults.preempt_grace, allow_zero=True),
     )
 
 

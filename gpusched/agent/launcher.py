@@ -80,6 +80,7 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
         env[f"GPUSCHED_{key}"] = value
         env[f"SLURM_{key}"] = value
     env["SLURM_JOBID"] = str(job_id)
+    env["GPUSCHED_RESTART_COUNT"] = env["SLURM_RESTART_COUNT"] = str(launch.get("restarts") or 0)
     array_job, task = launch.get("array_job_id"), launch.get("array_task_id")
     if array_job is not None and task is not None:
         for key, value in array_variables(int(array_job), int(task),

@@ -39,7 +39,10 @@ class Agent:
         self.signalled: set[int] = set()
         # Ends the controller acknowledged. A poll answered just before that could still
         # carry the job as a launch; its directory is gone, so only this stops a rerun.
-        self._reported: deque[int] = deque(maxlen=REMEMBER_REPORTED)
+        # (job id, restarts) of runs whose end the controller acknowledged: a requeued job
+        # comes back under the same id with one restart more.
+        self._reported: deque[tuple[int, int]] = deque(maxlen=REMEMBER_REPORTED)
+        self._runs: dict[int, int] = {}  # job id -> restarts of the run launched here
         self._extra_ends: list[JobEnd] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -119,8 +122,15 @@ class Agent:
 
     def _launch(self, client: ApiClient, launch: dict[str, Any]) -> None:
         job_id = launch["job_id"]
-        if job_id in self._reported:
+        run = int(launch.get("restarts") or 0)
+        if (job_id, run) in self._reported:
             return
+        previous = self._runs.get(job_id)
+        if previous is not None and previous < run:
+            # Requeued, and back before the reporter thread tidied up its last run: the
+            # controller recorded that run's end, or it would not have requeued the job.
+            self.launcher.mark_reported(job_id)
+        self._runs[job_id] = run
         if os.geteuid() != 0 and launch["uid"] != os.geteuid():
             self._queue_end(JobEnd(job_id, "launch_failed", None, None, None, time.time(),
                                    f"the agent on {self.node} runs as uid {os.geteuid()} and "
@@ -162,7 +172,7 @@ class Agent:
         client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", body)
         if not synthetic:
             self.launcher.mark_reported(end.job_id)
-        self._reported.append(end.job_id)
+        self._reported.append((end.job_id, self._runs.pop(end.job_id, 0)))
         self.signalled.discard(end.job_id)
         log.info("job %d ended: %s", end.job_id, end.outcome)
 

@@ -86,7 +86,7 @@ class Api:
         """Pending jobs' priority factors, highest first (``?ids=`` to choose jobs)."""
         wanted = _ids(request.query.get("ids", ""))
         with self.sessions() as session:
-            snapshot, _ = load_snapshot(session)
+            snapshot, _ = load_snapshot(session, self.policy.preempt_grace)
         owners = {j.job_id: (j.user, j.account) for j in snapshot.pending}
         rows = [
             {"job_id": b.job_id, "user": owners[b.job_id][0], "account": owners[b.job_id][1],
@@ -102,7 +102,7 @@ class Api:
         job_id = _job_id(request)
         with self.sessions() as session:
             job = jobs.get_job(session, job_id, self.who(request))
-            snapshot, _ = load_snapshot(session) if job["state"] == "PENDING" else (None, None)
+            snapshot, _ = load_snapshot(session, self.policy.preempt_grace) if job["state"] == "PENDING" else (None, None)
             try:
                 why = explain(snapshot, time.time(), self.policy, job_id) if snapshot else None
             except NotPending:  # it started or ended since it was read
@@ -120,7 +120,7 @@ class Api:
     def share(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The fair-share tree with shares, usage and factors, depth first."""
         with self.sessions() as session:
-            snapshot, _ = load_snapshot(session)
+            snapshot, _ = load_snapshot(session, self.policy.preempt_grace)
         tree = FairShareTree(snapshot.accounts, snapshot.user_shares)
         rows = tree.report(snapshot.usage, self.policy.fairshare)
         return 200, {"method": self.policy.fairshare, "rows": [asdict(r) for r in rows]}

@@ -131,7 +131,7 @@ class SchedulerLoop:
         """One pass: snapshot, plan, apply in one transaction, then wake agents."""
         started = time.monotonic()
         with self.sessions() as session, session.begin():
-            snapshot, node_ids = load_snapshot(session)
+            snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace)
             decided = plan(snapshot, time.time(), self.policy, self.resume_after)
             self.resume_after = decided.resume_after
             woken = apply_plan(session, snapshot, decided, node_ids)

@@ -20,6 +20,7 @@ import re
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
 from gpusched.core.model import GpuView, NodeState, NodeView, PendingJob, RunningJob
 from gpusched.core.topology import choose_gpus
@@ -93,8 +94,8 @@ class _Node:
             units.sort(key=lambda g: g.index)
         self.cpus: float = view.cpus if view.cpus else INF
         self.mem: float = view.memory_mb if view.memory_mb else INF
-        # (time, kind, gpus, cpus, mem) given back at time; sorted by time.
-        self.releases: list[tuple[float, str, int, float, float]] = []
+        # (time, kind, gpus, cpus, mem, job id) given back at time; sorted by time.
+        self.releases: list[tuple[float, str, int, float, float, int]] = []
         # (start, end, kind, gpus, cpus, mem) held for a blocked job.
         self.reserved: list[tuple[float, float, str, int, float, float]] = []
 
@@ -111,7 +112,7 @@ class _Node:
         """GPUs of ``kind``, CPUs and memory free at time ``at``, reservations taken."""
         gpus: float = self.count(kind)
         cpus, mem = self.cpus, self.mem
-        for when, k, g, c, m in self.releases:
+        for when, k, g, c, m, _ in self.releases:
             if when > at:
                 break
             if k == kind:
@@ -138,7 +139,7 @@ class _Node:
     def earliest(self, kind: str, shape: Shape, now: float) -> float:
         """The first time ``shape`` could start here and run its whole duration; INF if never."""
         times = {now}
-        times.update(t for t, _, _, _, _ in self.releases if t > now)
+        times.update(t for t, *_ in self.releases if t > now)
         times.update(e for _, e, _, _, _, _ in self.reserved if now < e < INF)
         for at in sorted(times):
             if self.fits(kind, shape, at):
@@ -180,31 +181,120 @@ class Capacity:
         self._versions = [0] * len(self.nodes)  # changes to each node so far
         self._reserved_starts: dict[tuple[object, ...], tuple[float, int]] = {}
         self.restricted = any(node.view.run_uid is not None for node in self.nodes)
+        self.preempted: set[int] = set()  # running jobs this pass decided to stop
 
     def _release_running(self, running: list[RunningJob]) -> None:
-        kind_of: dict[str, tuple[int, str]] = {}
+        self.kind_of: dict[str, tuple[int, str]] = {}
         for node in self.nodes:
             for gpu in node.view.gpus:
-                kind_of[gpu.uuid] = (node.index, gpu.kind)
+                self.kind_of[gpu.uuid] = (node.index, gpu.kind)
+        self.on_node: dict[int, list[RunningJob]] = {}
         for job in running:
-            end = INF if job.end_time is None else job.end_time
-            held: dict[tuple[int, str], int] = {}
-            for uuid in job.gpu_uuids:
-                where = kind_of.get(uuid)
-                if where is not None:
-                    held[where] = held.get(where, 0) + 1
             for name in job.nodes or (job.node,):
                 index = self.index.get(name)
-                if index is None:
-                    continue
+                if index is not None:
+                    self.nodes[index].cpus -= job.cpus
+                    self.nodes[index].mem -= job.mem_mb
+                    self.on_node.setdefault(index, []).append(job)
+            self._add_releases(job, INF if job.end_time is None else job.end_time)
+
+    def _add_releases(self, job: RunningJob, end: float) -> None:
+        """Record when ``job`` gives back its GPUs, CPUs and memory, on each of its nodes."""
+        if end == INF:
+            return
+        held: dict[tuple[int, str], int] = {}
+        for uuid in job.gpu_uuids:
+            where = self.kind_of.get(uuid)
+            if where is not None:
+                held[where] = held.get(where, 0) + 1
+        for name in job.nodes or (job.node,):
+            index = self.index.get(name)
+            if index is not None:
+                insort(self.nodes[index].releases,
+                       (end, "", 0, float(job.cpus), float(job.mem_mb), job.job_id))
+        for (index, kind), count in held.items():
+            insort(self.nodes[index].releases, (end, kind, count, 0.0, 0.0, job.job_id))
+
+    def _touched(self, index: int) -> None:
+        self._changed.append(index)
+        self._versions[index] += 1
+
+    # -- preemption -------------------------------------------------------------------
+    def release_early(self, job: RunningJob, at: float) -> None:
+        """``job`` is being stopped: it gives everything back at ``at``."""
+        self.preempted.add(job.job_id)
+        for name in job.nodes or (job.node,):
+            index = self.index.get(name)
+            if index is not None:
                 node = self.nodes[index]
-                node.cpus -= job.cpus
-                node.mem -= job.mem_mb
-                if end < INF:
-                    insort(node.releases, (end, "", 0, float(job.cpus), float(job.mem_mb)))
-            if end < INF:
-                for (index, kind), count in held.items():
-                    insort(self.nodes[index].releases, (end, kind, count, 0.0, 0.0))
+                node.releases = [e for e in node.releases if e[5] != job.job_id]
+                self._touched(index)
+        self._add_releases(job, at)
+
+    def _cheapest(self, node: _Node, kind: str, shape: Shape,
+                  candidates: list[RunningJob]) -> tuple[float, list[RunningJob]] | None:
+        """The victims on ``node`` whose stopping frees room for ``shape`` at the least
+        loss of work (GPU-seconds run so far, all lost on a requeue); None if none do."""
+        def frees(job: RunningJob) -> int:
+            return sum(1 for u in job.gpu_uuids if self.kind_of.get(u) == (node.index, kind))
+
+        def loss(job: RunningJob) -> float:
+            ran = self.now - job.start_time if job.start_time is not None else 0.0
+            return max(1, len(job.gpu_uuids)) * max(ran, 0.0)
+
+        def enough(chosen: Sequence[RunningJob]) -> bool:
+            return (node.count(kind) + sum(frees(j) for j in chosen) >= shape.gpus
+                    and node.cpus + sum(j.cpus for j in chosen) >= shape.cpus
+                    and node.mem + sum(j.mem_mb for j in chosen) >= shape.mem_mb)
+
+        best: tuple[float, int, list[RunningJob]] | None = None
+        if len(candidates) <= 10:
+            for size in range(1, len(candidates) + 1):
+                for chosen in combinations(candidates, size):
+                    if enough(chosen):
+                        cost = sum(loss(j) for j in chosen)
+                        if best is None or (cost, size) < best[:2]:
+                            best = (cost, size, list(chosen))
+        else:  # many small jobs: cheapest per GPU first
+            chosen_list: list[RunningJob] = []
+            for job in sorted(candidates, key=lambda j: (loss(j) / max(1, frees(j)), j.job_id)):
+                chosen_list.append(job)
+                if enough(chosen_list):
+                    best = (sum(loss(j) for j in chosen_list), len(chosen_list), chosen_list)
+                    break
+        return None if best is None else (best[0], best[2])
+
+    def victims_for(self, shape: Shape, members: frozenset[int], preemptable: frozenset[str]
+                    ) -> tuple[list[tuple[int, str]], list[RunningJob]] | None:
+        """Nodes for ``shape`` and the running jobs of ``preemptable`` QOS to stop for it,
+        losing the least work; None when no choice makes room. Nodes holding a
+        reservation are left alone."""
+        options: list[tuple[float, int, int, str, list[RunningJob]]] = []
+        for index in sorted(members - self.reserved_nodes):
+            node = self.nodes[index]
+            if not self._usable(node, shape):
+                continue
+            candidates = [job for job in self.on_node.get(index, ())
+                          if job.qos in preemptable and not job.preempting
+                          and job.job_id not in self.preempted]
+            if not candidates:
+                continue
+            for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+                if kind and node.total.get(kind, 0) < shape.gpus:
+                    continue
+                found = self._cheapest(node, kind, shape, candidates)
+                if found is not None:
+                    options.append((found[0], len(found[1]), index, kind, found[1]))
+        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        where: list[tuple[int, str]] = []
+        victims: dict[int, RunningJob] = {}
+        for _, _, index, kind, chosen in options:
+            if all(index != i for i, _ in where):
+                where.append((index, kind))
+                victims.update((job.job_id, job) for job in chosen)
+            if len(where) == shape.nodes:
+                return where, sorted(victims.values(), key=lambda j: j.job_id)
+        return None
 
     # -- which nodes may run a shape ------------------------------------------------
     def matching(self, wanted: tuple[str, ...]) -> list[str]:
@@ -302,9 +392,8 @@ class Capacity:
         node.mem -= shape.mem_mb
         if shape.duration < INF:
             insort(node.releases, (self.now + shape.duration, kind, shape.gpus,
-                                   float(shape.cpus), float(shape.mem_mb)))
-        self._changed.append(index)
-        self._versions[index] += 1
+                                   float(shape.cpus), float(shape.mem_mb), -1))
+        self._touched(index)
         return gpus
 
     # -- later ------------------------------------------------------------------------
@@ -382,8 +471,7 @@ class Capacity:
             node.reserved.append((at, at + shape.duration, kind, shape.gpus,
                                   float(shape.cpus), float(shape.mem_mb)))
             self.reserved_nodes.add(index)
-            self._changed.append(index)
-            self._versions[index] += 1
+            self._touched(index)
 
     def in_the_way(self, shape: Shape, members: frozenset[int]) -> tuple[str, int, float] | None:
         """A node where ``shape`` has room now but would run into a reservation: the node,

@@ -185,6 +185,8 @@ class RunningJob:
     cpus: int = 0  # per node
     mem_mb: int = 0  # per node
     nodes: tuple[str, ...] = ()  # every node of a multi-node job (else just ``node``)
+    start_time: float | None = None
+    preempting: bool = False  # already told to make way for a preempting job
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +212,7 @@ class Snapshot:
     qos_priority: Mapping[str, int] = field(default_factory=dict)
     qos_limits: Mapping[str, QosLimits] = field(default_factory=dict)
     job_states: Mapping[int, JobState] = field(default_factory=dict)  # jobs named by dependencies
+    qos_preempt: Mapping[str, frozenset[str]] = field(default_factory=dict)  # QOS -> QOS it may preempt
     running_names: frozenset[tuple[str, str]] = frozenset()  # (user, job name) of running jobs
 
 
@@ -227,6 +230,11 @@ class Policy:
     # At most this many jobs are examined after the reserved ones; the next pass goes
     # on from where this one stopped (Slurm's bf_continue). None: no limit.
     backfill_max_jobs: int | None = None
+    # A job that cannot start may stop running jobs of a QOS its own QOS may preempt:
+    # "requeue" them (back to the queue, keeping their submit time), "cancel" them, or
+    # "off". They get ``preempt_grace`` seconds between the warning signal and the kill.
+    preempt_mode: str = "requeue"
+    preempt_grace: float = 30.0
 
     @property
     def reservation_depth(self) -> float:
@@ -279,10 +287,20 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
+class Preemption:
+    """Decision: stop running ``job_id`` (``mode`` requeue or cancel) to make way for ``by``."""
+
+    job_id: int
+    by: int
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The outcome of one pass: the decisions, in the order they were made."""
 
     starts: tuple[Start, ...] = field(default_factory=tuple)
     pending: tuple[Pending, ...] = field(default_factory=tuple)
     reservations: tuple[Reservation, ...] = field(default_factory=tuple)
+    preemptions: tuple[Preemption, ...] = field(default_factory=tuple)
     resume_after: int | None = None  # the last job examined when the pass stopped early

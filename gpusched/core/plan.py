@@ -15,6 +15,7 @@ from gpusched.core.model import (
     Pending,
     PendingJob,
     Plan,
+    Preemption,
     Policy,
     Reason,
     Reservation,
@@ -128,6 +129,7 @@ class SchedulingPass:
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
         self.reservations: list[Reservation] = []
+        self.preemptions: list[Preemption] = []
         self.moment: Moment | None = None
         self.backfill_examined = 0
         self.last_examined: int | None = None
@@ -185,7 +187,9 @@ class SchedulingPass:
         if placed is None:
             first = job.partition not in self.blocked
             self.blocked.setdefault(job.partition, job)
-            if self.reserved_in[job.partition] < self.depth:
+            preempted = self._preempt(job, shape, members)
+            if preempted or self.reserved_in[job.partition] < self.depth:
+                # A job that preempts always holds what it freed against backfill.
                 self.reserved_in[job.partition] += 1
                 at, where = self.capacity.earliest(shape, members)
                 if at < INF:
@@ -207,6 +211,24 @@ class SchedulingPass:
         if job.array_job_id is not None:
             self.array_running[job.array_job_id] += 1
         return None
+
+    def _preempt(self, job: PendingJob, shape: Shape, members: frozenset[int]) -> bool:
+        """Stop running jobs of a QOS ``job``'s QOS may preempt, if that lets it start
+        within the grace time and nothing else will; the victims lose the least work."""
+        targets = self.snapshot.qos_preempt.get(job.qos or "")
+        if self.policy.preempt_mode == "off" or not targets:
+            return False
+        soon = self.now + self.policy.preempt_grace
+        if self.capacity.earliest(shape, members)[0] <= soon:
+            return False  # room is coming soon enough: jobs already stopping, or ending
+        found = self.capacity.victims_for(shape, members, targets)
+        if found is None:
+            return False
+        for victim in found[1]:
+            self.capacity.release_early(victim, soon)
+            self.preemptions.append(Preemption(victim.job_id, job.job_id,
+                                               self.policy.preempt_mode))
+        return True
 
     def consider(self, job: PendingJob) -> None:
         """Start ``job`` (or as many tasks of an array as may start), or say why it waits.
@@ -266,7 +288,8 @@ class SchedulingPass:
                 continue
             self.consider(job)
         return Plan(starts=tuple(self.starts), pending=tuple(self.pending),
-                    reservations=tuple(self.reservations), resume_after=resume)
+                    reservations=tuple(self.reservations),
+                    preemptions=tuple(self.preemptions), resume_after=resume)
 
     def _keep_reason(self, job: PendingJob) -> None:
         self.pending.append(Pending(job.job_id, job.reason if job.reason is not Reason.NONE

@@ -96,7 +96,7 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
             "time_limit": j.time_limit, "node": node.name,
             "gpu_uuids": placed.get(j.id, (node.name, []))[1],
             "array_job_id": j.array_job_id, "array_task_id": j.array_task_id,
-            "array_spec": j.array_spec,
+            "array_spec": j.array_spec, "restarts": j.restarts,
         }
         for j in to_launch
     ]
@@ -122,10 +122,24 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
     end_time = body.get("end_time")
     ended = (datetime.fromtimestamp(end_time, UTC) if isinstance(end_time, int | float)
              else datetime.now(UTC))
+    job = session.get(Job, job_id)
+    if job is not None and job.preempted_at is not None and job.preempt_mode == "requeue":
+        # Preempted to requeue: back in the queue with its submit time, one restart more.
+        values: dict[str, Any] = {
+            "state": "PENDING", "reason": "None", "node_id": None, "start_time": None,
+            "launched_at": None, "cancel_requested_at": None, "preempted_at": None,
+            "preempt_mode": None, "node_names": None, "start_kind": None,
+            "restarts": Job.restarts + 1}
+    else:
+        values = {"state": OUTCOME_STATES[outcome], "end_time": ended,
+                  "exit_code": body.get("exit_code"), "signal": body.get("signal"),
+                  "error_message": body.get("error")}
+        if job is not None and job.preempted_at is not None:
+            values.update(state="CANCELLED",
+                          error_message=f"preempted by job {job.preempted_by}")
     changed = rowcount(session.execute(
         update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING")
-        .values(state=OUTCOME_STATES[outcome], end_time=ended, exit_code=body.get("exit_code"),
-                signal=body.get("signal"), error_message=body.get("error"))
+        .values(**values)
     ))
     if changed:
         session.execute(update(Allocation).where(Allocation.job_id == job_id,

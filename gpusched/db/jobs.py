@@ -381,6 +381,7 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         "gpu_types": list(job.gpu_types), "nodes": job.nodes, "cpus": job.cpus,
         "mem_mb": job.mem_mb, "start_kind": job.start_kind,
         "expected_start": _iso(job.expected_start), "node_names": job.node_names,
+        "restarts": job.restarts, "preempted_by": job.preempted_by,
         "display_id": display_id(job.id, job.array_job_id, job.array_task_id, job.array_tasks,
                                  job.array_max_running),
     }

@@ -186,6 +186,11 @@ class Job(Base):
     start_kind: Mapped[str | None] = mapped_column(Text)  # immediate or backfilled
     expected_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     node_names: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # every node it runs on
+    restarts: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # times requeued
+    # Set while a running job is being stopped to make way for job ``preempted_by``.
+    preempted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    preempt_mode: Mapped[str | None] = mapped_column(Text)  # requeue or cancel
+    preempted_by: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Allocation(Base):
@@ -202,7 +207,8 @@ class Allocation(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
-    allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(),
+                                                   primary_key=True)
     released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 

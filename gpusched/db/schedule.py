@@ -100,7 +100,7 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
     )
 
 
-def _running(session: Session) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
+def _running(session: Session, grace: float) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
     """Running jobs with their GPUs, and the (user, name) pairs singleton checks."""
     gpus_of: dict[int, list[str]] = {}
     for job_id, uuid in session.execute(
@@ -111,13 +111,23 @@ def _running(session: Session) -> tuple[tuple[RunningJob, ...], frozenset[tuple[
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
     rows = session.execute(
         select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name, Job.array_job_id,
-               Job.start_time, Job.time_limit, Job.cpus, Job.mem_mb, Job.node_names)
+               Job.start_time, Job.time_limit, Job.cpus, Job.mem_mb, Job.node_names,
+               Job.preempted_at)
         .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING")).all()
+
+    def ends(start: datetime | None, limit: int | None, preempted: datetime | None) -> float | None:
+        end = start.timestamp() + limit if start is not None and limit else None
+        if preempted is not None:  # stopping: gone once the grace time is over
+            stop = preempted.timestamp() + grace
+            end = stop if end is None else min(end, stop)
+        return end
+
     running = tuple(
         RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos, array_job,
-                   start.timestamp() + limit if start is not None and limit else None,
-                   cpus, mem, tuple(names or ()))
-        for job_id, node, user, account, qos, _, array_job, start, limit, cpus, mem, names in rows)
+                   ends(start, limit, preempted), cpus, mem, tuple(names or ()),
+                   start.timestamp() if start else None, preempted is not None)
+        for job_id, node, user, account, qos, _, array_job, start, limit, cpus, mem, names,
+        preempted in rows)
     return running, frozenset((row[2], row[5]) for row in rows)
 
 
@@ -145,13 +155,17 @@ def array_state(states: list[JobState]) -> JobState:
     return next((s for s in states if s is not JobState.COMPLETED), JobState.COMPLETED)
 
 
-def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
-    """Everything a pass needs, in a handful of queries; also node ids by name."""
+def load_snapshot(session: Session, preempt_grace: float = 30.0) -> tuple[Snapshot, dict[str, int]]:
+    """Everything a pass needs, in a handful of queries; also node ids by name.
+
+    A running job being preempted counts as ending ``preempt_grace`` seconds after it
+    was told to stop.
+    """
     nodes, node_ids = _nodes(session)
     pending = _pending(session)
-    running, running_names = _running(session)
+    running, running_names = _running(session, preempt_grace)
     qos_rows = session.execute(select(Qos.name, Qos.priority, Qos.max_gpus_per_user,
-                                      Qos.max_jobs_per_user, Qos.grp_gpus)).all()
+                                      Qos.max_jobs_per_user, Qos.grp_gpus, Qos.preempt)).all()
     snapshot = Snapshot(
         nodes=nodes, partitions=_partitions(session, tuple(node_ids)), pending=pending,
         running=running,
@@ -163,7 +177,8 @@ def load_snapshot(session: Session) -> tuple[Snapshot, dict[str, int]]:
         usage={(u, a): value for u, a, value in session.execute(
             select(FairShareUsage.user_name, FairShareUsage.account, FairShareUsage.usage))},
         qos_priority={name: priority for name, priority, *_ in qos_rows},
-        qos_limits={name: QosLimits(gpus, jobs, grp) for name, _, gpus, jobs, grp in qos_rows},
+        qos_limits={name: QosLimits(gpus, jobs, grp) for name, _, gpus, jobs, grp, _ in qos_rows},
+        qos_preempt={name: frozenset(preempt) for name, *_, preempt in qos_rows if preempt},
         job_states=_dependency_states(session, pending),
         running_names=running_names,
     )
@@ -267,7 +282,15 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
             changed,
         )
     _expected_starts(session, plan)
-    return {start.node for start in started.values()}
+    woken = {start.node for start in started.values()}
+    for preemption in plan.preemptions:
+        woken.update(session.scalars(
+            update(Job).where(Job.id == preemption.job_id, Job.state == "RUNNING",
+                              Job.cancel_requested_at.is_(None))
+            .values(cancel_requested_at=now, preempted_at=now, preempt_mode=preemption.mode,
+                    preempted_by=preemption.by)
+            .returning(select(Node.name).where(Node.id == Job.node_id).scalar_subquery())))
+    return woken
 
 
 def _expected_starts(session: Session, plan: Plan) -> None:

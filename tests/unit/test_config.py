@@ -390,3 +390,11 @@ def test_backfill_settings(tmp_path: Path) -> None:
 def test_bad_backfill_settings(tmp_path: Path, text: str, key: str) -> None:
     message = load_error(write(tmp_path, f"[scheduler]\n{text}\n"))
     assert f"scheduler.{key}" in message
+
+
+def test_preemption_settings(tmp_path: Path) -> None:
+    policy = load_config(write(tmp_path, '[scheduler]\npreempt_mode = "cancel"\npreempt_grace = 5\n')
+                         ).scheduler.policy()
+    assert (policy.preempt_mode, policy.preempt_grace) == ("cancel", 5.0)
+    message = load_error(write(tmp_path, '[scheduler]\npreempt_mode = "kill"\n'))
+    assert "scheduler.preempt_mode" in message and "'requeue', 'cancel' or 'off'" in message
