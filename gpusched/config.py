@@ -25,6 +25,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 # GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form of MIG devices.
 _GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+)$")
+_MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
@@ -39,6 +40,8 @@ class StaticGpu:
     memory_mb: int = 0
     pci_bus_id: str = ""
     type: str = "gpu"  # normalised GPU type requests name (a100-80gb, h100-80gb, l4)
+    mig_profile: str | None = None  # a MIG slice: its profile (1g.10gb) ...
+    parent: int | None = None  # ... and the index of the GPU it is cut from
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class AgentConfig:
     kill_grace: float = 30.0
     gpu_source: str = "static"
     static_gpus: tuple[StaticGpu, ...] = ()
+    # (index, index, kind, nvlinks): how two GPUs of the static inventory are connected.
+    static_links: tuple[tuple[int, int, str, int], ...] = ()
     block: str | None = None  # topology block (switch, rack) multi-node jobs keep within
 
 
@@ -265,7 +270,15 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
         if not isinstance(entry, dict):
             raise r.fail("static", "an array of tables [[agent.gpus.static]]")
         g = TableReader(r.source, entry, f"{r.prefix}static[{i}].")
-        g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id", "type"})
+        g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id", "type", "mig_profile",
+                      "parent"})
+        profile = g.get("mig_profile", str, None, "a MIG profile such as 1g.10gb")
+        parent = g.get("parent", int, None, "the index of the GPU the slice is cut from")
+        if (profile is None) != (parent is None):
+            raise g.fail("parent" if parent is None else "mig_profile",
+                         "both mig_profile and parent for a MIG slice, or neither")
+        if profile is not None and not _MIG_PROFILE.match(profile):
+            raise g.fail("mig_profile", "a MIG profile such as 1g.10gb or 3g.40gb")
         gpu_type = g.get("type", str, "gpu", "a GPU type such as a100-80gb or l4")
         if not _GPU_TYPE.match(gpu_type):
             raise g.fail("type", "a GPU type such as a100-80gb or l4 (lower case)")
@@ -283,11 +296,38 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
             name=g.get("name", str, "GPU", "a product name"),
             memory_mb=g.get("memory_mb", int, 0, "memory in MiB"),
             pci_bus_id=g.get("pci_bus_id", str, "", "a PCI bus id"),
-            type=gpu_type,
+            type=gpu_type, mig_profile=profile, parent=parent,
         ))
     if len({g.uuid for g in gpus}) != len(gpus) or len({g.index for g in gpus}) != len(gpus):
         raise r.fail("static", "GPUs with distinct indexes and UUIDs")
+    whole = {g.index for g in gpus if g.parent is None}
+    if any(g.parent is not None and g.parent not in whole for g in gpus):
+        raise r.fail("static", "MIG slices whose parent is the index of a whole GPU listed here")
     return tuple(gpus)
+
+
+LINK_KINDS = ("NVLINK", "PCIE_SWITCH", "PCIE_HOST_BRIDGE", "NUMA_NODE", "SYSTEM")  # as db.models
+
+
+def _static_links(r: TableReader) -> tuple[tuple[int, int, str, int], ...]:
+    listed = r.table.get("links", [])
+    if not isinstance(listed, list):
+        raise r.fail("links", "an array of tables [[agent.gpus.links]]")
+    links = []
+    for i, entry in enumerate(listed):
+        if not isinstance(entry, dict):
+            raise r.fail("links", "an array of tables [[agent.gpus.links]]")
+        g = TableReader(r.source, entry, f"{r.prefix}links[{i}].")
+        g.check_keys({"gpus", "kind", "nvlinks"})
+        pair = g.get("gpus", list, None, "two GPU indexes, such as [0, 1]")
+        if (pair is None or len(pair) != 2 or not all(isinstance(x, int) for x in pair)
+                or pair[0] == pair[1]):
+            raise g.fail("gpus", "two different GPU indexes, such as [0, 1]")
+        kind = g.get("kind", str, "NVLINK", f"one of {', '.join(LINK_KINDS)}")
+        if kind not in LINK_KINDS:
+            raise g.fail("kind", f"one of {', '.join(LINK_KINDS)}")
+        links.append((min(pair), max(pair), kind, g.get("nvlinks", int, 0, "a number of links")))
+    return tuple(links)
 
 
 def _agent(r: TableReader) -> AgentConfig:
@@ -295,7 +335,7 @@ def _agent(r: TableReader) -> AgentConfig:
     defaults = AgentConfig()
     node_name = r.name("node_name", defaults.node_name)
     gpus = r.sub("gpus")
-    gpus.check_keys({"source", "count", "static"})
+    gpus.check_keys({"source", "count", "static", "links"})
     source = gpus.get("source", str, "static", "'static'")
     if source != "static":
         raise gpus.fail("source", "'static' (NVML discovery is not available in this version)")
@@ -306,6 +346,7 @@ def _agent(r: TableReader) -> AgentConfig:
         kill_grace=r.positive("kill_grace", defaults.kill_grace, allow_zero=True),
         gpu_source=source,
         static_gpus=_static_gpus(gpus, node_name),
+        static_links=_static_links(gpus),
         block=r.get("block", str, None, "a topology block name"),
     )
 

@@ -99,7 +99,9 @@ class Agent:
         client.request("POST", "/agent/v1/register", {
             "node": self.node, "uid": os.geteuid(), "gpus": self.inventory(),
             "cpus": os.cpu_count() or 0, "memory_mb": _memory_mb(),
-            "block": self.config.block})
+            "block": self.config.block,
+            "links": [{"a": a, "b": b, "kind": kind, "nvlinks": n}
+                      for a, b, kind, n in self.config.static_links]})
         log.info("registered node %s with %d GPUs", self.node, len(self.config.static_gpus))
 
     def _poll(self, client: ApiClient) -> dict[str, Any]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import job_placements
-from gpusched.db.models import Allocation, Gpu, Job, Node
+from gpusched.db.models import LINK_KINDS, Allocation, Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
 
 OUTCOME_STATES = {
@@ -60,14 +60,41 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
             "name": str(gpu.get("name", "")), "memory_mb": int(gpu.get("memory_mb", 0)),
             "pci_bus_id": str(gpu.get("pci_bus_id", "")), "present": True,
             "gpu_type": str(gpu.get("type") or "gpu"),
+            "mig_profile": gpu.get("mig_profile") or None,
         }
         session.execute(insert(Gpu).values(**row).on_conflict_do_update(
             index_elements=[Gpu.uuid], set_=row))
         seen.append(gpu["uuid"])
+    _register_slices_and_links(session, node, gpus, body.get("links") or [])
     # A GPU that vanished keeps its row (allocations refer to it) but is no longer offered.
     session.execute(update(Gpu).where(Gpu.node_id == node.id, Gpu.uuid.not_in(seen))
                     .values(present=False))
     return node
+
+
+def _register_slices_and_links(session: Session, node: Node, gpus: list[dict[str, Any]],
+                               links: list[Any]) -> None:
+    """MIG slices point at their parent GPU; the node's GPU links are replaced."""
+    ids = dict(session.execute(select(Gpu.index, Gpu.id).where(
+        Gpu.node_id == node.id, Gpu.uuid.in_([g["uuid"] for g in gpus]))).all())
+    for gpu in gpus:
+        parent = gpu.get("parent")
+        if parent is not None and parent not in ids:
+            raise UsageError(f"gpus: MIG slice {gpu['uuid']} names parent GPU {parent}, "
+                             f"which this node does not have")
+        session.execute(update(Gpu).where(Gpu.uuid == gpu["uuid"])
+                        .values(parent_id=ids.get(parent) if parent is not None else None))
+    session.execute(delete(GpuLink).where(GpuLink.gpu_a.in_(list(ids.values()))))
+    rows = []
+    for link in links:
+        if not isinstance(link, dict) or link.get("a") not in ids or link.get("b") not in ids \
+                or link.get("kind") not in LINK_KINDS or link["a"] == link["b"]:
+            raise UsageError("links: expected {a, b, kind, nvlinks} between GPUs of this node")
+        a, b = sorted((ids[link["a"]], ids[link["b"]]))
+        rows.append({"gpu_a": a, "gpu_b": b, "kind": link["kind"],
+                     "nvlinks": int(link.get("nvlinks") or 0)})
+    if rows:
+        session.execute(insert(GpuLink).values(rows).on_conflict_do_nothing())
 
 
 def heartbeat(session: Session, name: str) -> tuple[Node, bool]:

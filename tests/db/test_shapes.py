@@ -87,3 +87,27 @@ def test_impossible_shapes_are_refused_and_nothing_stored(
     assert words in str(err.value)
     with sessions() as s:
         assert s.scalars(select(Job)).first() is None
+
+
+def test_registered_links_and_mig_slices_steer_placement(sessions: sessionmaker[Session]) -> None:
+    whole = [{"index": i, "uuid": f"A-{i}", "type": "a100-80gb"} for i in range(5)]
+    slices = [{"index": 10 + i, "uuid": f"MIG-{i}", "type": "a100-80gb", "mig_profile": "1g.10gb",
+               "parent": 4} for i in range(3)]
+    links = [{"a": 0, "b": 2, "kind": "NVLINK", "nvlinks": 12},
+             {"a": 1, "b": 3, "kind": "NVLINK", "nvlinks": 12},
+             {"a": 0, "b": 1, "kind": "SYSTEM"}, {"a": 2, "b": 3, "kind": "SYSTEM"}]
+    with sessions() as s, s.begin():
+        agents.register_node(s, {"node": "m1", "uid": 0, "gpus": whole + slices, "links": links})
+    pair = _submit(sessions, gpus=2, gpu_types=["a100"])
+    mig = _submit(sessions, gpus=2, gpu_types=["1g.10gb"])
+    _pass(sessions)
+    three = _submit(sessions, gpus=3, gpu_types=["a100"])  # GPU 4 is in MIG mode: only 2 left
+    _pass(sessions)
+    with sessions() as s:
+        got = {j: jobs.get_job(s, j, ALICE) for j in (pair, mig, three)}
+    assert set(got[pair]["gpu_uuids"]) in ({"A-0", "A-2"}, {"A-1", "A-3"})  # an NVLinked pair
+    assert got[mig]["gpu_uuids"] == ["MIG-0", "MIG-1"]
+    assert (got[three]["state"], got[three]["reason"]) == ("PENDING", "Resources")
+    with sessions() as s, s.begin(), pytest.raises(UsageError, match="parent GPU 9"):
+        agents.register_node(s, {"node": "m2", "uid": 0, "gpus": [
+            {"index": 0, "uuid": "MIG-x", "mig_profile": "1g.10gb", "parent": 9}]})

@@ -291,3 +291,40 @@ def test_a_pass_budget_resumes_where_it_stopped_and_reaches_every_job() -> None:
     whole = plan(snap, 0.0, policy("easy"))
     assert whole.resume_after is None and reasons(whole) == {1: Reason.RESOURCES, **{
         j: Reason.PRIORITY for j in range(2, 10)}}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.booleans()), min_size=1,
+                max_size=3),
+       st.lists(st.tuples(st.sampled_from([(), ("a100",), ("h100",), ("1g.10gb",),
+                                           ("a100", "1g.10gb")]),
+                          st.integers(1, 4), st.sampled_from([None, 60])), max_size=10))
+def test_units_given_match_the_request_and_mig_gpus_are_never_whole(
+        layout: list[tuple[int, int, bool]], requests: list[tuple[tuple[str, ...], int, int | None]]
+) -> None:
+    nodes = []
+    for n, (a100s, migs, h100) in enumerate(layout):
+        gpus = [GpuView(f"n{n}-a{i}", i, gpu_type="a100-80gb") for i in range(a100s)]
+        if h100:
+            gpus.append(GpuView(f"n{n}-h", 50, gpu_type="h100-80gb"))
+        for m in range(migs):
+            gpus.append(GpuView(f"n{n}-m{m}", 60 + m, gpu_type="a100-80gb", mig_mode=True))
+            gpus += [GpuView(f"n{n}-m{m}-s{k}", 100 + 10 * m + k, gpu_type="a100-80gb",
+                             mig_profile="1g.10gb", parent=60 + m) for k in range(3)]
+        nodes.append(NodeView(f"n{n}", NodeState.UP, tuple(gpus)))
+    jobs = [PendingJob(j + 1, "gpu", count, 1000, float(j), limit, gpu_kinds=kinds)
+            for j, (kinds, count, limit) in enumerate(requests)]
+    snap = Snapshot(tuple(nodes), (PartitionView("gpu", tuple(v.name for v in nodes)),), tuple(jobs))
+    p = plan(snap, 0.0, policy("conservative"))
+    units = {g.uuid: g for v in nodes for g in v.gpus}
+    wanted = {j.job_id: j for j in jobs}
+    used = [u for s in p.starts for u in s.gpu_uuids]
+    assert len(used) == len(set(used))
+    for s in p.starts:
+        job = wanted[s.job_id]
+        assert len(s.gpu_uuids) == job.gpus
+        assert len({units[u].kind for u in s.gpu_uuids}) == 1  # one kind per node
+        for u in s.gpu_uuids:
+            gpu = units[u]
+            assert not gpu.mig_mode
+            assert kind_matches(gpu.kind, gpu.mig_profile is not None, job.gpu_kinds)

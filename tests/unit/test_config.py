@@ -69,6 +69,7 @@ def test_example_loads_with_the_values_written_in_it() -> None:
                       81920, "00000000:0F:00.0", "a100-80gb"),
         ),
         block="rack1",
+        static_links=((0, 1, "NVLINK", 12),),
     )
     assert config.partitions == (
         PartitionConfig("gpu", ("*",), default=True, max_time=2 * 86400, default_time=3600),
@@ -86,13 +87,15 @@ def test_example_uses_the_system_paths_the_daemons_and_units_expect() -> None:
 def test_example_sets_every_field_of_the_config_objects() -> None:
     """Adding a field to config.py without documenting it in the example fails here."""
     raw = tomllib.loads(EXAMPLE.read_text())
-    agent_keys = {"gpu_source": "gpus", "static_gpus": "gpus"}  # fields living in [agent.gpus]
+    # fields living in [agent.gpus]
+    agent_keys = {"gpu_source": "gpus", "static_gpus": "gpus", "static_links": "gpus"}
 
     assert {f.name for f in dataclasses.fields(ControllerConfig)} <= set(raw["controller"])
     assert {agent_keys.get(f.name, f.name) for f in dataclasses.fields(AgentConfig)} <= set(raw["agent"])
     assert "source" in raw["agent"]["gpus"]
     for gpu in raw["agent"]["gpus"]["static"]:
-        assert {f.name for f in dataclasses.fields(StaticGpu)} == set(gpu)
+        slice_only = {"mig_profile", "parent"}  # documented; the example has no MIG slices
+        assert {f.name for f in dataclasses.fields(StaticGpu)} - slice_only == set(gpu)
     for part in raw["partitions"]:
         assert {f.name for f in dataclasses.fields(PartitionConfig)} == set(part)
     assert "url" in raw["database"]
@@ -398,3 +401,27 @@ def test_preemption_settings(tmp_path: Path) -> None:
     assert (policy.preempt_mode, policy.preempt_grace) == ("cancel", 5.0)
     message = load_error(write(tmp_path, '[scheduler]\npreempt_mode = "kill"\n'))
     assert "scheduler.preempt_mode" in message and "'requeue', 'cancel' or 'off'" in message
+
+
+def test_static_mig_slices_and_links(tmp_path: Path) -> None:
+    text = ('[agent.gpus]\n[[agent.gpus.static]]\nindex = 0\nuuid = "GPU-11111111-1111-1111-1111-111111111111"\n'
+            '[[agent.gpus.static]]\nindex = 1\nuuid = "MIG-22222222-2222-2222-2222-222222222222"\n'
+            'mig_profile = "1g.10gb"\nparent = 0\n'
+            '[[agent.gpus.links]]\ngpus = [1, 0]\nkind = "PCIE_SWITCH"\n')
+    agent = load_config(write(tmp_path, text)).agent
+    assert (agent.static_gpus[1].mig_profile, agent.static_gpus[1].parent) == ("1g.10gb", 0)
+    assert agent.static_links == ((0, 1, "PCIE_SWITCH", 0),)
+    for bad, words in (
+            ('parent = 0', "static[1].mig_profile: expected both mig_profile and parent"),
+            ('mig_profile = "big"\nparent = 0', "static[1].mig_profile: expected a MIG profile"),
+            ('mig_profile = "1g.10gb"\nparent = 7', "static: expected MIG slices whose parent")):
+        broken = text.replace('mig_profile = "1g.10gb"\nparent = 0', bad)
+        assert f"agent.gpus.{words}" in load_error(write(tmp_path, broken))
+    message = load_error(write(tmp_path, text.replace('kind = "PCIE_SWITCH"', 'kind = "WIFI"')))
+    assert "agent.gpus.links[0].kind" in message
+
+
+def test_link_kinds_match_the_schema() -> None:
+    from gpusched import config
+    from gpusched.db import models
+    assert config.LINK_KINDS == models.LINK_KINDS
