@@ -328,3 +328,18 @@ def test_units_given_match_the_request_and_mig_gpus_are_never_whole(
             gpu = units[u]
             assert not gpu.mig_mode
             assert kind_matches(gpu.kind, gpu.mig_profile is not None, job.gpu_kinds)
+
+
+def test_mig_slices_are_packed_onto_the_gpu_with_the_fewest_free() -> None:
+    def slices(parent: int, free: int) -> list[GpuView]:
+        return [GpuView(f"p{parent}-s{k}", 10 * parent + k, gpu_type="a100-80gb",
+                        mig_profile="1g.10gb", parent=parent) for k in range(free)]
+    view = NodeView("m", NodeState.UP, (
+        GpuView("P1", 1, gpu_type="a100-80gb", mig_mode=True),
+        GpuView("P2", 2, gpu_type="a100-80gb", mig_mode=True),
+        *slices(1, 3), *slices(2, 1)))
+    p = plan(snapshot([view], [pj(1, 1, 60, gpu_kinds=("1g.10gb",)),
+                               pj(2, 2, 60, gpu_kinds=("1g.10gb",))]), 0.0, policy("easy"))
+    got = {s.job_id: s.gpu_uuids for s in p.starts}
+    assert got[1] == ("p2-s0",)  # GPU 2's last free slice, leaving GPU 1's three together
+    assert got[2] == ("p1-s0", "p1-s1")
