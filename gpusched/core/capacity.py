@@ -277,12 +277,13 @@ class Capacity:
             candidates = [job for job in self.on_node.get(index, ())
                           if job.qos in preemptable and not job.preempting
                           and job.job_id not in self.preempted]
-            if not candidates:
-                continue
             for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
                 if kind and node.total.get(kind, 0) < shape.gpus:
                     continue
-                found = self._cheapest(node, kind, shape, candidates)
+                if self._fits_now(node, kind, shape):  # a multi-node job's free node
+                    options.append((0.0, 0, index, kind, []))
+                    continue
+                found = self._cheapest(node, kind, shape, candidates) if candidates else None
                 if found is not None:
                     options.append((found[0], len(found[1]), index, kind, found[1]))
         options.sort(key=lambda o: (o[0], o[1], o[2]))
@@ -293,7 +294,8 @@ class Capacity:
                 where.append((index, kind))
                 victims.update((job.job_id, job) for job in chosen)
             if len(where) == shape.nodes:
-                return where, sorted(victims.values(), key=lambda j: j.job_id)
+                return (where, sorted(victims.values(), key=lambda j: j.job_id)) \
+                    if victims else None
         return None
 
     # -- which nodes may run a shape ------------------------------------------------

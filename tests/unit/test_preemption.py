@@ -78,3 +78,11 @@ def test_a_job_that_fits_now_preempts_nobody() -> None:
     running = [low(11, "n0", (0, 1), 60)]
     p = plan(snap(running, [HIGH]), NOW, Policy(weights=ORDER))
     assert p.preemptions == () and [s.job_id for s in p.starts] == [1]
+
+
+def test_a_multi_node_job_uses_free_nodes_and_clears_only_what_it_lacks() -> None:
+    running = [low(11, "n0", (0, 1, 2, 3), 600), low(12, "n1", (0, 1, 2, 3), 60)]
+    wide = PendingJob(1, "gpu", 4, 1000, NOW - 5, 600, qos="high", nodes=2)
+    p = plan(snap(running, [wide], nodes=3), NOW, Policy(weights=ORDER))
+    assert [v.job_id for v in p.preemptions] == [12]  # n2 is free; n1's job lost least
+    assert [(r.start_time, sorted(r.nodes)) for r in p.reservations] == [(NOW + 30, ["n1", "n2"])]
