@@ -178,10 +178,11 @@ class Capacity:
         self._starts: dict[tuple[str, int, int, int],
                            tuple[list[tuple[float, int]], dict[int, float], int]] = {}
         self._changed: list[int] = []  # nodes changed by a start or a reservation, in order
-        self._versions = [0] * len(self.nodes)  # changes to each node so far
-        self._reserved_starts: dict[tuple[object, ...], tuple[float, int]] = {}
+        self._reserved_lists: dict[tuple[str, int, int, int, float],
+                                   tuple[list[tuple[float, int]], dict[int, float], int]] = {}
         self.restricted = any(node.view.run_uid is not None for node in self.nodes)
         self.preempted: set[int] = set()  # running jobs this pass decided to stop
+        self._estimates: dict[tuple[object, Shape], tuple[float, int]] = {}
 
     def _release_running(self, running: list[RunningJob]) -> None:
         self.kind_of: dict[str, tuple[int, str]] = {}
@@ -217,7 +218,6 @@ class Capacity:
 
     def _touched(self, index: int) -> None:
         self._changed.append(index)
-        self._versions[index] += 1
 
     # -- preemption -------------------------------------------------------------------
     def release_early(self, job: RunningJob, at: float) -> None:
@@ -427,6 +427,40 @@ class Capacity:
         self._starts[key] = (starts, at, len(self._changed))
         return starts
 
+    def _reserved_starts_for(self, kind: str, shape: Shape) -> list[tuple[float, int]]:
+        """(earliest start, node) for ``shape`` on every node holding a reservation, sorted;
+        refreshed, like ``_monotone_starts``, only for the nodes changed since."""
+        key = (kind, shape.gpus, shape.cpus, shape.mem_mb, shape.duration)
+        entry = self._reserved_lists.get(key)
+        if entry is None:
+            starts: list[tuple[float, int]] = []
+            at: dict[int, float] = {}
+            dirty: Iterable[int] = self.reserved_nodes
+        else:
+            starts, at, seen = entry
+            dirty = set(self._changed[seen:])
+        for index in dirty:
+            old = at.pop(index, None)
+            if old is not None:
+                del starts[bisect_left(starts, (old, index))]
+            node = self.nodes[index]
+            if index in self.reserved_nodes and (not kind or node.total.get(kind, 0) >= shape.gpus):
+                at[index] = node.earliest(kind, shape, self.now)
+                insort(starts, (at[index], index))
+        self._reserved_lists[key] = (starts, at, len(self._changed))
+        return starts
+
+    def estimate(self, shape: Shape, members: frozenset[int], group: object) -> float:
+        """``earliest`` without the where, remembered until the resources change: most
+        waiting jobs share a few shapes."""
+        key = (group, shape)
+        known = self._estimates.get(key)
+        if known is not None and known[1] == len(self._changed):
+            return known[0]
+        at = self.earliest(shape, members)[0]
+        self._estimates[key] = (at, len(self._changed))
+        return at
+
     def earliest(self, shape: Shape, members: frozenset[int]) -> tuple[float, list[tuple[int, str]]]:
         """When and where ``shape`` could start at the earliest; (INF, []) if never."""
         starts: list[tuple[float, int, str]] = []
@@ -438,16 +472,13 @@ class Capacity:
                 if index in members and self._usable(self.nodes[index], shape):
                     starts.append((at, index, kind))
                     found += 1
-            for index in self.reserved_nodes & members:
-                node = self.nodes[index]
-                if self._usable(node, shape) and (not kind or node.total.get(kind, 0) >= shape.gpus):
-                    key = (index, kind, shape.gpus, shape.cpus, shape.mem_mb, shape.duration)
-                    cached = self._reserved_starts.get(key)
-                    if cached is None or cached[1] != self._versions[index]:
-                        cached = (node.earliest(kind, shape, self.now), self._versions[index])
-                        self._reserved_starts[key] = cached
-                    if cached[0] < INF:
-                        starts.append((cached[0], index, kind))
+            found = 0
+            for at, index in self._reserved_starts_for(kind, shape):
+                if at == INF or found >= shape.nodes:
+                    break
+                if index in members and self._usable(self.nodes[index], shape):
+                    starts.append((at, index, kind))
+                    found += 1
         best: dict[int, tuple[float, int, str]] = {}
         for entry in sorted(starts):
             best.setdefault(entry[1], entry)  # one kind per node: its earliest

@@ -158,6 +158,7 @@ class PendingJob:
     nodes: int = 1
     cpus: int = 0
     mem_mb: int = 0
+    expected_start: float | None = None  # as the last pass left it
 
     @property
     def total_gpus(self) -> int:
@@ -280,10 +281,13 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """Decision: ``job_id`` stays pending, for ``reason``."""
+    """Decision: ``job_id`` stays pending, for ``reason``; expected to start at
+    ``expected_start`` (its reservation, else the earliest its resources are free after
+    every reservation; None when that is not known)."""
 
     job_id: int
     reason: Reason
+    expected_start: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

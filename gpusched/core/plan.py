@@ -130,6 +130,7 @@ class SchedulingPass:
         self.pending: list[Pending] = []
         self.reservations: list[Reservation] = []
         self.preemptions: list[Preemption] = []
+        self.expected: dict[int, float] = {}  # job -> when it should start, if it waits
         self.moment: Moment | None = None
         self.backfill_examined = 0
         self.last_examined: int | None = None
@@ -196,6 +197,9 @@ class SchedulingPass:
                     self.capacity.reserve(at, where, shape, job.job_id)
                     self.reservations.append(Reservation(
                         job.job_id, at, tuple(self.capacity.nodes[i].view.name for i, _ in where)))
+                self.expected[job.job_id] = at
+            elif self.depth:
+                self.expected[job.job_id] = self.capacity.estimate(shape, members, job.partition)
             return Reason.RESOURCES if first else Reason.PRIORITY
         kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])
                 else StartKind.IMMEDIATE)
@@ -256,7 +260,8 @@ class SchedulingPass:
             if not left:
                 return
         if reason is not None:
-            self.pending.append(Pending(job.job_id, reason))
+            at = self.expected.get(job.job_id, INF)
+            self.pending.append(Pending(job.job_id, reason, at if at < INF else None))
 
     def run(self, order: Sequence[PendingJob], resume_after: int | None = None) -> Plan:
         """Consider the jobs of ``order`` in turn; the decisions made.
@@ -293,7 +298,7 @@ class SchedulingPass:
 
     def _keep_reason(self, job: PendingJob) -> None:
         self.pending.append(Pending(job.job_id, job.reason if job.reason is not Reason.NONE
-                                    else Reason.PRIORITY))
+                                    else Reason.PRIORITY, job.expected_start))
 
 
 def plan(snapshot: Snapshot, now: float, policy: Policy, resume_after: int | None = None) -> Plan:

@@ -88,14 +88,16 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
     return tuple(
         PendingJob(jid, part, n // nodes, uid, submitted.timestamp(), limit, Reason(reason),
                    user, account, qos, hold, begin.timestamp() if begin else None, dependency,
-                   name, array_job, array_tasks, array_cap, tuple(types), nodes, cpus, mem)
+                   name, array_job, array_tasks, array_cap, tuple(types), nodes, cpus, mem,
+                   expected.timestamp() if expected else None)
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
-        dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem
+        dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected
         in session.execute(
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
                    Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
                    Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
-                   Job.array_max_running, Job.gpu_types, Job.nodes, Job.cpus, Job.mem_mb)
+                   Job.array_max_running, Job.gpu_types, Job.nodes, Job.cpus, Job.mem_mb,
+                   Job.expected_start)
             .where(Job.state == "PENDING"))
     )
 
@@ -281,7 +283,7 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
             .values(reason=bindparam("r")),
             changed,
         )
-    _expected_starts(session, plan)
+    _expected_starts(session, snapshot, plan)
     woken = {start.node for start in started.values()}
     for preemption in plan.preemptions:
         woken.update(session.scalars(
@@ -293,17 +295,20 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     return woken
 
 
-def _expected_starts(session: Session, plan: Plan) -> None:
-    """Reserved jobs get their expected start; other pending jobs lose a stale one."""
-    jobs_table = Job.__table__
-    assert isinstance(jobs_table, Table)
-    if plan.reservations:
+def _expected_starts(session: Session, snapshot: Snapshot, plan: Plan) -> None:
+    """Store each waiting job's expected start where it moved by a second or more."""
+    before = {job.job_id: job.expected_start for job in snapshot.pending}
+    changed = [
+        {"jid": p.job_id,
+         "at": None if p.expected_start is None else datetime.fromtimestamp(p.expected_start, UTC)}
+        for p in plan.pending
+        if (p.expected_start is None) != (before.get(p.job_id) is None) or (
+            p.expected_start is not None and abs(p.expected_start - (before.get(p.job_id) or 0)) >= 1)
+    ]
+    if changed:
+        jobs_table = Job.__table__
+        assert isinstance(jobs_table, Table)
         session.connection().execute(
             update(jobs_table).where(jobs_table.c.id == bindparam("jid"),
                                      jobs_table.c.state == "PENDING")
-            .values(expected_start=bindparam("at")),
-            [{"jid": r.job_id, "at": datetime.fromtimestamp(r.start_time, UTC)}
-             for r in plan.reservations])
-    session.execute(update(Job).where(
-        Job.state == "PENDING", Job.expected_start.is_not(None),
-        Job.id.not_in([r.job_id for r in plan.reservations])).values(expected_start=None))
+            .values(expected_start=bindparam("at")), changed)

@@ -73,6 +73,12 @@ def test_easy_reserves_the_head_and_backfills_what_ends_before_it() -> None:
         (4, StartKind.BACKFILLED, ("n0-g3",))]
     assert reasons(p) == {1: Reason.RESOURCES, 2: Reason.PRIORITY, 3: Reason.PRIORITY,
                           5: Reason.PRIORITY}
+    # Every waiting job has an expected start: job 1 its reservation, the others the
+    # earliest their resources are free around it (job 2: 3 GPUs at t=10 for 10 s; job 3
+    # must run 40 s, so after job 1; job 5: at t=10, when R1 ends).
+    assert {d.job_id: d.expected_start for d in p.pending} == {1: 30.0, 2: 10.0, 3: 50.0,
+                                                               5: 10.0}
+    assert all(d.expected_start is None for d in decide("none").pending)
 
 
 def test_conservative_reserves_every_job_and_backfills_only_what_delays_none() -> None:
@@ -241,6 +247,10 @@ def test_no_resource_is_ever_promised_twice(case: tuple[Snapshot, Policy]) -> No
     assert set(uuids) <= usable - held  # nothing drained, unhealthy or already held
     _usage_over_time(snap, p)
     assert p == plan(snap, 0.0, pol)  # identical input, identical plan
+    expected = {d.job_id: d.expected_start for d in p.pending}
+    for r in p.reservations:  # a reserved job is expected at its reservation
+        assert expected[r.job_id] == r.start_time
+    assert all(at is None or at >= 0.0 for at in expected.values())
 
 
 @settings(max_examples=200, deadline=None)
