@@ -19,7 +19,7 @@ import math
 import re
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 from gpusched.core.model import GpuView, NodeState, NodeView, PendingJob, RunningJob
@@ -453,7 +453,7 @@ class Capacity:
     def estimate(self, shape: Shape, members: frozenset[int], group: object) -> float:
         """``earliest`` without the where, remembered until the resources change: most
         waiting jobs share a few shapes."""
-        key = (group, shape)
+        key = (group, shape if self.restricted else replace(shape, uid=0))
         known = self._estimates.get(key)
         if known is not None and known[1] == len(self._changed):
             return known[0]
