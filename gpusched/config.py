@@ -93,6 +93,7 @@ class SchedulerConfig:
     backfill_max_jobs: int | None = 5000
     preempt_mode: str = "requeue"
     preempt_grace: float = 30.0
+    pass_budget: float = 2.0  # seconds a pass may plan for; 0: no limit
 
     def policy(self) -> Policy:
         """The core Policy these settings describe."""
@@ -211,7 +212,8 @@ def _controller(r: TableReader) -> ControllerConfig:
 
 def _scheduler(r: TableReader) -> SchedulerConfig:
     r.check_keys({"fairshare", "half_life", "usage_interval", "weights", "backfill",
-                  "reservations", "backfill_max_jobs", "preempt_mode", "preempt_grace"})
+                  "reservations", "backfill_max_jobs", "preempt_mode", "preempt_grace",
+                  "pass_budget"})
     defaults = SchedulerConfig()
     preempt_mode = r.get("preempt_mode", str, defaults.preempt_mode,
                          "'requeue', 'cancel' or 'off'")
@@ -251,6 +253,7 @@ def _scheduler(r: TableReader) -> SchedulerConfig:
         backfill=backfill, reservations=reservations, backfill_max_jobs=max_jobs or None,
         preempt_mode=preempt_mode,
         preempt_grace=r.positive("preempt_grace", defaults.preempt_grace, allow_zero=True),
+        pass_budget=r.positive("pass_budget", defaults.pass_budget, allow_zero=True),
     )
 
 

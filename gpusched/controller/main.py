@@ -44,7 +44,8 @@ class Controller:
             seed_partitions(session, config.partitions)
         dsn = psycopg_dsn(config.database_url)
         self.events = Events()
-        self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy())
+        self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy(),
+                                       config.scheduler.pass_budget or None)
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy())
         self.server = UnixHttpServer(config.controller.socket, api.router(),

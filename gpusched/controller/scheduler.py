@@ -85,8 +85,9 @@ class SchedulerLoop:
     """Runs passes when woken (submit, cancel, job end) and on the periodic backstop."""
 
     def __init__(self, sessions: sessionmaker[Session], events: Events, dsn: str,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, pass_budget: float | None = None) -> None:
         self.sessions = sessions
+        self.pass_budget = pass_budget  # seconds a pass may plan for; None: no limit
         self.events = events
         self.policy = policy or Policy()
         self.resume_after: int | None = None  # where the last pass stopped examining, if early
@@ -132,7 +133,9 @@ class SchedulerLoop:
         started = time.monotonic()
         with self.sessions() as session, session.begin():
             snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace)
-            decided = plan(snapshot, time.time(), self.policy, self.resume_after)
+            deadline = time.monotonic() + (self.pass_budget or 0.0)
+            decided = plan(snapshot, time.time(), self.policy, self.resume_after,
+                           (lambda: time.monotonic() > deadline) if self.pass_budget else None)
             self.resume_after = decided.resume_after
             woken = apply_plan(session, snapshot, decided, node_ids)
             notify_in(session, *(f"node:{name}" for name in sorted(woken)))

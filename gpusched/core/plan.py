@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpusched.core.arrays import iter_tasks, task_count
@@ -134,6 +134,10 @@ class SchedulingPass:
         self.moment: Moment | None = None
         self.backfill_examined = 0
         self.last_examined: int | None = None
+        self.considered = 0
+        self.over_budget: Callable[[], bool] | None = None
+        self.out_of_time = False
+        self.budget_asked = 0
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
@@ -242,6 +246,7 @@ class SchedulingPass:
         if job.job_id == self.watch:
             self._record(job)
         self.last_examined = job.job_id
+        self.considered += 1
         if self.backfilling(job):
             self.backfill_examined += 1
         reason = next(self.waits(job), None)
@@ -263,31 +268,47 @@ class SchedulingPass:
             at = self.expected.get(job.job_id, INF)
             self.pending.append(Pending(job.job_id, reason, at if at < INF else None))
 
-    def run(self, order: Sequence[PendingJob], resume_after: int | None = None) -> Plan:
+    def _exhausted(self, job: PendingJob) -> bool:
+        """Whether the pass must stop before ``job``: its time (asked every 32 jobs) or
+        its count of jobs examined for backfill alone is spent."""
+        if self.out_of_time:
+            return True
+        if self.over_budget is not None and self.considered % 32 == 0 and self.considered \
+                and self.considered != self.budget_asked:
+            self.budget_asked = self.considered
+            self.out_of_time = self.over_budget()
+            if self.out_of_time:
+                return True
+        limit = self.policy.backfill_max_jobs
+        return limit is not None and self.backfilling(job) and self.backfill_examined >= limit
+
+    def run(self, order: Sequence[PendingJob], resume_after: int | None = None,
+            over_budget: Callable[[], bool] | None = None) -> Plan:
         """Consider the jobs of ``order`` in turn; the decisions made.
 
-        With ``policy.backfill_max_jobs``, at most that many jobs are examined for
-        backfill alone; the rest keep their reasons and the plan says where it stopped.
-        Given that job as ``resume_after``, the next pass examines for backfill first the
-        jobs after it, then the ones before: every job gets its turn.
+        The pass stops early when ``over_budget()`` says its time is up, or when it has
+        examined ``policy.backfill_max_jobs`` jobs for backfill alone; the jobs not
+        examined keep their reasons and expected starts, and the plan says where it
+        stopped. Given that job as ``resume_after``, the next pass examines for backfill
+        first the jobs after it, then the ones before: every job gets its turn.
         """
-        limit = self.policy.backfill_max_jobs
+        self.over_budget = over_budget
         after = next((i for i, job in enumerate(order) if job.job_id == resume_after), -1) \
-            if limit is not None and resume_after is not None else -1
+            if resume_after is not None else -1
         deferred: list[PendingJob] = []
         stopped = False
         for position, job in enumerate(order):
             if position <= after and self.backfilling(job):
                 deferred.append(job)
                 continue
-            if limit is not None and self.backfilling(job) and self.backfill_examined >= limit:
+            if self._exhausted(job):
                 stopped = True
                 deferred.extend(order[position:])
                 break
             self.consider(job)
         resume = self.last_examined if stopped else None
         for job in deferred:
-            if limit is not None and self.backfilling(job) and self.backfill_examined >= limit:
+            if self._exhausted(job):
                 resume = self.last_examined if resume is None else resume
                 self._keep_reason(job)
                 continue
@@ -301,11 +322,12 @@ class SchedulingPass:
                                     else Reason.PRIORITY, job.expected_start))
 
 
-def plan(snapshot: Snapshot, now: float, policy: Policy, resume_after: int | None = None) -> Plan:
+def plan(snapshot: Snapshot, now: float, policy: Policy, resume_after: int | None = None,
+         over_budget: Callable[[], bool] | None = None) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
     Jobs are taken in priority order (``queue_order``) and placed best fit; see
     ``SchedulingPass`` for backfill, reservations and who waits and why.
     """
     return SchedulingPass(snapshot, now, policy).run(queue_order(snapshot, now, policy),
-                                                     resume_after)
+                                                     resume_after, over_budget)

@@ -353,3 +353,22 @@ def test_mig_slices_are_packed_onto_the_gpu_with_the_fewest_free() -> None:
     got = {s.job_id: s.gpu_uuids for s in p.starts}
     assert got[1] == ("p2-s0",)  # GPU 2's last free slice, leaving GPU 1's three together
     assert got[2] == ("p1-s0", "p1-s1")
+
+
+def test_a_pass_stops_when_its_time_budget_is_spent() -> None:
+    """The caller's clock says when time is up (asked every 32 jobs); the jobs not
+    reached keep their stored reasons, and the plan says where it stopped."""
+    busy = [RunningJob(90, "n0", ("n0-g0",), end_time=1000.0)]
+    jobs = [pj(j, 1, 100, reason=Reason.BEGIN_TIME) for j in range(1, 101)]
+    answers = iter([False, True])
+    asked: list[int] = []
+
+    def over_budget() -> bool:
+        asked.append(1)
+        return next(answers)
+
+    p = plan(snapshot([node("n0", 1)], jobs, busy), 0.0, policy("easy"), over_budget=over_budget)
+    examined = sorted(j for j, r in reasons(p).items() if r is not Reason.BEGIN_TIME)
+    assert examined == list(range(1, 65)) and len(asked) == 2
+    assert p.resume_after == 64 and len(p.pending) == 100
+    assert plan(snapshot([node("n0", 1)], jobs, busy), 0.0, policy("easy")).resume_after is None
