@@ -35,6 +35,7 @@ from gpusched.agent.spawn import (
 )
 from gpusched.agent.supervisor import write_json_atomic
 from gpusched.core.arrays import runs, task_bounds
+from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
     name, user, work_dir = str(launch["name"]), str(launch["user"]), str(launch["work_dir"])
     gpus = ",".join(launch.get("gpu_uuids") or [])
     env = {str(k): str(v) for k, v in (launch.get("environment") or {}).items()}
+    nodes = [str(n) for n in launch.get("node_names") or [node_name]]
     job_vars = {"JOB_ID": str(job_id), "JOB_NAME": name, "JOB_GPUS": gpus,
-                "JOB_NODELIST": node_name, "SUBMIT_DIR": work_dir}
+                "JOB_NODELIST": compress_hostlist(nodes), "JOB_NUM_NODES": str(len(nodes)),
+                "SUBMIT_DIR": work_dir}
     for key, value in job_vars.items():
         env[f"GPUSCHED_{key}"] = value
         env[f"SLURM_{key}"] = value

@@ -12,6 +12,7 @@ import typer
 
 from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, print_table, run_cli
+from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.timefmt import format_duration
 from gpusched.errors import GpuschedError, UsageError
 
@@ -208,7 +209,8 @@ def node_or_reason(job: Mapping[str, Any]) -> str:
     """The NODELIST(REASON) cell: ``(Reason)`` while pending, else the node."""
     if job.get("state") == "PENDING":
         return f"({job.get('reason') or 'None'})"
-    return str(job.get("node") or "")
+    names = job.get("node_names")
+    return compress_hostlist(names) if names else str(job.get("node") or "")
 
 
 def _parse_time(value: object) -> datetime | None:

@@ -123,7 +123,7 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
             "time_limit": j.time_limit, "node": node.name,
             "gpu_uuids": placed.get(j.id, (node.name, []))[1],
             "array_job_id": j.array_job_id, "array_task_id": j.array_task_id,
-            "array_spec": j.array_spec, "restarts": j.restarts,
+            "array_spec": j.array_spec, "restarts": j.restarts, "node_names": j.node_names,
         }
         for j in to_launch
     ]

@@ -106,6 +106,15 @@ def test_build_spec_sets_array_variables_and_names(work_dir: Path) -> None:
     assert not any("ARRAY" in key for key in plain["env"])
 
 
+def test_build_spec_names_every_node_of_a_multi_node_job(work_dir: Path) -> None:
+    spec = build_spec(launch_object(work_dir, 42, node_names=["gpu01", "gpu02"]),
+                      kill_grace=1.0, node_name="gpu01")
+    assert spec["env"]["SLURM_JOB_NODELIST"] == "gpu[01-02]"
+    assert spec["env"]["GPUSCHED_JOB_NUM_NODES"] == "2"
+    assert build_spec(launch_object(work_dir, 42), kill_grace=1.0,
+                      node_name="n")["env"]["SLURM_JOB_NUM_NODES"] == "1"
+
+
 def test_build_spec_output_paths(work_dir: Path) -> None:
     default = build_spec(launch_object(work_dir, 5), kill_grace=1.0, node_name="n")
     assert default["stdout"] == default["stderr"] == str(work_dir / "gpusched-5.out")

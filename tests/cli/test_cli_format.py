@@ -307,3 +307,9 @@ def test_resource_directives_name_their_line(in_tmp: Path) -> None:
     (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --gres=gpu:a100:2\n#SBATCH --mem=9X\ntrue\n")
     with pytest.raises(UsageError, match=r"^line 3: #SBATCH: invalid --mem '9X'"):
         parse_submit(["job.sh"])
+
+
+def test_a_multi_node_job_shows_all_its_nodes() -> None:
+    start = (NOW - timedelta(seconds=5)).isoformat()
+    row = gqueue.job_row(job(start_time=start, node="gpu01", node_names=["gpu01", "gpu02", "gpu03"]), NOW)
+    assert row[-1] == "gpu[01-03]"
