@@ -270,20 +270,7 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
                    for job_id, start in started.items() for u in start.gpu_uuids]
     if allocations:
         session.execute(insert(Allocation), allocations)
-    current = {job.job_id: job.reason for job in snapshot.pending}
-    changed = [{"jid": p.job_id, "r": p.reason.value} for p in plan.pending
-               if current.get(p.job_id) != p.reason]
-    if changed:
-        # Core executemany (one statement, many parameter sets), not an ORM bulk update.
-        jobs_table = Job.__table__
-        assert isinstance(jobs_table, Table)
-        session.connection().execute(
-            update(jobs_table).where(jobs_table.c.id == bindparam("jid"),
-                                     jobs_table.c.state == "PENDING")
-            .values(reason=bindparam("r")),
-            changed,
-        )
-    _expected_starts(session, snapshot, plan)
+    _update_pending(session, snapshot, plan)
     woken = {start.node for start in started.values()}
     for preemption in plan.preemptions:
         woken.update(session.scalars(
@@ -295,20 +282,24 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     return woken
 
 
-def _expected_starts(session: Session, snapshot: Snapshot, plan: Plan) -> None:
-    """Store each waiting job's expected start where it moved by a second or more."""
-    before = {job.job_id: job.expected_start for job in snapshot.pending}
-    changed = [
-        {"jid": p.job_id,
-         "at": None if p.expected_start is None else datetime.fromtimestamp(p.expected_start, UTC)}
-        for p in plan.pending
-        if (p.expected_start is None) != (before.get(p.job_id) is None) or (
-            p.expected_start is not None and abs(p.expected_start - (before.get(p.job_id) or 0)) >= 1)
-    ]
-    if changed:
+def _update_pending(session: Session, snapshot: Snapshot, plan: Plan) -> None:
+    """Store each waiting job's reason and expected start where they changed (a start
+    only when it moved by a second or more), in one statement."""
+    before = {job.job_id: job for job in snapshot.pending}
+    rows = []
+    for decided in plan.pending:
+        old = before[decided.job_id]
+        at, was = decided.expected_start, old.expected_start
+        moved = (at is None) != (was is None) or (at is not None and abs(at - (was or 0)) >= 1)
+        if moved or decided.reason != old.reason:
+            keep = at if moved else was
+            rows.append({"jid": decided.job_id, "r": decided.reason.value,
+                         "at": None if keep is None else datetime.fromtimestamp(keep, UTC)})
+    if rows:
+        # Core executemany (one statement, many parameter sets), not an ORM bulk update.
         jobs_table = Job.__table__
         assert isinstance(jobs_table, Table)
         session.connection().execute(
             update(jobs_table).where(jobs_table.c.id == bindparam("jid"),
                                      jobs_table.c.state == "PENDING")
-            .values(expected_start=bindparam("at")), changed)
+            .values(reason=bindparam("r"), expected_start=bindparam("at")), rows)
