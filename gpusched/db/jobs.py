@@ -162,24 +162,21 @@ def _check_fits(session: Session, part: Partition, per_node: int, kinds: tuple[s
 
     A partition without registered nodes yet takes anything.
     """
-    rows = session.execute(
-        select(Node.id, Node.name, Node.cpus, Node.memory_mb)).all()
-    members = [(nid, name, c, m) for nid, name, c, m in rows if "*" in part.nodes or name in part.nodes]
+    query = select(Node.id, Node.cpus, Node.memory_mb)
+    if "*" not in part.nodes:
+        query = query.where(Node.name.in_(part.nodes))
+    members = {nid: (c, m) for nid, c, m in session.execute(query)}
     if not members:
         return
-    gpus = session.execute(select(Gpu.id, Gpu.node_id, Gpu.gpu_type, Gpu.mig_profile, Gpu.parent_id)
-                           .where(Gpu.present, Gpu.node_id.in_([m[0] for m in members]))).all()
-    parents = {parent for *_, parent in gpus if parent is not None}
-    per: dict[tuple[int, str], int] = {}
-    for gpu_id, node_id, gpu_type, profile, _ in gpus:
-        if gpu_id in parents:
-            continue  # a GPU in MIG mode is never given out whole
-        kind = profile or gpu_type or "gpu"
-        if kind_matches(kind, profile is not None, kinds):
-            per[(node_id, kind)] = per.get((node_id, kind), 0) + 1
-    most = {nid: max((n for (node_id, _), n in per.items() if node_id == nid), default=0)
-            for nid, *_ in members}
-    able = [name for nid, name, c, m in members
+    in_mig_mode = select(Gpu.parent_id).where(Gpu.parent_id.is_not(None), Gpu.present)
+    most = dict.fromkeys(members, 0)  # per node: the most units of one matching kind
+    for node_id, gpu_type, profile, count in session.execute(
+            select(Gpu.node_id, Gpu.gpu_type, Gpu.mig_profile, func.count())
+            .where(Gpu.present, Gpu.node_id.in_(list(members)), Gpu.id.not_in(in_mig_mode))
+            .group_by(Gpu.node_id, Gpu.gpu_type, Gpu.mig_profile)):
+        if kind_matches(profile or gpu_type or "gpu", profile is not None, kinds):
+            most[node_id] = max(most[node_id], count)
+    able = [nid for nid, (c, m) in members.items()
             if most[nid] >= per_node and (not c or c >= cpus) and (not m or m >= mem_mb)]
     if len(able) >= nodes:
         return
