@@ -133,9 +133,9 @@ class SchedulerLoop:
         started = time.monotonic()
         with self.sessions() as session, session.begin():
             snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace)
-            deadline = time.monotonic() + (self.pass_budget or 0.0)
+            began, budget = time.monotonic(), self.pass_budget
             decided = plan(snapshot, time.time(), self.policy, self.resume_after,
-                           (lambda: time.monotonic() > deadline) if self.pass_budget else None)
+                           (lambda: (time.monotonic() - began) / budget) if budget else None)
             self.resume_after = decided.resume_after
             woken = apply_plan(session, snapshot, decided, node_ids)
             notify_in(session, *(f"node:{name}" for name in sorted(woken)))

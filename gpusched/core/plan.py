@@ -135,8 +135,9 @@ class SchedulingPass:
         self.backfill_examined = 0
         self.last_examined: int | None = None
         self.considered = 0
-        self.over_budget: Callable[[], bool] | None = None
+        self.spent: Callable[[], float] | None = None
         self.out_of_time = False
+        self.reserving = True  # False once half the time budget is spent
         self.budget_asked = 0
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:
@@ -174,7 +175,8 @@ class SchedulingPass:
     def backfilling(self, job: PendingJob) -> bool:
         """Whether ``job`` can only start by backfill: its partition has a blocked job
         and no reservation left to give."""
-        return job.partition in self.blocked and self.reserved_in[job.partition] >= self.depth
+        return job.partition in self.blocked and (
+            not self.reserving or self.reserved_in[job.partition] >= self.depth)
 
     def _try_start(self, job: PendingJob, task: int | None) -> Reason | None:
         """Start one job (or one task of an array) now; else the reason it waits.
@@ -193,7 +195,7 @@ class SchedulingPass:
             first = job.partition not in self.blocked
             self.blocked.setdefault(job.partition, job)
             preempted = self._preempt(job, shape, members)
-            if preempted or self.reserved_in[job.partition] < self.depth:
+            if preempted or (self.reserving and self.reserved_in[job.partition] < self.depth):
                 # A job that preempts always holds what it freed against backfill.
                 self.reserved_in[job.partition] += 1
                 at, where = self.capacity.earliest(shape, members)
@@ -270,29 +272,34 @@ class SchedulingPass:
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Whether the pass must stop before ``job``: its time (asked every 32 jobs) or
-        its count of jobs examined for backfill alone is spent."""
+        its count of jobs examined for backfill alone is spent. Half the time goes to
+        reservations; after that the pass only backfills, so the tail is still reached."""
         if self.out_of_time:
             return True
-        if self.over_budget is not None and self.considered % 32 == 0 and self.considered \
+        if self.spent is not None and self.considered % 32 == 0 and self.considered \
                 and self.considered != self.budget_asked:
             self.budget_asked = self.considered
-            self.out_of_time = self.over_budget()
+            used = self.spent()
+            self.reserving = self.reserving and used < 0.5
+            self.out_of_time = used >= 1.0
             if self.out_of_time:
                 return True
         limit = self.policy.backfill_max_jobs
         return limit is not None and self.backfilling(job) and self.backfill_examined >= limit
 
     def run(self, order: Sequence[PendingJob], resume_after: int | None = None,
-            over_budget: Callable[[], bool] | None = None) -> Plan:
+            spent: Callable[[], float] | None = None) -> Plan:
         """Consider the jobs of ``order`` in turn; the decisions made.
 
-        The pass stops early when ``over_budget()`` says its time is up, or when it has
+        ``spent()`` tells what part of its time budget the pass has used (the core reads
+        no clock). From half of it on, no more reservations are made; the pass stops
+        early when all of it is used, or when it has
         examined ``policy.backfill_max_jobs`` jobs for backfill alone; the jobs not
         examined keep their reasons and expected starts, and the plan says where it
         stopped. Given that job as ``resume_after``, the next pass examines for backfill
         first the jobs after it, then the ones before: every job gets its turn.
         """
-        self.over_budget = over_budget
+        self.spent = spent
         after = next((i for i, job in enumerate(order) if job.job_id == resume_after), -1) \
             if resume_after is not None else -1
         deferred: list[PendingJob] = []
@@ -323,11 +330,11 @@ class SchedulingPass:
 
 
 def plan(snapshot: Snapshot, now: float, policy: Policy, resume_after: int | None = None,
-         over_budget: Callable[[], bool] | None = None) -> Plan:
+         spent: Callable[[], float] | None = None) -> Plan:
     """Decide which pending jobs start now, where, and why the others wait.
 
     Jobs are taken in priority order (``queue_order``) and placed best fit; see
     ``SchedulingPass`` for backfill, reservations and who waits and why.
     """
     return SchedulingPass(snapshot, now, policy).run(queue_order(snapshot, now, policy),
-                                                     resume_after, over_budget)
+                                                     resume_after, spent)

@@ -356,19 +356,23 @@ def test_mig_slices_are_packed_onto_the_gpu_with_the_fewest_free() -> None:
 
 
 def test_a_pass_stops_when_its_time_budget_is_spent() -> None:
-    """The caller's clock says when time is up (asked every 32 jobs); the jobs not
-    reached keep their stored reasons, and the plan says where it stopped."""
+    """The caller says what part of the budget is used (asked every 32 jobs): from half
+    on no more reservations are made, at all of it the pass stops; the jobs not reached
+    keep their stored reasons, and the plan says where it stopped."""
     busy = [RunningJob(90, "n0", ("n0-g0",), end_time=1000.0)]
     jobs = [pj(j, 1, 100, reason=Reason.BEGIN_TIME) for j in range(1, 101)]
-    answers = iter([False, True])
+    answers = iter([0.6, 1.0])
     asked: list[int] = []
 
-    def over_budget() -> bool:
+    def spent() -> float:
         asked.append(1)
         return next(answers)
 
-    p = plan(snapshot([node("n0", 1)], jobs, busy), 0.0, policy("easy"), over_budget=over_budget)
+    deep = policy("conservative")
+    p = plan(snapshot([node("n0", 1)], jobs, busy), 0.0, deep, spent=spent)
     examined = sorted(j for j, r in reasons(p).items() if r is not Reason.BEGIN_TIME)
     assert examined == list(range(1, 65)) and len(asked) == 2
     assert p.resume_after == 64 and len(p.pending) == 100
-    assert plan(snapshot([node("n0", 1)], jobs, busy), 0.0, policy("easy")).resume_after is None
+    assert [r.job_id for r in p.reservations] == list(range(1, 33))  # none after half-time
+    whole = plan(snapshot([node("n0", 1)], jobs, busy), 0.0, deep)
+    assert whole.resume_after is None and len(whole.reservations) == 100
