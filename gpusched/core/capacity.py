@@ -182,7 +182,9 @@ class Capacity:
                                    tuple[list[tuple[float, int]], dict[int, float], int]] = {}
         self.restricted = any(node.view.run_uid is not None for node in self.nodes)
         self.preempted: set[int] = set()  # running jobs this pass decided to stop
-        self._estimates: dict[tuple[object, Shape], tuple[float, int]] = {}
+        # (group, shape) -> (start, the nodes it is on, change log seen, preemptions seen)
+        self._estimates: dict[tuple[object, Shape], tuple[float, frozenset[int], int, int]] = {}
+        self._gave_back = 0  # preemptions so far: they bring resources back earlier
 
     def _release_running(self, running: list[RunningJob]) -> None:
         self.kind_of: dict[str, tuple[int, str]] = {}
@@ -223,6 +225,7 @@ class Capacity:
     def release_early(self, job: RunningJob, at: float) -> None:
         """``job`` is being stopped: it gives everything back at ``at``."""
         self.preempted.add(job.job_id)
+        self._gave_back += 1
         for name in job.nodes or (job.node,):
             index = self.index.get(name)
             if index is not None:
@@ -451,14 +454,19 @@ class Capacity:
         return starts
 
     def estimate(self, shape: Shape, members: frozenset[int], group: object) -> float:
-        """``earliest`` without the where, remembered until the resources change: most
-        waiting jobs share a few shapes."""
+        """``earliest`` without the where, remembered: most waiting jobs share a few
+        shapes. Starts and reservations only take resources away, so the answer stands
+        until one of the nodes it named changes (or a preemption gives some back early)."""
         key = (group, shape if self.restricted else replace(shape, uid=0))
         known = self._estimates.get(key)
-        if known is not None and known[1] == len(self._changed):
-            return known[0]
-        at = self.earliest(shape, members)[0]
-        self._estimates[key] = (at, len(self._changed))
+        if known is not None and known[3] == self._gave_back:
+            at, where, seen, _ = known
+            if not where.intersection(self._changed[seen:]):
+                self._estimates[key] = (at, where, len(self._changed), self._gave_back)
+                return at
+        at, nodes = self.earliest(shape, members)
+        self._estimates[key] = (at, frozenset(i for i, _ in nodes), len(self._changed),
+                                self._gave_back)
         return at
 
     def earliest(self, shape: Shape, members: frozenset[int]) -> tuple[float, list[tuple[int, str]]]:
