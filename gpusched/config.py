@@ -18,15 +18,15 @@ from typing import Any
 
 from gpusched.core.model import Policy
 from gpusched.core.priority import PriorityWeights
+from gpusched.core.shapes import is_gpu_kind, is_mig_profile
 from gpusched.core.timefmt import TimeFormatError, parse_time_limit
+from gpusched.core.topology import LINK_KINDS
 from gpusched.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 # GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form of MIG devices.
 _GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+)$")
-_MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
-_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
 
@@ -280,10 +280,10 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
         if (profile is None) != (parent is None):
             raise g.fail("parent" if parent is None else "mig_profile",
                          "both mig_profile and parent for a MIG slice, or neither")
-        if profile is not None and not _MIG_PROFILE.match(profile):
+        if profile is not None and not is_mig_profile(profile):
             raise g.fail("mig_profile", "a MIG profile such as 1g.10gb or 3g.40gb")
         gpu_type = g.get("type", str, "gpu", "a GPU type such as a100-80gb or l4")
-        if not _GPU_TYPE.match(gpu_type):
+        if not is_gpu_kind(gpu_type):
             raise g.fail("type", "a GPU type such as a100-80gb or l4 (lower case)")
         index = g.get("index", int, i, "a GPU index (0 or more)")
         expected = "a GPU UUID such as 'GPU-8c3f…' (GPU- or MIG- and a UUID)"
@@ -309,7 +309,6 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
     return tuple(gpus)
 
 
-LINK_KINDS = ("NVLINK", "PCIE_SWITCH", "PCIE_HOST_BRIDGE", "NUMA_NODE", "SYSTEM")  # as db.models
 
 
 def _static_links(r: TableReader) -> tuple[tuple[int, int, str, int], ...]:

@@ -16,24 +16,16 @@ least as long is refused without a search.
 from __future__ import annotations
 
 import math
-import re
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 
 from gpusched.core.model import GpuView, NodeState, NodeView, PendingJob, RunningJob
+from gpusched.core.shapes import is_mig_profile
 from gpusched.core.topology import choose_gpus
 
 INF = math.inf
-_MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
-
-
-def is_mig_profile(kind: str) -> bool:
-    """``1g.10gb``, ``3g.40gb``, ``1g.10gb+me``: names of MIG slices, not GPU types."""
-    return _MIG_PROFILE.match(kind) is not None
-
-
 def kind_matches(kind: str, is_slice: bool, wanted: tuple[str, ...]) -> bool:
     """Whether a unit of ``kind`` satisfies a request for one of ``wanted``.
 
@@ -173,13 +165,11 @@ class Capacity:
         self.owners: dict[tuple[int, float], int] = {}  # (node, start) -> the reserved job
         self._matching: dict[tuple[str, ...], list[str]] = {}
         self._failed: dict[tuple[object, ...], list[tuple[int, int, int, float]]] = {}
-        # Per (kind, gpus, cpus, mem): sorted (earliest start, node), each node's entry,
-        # and how much of the change log it has seen.
-        self._starts: dict[tuple[str, int, int, int],
+        # Per (reserved?, kind, gpus, cpus, mem, duration): sorted (earliest start, node),
+        # each node's entry, and how much of the change log it has seen.
+        self._starts: dict[tuple[bool, str, int, int, int, float],
                            tuple[list[tuple[float, int]], dict[int, float], int]] = {}
         self._changed: list[int] = []  # nodes changed by a start or a reservation, in order
-        self._reserved_lists: dict[tuple[str, int, int, int, float],
-                                   tuple[list[tuple[float, int]], dict[int, float], int]] = {}
         self.restricted = any(node.view.run_uid is not None for node in self.nodes)
         self.preempted: set[int] = set()  # running jobs this pass decided to stop
         # (group, shape) -> (start, the nodes it is on, change log seen, preemptions seen)
@@ -402,55 +392,37 @@ class Capacity:
         return gpus
 
     # -- later ------------------------------------------------------------------------
-    def _monotone_starts(self, kind: str, shape: Shape) -> list[tuple[float, int]]:
-        """(earliest start, node) for ``shape`` on every node without a reservation, sorted.
+    def _sorted_starts(self, kind: str, shape: Shape, reserved: bool) -> list[tuple[float, int]]:
+        """(earliest start, node) for ``shape`` on every node with (``reserved``) or
+        without a reservation, sorted; kept between calls and refreshed only for the
+        nodes changed since.
 
-        Such a node only gains resources as time goes on, so when a shape could start
-        there does not depend on how long it runs: one list serves every job of the same
-        size, and only the nodes changed since it was last used are looked at again.
+        A node without a reservation only gains resources as time goes on, so when a
+        shape could start there does not depend on how long it runs: one list serves
+        every job of the same size.
         """
-        key = (kind, shape.gpus, shape.cpus, shape.mem_mb)
+        key = (reserved, kind, shape.gpus, shape.cpus, shape.mem_mb,
+               shape.duration if reserved else 0.0)
+
+        def wanted(index: int) -> bool:
+            return (index in self.reserved_nodes) == reserved and (
+                not kind or self.nodes[index].total.get(kind, 0) >= shape.gpus)
+
         entry = self._starts.get(key)
         if entry is None:
-            starts = sorted((node.earliest(kind, shape, self.now), node.index)
-                            for node in self.nodes
-                            if node.index not in self.reserved_nodes
-                            and (not kind or node.total.get(kind, 0) >= shape.gpus))
-            self._starts[key] = (starts, {i: t for t, i in starts}, len(self._changed))
-            return starts
-        starts, at, seen = entry
-        for index in set(self._changed[seen:]):
-            old = at.pop(index, None)
-            if old is not None:
-                del starts[bisect_left(starts, (old, index))]
-            node = self.nodes[index]
-            if index not in self.reserved_nodes and (not kind or node.total.get(kind, 0) >= shape.gpus):
-                at[index] = node.earliest(kind, shape, self.now)
-                insort(starts, (at[index], index))
-        self._starts[key] = (starts, at, len(self._changed))
-        return starts
-
-    def _reserved_starts_for(self, kind: str, shape: Shape) -> list[tuple[float, int]]:
-        """(earliest start, node) for ``shape`` on every node holding a reservation, sorted;
-        refreshed, like ``_monotone_starts``, only for the nodes changed since."""
-        key = (kind, shape.gpus, shape.cpus, shape.mem_mb, shape.duration)
-        entry = self._reserved_lists.get(key)
-        if entry is None:
-            starts: list[tuple[float, int]] = []
-            at: dict[int, float] = {}
-            dirty: Iterable[int] = self.reserved_nodes
+            at = {node.index: node.earliest(kind, shape, self.now)
+                  for node in self.nodes if wanted(node.index)}
+            starts = sorted((t, index) for index, t in at.items())
         else:
             starts, at, seen = entry
-            dirty = set(self._changed[seen:])
-        for index in dirty:
-            old = at.pop(index, None)
-            if old is not None:
-                del starts[bisect_left(starts, (old, index))]
-            node = self.nodes[index]
-            if index in self.reserved_nodes and (not kind or node.total.get(kind, 0) >= shape.gpus):
-                at[index] = node.earliest(kind, shape, self.now)
-                insort(starts, (at[index], index))
-        self._reserved_lists[key] = (starts, at, len(self._changed))
+            for index in set(self._changed[seen:]):
+                old = at.pop(index, None)
+                if old is not None:
+                    del starts[bisect_left(starts, (old, index))]
+                if wanted(index):
+                    at[index] = self.nodes[index].earliest(kind, shape, self.now)
+                    insort(starts, (at[index], index))
+        self._starts[key] = (starts, at, len(self._changed))
         return starts
 
     def estimate(self, shape: Shape, members: frozenset[int], group: object) -> float:
@@ -473,20 +445,14 @@ class Capacity:
         """When and where ``shape`` could start at the earliest; (INF, []) if never."""
         starts: list[tuple[float, int, str]] = []
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
-            found = 0
-            for at, index in self._monotone_starts(kind, shape):
-                if at == INF or found >= shape.nodes:
-                    break
-                if index in members and self._usable(self.nodes[index], shape):
-                    starts.append((at, index, kind))
-                    found += 1
-            found = 0
-            for at, index in self._reserved_starts_for(kind, shape):
-                if at == INF or found >= shape.nodes:
-                    break
-                if index in members and self._usable(self.nodes[index], shape):
-                    starts.append((at, index, kind))
-                    found += 1
+            for reserved in (False, True):
+                found = 0
+                for at, index in self._sorted_starts(kind, shape, reserved):
+                    if at == INF or found >= shape.nodes:
+                        break
+                    if index in members and self._usable(self.nodes[index], shape):
+                        starts.append((at, index, kind))
+                        found += 1
         best: dict[int, tuple[float, int, str]] = {}
         for entry in sorted(starts):
             best.setdefault(entry[1], entry)  # one kind per node: its earliest

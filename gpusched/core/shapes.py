@@ -10,8 +10,19 @@ from __future__ import annotations
 import re
 
 _KIND = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
+_MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 _MEM_FACTORS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1}
+
+
+def is_mig_profile(kind: str) -> bool:
+    """``1g.10gb``, ``3g.40gb``, ``1g.10gb+me``: names of MIG slices, not GPU types."""
+    return _MIG_PROFILE.match(kind) is not None
+
+
+def is_gpu_kind(kind: str) -> bool:
+    """Whether ``kind`` is written as a GPU type or MIG profile may be (lower case)."""
+    return _KIND.match(kind) is not None
 
 
 class ShapeError(ValueError):
@@ -24,10 +35,11 @@ def _count(text: str, what: str, whole: str) -> int:
     return int(text)
 
 
-def _kinds(text: str, what: str, whole: str) -> tuple[str, ...]:
+def parse_kinds(text: str, what: str, whole: str) -> tuple[str, ...]:
+    """``a100|H100-80gb`` -> (``a100``, ``h100-80gb``): GPU types or MIG profiles."""
     kinds = tuple(k.strip().lower() for k in text.split("|"))
     for kind in kinds:
-        if not _KIND.match(kind):
+        if not is_gpu_kind(kind):
             raise ShapeError(f"invalid {what} {whole!r}: {kind!r} is not a GPU type or MIG "
                              f"profile (such as a100, h100-80gb or 1g.10gb)")
     return kinds
@@ -41,7 +53,7 @@ def parse_gpus(text: str, what: str = "--gpus") -> tuple[tuple[str, ...], int]:
         return (), _count(whole, what, whole)
     if not kinds_text:
         raise ShapeError(f"invalid {what} {whole!r}: expected N or TYPE:N")
-    return _kinds(kinds_text, what, whole), _count(count_text, what, whole)
+    return parse_kinds(kinds_text, what, whole), _count(count_text, what, whole)
 
 
 def parse_gres(text: str) -> tuple[tuple[str, ...], int]:
@@ -55,9 +67,9 @@ def parse_gres(text: str) -> tuple[tuple[str, ...], int]:
     if len(parts) == 2:
         if parts[1].isdigit():
             return (), _count(parts[1], "--gres", whole)
-        return _kinds(parts[1], "--gres", whole), 1
+        return parse_kinds(parts[1], "--gres", whole), 1
     if len(parts) == 3:
-        return _kinds(parts[1], "--gres", whole), _count(parts[2], "--gres", whole)
+        return parse_kinds(parts[1], "--gres", whole), _count(parts[2], "--gres", whole)
     raise ShapeError(f"invalid --gres {whole!r}: expected gpu[:TYPE]:N")
 
 

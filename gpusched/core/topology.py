@@ -16,7 +16,9 @@ from math import comb
 
 from gpusched.core.model import GpuView, NodeView
 
-# Link ranks by the kinds NVML reports (see db.models.LINK_KINDS).
+# How two GPUs are connected, as NVML reports it: NVLink, else the nearest common PCIe
+# ancestor (same switch, same host bridge, same NUMA node, across sockets).
+LINK_KINDS = ("NVLINK", "PCIE_SWITCH", "PCIE_HOST_BRIDGE", "NUMA_NODE", "SYSTEM")
 LINK_RANKS = {"SYSTEM": 1, "NUMA_NODE": 2, "PCIE_HOST_BRIDGE": 3, "PCIE_SWITCH": 4}
 NVLINK_BASE = 10
 MAX_SUBSETS = 512  # beyond this many candidate sets, sets are grown greedily

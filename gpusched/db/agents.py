@@ -9,9 +9,10 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from gpusched.core.topology import LINK_KINDS
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import job_placements
-from gpusched.db.models import LINK_KINDS, Allocation, Gpu, GpuLink, Job, Node
+from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
 
 OUTCOME_STATES = {

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
 from gpusched.core.capacity import kind_matches
 from gpusched.core.dependency import DependencyError, parse_dependency
-from gpusched.core.shapes import ShapeError, parse_gpus
+from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.timefmt import format_duration
 from gpusched.db.engine import rowcount
 from gpusched.db.models import AccountUser, Allocation, Gpu, Job, Node, Partition, Qos
@@ -195,7 +195,7 @@ def _shape(body: dict[str, Any], gpus: int) -> tuple[tuple[str, ...], int, int, 
     if not all(isinstance(t, str) for t in types):
         raise UsageError("gpu_types: expected a list of GPU types or MIG profiles")
     try:
-        kinds = parse_gpus("|".join(types) + ":1", "gpu_types")[0] if types else ()
+        kinds = parse_kinds("|".join(types), "gpu_types", repr(types)) if types else ()
     except ShapeError as exc:
         raise UsageError(str(exc)) from None
     nodes = _field(body, "nodes", int, 1, "a number of nodes (1 or more)")

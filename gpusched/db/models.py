@@ -22,10 +22,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from gpusched.core.topology import LINK_KINDS
+
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
-LINK_KINDS = ("NVLINK", "PCIE_SWITCH", "PCIE_HOST_BRIDGE", "NUMA_NODE", "SYSTEM")
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -421,12 +421,6 @@ def test_static_mig_slices_and_links(tmp_path: Path) -> None:
     assert "agent.gpus.links[0].kind" in message
 
 
-def test_link_kinds_match_the_schema() -> None:
-    from gpusched import config
-    from gpusched.db import models
-    assert config.LINK_KINDS == models.LINK_KINDS
-
-
 def test_pass_budget(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, "[scheduler]\npass_budget = 0.5\n")).scheduler.pass_budget == 0.5
     assert load_config(write(tmp_path, "")).scheduler.pass_budget == 2.0
