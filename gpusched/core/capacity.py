@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
 from itertools import combinations
+from typing import NamedTuple
 
 from gpusched.core.model import GpuView, NodeState, NodeView, PendingJob, RunningJob
 from gpusched.core.shapes import is_mig_profile
@@ -43,9 +43,12 @@ def kind_matches(kind: str, is_slice: bool, wanted: tuple[str, ...]) -> bool:
     return False
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """What a job needs on each of its nodes, and for how long."""
+class Shape(NamedTuple):
+    """What a job needs on each of its nodes, and for how long.
+
+    A NamedTuple: a pass builds one for every job it examines, and a tuple is several
+    times cheaper to build than a frozen dataclass.
+    """
 
     kinds: tuple[str, ...]
     gpus: int
@@ -62,30 +65,79 @@ class Shape:
                    INF if job.time_limit is None else float(job.time_limit), job.uid)
 
 
+class _Units:
+    """What a pass needs to know of one usable node before any job: its units by kind
+    (healthy, never a GPU in MIG mode whole), in index order."""
+
+    __slots__ = ("view", "units", "total", "slices")
+
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
+        self.units: dict[str, list[GpuView]] = {}
+        self.slices: set[str] = set()  # the kinds here that are MIG slices
+        for gpu in view.gpus:
+            if gpu.mig_mode or not gpu.healthy:
+                continue
+            kind = gpu.kind
+            self.units.setdefault(kind, []).append(gpu)
+            if gpu.mig_profile is not None:
+                self.slices.add(kind)
+        for units in self.units.values():
+            units.sort(key=lambda g: g.index)
+        self.total = {kind: len(units) for kind, units in self.units.items()}
+
+
+class Inventory:
+    """The usable nodes of a snapshot (UP, in name order) and their units: built once
+    for a tuple of nodes and reused by every pass given that same tuple."""
+
+    def __init__(self, nodes: Iterable[NodeView]) -> None:
+        usable = sorted((n for n in nodes if n.state is NodeState.UP), key=lambda n: n.name)
+        self.nodes = [_Units(view) for view in usable]
+        self.index = {view.name: i for i, view in enumerate(usable)}
+        self.kind_of: dict[str, tuple[int, str]] = {
+            gpu.uuid: (i, gpu.kind) for i, view in enumerate(usable) for gpu in view.gpus}
+        self.kinds = sorted({kind for node in self.nodes for kind in node.total})
+        self.slice_kinds = {kind for node in self.nodes for kind in node.slices}
+        self.most = max((units for node in self.nodes for units in node.total.values()),
+                        default=0)
+        self.restricted = any(node.view.run_uid is not None for node in self.nodes)
+
+
+_last_inventory: tuple[tuple[NodeView, ...], Inventory] | None = None
+
+
+def inventory(nodes: Iterable[NodeView]) -> Inventory:
+    """The inventory of ``nodes``; the same tuple as last time gives the same one back."""
+    global _last_inventory
+    if isinstance(nodes, tuple):
+        last = _last_inventory
+        if last is not None and last[0] is nodes:
+            return last[1]
+        built = Inventory(nodes)
+        _last_inventory = (nodes, built)
+        return built
+    return Inventory(nodes)
+
+
 class _Node:
     """One usable node's free resources now, later releases, and reservations."""
 
     __slots__ = ("index", "view", "free", "cpus", "mem", "releases", "reserved", "total",
                  "slices")
 
-    def __init__(self, index: int, view: NodeView, allocated: set[str]) -> None:
+    def __init__(self, index: int, units: _Units, allocated: set[str] | None) -> None:
         self.index = index
-        self.view = view
-        self.free: dict[str, list[GpuView]] = {}
-        self.total: dict[str, int] = {}
-        self.slices: set[str] = set()  # the kinds here that are MIG slices
-        for gpu in view.gpus:
-            if gpu.mig_mode or not gpu.healthy:
-                continue
-            self.total[gpu.kind] = self.total.get(gpu.kind, 0) + 1
-            if gpu.mig_profile is not None:
-                self.slices.add(gpu.kind)
-            if gpu.uuid not in allocated:
-                self.free.setdefault(gpu.kind, []).append(gpu)
-        for units in self.free.values():
-            units.sort(key=lambda g: g.index)
-        self.cpus: float = view.cpus if view.cpus else INF
-        self.mem: float = view.memory_mb if view.memory_mb else INF
+        self.view = units.view
+        self.total = units.total
+        self.slices = units.slices
+        if allocated is None:
+            self.free = {kind: list(gpus) for kind, gpus in units.units.items()}
+        else:
+            self.free = {kind: [gpu for gpu in gpus if gpu.uuid not in allocated]
+                         for kind, gpus in units.units.items()}
+        self.cpus: float = self.view.cpus if self.view.cpus else INF
+        self.mem: float = self.view.memory_mb if self.view.memory_mb else INF
         # (time, kind, gpus, cpus, mem, job id) given back at time; sorted by time.
         self.releases: list[tuple[float, str, int, float, float, int]] = []
         # (start, end, kind, gpus, cpus, mem) held for a blocked job.
@@ -130,6 +182,24 @@ class _Node:
 
     def earliest(self, kind: str, shape: Shape, now: float) -> float:
         """The first time ``shape`` could start here and run its whole duration; INF if never."""
+        if not self.reserved:
+            # Without reservations resources only come back: one sweep of the releases.
+            gpus: float = self.count(kind)
+            cpus, mem = self.cpus, self.mem
+            releases, i, count, at = self.releases, 0, len(self.releases), now
+            while True:
+                while i < count and releases[i][0] <= at:
+                    _, k, g, c, m, _ = releases[i]
+                    if k == kind:
+                        gpus += g
+                    cpus += c
+                    mem += m
+                    i += 1
+                if gpus >= shape.gpus and cpus >= shape.cpus and mem >= shape.mem_mb:
+                    return at
+                if i == count:
+                    return INF
+                at = releases[i][0]
         times = {now}
         times.update(t for t, *_ in self.releases if t > now)
         times.update(e for _, e, _, _, _, _ in self.reserved if now < e < INF)
@@ -146,15 +216,17 @@ class Capacity:
                  now: float) -> None:
         self.now = now
         running = list(running)
+        known = inventory(nodes)
+        self.index = known.index
+        self.kind_of = known.kind_of
         allocated = {uuid for job in running for uuid in job.gpu_uuids}
-        usable = sorted((n for n in nodes if n.state is NodeState.UP), key=lambda n: n.name)
-        self.nodes = [_Node(i, view, allocated) for i, view in enumerate(usable)]
-        self.index = {node.view.name: node.index for node in self.nodes}
+        busy = {self.index.get(name) for job in running for name in job.nodes or (job.node,)}
+        self.nodes = [_Node(i, units, allocated if i in busy else None)
+                      for i, units in enumerate(known.nodes)]
         self._release_running(running)
-        self.kinds = sorted({kind for node in self.nodes for kind in node.total})
-        self.slice_kinds = {kind for node in self.nodes for kind in node.slices}
-        self.most = max((units for node in self.nodes for units in node.total.values()),
-                        default=0)
+        self.kinds = known.kinds
+        self.slice_kinds = known.slice_kinds
+        self.most = known.most
         # buckets[kind][n]: indexes of the nodes with exactly n free units of kind, sorted.
         self.buckets: dict[str, list[list[int]]] = {
             kind: [[] for _ in range(self.most + 1)] for kind in self.kinds}
@@ -170,43 +242,58 @@ class Capacity:
         self._starts: dict[tuple[bool, str, int, int, int, float],
                            tuple[list[tuple[float, int]], dict[int, float], int]] = {}
         self._changed: list[int] = []  # nodes changed by a start or a reservation, in order
-        self.restricted = any(node.view.run_uid is not None for node in self.nodes)
+        self.restricted = known.restricted
         self.preempted: set[int] = set()  # running jobs this pass decided to stop
         # (group, shape) -> (start, the nodes it is on, change log seen, preemptions seen)
         self._estimates: dict[tuple[object, Shape], tuple[float, frozenset[int], int, int]] = {}
         self._gave_back = 0  # preemptions so far: they bring resources back earlier
 
     def _release_running(self, running: list[RunningJob]) -> None:
-        self.kind_of: dict[str, tuple[int, str]] = {}
-        for node in self.nodes:
-            for gpu in node.view.gpus:
-                self.kind_of[gpu.uuid] = (node.index, gpu.kind)
         self.on_node: dict[int, list[RunningJob]] = {}
+        index, nodes, on_node = self.index, self.nodes, self.on_node
         for job in running:
             for name in job.nodes or (job.node,):
-                index = self.index.get(name)
-                if index is not None:
-                    self.nodes[index].cpus -= job.cpus
-                    self.nodes[index].mem -= job.mem_mb
-                    self.on_node.setdefault(index, []).append(job)
-            self._add_releases(job, INF if job.end_time is None else job.end_time)
+                at = index.get(name)
+                if at is not None:
+                    node = nodes[at]
+                    node.cpus -= job.cpus
+                    node.mem -= job.mem_mb
+                    if at in on_node:
+                        on_node[at].append(job)
+                    else:
+                        on_node[at] = [job]
+            if job.end_time is not None:
+                self._add_releases(job, job.end_time, False)
+        for at in on_node:
+            nodes[at].releases.sort()
 
-    def _add_releases(self, job: RunningJob, end: float) -> None:
-        """Record when ``job`` gives back its GPUs, CPUs and memory, on each of its nodes."""
+    def _add_releases(self, job: RunningJob, end: float, keep_sorted: bool = True) -> None:
+        """Record when ``job`` gives back its GPUs, CPUs and memory, on each of its nodes
+        (in time order, unless the caller sorts them all afterwards)."""
         if end == INF:
             return
+        add = insort if keep_sorted else list.append
         held: dict[tuple[int, str], int] = {}
+        kind_of = self.kind_of
         for uuid in job.gpu_uuids:
-            where = self.kind_of.get(uuid)
+            where = kind_of.get(uuid)
             if where is not None:
                 held[where] = held.get(where, 0) + 1
-        for name in job.nodes or (job.node,):
+        cpus, mem = float(job.cpus), float(job.mem_mb)
+        for name in job.nodes or (job.node,) if cpus or mem else ():
             index = self.index.get(name)
             if index is not None:
-                insort(self.nodes[index].releases,
-                       (end, "", 0, float(job.cpus), float(job.mem_mb), job.job_id))
+                add(self.nodes[index].releases, (end, "", 0, cpus, mem, job.job_id))
         for (index, kind), count in held.items():
-            insort(self.nodes[index].releases, (end, kind, count, 0.0, 0.0, job.job_id))
+            add(self.nodes[index].releases, (end, kind, count, 0.0, 0.0, job.job_id))
+
+    def advance(self, now: float) -> None:
+        """Move this capacity's present to ``now`` (later), nothing else having changed:
+        what was worked out for the earlier present is forgotten."""
+        self.now = now
+        self._failed.clear()
+        self._starts.clear()
+        self._estimates.clear()
 
     def _touched(self, index: int) -> None:
         self._changed.append(index)
@@ -310,9 +397,21 @@ class Capacity:
         return (node.count(kind) >= shape.gpus and node.cpus >= shape.cpus
                 and node.mem >= shape.mem_mb)
 
-    def _failed_before(self, key: tuple[object, ...], shape: Shape) -> bool:
-        return any(shape.gpus >= g and shape.cpus >= c and shape.mem_mb >= m
-                   and shape.duration >= d for g, c, m, d in self._failed.get(key, ()))
+    def _failed_before(self, key: tuple[object, ...], gpus: int, cpus: int, mem: int,
+                       duration: float) -> bool:
+        failed = self._failed.get(key)
+        if failed:
+            for g, c, m, d in failed:
+                if gpus >= g and cpus >= c and mem >= m and duration >= d:
+                    return True
+        return False
+
+    def refused(self, job: PendingJob, group: object) -> bool:
+        """Whether ``job`` needs at least as much, for at least as long, as a shape that
+        ``place_now`` could not start in this pass: then it cannot start either."""
+        key = (group, job.gpu_kinds, max(1, job.nodes), job.uid if self.restricted else None)
+        return self._failed_before(key, job.gpus, job.cpus, job.mem_mb,
+                                   INF if job.time_limit is None else float(job.time_limit))
 
     # -- now --------------------------------------------------------------------------
     def place_now(self, shape: Shape, members: frozenset[int],
@@ -324,7 +423,7 @@ class Capacity:
         breaking a reservation.
         """
         key = (group, shape.kinds, shape.nodes, shape.uid if self.restricted else None)
-        if self._failed_before(key, shape):
+        if self._failed_before(key, shape.gpus, shape.cpus, shape.mem_mb, shape.duration):
             return None
         found = self._search_now(shape, members)
         if found is None:
@@ -429,7 +528,7 @@ class Capacity:
         """``earliest`` without the where, remembered: most waiting jobs share a few
         shapes. Starts and reservations only take resources away, so the answer stands
         until one of the nodes it named changes (or a preemption gives some back early)."""
-        key = (group, shape if self.restricted else replace(shape, uid=0))
+        key = (group, shape if self.restricted else shape._replace(uid=0))
         known = self._estimates.get(key)
         if known is not None and known[3] == self._gave_back:
             at, where, seen, _ = known

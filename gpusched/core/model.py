@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from gpusched.core.fairshare import Account, UserShare
 from gpusched.core.priority import PriorityWeights
@@ -236,6 +237,9 @@ class Policy:
     # "off". They get ``preempt_grace`` seconds between the warning signal and the kill.
     preempt_mode: str = "requeue"
     preempt_grace: float = 30.0
+    # Whether waiting jobs without a reservation get an expected start (gqueue --start);
+    # a caller that only wants the starts (the simulator) turns it off.
+    estimates: bool = True
 
     @property
     def reservation_depth(self) -> float:
@@ -279,11 +283,11 @@ class Reservation:
     nodes: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Pending:
+class Pending(NamedTuple):
     """Decision: ``job_id`` stays pending, for ``reason``; expected to start at
     ``expected_start`` (its reservation, else the earliest its resources are free after
-    every reservation; None when that is not known)."""
+    every reservation; None when that is not known). A NamedTuple: a pass makes one for
+    nearly every job it examines."""
 
     job_id: int
     reason: Reason

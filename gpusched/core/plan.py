@@ -63,6 +63,10 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
 
 def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJob]:
     """Pending jobs by multifactor priority; equal priorities in submit order."""
+    w = policy.weights
+    if not (w.age or w.fairshare or w.job_size or w.partition or w.qos):
+        # Every priority is 0: submit order, without working each one out.
+        return sorted(snapshot.pending, key=lambda job: (job.submit_time, job.job_id))
     return ordered(snapshot, job_priorities(snapshot, now, policy))
 
 
@@ -102,6 +106,12 @@ def _partition_waits(job: PendingJob, part: PartitionView | None) -> Iterator[Re
         yield Reason.PARTITION_CONFIG
 
 
+def _partition_open(part: PartitionView) -> bool:
+    """Whether ``_partition_waits`` holds no job back in ``part``, whatever the job."""
+    return (part.up and part.max_time is None and part.allow_accounts is None
+            and not part.deny_accounts and part.max_gpus_per_job is None)
+
+
 class SchedulingPass:
     """The state of one pass as it walks the queue; ``plan`` runs one to the end.
 
@@ -112,6 +122,9 @@ class SchedulingPass:
                  watch: int | None = None) -> None:
         self.snapshot, self.now, self.policy, self.watch = snapshot, now, policy, watch
         self.partitions = {part.name: part for part in snapshot.partitions}
+        # Partitions that hold no job back by their own rules: most, usually.
+        self.open_partitions = frozenset(
+            part.name for part in snapshot.partitions if _partition_open(part))
         self.capacity = Capacity(snapshot.nodes, snapshot.running, now)
         index = self.capacity.index
         self.members = {part.name: frozenset(index[n] for n in part.nodes if n in index)
@@ -126,6 +139,7 @@ class SchedulingPass:
         self.blocked: dict[str, PendingJob] = {}  # partition -> its first job that must wait
         self.reserved_in: Counter[str] = Counter()
         self.depth = policy.reservation_depth
+        self.preempting = policy.preempt_mode != "off" and any(snapshot.qos_preempt.values())
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
         self.reservations: list[Reservation] = []
@@ -139,10 +153,21 @@ class SchedulingPass:
         self.out_of_time = False
         self.reserving = True  # False once half the time budget is spent
         self.budget_asked = 0
+        # Whether a job started after a reservation was made, or a reservation starts
+        # now: then a later pass would see a different present (see ``arrive``).
+        self.reshaped = False
+
+    def _plain(self, job: PendingJob) -> bool:
+        """Whether no rule of ``waits`` can apply to ``job``: most jobs, checked cheaply.
+        Every rule added to ``waits`` needs its condition here too."""
+        return (job.partition in self.open_partitions and not job.dependency
+                and job.hold is None and job.begin_time is None and job.qos is None
+                and job.array_max_running is None)
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
-        yield from _partition_waits(job, self.partitions.get(job.partition))
+        if job.partition not in self.open_partitions:
+            yield from _partition_waits(job, self.partitions.get(job.partition))
         deps = (dependency_reason(dependency_clauses(job.dependency), self.snapshot.job_states,
                                   (job.user, job.name) in self.busy_names)
                 if job.dependency else None)
@@ -156,7 +181,8 @@ class SchedulingPass:
             yield Reason.BEGIN_TIME
         if deps is Reason.DEPENDENCY:
             yield deps
-        yield from self.limits.violations(job)
+        if job.qos is not None:
+            yield from self.limits.violations(job)
         if (job.array_max_running is not None and job.array_job_id is not None
                 and self.array_running[job.array_job_id] >= job.array_max_running):
             yield Reason.JOB_ARRAY_TASK_LIMIT
@@ -188,25 +214,31 @@ class SchedulingPass:
         if len(self.starts) >= self.policy.max_starts_per_pass or (
                 self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
-        shape = Shape.of(job)
         members = self.members.get(job.partition, frozenset())
-        placed = self.capacity.place_now(shape, members, job.partition)
+        # Most jobs of a long queue need at least what an earlier one could not have.
+        shape = None if self.capacity.refused(job, job.partition) else Shape.of(job)
+        placed = None if shape is None else self.capacity.place_now(shape, members, job.partition)
         if placed is None:
             first = job.partition not in self.blocked
             self.blocked.setdefault(job.partition, job)
-            preempted = self._preempt(job, shape, members)
+            preempted = self.preempting and self._preempt(job, shape := shape or Shape.of(job),
+                                                          members)
             if preempted or (self.reserving and self.reserved_in[job.partition] < self.depth):
                 # A job that preempts always holds what it freed against backfill.
                 self.reserved_in[job.partition] += 1
+                shape = shape or Shape.of(job)
                 at, where = self.capacity.earliest(shape, members)
                 if at < INF:
+                    self.reshaped = self.reshaped or at <= self.now
                     self.capacity.reserve(at, where, shape, job.job_id)
                     self.reservations.append(Reservation(
                         job.job_id, at, tuple(self.capacity.nodes[i].view.name for i, _ in where)))
                 self.expected[job.job_id] = at
-            elif self.depth:
-                self.expected[job.job_id] = self.capacity.estimate(shape, members, job.partition)
+            elif self.depth and self.policy.estimates:
+                self.expected[job.job_id] = self.capacity.estimate(shape or Shape.of(job),
+                                                                   members, job.partition)
             return Reason.RESOURCES if first else Reason.PRIORITY
+        assert shape is not None  # a job is placed only once it has its shape
         kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])
                 else StartKind.IMMEDIATE)
         names: list[str] = []
@@ -217,6 +249,7 @@ class SchedulingPass:
         self.starts.append(Start(job.job_id, names[0], tuple(uuids), task, kind,
                                  tuple(names) if len(names) > 1 else ()))
         self.limits.started(job)
+        self.reshaped = self.reshaped or bool(self.reservations)
         self.busy_names.add((job.user, job.name))
         if job.array_job_id is not None:
             self.array_running[job.array_job_id] += 1
@@ -251,7 +284,7 @@ class SchedulingPass:
         self.considered += 1
         if self.backfilling(job):
             self.backfill_examined += 1
-        reason = next(self.waits(job), None)
+        reason = None if self._plain(job) else next(self.waits(job), None)
         if reason is None and job.array_tasks is None:
             reason = self._try_start(job, None)
         elif reason is None and job.array_tasks is not None:
@@ -323,6 +356,36 @@ class SchedulingPass:
         return Plan(starts=tuple(self.starts), pending=tuple(self.pending),
                     reservations=tuple(self.reservations),
                     preemptions=tuple(self.preemptions), resume_after=resume)
+
+    @property
+    def extendable(self) -> bool:
+        """Whether ``arrive`` may add jobs to this pass: no job started after a
+        reservation was made, and no reservation starts at once."""
+        return not self.reshaped and not self.out_of_time and self.spent is None
+
+    def arrive(self, now: float, jobs: Sequence[PendingJob]) -> Plan:
+        """Consider ``jobs`` that arrived since this pass ran; only the new decisions.
+
+        They are what a fresh pass at ``now`` would decide, provided that the pass is
+        ``extendable``, that the new jobs come after every job this pass examined in
+        queue order (first come, first served), and that no running job has ended or
+        passed its time limit since. A fresh pass would then make the same decisions for
+        the jobs examined here: their resources and reservations are the same, and the
+        moments resources come back have not changed (its own starts count as running
+        jobs; none of them started after a reservation, which a fresh pass would have
+        had to work around). So it reaches the new jobs with exactly the state this pass
+        left. The simulator relies on this to let arrivals cost only their own jobs.
+        """
+        if not self.extendable:
+            raise ValueError("this pass cannot be extended: start a fresh one")
+        self.now = now
+        self.capacity.advance(now)
+        starts, pending, reservations = (len(self.starts), len(self.pending),
+                                         len(self.reservations))
+        for job in jobs:
+            self.consider(job)
+        return Plan(starts=tuple(self.starts[starts:]), pending=tuple(self.pending[pending:]),
+                    reservations=tuple(self.reservations[reservations:]))
 
     def _keep_reason(self, job: PendingJob) -> None:
         self.pending.append(Pending(job.job_id, job.reason if job.reason is not Reason.NONE

@@ -1,0 +1,332 @@
+"""Replay a trace through the scheduler's own pass, with a virtual clock.
+
+The loop keeps the pending and running jobs a controller would keep in its database,
+and at every moment something happens (jobs arrive, jobs end) it builds a ``Snapshot``
+and calls ``gpusched.core.plan`` exactly as the controller's scheduler does: every
+decision comes from the core. A started job ends after its real run time, or at its
+time limit when it runs past it (TIMEOUT; ``kill=False`` lets it run on).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpusched.core.capacity import INF, Capacity, Shape
+from gpusched.core.fairshare import ROOT, Account, UserShare, accrue, decay
+from gpusched.core.model import (
+    PendingJob,
+    Policy,
+    RunningJob,
+    Snapshot,
+    StartKind,
+)
+from gpusched.core.plan import SchedulingPass, queue_order
+from gpusched.core.priority import PriorityWeights
+from gpusched.errors import UsageError
+from gpusched.sim.cluster import SimCluster
+from gpusched.sim.traces import TraceJob
+
+ORDERS = ("fcfs", "multifactor")
+BACKFILLS = ("none", "easy", "conservative")
+# Multifactor as a controller runs it by default (gpusched.config.SchedulerConfig).
+MULTIFACTOR = PriorityWeights(job_size=0.0)
+FCFS = PriorityWeights(age=0.0, fairshare=0.0, job_size=0.0, partition=0.0, qos=0.0)
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    """What one simulation runs: the queue order, the backfill mode, and how deep it
+    reserves (None: the mode's own)."""
+
+    order: str = "fcfs"
+    backfill: str = "easy"
+    reservations: int | None = None
+    kill: bool = True  # a job running past its time limit is ended there (TIMEOUT)
+    half_life: float = 7 * 86400.0  # fair-share usage decay, for multifactor
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise UsageError(f"unknown policy {self.order!r}; expected one of {', '.join(ORDERS)}")
+        if self.backfill not in BACKFILLS:
+            raise UsageError(f"unknown backfill {self.backfill!r}; expected one of "
+                             f"{', '.join(BACKFILLS)}")
+
+    @property
+    def name(self) -> str:
+        """A label such as ``fcfs/easy``."""
+        depth = "" if self.reservations is None else f"/{self.reservations}"
+        return f"{self.order}/{self.backfill}{depth}"
+
+    def core(self) -> Policy:
+        """The core policy a pass runs with."""
+        return Policy(weights=FCFS if self.order == "fcfs" else MULTIFACTOR,
+                      backfill=self.backfill, reservations=self.reservations,
+                      backfill_max_jobs=None, preempt_mode="off",
+                      estimates=False, max_starts_per_pass=2**62)
+
+    @classmethod
+    def parse(cls, text: str, base: SimPolicy) -> SimPolicy:
+        """A policy from ``ORDER``, ``BACKFILL`` or ``ORDER/BACKFILL[/DEPTH]``; what is
+        not named comes from ``base``."""
+        order, backfill, depth = base.order, base.backfill, base.reservations
+        parts = [p.strip() for p in text.strip().split("/")]
+        if not parts or not all(parts) or len(parts) > 3:
+            raise UsageError(f"invalid policy {text!r}: expected ORDER, BACKFILL or "
+                             "ORDER/BACKFILL[/RESERVATIONS], e.g. fcfs/easy")
+        if len(parts) == 1:
+            if parts[0] in ORDERS:
+                order = parts[0]
+            elif parts[0] in BACKFILLS:
+                backfill = parts[0]
+            else:
+                raise UsageError(f"invalid policy {text!r}: {parts[0]!r} is neither an order "
+                                 f"({', '.join(ORDERS)}) nor a backfill ({', '.join(BACKFILLS)})")
+        else:
+            order, backfill = parts[0], parts[1]
+            if len(parts) == 3:
+                if not parts[2].isdigit():
+                    raise UsageError(f"invalid policy {text!r}: reservations {parts[2]!r} is "
+                                     "not a number")
+                depth = int(parts[2])
+        return cls(order, backfill, depth, base.kill, base.half_life)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to one job."""
+
+    job_id: int
+    submit: float
+    start: float
+    end: float
+    gpus: int  # GPUs it held (all nodes)
+    state: str  # COMPLETED or TIMEOUT
+    nodes: tuple[str, ...]
+    gpu_uuids: tuple[str, ...]
+    backfilled: bool
+
+    @property
+    def wait(self) -> float:
+        """Seconds from submit to start."""
+        return self.start - self.submit
+
+    @property
+    def run(self) -> float:
+        """Seconds it ran."""
+        return self.end - self.submit - self.wait
+
+
+@dataclass
+class SimResult:
+    """The outcome of one simulation."""
+
+    policy: SimPolicy
+    cluster_gpus: int
+    records: list[JobRecord]
+    never: list[int]  # jobs no node set of the cluster can ever hold
+    passes: int
+    wall_s: float
+    # (time, GPUs busy, jobs pending) after each moment's pass
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+
+
+def job_shape(job: TraceJob, gpus_per_node: int, partition: str) -> PendingJob:
+    """The pending job a trace job becomes: P GPUs over ceil(P / G) nodes, the same
+    number on each (rounded up), and its CPUs and memory shared out the same way."""
+    nodes = max(1, math.ceil(job.gpus / gpus_per_node))
+    return PendingJob(
+        job_id=job.job_id, partition=partition, gpus=math.ceil(job.gpus / nodes), uid=0,
+        submit_time=job.submit, time_limit=job.time_limit, user=job.user,
+        account=job.group, name=f"j{job.job_id}", nodes=nodes,
+        cpus=math.ceil(job.cpus / nodes), mem_mb=math.ceil(job.mem_mb / nodes))
+
+
+def _fits_ever(cluster: SimCluster, pending: PendingJob) -> bool:
+    """Whether the empty cluster could ever hold this job, by the core's own reckoning."""
+    capacity = Capacity(cluster.nodes, (), 0.0)
+    part = next(p for p in cluster.partitions if p.name == pending.partition)
+    if part.max_time is not None and (pending.time_limit or INF) > part.max_time:
+        return False
+    members = frozenset(capacity.index[n] for n in part.nodes if n in capacity.index)
+    return capacity.earliest(Shape.of(pending), members)[0] < INF
+
+
+class Replay:
+    """One simulation in progress: the virtual clock, the queue and the running jobs."""
+
+    def __init__(self, cluster: SimCluster, policy: SimPolicy) -> None:
+        self.cluster, self.policy = cluster, policy
+        self.core = policy.core()
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, RunningJob] = {}
+        self.trace_jobs: dict[int, TraceJob] = {}
+        self.ends: list[tuple[float, int]] = []  # heap of (end time, job id)
+        self.records: list[JobRecord] = []
+        self.busy = 0
+        self.passes = 0
+        self.timeline: list[tuple[float, int, int]] = []
+        # Fair-share (multifactor): decayed usage per (user, account) and when it was.
+        self.usage: dict[tuple[str, str], tuple[float, float]] = {}
+        self.accounts: dict[str, Account] = {}
+        self.users: dict[tuple[str, str], UserShare] = {}
+        # The last pass, while arrivals alone may extend it (SchedulingPass.arrive):
+        # first come, first served, nothing ended since, no job past its limit.
+        self.last: SchedulingPass | None = None
+        self.arrived: list[PendingJob] = []
+        self.incremental = policy.order == "fcfs" and policy.kill
+        # Free GPUs per node and the (GPUs per node, nodes) of waiting jobs: a moment
+        # where no waiting job could have its GPUs needs no pass, as it would start none.
+        self.node_of = {gpu.uuid: node.name for node in cluster.nodes for gpu in node.gpus}
+        self.free_on = {node.name: len(node.gpus) for node in cluster.nodes}
+        self.shapes: Counter[tuple[int, int]] = Counter()
+        self.skipped = 0
+
+    def submit(self, job: TraceJob, pending: PendingJob) -> None:
+        """A job arrives."""
+        self.trace_jobs[job.job_id] = job
+        self.pending[job.job_id] = pending
+        self.arrived.append(pending)
+        self.shapes[(pending.gpus, pending.nodes)] += 1
+        if self.policy.order == "multifactor" and pending.account:
+            self.accounts.setdefault(pending.account, Account(pending.account, ROOT))
+            key = (pending.user, pending.account)
+            self.users.setdefault(key, UserShare(*key))
+
+    def end_due(self, now: float) -> None:
+        """Jobs whose end is at or before ``now`` end."""
+        while self.ends and self.ends[0][0] <= now:
+            at, job_id = heapq.heappop(self.ends)
+            run = self.running.pop(job_id)
+            self.last = None
+            self.busy -= len(run.gpu_uuids)
+            for uuid in run.gpu_uuids:
+                self.free_on[self.node_of[uuid]] += 1
+            if self.policy.order == "multifactor" and run.account and run.start_time is not None:
+                key = (run.user, run.account)
+                used, when = self.usage.get(key, (0.0, at))
+                self.usage[key] = (decay(used, at - when, self.policy.half_life)
+                                   + accrue(0.0, at - run.start_time, self.policy.half_life,
+                                            float(len(run.gpu_uuids))), at)
+
+    def schedule(self, now: float) -> None:
+        """One pass at ``now``: start what the core decides."""
+        arrived, self.arrived = self.arrived, []
+        if not self._could_start():
+            self.skipped += 1
+            self.last = None
+            return
+        if self.last is not None and self.incremental and self.last.extendable:
+            decisions = self.last.arrive(now, arrived)
+        else:
+            self.passes += 1
+            snapshot = Snapshot(
+                nodes=self.cluster.nodes, partitions=self.cluster.partitions,
+                pending=tuple(self.pending.values()), running=self._running(now),
+                accounts=tuple(self.accounts.values()), user_shares=tuple(self.users.values()),
+                usage=self._usage(now))
+            scheduling = SchedulingPass(snapshot, now, self.core)
+            decisions = scheduling.run(queue_order(snapshot, now, self.core))
+            self.last = scheduling
+        for start in decisions.starts:
+            self._start(start.job_id, now, start.node, start.nodes or (start.node,),
+                        start.gpu_uuids, start.kind is StartKind.BACKFILLED)
+
+    def _could_start(self) -> bool:
+        """Whether some waiting job could find its GPUs free: else a pass starts nothing."""
+        most = max(self.free_on.values(), default=0)
+        free = self.cluster.gpus - self.busy
+        return any(gpus <= most and gpus * nodes <= free for gpus, nodes in self.shapes)
+
+    def _running(self, now: float) -> tuple[RunningJob, ...]:
+        if self.policy.kill:
+            return tuple(self.running.values())
+        # A job past its limit is expected to end at any moment.
+        return tuple(job if job.end_time is None or job.end_time >= now
+                     else RunningJob(job.job_id, job.node, job.gpu_uuids, job.user,
+                                     job.account, end_time=now, nodes=job.nodes,
+                                     start_time=job.start_time)
+                     for job in self.running.values())
+
+    def _usage(self, now: float) -> dict[tuple[str, str], float]:
+        if self.policy.order != "multifactor":
+            return {}
+        half = self.policy.half_life
+        usage = {key: decay(used, now - when, half) for key, (used, when) in self.usage.items()}
+        for run in self.running.values():  # what running jobs have used so far
+            if run.account and run.start_time is not None:
+                key = (run.user, run.account)
+                usage[key] = usage.get(key, 0.0) + accrue(
+                    0.0, now - run.start_time, half, float(len(run.gpu_uuids)))
+        return usage
+
+    def _start(self, job_id: int, now: float, node: str, nodes: tuple[str, ...],
+               uuids: tuple[str, ...], backfilled: bool) -> None:
+        pending = self.pending.pop(job_id)
+        job = self.trace_jobs.pop(job_id)
+        limit_end = now + job.time_limit
+        end = now + job.run_time
+        state = "COMPLETED"
+        if self.policy.kill and job.run_time > job.time_limit:
+            end, state = limit_end, "TIMEOUT"
+        self.running[job_id] = RunningJob(
+            job_id, node, uuids, pending.user, pending.account, end_time=limit_end,
+            cpus=pending.cpus, mem_mb=pending.mem_mb, nodes=nodes if len(nodes) > 1 else (),
+            start_time=now)
+        self.busy += len(uuids)
+        for uuid in uuids:
+            self.free_on[self.node_of[uuid]] -= 1
+        shape = (pending.gpus, pending.nodes)
+        self.shapes[shape] -= 1
+        if not self.shapes[shape]:
+            del self.shapes[shape]
+        heapq.heappush(self.ends, (end, job_id))
+        self.records.append(JobRecord(job_id, pending.submit_time, now, end, len(uuids), state,
+                                      nodes, uuids, backfilled))
+
+
+def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
+             progress: Callable[[int], None] | None = None) -> SimResult:
+    """Replay ``jobs`` (in submit order) on ``cluster`` under ``policy``.
+
+    ``progress(n)`` is told each time ``n`` more jobs have arrived.
+    """
+    began = time.perf_counter()
+    replay = Replay(cluster, policy)
+    gpus_per_node = cluster.max_gpus_per_node
+    never: list[int] = []
+    fits_cache: dict[tuple[int, int, int, int, int], bool] = {}
+    arrivals = sorted(jobs, key=lambda j: (j.submit, j.job_id))
+    i, total = 0, len(arrivals)
+    while i < total or replay.ends:
+        now = min(arrivals[i].submit if i < total else INF,
+                  replay.ends[0][0] if replay.ends else INF)
+        replay.end_due(now)
+        arrived = 0
+        while i < total and arrivals[i].submit <= now:
+            job = arrivals[i]
+            i += 1
+            arrived += 1
+            pending = job_shape(job, gpus_per_node, cluster.default_partition)
+            key = (pending.gpus, pending.nodes, pending.cpus, pending.mem_mb,
+                   pending.time_limit or 0)
+            if key not in fits_cache:
+                fits_cache[key] = _fits_ever(cluster, pending)
+            if fits_cache[key]:
+                replay.submit(job, pending)
+            else:
+                never.append(job.job_id)
+        if progress is not None and arrived:
+            progress(arrived)
+        if replay.arrived or (replay.pending and replay.last is None):
+            replay.schedule(now)
+        replay.timeline.append((now, replay.busy, len(replay.pending)))
+    if replay.pending:  # cannot happen: every job kept fits the empty cluster
+        raise AssertionError(f"{len(replay.pending)} jobs never started")
+    replay.records.sort(key=lambda r: r.job_id)
+    return SimResult(policy, cluster.gpus, replay.records, never, replay.passes,
+                     time.perf_counter() - began, replay.timeline)
