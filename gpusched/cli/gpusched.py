@@ -243,6 +243,15 @@ def down() -> None:
     local.down(typer.echo)
 
 
+def _register_simulate() -> None:
+    from gpusched.cli.simulate import EXAMPLES, simulate
+
+    app.command("simulate", epilog=EXAMPLES)(simulate)
+
+
+_register_simulate()
+
+
 def main() -> None:
     """Console-script entry point."""
     sys.exit(run_cli(app, "gpusched"))
