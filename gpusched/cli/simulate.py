@@ -85,13 +85,15 @@ def simulate(
 
     loaded = read_trace(trace, fmt, node_list)
     window = loaded.window(skip, limit)
+    if not window.jobs:
+        raise UsageError(f"{trace}: no jobs to replay (after --skip {skip})")
     if machine is None:
         if nodes is not None:
             machine = uniform(nodes, gpus_per_node or 8)
         elif loaded.nodes:
             machine = from_node_list(loaded.nodes)
         elif _max_procs(loaded.header):
-            per = gpus_per_node or 8
+            per = gpus_per_node or min(8, _max_procs(loaded.header))
             machine = uniform(math.ceil(_max_procs(loaded.header) / per), per)
         else:
             raise UsageError(f"{trace}: the trace does not say how big its machine was: give "
@@ -100,8 +102,6 @@ def simulate(
          + (f" (of {len(loaded.jobs)})" if len(window.jobs) != len(loaded.jobs) else "")
          + "".join(f"; skipped {count}: {why}" for why, count in sorted(loaded.skipped.items())))
     _say(f"cluster: {machine.describe()}")
-    if not window.jobs:
-        raise UsageError(f"{trace}: no jobs to replay (after --skip {skip})")
 
     results = []
     for sim_policy in policies:
