@@ -11,6 +11,7 @@ import csv
 import gzip
 import io
 import math
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from pathlib import Path
 from gpusched.errors import UsageError
 
 FORMATS = ("swf", "philly", "alibaba")
+# "; Key: value"; an indented continuation line (";      http://...") is not a key.
+_SWF_HEADER = re.compile(r";\s?([A-Za-z][\w-]*):(.*)")
 
 
 class TraceError(UsageError):
@@ -117,18 +120,21 @@ def read_swf(path: Path) -> Trace:
     """
     trace = Trace(str(path), [])
     with _open_text(path) as text:
-        for number, line in enumerate(text, 1):
-            stripped = line.strip()
-            if not stripped:
-                continue
-            if stripped.startswith(";"):
-                key, sep, value = stripped[1:].partition(":")
-                if sep and key.strip() and " " not in key.strip():
-                    trace.header.setdefault(key.strip(), value.strip())
-                continue
-            job = _swf_job(path, number, stripped, trace)
-            if job is not None:
-                trace.jobs.append(job)
+        try:
+            for number, line in enumerate(text, 1):
+                stripped = line.strip()
+                if not stripped:
+                    continue
+                if stripped.startswith(";"):
+                    header = _SWF_HEADER.fullmatch(stripped)
+                    if header:
+                        trace.header.setdefault(header[1], header[2].strip())
+                    continue
+                job = _swf_job(path, number, stripped, trace)
+                if job is not None:
+                    trace.jobs.append(job)
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"{path}: cannot read: {exc}") from None
     if not trace.jobs and not trace.skipped:
         raise TraceError(f"{path}: no SWF job lines found")
     trace.jobs.sort(key=lambda j: (j.submit, j.job_id))
@@ -180,8 +186,11 @@ def _rows(path: Path, needed: tuple[str, ...]) -> Iterator[tuple[int, dict[str, 
         if missing:
             raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; "
                              f"found {', '.join(reader.fieldnames or ()) or 'none'}")
-        for number, row in enumerate(reader, 2):
-            yield number, row
+        try:
+            for row in reader:
+                yield reader.line_num, row
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"{path}: cannot read: {exc}") from None
 
 
 def _number(path: Path, number: int, row: dict[str, str], column: str) -> float:
@@ -240,6 +249,9 @@ def read_alibaba(path: Path, nodes: Path | None = None) -> Trace:
     counted, as are pods with no GPU or no complete times. The node list (default: the
     ``*node_list*`` file beside the pod list) becomes the trace's cluster.
     """
+    if "node_list" in path.name:
+        raise TraceError(f"{path}: this is an Alibaba node list; give the pod list as the "
+                         "trace (the node list is read from beside it, or from --node-list)")
     trace = Trace(str(path), [])
     needed = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation_time",
               "deletion_time", "scheduled_time")
