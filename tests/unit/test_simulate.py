@@ -247,3 +247,17 @@ def test_multifactor_puts_the_user_who_used_less_first() -> None:
         jobs, uniform(1, 1), SimPolicy(order="multifactor")).records}
     assert (fcfs[2], fcfs[3]) == (1000.0, 1010.0)
     assert (fair[3], fair[2]) == (1000.0, 1010.0)
+
+
+def test_the_shipped_example_cluster_file_loads() -> None:
+    from gpusched.sim.cluster import load_cluster
+
+    cluster = load_cluster(Path(__file__).resolve().parents[2] / "etc" / "sim-cluster.toml")
+    assert cluster.gpus == 32 * 8 and cluster.default_partition == "batch"
+    assert {n.block for n in cluster.nodes} == {"rack1", "rack2", "rack3", "rack4"}
+    assert cluster.partitions[1].max_time == 3600
+    jobs = [TraceJob(1, 0.0, 60.0, 3600, 20), TraceJob(2, 0.0, 60.0, 8 * 86400, 1)]
+    result = simulate(jobs, cluster, SimPolicy())
+    assert [r.job_id for r in result.records] == [1] and result.never == [2]
+    assert len({cluster.nodes[[n.name for n in cluster.nodes].index(name)].block
+                for name in result.records[0].nodes}) == 1  # 3 nodes in one rack
