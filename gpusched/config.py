@@ -30,6 +30,9 @@ _GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
 
+GPU_SOURCES = ("auto", "nvml", "static")
+
+
 @dataclass(frozen=True)
 class StaticGpu:
     """One GPU of a static inventory."""
@@ -73,11 +76,14 @@ class AgentConfig:
     state_dir: Path = Path("/var/lib/gpusched/agent")
     poll_wait: float = 20.0
     kill_grace: float = 30.0
-    gpu_source: str = "static"
+    # "nvml": discover GPUs through NVML; "static": the inventory below; "auto": NVML when
+    # its library loads, else the static inventory.
+    gpu_source: str = "auto"
     static_gpus: tuple[StaticGpu, ...] = ()
     # (index, index, kind, nvlinks): how two GPUs of the static inventory are connected.
     static_links: tuple[tuple[int, int, str, int], ...] = ()
     block: str | None = None  # topology block (switch, rack) multi-node jobs keep within
+    rediscover_interval: float = 60.0  # seconds between checks that the GPUs are unchanged
 
 
 @dataclass(frozen=True)
@@ -337,10 +343,10 @@ def _agent(r: TableReader) -> AgentConfig:
     defaults = AgentConfig()
     node_name = r.name("node_name", defaults.node_name)
     gpus = r.sub("gpus")
-    gpus.check_keys({"source", "count", "static", "links"})
-    source = gpus.get("source", str, "static", "'static'")
-    if source != "static":
-        raise gpus.fail("source", "'static' (NVML discovery is not available in this version)")
+    gpus.check_keys({"source", "count", "static", "links", "rediscover_interval"})
+    source = gpus.get("source", str, "auto", "one of 'auto', 'nvml', 'static'")
+    if source not in GPU_SOURCES:
+        raise gpus.fail("source", "one of 'auto', 'nvml', 'static'")
     return AgentConfig(
         node_name=node_name,
         state_dir=_path(r, "state_dir", defaults.state_dir),
@@ -350,6 +356,7 @@ def _agent(r: TableReader) -> AgentConfig:
         static_gpus=_static_gpus(gpus, node_name),
         static_links=_static_links(gpus),
         block=r.get("block", str, None, "a topology block name"),
+        rediscover_interval=gpus.positive("rediscover_interval", defaults.rediscover_interval),
     )
 
 

@@ -8,12 +8,12 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlencode
 
+from gpusched.agent.inventory import node_inventory
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.cli.client import ApiClient
 from gpusched.config import Config
@@ -46,10 +46,12 @@ class Agent:
         self._extra_ends: list[JobEnd] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._register_lock = threading.Lock()
+        self._registered: object = None  # the GPUs and links last registered
 
-    def inventory(self) -> list[dict[str, Any]]:
-        """The GPUs this agent registers."""
-        return [asdict(gpu) for gpu in self.config.static_gpus]
+    def inventory(self) -> dict[str, Any]:
+        """What this agent registers (gpusched.agent.inventory)."""
+        return node_inventory(self.config)
 
     def run(self) -> None:
         """Adopt surviving jobs, register, then serve launches and cancels until stopped."""
@@ -59,6 +61,8 @@ class Agent:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         reporter = threading.Thread(target=self._report_loop, name="reporter", daemon=True)
         reporter.start()
+        watcher = threading.Thread(target=self._inventory_loop, name="inventory", daemon=True)
+        watcher.start()
         with ApiClient(self.socket_path) as client:
             self._serve(client)
 
@@ -95,14 +99,25 @@ class Agent:
             pass
         log.info("agent stopped; running jobs continue under their supervisors")
 
-    def _register(self, client: ApiClient) -> None:
-        client.request("POST", "/agent/v1/register", {
-            "node": self.node, "uid": os.geteuid(), "gpus": self.inventory(),
-            "cpus": os.cpu_count() or 0, "memory_mb": _memory_mb(),
-            "block": self.config.block,
-            "links": [{"a": a, "b": b, "kind": kind, "nvlinks": n}
-                      for a, b, kind, n in self.config.static_links]})
-        log.info("registered node %s with %d GPUs", self.node, len(self.config.static_gpus))
+    def _register(self, client: ApiClient, body: dict[str, Any] | None = None) -> None:
+        with self._register_lock:
+            body = body or self.inventory()
+            client.request("POST", "/agent/v1/register", body)
+            self._registered = _hardware(body)
+        log.info("registered node %s with %d GPUs and slices (%s)", self.node,
+                 len(body["gpus"]), body["source"])
+
+    def _inventory_loop(self) -> None:
+        """Register again when the GPUs change: one vanishes, MIG is reconfigured."""
+        with ApiClient(self.socket_path) as client:
+            while not self._stop.wait(self.config.rediscover_interval):
+                try:
+                    body = self.inventory()
+                    if self._registered is not None and _hardware(body) != self._registered:
+                        log.warning("GPU inventory of %s changed: registering again", self.node)
+                        self._register(client, body)
+                except GpuschedError as exc:
+                    log.warning("cannot check the GPU inventory: %s", exc)
 
     def _poll(self, client: ApiClient) -> dict[str, Any]:
         query = {"node": self.node, "wait": self.config.poll_wait,
@@ -179,9 +194,6 @@ class Agent:
         log.info("job %d ended: %s", end.job_id, end.outcome)
 
 
-def _memory_mb() -> int:
-    """This host's memory in MiB (0 when it cannot be read)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-    except (ValueError, OSError):
-        return 0
+def _hardware(body: dict[str, Any]) -> object:
+    """The part of a registration that changes with the hardware: GPUs and links."""
+    return (body["gpus"], body["links"])

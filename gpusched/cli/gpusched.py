@@ -24,6 +24,9 @@ ConfigOption = Annotated[
 ]
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
 def _load(path: Path | None):  # type: ignore[no-untyped-def]
     from gpusched.config import load_config
     from gpusched.paths import default_config_path
@@ -51,10 +54,20 @@ def controller(config: ConfigOption = None,
     Controller(cfg).serve_forever()
 
 
-@app.command()
-def agent(config: ConfigOption = None,
+agent_app = new_app("The node agent.")
+app.add_typer(agent_app, name="agent")
+
+
+@agent_app.callback(invoke_without_command=True)
+def agent(ctx: typer.Context, config: ConfigOption = None,
           verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
-    """Run the node agent: register GPUs, launch and supervise jobs."""
+    """Run the node agent: register GPUs, launch and supervise jobs.
+
+    'gpusched agent inventory' prints what it would register.
+    """
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = config
+        return
     from gpusched.agent.main import Agent
 
     cfg = _load(config)
@@ -62,6 +75,34 @@ def agent(config: ConfigOption = None,
     node_agent = Agent(cfg, cfg.controller.socket)
     node_agent.install_signal_handlers()
     node_agent.run()
+
+
+@agent_app.command("inventory")
+def agent_inventory(ctx: typer.Context, config: ConfigOption = None,
+                    as_json: JsonOption = False) -> None:
+    """The GPUs, MIG slices and links this node's agent would register (like slurmd -G).
+
+    GPUs come from NVML, or from the static inventory in the configuration (see
+    [agent.gpus] source). The JSON shape is in docs/admin.md, "Node inventory".
+    """
+    from gpusched.agent.inventory import node_inventory
+    from gpusched.cli.common import print_table
+
+    body = node_inventory(_load(config or ctx.obj).agent)
+    if as_json:
+        _print_json(body)
+        return
+    typer.echo(f"node {body['node']}: {len(body['gpus'])} GPUs and MIG slices from {body['source']}"
+               + (f" (driver {body['driver']})" if body["driver"] else "")
+               + f", {body['cpus']} CPUs, {body['memory_mb']} MiB")
+    rows = [[str(g["index"]), g["uuid"], g["type"], g["mig_profile"] or "",
+             "" if g["parent"] is None else str(g["parent"]), str(g["memory_mb"]),
+             g["pci_bus_id"], g["name"]] for g in body["gpus"]]
+    print_table(["INDEX", "UUID", "TYPE", "MIG", "PARENT", "MEMORY_MB", "PCI_BUS_ID", "NAME"],
+                rows, right_aligned=frozenset({0, 5}), shrinkable=frozenset({7}))
+    for link in body["links"]:
+        typer.echo(f"link {link['a']}-{link['b']}: {link['kind']}"
+                   + (f" x{link['nvlinks']}" if link["nvlinks"] else ""))
 
 
 @db_app.command("upgrade")
@@ -148,7 +189,6 @@ def admin_apply(
         typer.echo(f"applied {len(changes)} change(s)")
 
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @app.command()

@@ -88,7 +88,8 @@ def test_example_sets_every_field_of_the_config_objects() -> None:
     """Adding a field to config.py without documenting it in the example fails here."""
     raw = tomllib.loads(EXAMPLE.read_text())
     # fields living in [agent.gpus]
-    agent_keys = {"gpu_source": "gpus", "static_gpus": "gpus", "static_links": "gpus"}
+    agent_keys = {"gpu_source": "gpus", "static_gpus": "gpus", "static_links": "gpus",
+                  "rediscover_interval": "gpus"}
 
     assert {f.name for f in dataclasses.fields(ControllerConfig)} <= set(raw["controller"])
     assert {agent_keys.get(f.name, f.name) for f in dataclasses.fields(AgentConfig)} <= set(raw["agent"])
@@ -240,10 +241,16 @@ def test_count_together_with_static(tmp_path: Path) -> None:
     assert "give one, not both" in message
 
 
-def test_gpu_source_other_than_static(tmp_path: Path) -> None:
-    path = write(tmp_path, '[agent.gpus]\nsource = "nvml"\n')
+def test_gpu_sources(tmp_path: Path) -> None:
+    for source in ("auto", "nvml", "static"):
+        path = write(tmp_path, f'[agent.gpus]\nsource = "{source}"\nrediscover_interval = 5\n')
+        config = load_config(path).agent
+        assert (config.gpu_source, config.rediscover_interval) == (source, 5.0)
+    assert load_config(None).agent.gpu_source == "auto"
+    path = write(tmp_path, '[agent.gpus]\nsource = "dcgm"\n')
     message = load_error(path)
-    assert str(path) in message and "agent.gpus.source" in message and "'static'" in message
+    assert str(path) in message and "agent.gpus.source" in message
+    assert "one of 'auto', 'nvml', 'static'" in message
 
 
 def test_invalid_toml(tmp_path: Path) -> None:

@@ -1,0 +1,197 @@
+"""GPU discovery through NVML (pynvml): GPUs, MIG slices and how GPUs are connected.
+
+``discover()`` returns the same ``StaticGpu`` records a static inventory holds, so the
+agent registers either alike:
+
+- a whole GPU: its NVML index, UUID, product name, normalised type (``a100-80gb``),
+  memory and PCI bus id;
+- a GPU in MIG mode: the GPU itself (never handed out whole) and one record per MIG
+  device, with its ``MIG-`` UUID, profile (``3g.40gb``) and memory, and the parent's
+  index. A MIG device has no node-wide NVML index, so its index here is
+  ``(parent index + 1) * 100 + n`` for the n-th MIG device of that GPU (GPU 0's slices
+  are 100, 101, ...; GPU 3's are 400, ...);
+- links between whole GPUs: NVLink (with the number of links) where NVML reports active
+  links between the pair, else the closest common PCIe ancestor (same switch, same host
+  bridge, same NUMA node, or across sockets).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gpusched.config import StaticGpu
+from gpusched.errors import GpuschedError
+
+SLICE_BASE = 100  # MIG device indexes: (parent index + 1) * SLICE_BASE + n
+
+# NVML topology levels (nvmlGpuTopologyLevel_t) and the link kind each one means.
+_LEVELS = {0: "PCIE_SWITCH", 10: "PCIE_SWITCH", 20: "PCIE_SWITCH", 30: "PCIE_HOST_BRIDGE",
+           40: "NUMA_NODE", 50: "SYSTEM"}
+_VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
+_FORM_WORDS = {"sxm", "sxm2", "sxm4", "sxm5", "pcie", "hbm2", "hbm2e", "hbm3", "hbm3e", "nvl",
+               "mig", "dgx"}
+_MEMORY = re.compile(r"(\d+)\s*gb", re.IGNORECASE)
+
+
+class NvmlUnavailable(GpuschedError):
+    """NVML could not be loaded or initialised (no driver, no GPU)."""
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What NVML reported: GPUs and slices, links, and the driver version."""
+
+    gpus: tuple[StaticGpu, ...]
+    links: tuple[tuple[int, int, str, int], ...]  # (index, index, kind, nvlinks)
+    driver: str = ""
+
+
+def gpu_type(name: str) -> str:
+    """The normalised type of a product name: ``NVIDIA A100-SXM4-80GB`` -> ``a100-80gb``,
+    ``NVIDIA H100 80GB HBM3`` -> ``h100-80gb``, ``NVIDIA L4`` -> ``l4``, ``Tesla T4`` ->
+    ``t4``, ``NVIDIA GeForce RTX 4090`` -> ``rtx4090``; ``gpu`` when nothing is left."""
+    memory = _MEMORY.search(name)
+    words = [w for w in re.split(r"[\s\-_/]+", name.lower()) if w]
+    words = [w for w in words if w not in _VENDOR_WORDS and w not in _FORM_WORDS
+             and not _MEMORY.fullmatch(w)]
+    if not words:
+        return "gpu"
+    model = words[0]
+    if model in ("rtx", "gtx", "titan") and len(words) > 1:
+        model += words[1]
+    model = re.sub(r"[^a-z0-9.]", "", model) or "gpu"
+    return f"{model}-{memory.group(1)}gb" if memory else model
+
+
+def mig_profile(slices: int, memory_mb: int, parent_memory_mb: int, parent_name: str) -> str:
+    """The profile name of a MIG device, as ``nvidia-smi`` prints it (``1g.10gb``).
+
+    The memory part counts eighths of the parent GPU's nominal memory (the size in its
+    product name, else its memory rounded to GiB): a slice of 9,728 MiB on an 80 GB
+    A100 is one eighth, 10 GB.
+    """
+    named = _MEMORY.search(parent_name)
+    nominal = int(named.group(1)) if named else max(1, round(parent_memory_mb / 1024))
+    eighth = parent_memory_mb / 8 if parent_memory_mb else 1.0
+    eighths = max(1, round(memory_mb / eighth))
+    return f"{slices}g.{max(1, round(eighths * nominal / 8))}gb"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _bus_id(pci: Any) -> str:
+    """The PCI bus id in the 8-digit-domain form (``00000000:07:00.0``)."""
+    text = _text(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+    return text.upper() if text else ""
+
+
+def load() -> Any:
+    """pynvml, initialised; NvmlUnavailable when the library or a driver is missing."""
+    try:
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise NvmlUnavailable(f"pynvml is not installed: {exc}") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML is not available: {exc}") from None
+    return pynvml
+
+
+def discover() -> Discovered:
+    """Every GPU and MIG device NVML reports, and the links between whole GPUs."""
+    nvml = load()
+    try:
+        return _discover(nvml)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+
+
+def _discover(nvml: Any) -> Discovered:
+    gpus: list[StaticGpu] = []
+    handles: dict[int, Any] = {}
+    buses: dict[str, int] = {}
+    for position in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(position)
+        index = _call(nvml, nvml.nvmlDeviceGetIndex, handle, default=position)
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024))
+        bus = _bus_id(nvml.nvmlDeviceGetPciInfo(handle))
+        kind = gpu_type(name)
+        gpus.append(StaticGpu(index=index, uuid=_text(nvml.nvmlDeviceGetUUID(handle)), name=name,
+                              memory_mb=memory_mb, pci_bus_id=bus, type=kind))
+        handles[index] = handle
+        if bus:
+            buses[bus] = index
+        gpus.extend(_mig_devices(nvml, handle, index, name, memory_mb, kind))
+    return Discovered(tuple(gpus), _links(nvml, handles, buses),
+                      _text(_call(nvml, nvml.nvmlSystemGetDriverVersion, default="")))
+
+
+def _call(nvml: Any, function: Any, *args: Any, default: Any = None) -> Any:
+    """``function(*args)``, or ``default`` where this GPU or driver does not support it."""
+    try:
+        return function(*args)
+    except nvml.NVMLError:
+        return default
+
+
+def _mig_devices(nvml: Any, handle: Any, index: int, name: str, memory_mb: int,
+                 kind: str) -> list[StaticGpu]:
+    mode = _call(nvml, nvml.nvmlDeviceGetMigMode, handle)
+    if not mode or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+        return []
+    found: list[StaticGpu] = []
+    for slot in range(_call(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle, default=0) or 0):
+        device = _call(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+        if device is None:
+            continue
+        attributes = nvml.nvmlDeviceGetAttributes(device)
+        slice_mb = int(attributes.memorySizeMB)
+        found.append(StaticGpu(
+            index=(index + 1) * SLICE_BASE + len(found),
+            uuid=_text(nvml.nvmlDeviceGetUUID(device)), name=name, memory_mb=slice_mb,
+            type=kind, parent=index,
+            mig_profile=mig_profile(int(attributes.gpuInstanceSliceCount), slice_mb,
+                                    memory_mb, name)))
+    return found
+
+
+def _links(nvml: Any, handles: dict[int, Any], buses: dict[str, int]
+           ) -> tuple[tuple[int, int, str, int], ...]:
+    nvlinks: dict[tuple[int, int], int] = {}
+    for index, handle in handles.items():
+        for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            state = _call(nvml, nvml.nvmlDeviceGetNvLinkState, handle, link)
+            if state is None:
+                if link == 0:
+                    break  # no NVLink on this GPU
+                continue
+            if state != getattr(nvml, "NVML_FEATURE_ENABLED", 1):
+                continue
+            remote = _call(nvml, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+            peer = buses.get(_bus_id(remote)) if remote is not None else None
+            if peer is not None and peer != index:
+                pair = (min(index, peer), max(index, peer))
+                nvlinks[pair] = nvlinks.get(pair, 0) + 1
+    links: list[tuple[int, int, str, int]] = []
+    order = sorted(handles)
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            count = nvlinks.get((a, b), 0)
+            if count:
+                # Each side counts the link: halve, rounding up for an odd report.
+                links.append((a, b, "NVLINK", math.ceil(count / 2)))
+                continue
+            level = _call(nvml, nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
+            if level is not None and int(level) in _LEVELS:
+                links.append((a, b, _LEVELS[int(level)], 0))
+    return tuple(links)
