@@ -37,6 +37,7 @@ class PartitionSpec:
     deny_accounts: tuple[str, ...] = ()
     max_gpus_per_job: int | None = None
     state: str = "UP"
+    requeue: bool = True  # jobs go back to the queue when their GPU fails, unless they say no
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def _count(r: TableReader, key: str, default: int | None, expected: str) -> int 
 
 def _partition(r: TableReader) -> PartitionSpec:
     r.check_keys({"name", "nodes", "default", "max_time", "default_time", "priority_tier",
-                  "allow_accounts", "deny_accounts", "max_gpus_per_job", "state"})
+                  "allow_accounts", "deny_accounts", "max_gpus_per_job", "state", "requeue"})
     nodes_raw = r.table.get("nodes", "*")
     expected = "a host list such as 'gpu[01-16]', a list of them, or '*'"
     items = [nodes_raw] if isinstance(nodes_raw, str) else nodes_raw
@@ -121,7 +122,7 @@ def _partition(r: TableReader) -> PartitionSpec:
         priority_tier=_count(r, "priority_tier", 0, "a tier number (0 or more)") or 0,
         allow_accounts=_names(r, "allow_accounts"), deny_accounts=_names(r, "deny_accounts", []) or (),
         max_gpus_per_job=_count(r, "max_gpus_per_job", None, "a number of GPUs (0 or more)"),
-        state=state,
+        state=state, requeue=r.get("requeue", bool, True, "true or false"),
     )
     if spec.max_time is not None and spec.default_time is not None and spec.default_time > spec.max_time:
         raise r.fail("default_time", "at most max_time")

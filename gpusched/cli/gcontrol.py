@@ -1,4 +1,4 @@
-"""gcontrol: change queued jobs, like scontrol (hold and release for now)."""
+"""gcontrol: change queued jobs and return GPUs to service, like scontrol."""
 
 from __future__ import annotations
 
@@ -27,6 +27,29 @@ def hold(job_ids: JobIds) -> int:
 def release(job_ids: JobIds) -> int:
     """Let held jobs start again."""
     return post_for_each(PROG, job_ids, "release")
+
+
+resume_app = new_app("Return a drained or failed GPU to service.")
+app.add_typer(resume_app, name="resume")
+
+
+@resume_app.command("gpu")
+def resume_gpu(target: Annotated[str, typer.Argument(
+        metavar="NODE:INDEX", help="The GPU (or MIG slice), by node and index as gpusched "
+        "agent inventory shows it.")]) -> None:
+    """Return a GPU taken out of service by the health checks (administrators only).
+
+    Example: gcontrol resume gpu node01:3
+    """
+    from gpusched.cli.client import ApiClient
+    from gpusched.errors import UsageError
+
+    node, sep, index = target.rpartition(":")
+    if not sep or not node or not index.isdigit():
+        raise UsageError(f"invalid GPU {target!r}: expected NODE:INDEX, such as node01:3")
+    with ApiClient() as client:
+        answer = client.request("POST", "/v1/gpus/resume", {"node": node, "index": int(index)})
+    typer.echo(f"GPU {node}:{index} ({answer['uuid']}) is back in service")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

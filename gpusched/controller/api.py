@@ -19,7 +19,7 @@ from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
 from gpusched.core.plan import job_priorities
-from gpusched.db import agents, jobs
+from gpusched.db import agents, health, jobs
 from gpusched.db.admin import apply_config, plan_changes
 from gpusched.db.models import Allocation, Gpu, Node
 from gpusched.db.schedule import load_snapshot
@@ -75,6 +75,8 @@ class Api:
         r.add("GET", "/agent/v1/work", self.work)
         r.add("POST", "/agent/v1/jobs/{job_id}/launched", self.launched)
         r.add("POST", "/agent/v1/jobs/{job_id}/ended", self.ended)
+        r.add("POST", "/agent/v1/health", self.health)
+        r.add("POST", "/v1/gpus/resume", self.resume_gpu)
         return r
 
     @staticmethod
@@ -215,7 +217,10 @@ class Api:
             for g in session.scalars(select(Gpu).where(Gpu.present).order_by(Gpu.index)):
                 gpus.setdefault(g.node_id, []).append({
                     "index": g.index, "uuid": g.uuid, "name": g.name, "memory_mb": g.memory_mb,
-                    "healthy": g.healthy, "job_id": holders.get(g.id)})
+                    "type": g.gpu_type, "mig_profile": g.mig_profile,
+                    "healthy": g.healthy, "health_reason": g.health_reason,
+                    "unhealthy_at": g.unhealthy_at.isoformat() if g.unhealthy_at else None,
+                    "job_id": holders.get(g.id)})
             return 200, {"nodes": [
                 {"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
                  "last_seen": n.last_seen.isoformat() if n.last_seen else None,
@@ -261,6 +266,31 @@ class Api:
         with self.sessions() as session, session.begin():
             changed = agents.mark_launched(session, _job_id(request), str(request.body.get("node")))
         return 200, {"ok": True, "changed": changed}
+
+    def health(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """An agent reports failing GPUs or MIG slices: out of service at once, and the
+        jobs on them are stopped (then requeued or FAILED, see db/health.py)."""
+        self._require_agent(request)
+        node = str(request.body.get("node"))
+        with self.sessions() as session, session.begin():
+            stopping = health.report_faults(session, node, request.body)
+            notify_in(session, "sched", *(f"node:{n}" for n in sorted(stopping)))
+        for name in stopping:
+            self.events.wake_node(name)
+        self.events.wake_scheduler()
+        return 200, {"ok": True, "stopping": sorted(stopping)}
+
+    def resume_gpu(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """An administrator returns a GPU (``{node, index}``) to service."""
+        self._require_admin(request)
+        node, index = request.body.get("node"), request.body.get("index")
+        if not isinstance(node, str) or not isinstance(index, int) or isinstance(index, bool):
+            raise UsageError("expected {node: NAME, index: N}")
+        with self.sessions() as session, session.begin():
+            answer = health.resume_gpu(session, node, index)
+            notify_in(session, "sched")
+        self.events.wake_scheduler()
+        return 200, answer
 
     def ended(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The agent reports a job's end; its GPUs are released and the scheduler woken."""

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpusched.core.topology import LINK_KINDS
 from gpusched.db.engine import rowcount
+from gpusched.db.health import may_requeue
 from gpusched.db.jobs import job_placements
 from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
@@ -151,9 +152,20 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
     ended = (datetime.fromtimestamp(end_time, UTC) if isinstance(end_time, int | float)
              else datetime.now(UTC))
     job = session.get(Job, job_id)
-    if job is not None and job.preempted_at is not None and job.preempt_mode == "requeue":
-        # Preempted to requeue: back in the queue with its submit time, one restart more.
+    failure = job.gpu_failure if job is not None else None
+    if job is not None and failure is not None and may_requeue(session, job):
+        # Its GPU failed: back in the queue with its submit time, one restart more.
         values: dict[str, Any] = {
+            "state": "PENDING", "reason": "None", "node_id": None, "start_time": None,
+            "launched_at": None, "cancel_requested_at": None, "gpu_failure": None,
+            "error_message": f"requeued: {failure}", "node_names": None, "start_kind": None,
+            "restarts": Job.restarts + 1}
+    elif failure is not None:
+        values = {"state": "FAILED", "end_time": ended, "exit_code": body.get("exit_code"),
+                  "signal": body.get("signal"), "error_message": failure}
+    elif job is not None and job.preempted_at is not None and job.preempt_mode == "requeue":
+        # Preempted to requeue: back in the queue with its submit time, one restart more.
+        values = {
             "state": "PENDING", "reason": "None", "node_id": None, "start_time": None,
             "launched_at": None, "cancel_requested_at": None, "preempted_at": None,
             "preempt_mode": None, "node_names": None, "start_kind": None,

@@ -265,6 +265,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     begin = _begin_time(body.get("begin_time"))
     dependency = _dependency(session, _field(body, "dependency", str, None, "a dependency"))
     hold = "user" if _field(body, "hold", bool, False, "true or false") else None
+    requeue = _field(body, "requeue", bool, None, "true, false or null")
     user = who.user
     account = _choose_account(session, user, _field(body, "account", str, None, "an account"), part)
     qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
@@ -274,7 +275,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
         environment=env, output=output, error=error, gpu_types=list(kinds), nodes=nodes,
-        cpus=cpus, mem_mb=mem_mb,
+        cpus=cpus, mem_mb=mem_mb, requeue=requeue,
     )
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks
@@ -378,7 +379,8 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         "gpu_types": list(job.gpu_types), "nodes": job.nodes, "cpus": job.cpus,
         "mem_mb": job.mem_mb, "start_kind": job.start_kind,
         "expected_start": _iso(job.expected_start), "node_names": job.node_names,
-        "restarts": job.restarts, "preempted_by": job.preempted_by,
+        "restarts": job.restarts, "preempted_by": job.preempted_by, "requeue": job.requeue,
+        "gpu_failure": job.gpu_failure,
         "display_id": display_id(job.id, job.array_job_id, job.array_task_id, job.array_tasks,
                                  job.array_max_running),
     }

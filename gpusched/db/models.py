@@ -63,6 +63,8 @@ class Partition(Base):
     allow_accounts: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     deny_accounts: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     max_gpus_per_job: Mapped[int | None] = mapped_column(Integer)
+    # Whether its jobs go back to the queue when their GPU fails (a job may say otherwise).
+    requeue: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
@@ -104,6 +106,8 @@ class Gpu(Base):
     pci_bus_id: Mapped[str] = mapped_column(Text, server_default=text("''"))
     healthy: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
     present: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    health_reason: Mapped[str | None] = mapped_column(Text)  # why it is out of service
+    unhealthy_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class GpuLink(Base):
@@ -192,6 +196,9 @@ class Job(Base):
     preempted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     preempt_mode: Mapped[str | None] = mapped_column(Text)  # requeue or cancel
     preempted_by: Mapped[int | None] = mapped_column(BigInteger)
+    # Whether it goes back to the queue when its GPU fails; None: its partition's default.
+    requeue: Mapped[bool | None] = mapped_column(Boolean)
+    gpu_failure: Mapped[str | None] = mapped_column(Text)  # set while stopping for a failed GPU
 
 
 class Allocation(Base):

@@ -1,0 +1,38 @@
+"""GPU health: why a GPU or MIG slice is out of service and since when; whether a job
+may be requeued when its GPU fails (per job, else its partition's default).
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-11-23 14:00:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0009"
+down_revision: str | None = "0008"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    """Apply this revision."""
+    op.add_column("gpus", sa.Column("health_reason", sa.Text(), nullable=True))
+    op.add_column("gpus", sa.Column("unhealthy_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column("jobs", sa.Column("requeue", sa.Boolean(), nullable=True))
+    op.add_column("jobs", sa.Column("gpu_failure", sa.Text(), nullable=True))
+    op.add_column("partitions", sa.Column("requeue", sa.Boolean(),
+                                          server_default=sa.text("true"), nullable=False))
+
+
+def downgrade() -> None:
+    """Revert this revision."""
+    op.drop_column("partitions", "requeue")
+    op.drop_column("jobs", "gpu_failure")
+    op.drop_column("jobs", "requeue")
+    op.drop_column("gpus", "unhealthy_at")
+    op.drop_column("gpus", "health_reason")

@@ -1,0 +1,146 @@
+"""GPU health against a real database: a failing GPU or slice leaves service, the job on
+it is stopped and then requeued or FAILED, and an admin brings the GPU back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpusched.config import PartitionConfig
+from gpusched.core.model import Plan, Start
+from gpusched.db import agents, health, jobs
+from gpusched.db.engine import make_engine, make_sessionmaker
+from gpusched.db.models import Gpu, Job, Partition
+from gpusched.db.partitions import sync_partitions
+from gpusched.db.schedule import apply_plan, load_snapshot
+from gpusched.errors import NotFound, UsageError
+
+ALICE = jobs.Identity(1000, 1000)
+M = "MIG-00000000-0000-4000-8000-00000000000{}"
+
+
+@pytest.fixture
+def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(db_url, pool_size=2)
+    factory = make_sessionmaker(engine)
+    with factory() as s, s.begin():
+        sync_partitions(s, (PartitionConfig("gpu", default=True),))
+        agents.register_node(s, {"node": "n1", "uid": 0, "gpus": [
+            {"index": 0, "uuid": "GPU-0"}, {"index": 1, "uuid": "GPU-1"},
+            {"index": 2, "uuid": "GPU-2"},
+            {"index": 300, "uuid": M.format(1), "mig_profile": "3g.40gb", "parent": 2},
+            {"index": 301, "uuid": M.format(2), "mig_profile": "3g.40gb", "parent": 2}]})
+    yield factory
+    engine.dispose()
+
+
+def _run(sessions: sessionmaker[Session], uuid: str, **body: object) -> int:
+    with sessions() as s, s.begin():
+        job_id = jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE).id
+    with sessions() as s, s.begin():
+        snapshot, node_ids = load_snapshot(s)
+        apply_plan(s, snapshot, Plan(starts=(Start(job_id, "n1", (uuid,)),)), node_ids)
+    return job_id
+
+
+def _end(sessions: sessionmaker[Session], job_id: int) -> Job:
+    with sessions() as s, s.begin():
+        assert agents.record_end(s, job_id, {"node": "n1", "outcome": "cancelled",
+                                             "signal": 15, "end_time": 1e9})
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        s.expunge(job)
+        return job
+
+
+def _healthy(sessions: sessionmaker[Session]) -> dict[str, bool]:
+    with sessions() as s:
+        return dict(s.execute(select(Gpu.uuid, Gpu.healthy)).all())  # type: ignore[arg-type]
+
+
+def test_a_failed_gpu_stops_its_job_which_is_requeued(sessions: sessionmaker[Session]) -> None:
+    job_id = _run(sessions, "GPU-1")
+    with sessions() as s, s.begin():
+        stopping = health.report_faults(s, "n1", {"faults": [{"uuid": "GPU-1", "reason": "Xid 79"}]})
+    assert stopping == {"n1"}
+    assert _healthy(sessions)["GPU-1"] is False and _healthy(sessions)["GPU-0"] is True
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.cancel_requested_at is not None
+        assert job.gpu_failure == "GPU n1:1 (GPU-1) failed: Xid 79"
+        gpu = s.scalars(select(Gpu).where(Gpu.uuid == "GPU-1")).one()
+        assert (gpu.health_reason, gpu.unhealthy_at is not None) == ("Xid 79", True)
+        snapshot, _ = load_snapshot(s)
+    views = {g.uuid: g.healthy for n in snapshot.nodes for g in n.gpus}
+    assert views["GPU-1"] is False  # the scheduler no longer offers it
+    ended = _end(sessions, job_id)
+    assert (ended.state, ended.restarts, ended.gpu_failure) == ("PENDING", 1, None)
+    assert ended.error_message == "requeued: GPU n1:1 (GPU-1) failed: Xid 79"
+
+
+def test_no_requeue_ends_failed_naming_the_gpu(sessions: sessionmaker[Session]) -> None:
+    job_id = _run(sessions, "GPU-0", requeue=False)
+    with sessions() as s, s.begin():
+        health.report_faults(s, "n1", {"faults": [{"uuid": "GPU-0", "reason": "GPU lost"}]})
+    ended = _end(sessions, job_id)
+    assert (ended.state, ended.error_message) == ("FAILED", "GPU n1:0 (GPU-0) failed: GPU lost")
+
+
+def test_partition_default_decides_when_the_job_does_not(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s, s.begin():
+        s.execute(update(Partition).values(requeue=False))
+    job_id = _run(sessions, "GPU-0")
+    other = _run(sessions, "GPU-1", requeue=True)
+    with sessions() as s, s.begin():
+        health.report_faults(s, "n1", {"faults": [{"uuid": "GPU-0", "reason": "ECC"},
+                                                  {"uuid": "GPU-1", "reason": "ECC"}]})
+    assert _end(sessions, job_id).state == "FAILED"
+    assert _end(sessions, other).state == "PENDING"
+
+
+def test_a_failed_slice_is_only_itself_and_a_failed_parent_takes_its_slices(
+        sessions: sessionmaker[Session]) -> None:
+    on_slice = _run(sessions, M.format(2))
+    with sessions() as s, s.begin():
+        health.report_faults(s, "n1", {"faults": [{"uuid": M.format(1), "reason": "Xid 94"}]})
+    states = _healthy(sessions)
+    assert (states[M.format(1)], states[M.format(2)], states["GPU-2"]) == (False, True, True)
+    with sessions() as s:
+        assert s.get(Job, on_slice).gpu_failure is None  # type: ignore[union-attr]
+    with sessions() as s, s.begin():
+        health.report_faults(s, "n1", {"faults": [{"uuid": "GPU-2", "reason": "GPU lost"}]})
+    assert not any(_healthy(sessions)[u] for u in ("GPU-2", M.format(1), M.format(2)))
+    with sessions() as s:
+        assert "GPU n1:2" in (s.get(Job, on_slice).gpu_failure or "")  # type: ignore[union-attr]
+    with sessions() as s, s.begin():
+        assert health.resume_gpu(s, "n1", 2)["uuid"] == "GPU-2"
+    assert all(_healthy(sessions)[u] for u in ("GPU-2", M.format(1), M.format(2)))
+
+
+def test_bad_reports_change_nothing(sessions: sessionmaker[Session]) -> None:
+    for body in [{"faults": [{"uuid": "GPU-0", "reason": "x"}, {"uuid": "GPU-9", "reason": "x"}]},
+                 {"faults": "GPU-0"}, {"faults": [{"uuid": "GPU-0"}]}]:
+        with pytest.raises(UsageError), sessions() as s, s.begin():
+            health.report_faults(s, "n1", body)
+    assert all(_healthy(sessions).values())
+    with pytest.raises(NotFound), sessions() as s, s.begin():
+        health.report_faults(s, "n9", {"faults": []})
+    with pytest.raises(NotFound), sessions() as s, s.begin():
+        health.resume_gpu(s, "n1", 7)
+
+
+def test_a_clean_period_returns_gpus(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s, s.begin():
+        health.report_faults(s, "n1", {"faults": [{"uuid": "GPU-0", "reason": "too hot"}]})
+    with sessions() as s, s.begin():
+        assert health.resume_after(s, 3600) == []
+        s.execute(update(Gpu).where(Gpu.uuid == "GPU-0")
+                  .values(unhealthy_at=datetime.now(UTC) - timedelta(hours=2)))
+    with sessions() as s, s.begin():
+        assert health.resume_after(s, 3600) == ["GPU-0"]
+    assert _healthy(sessions)["GPU-0"] is True
