@@ -66,6 +66,7 @@ class ControllerConfig:
     socket_mode: int = 0o666
     schedule_interval: float = 5.0
     node_timeout: float = 90.0
+    gpu_resume_after: float = 0.0  # seconds a failed GPU stays out before it returns; 0: never
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class AgentConfig:
     static_links: tuple[tuple[int, int, str, int], ...] = ()
     block: str | None = None  # topology block (switch, rack) multi-node jobs keep within
     rediscover_interval: float = 60.0  # seconds between checks that the GPUs are unchanged
+    # The GPU health loop (NVML only): Xids that are a job's own fault, the temperature
+    # (Celsius) over which a GPU leaves service, and seconds between checks.
+    ignore_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    max_temperature: float = 90.0
+    health_interval: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -204,7 +210,8 @@ def _path(r: TableReader, key: str, default: Path) -> Path:
 
 
 def _controller(r: TableReader) -> ControllerConfig:
-    r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout"})
+    r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout",
+                  "gpu_resume_after"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
@@ -213,6 +220,8 @@ def _controller(r: TableReader) -> ControllerConfig:
         socket_mode=mode,
         schedule_interval=r.positive("schedule_interval", ControllerConfig.schedule_interval),
         node_timeout=r.positive("node_timeout", ControllerConfig.node_timeout),
+        gpu_resume_after=r.positive("gpu_resume_after", ControllerConfig.gpu_resume_after,
+                                    allow_zero=True),
     )
 
 
@@ -339,7 +348,7 @@ def _static_links(r: TableReader) -> tuple[tuple[int, int, str, int], ...]:
 
 
 def _agent(r: TableReader) -> AgentConfig:
-    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus", "block"})
+    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health"})
     defaults = AgentConfig()
     node_name = r.name("node_name", defaults.node_name)
     gpus = r.sub("gpus")
@@ -357,7 +366,18 @@ def _agent(r: TableReader) -> AgentConfig:
         static_links=_static_links(gpus),
         block=r.get("block", str, None, "a topology block name"),
         rediscover_interval=gpus.positive("rediscover_interval", defaults.rediscover_interval),
+        **_health(r.sub("health"), defaults),
     )
+
+
+def _health(r: TableReader, defaults: AgentConfig) -> dict[str, Any]:
+    r.check_keys({"ignore_xids", "max_temperature", "interval"})
+    xids = r.get("ignore_xids", list, list(defaults.ignore_xids), "a list of Xid numbers")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xids):
+        raise r.fail("ignore_xids", "a list of Xid numbers")
+    return {"ignore_xids": tuple(xids),
+            "max_temperature": r.positive("max_temperature", defaults.max_temperature),
+            "health_interval": r.positive("interval", defaults.health_interval)}
 
 
 def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:

@@ -13,7 +13,9 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlencode
 
+from gpusched.agent.health import Fault, HealthMonitor
 from gpusched.agent.inventory import node_inventory
+from gpusched.agent.nvml import NvmlUnavailable
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.cli.client import ApiClient
 from gpusched.config import Config
@@ -48,6 +50,7 @@ class Agent:
         self._stop = threading.Event()
         self._register_lock = threading.Lock()
         self._registered: object = None  # the GPUs and links last registered
+        self._monitor: HealthMonitor | None = None
 
     def inventory(self) -> dict[str, Any]:
         """What this agent registers (gpusched.agent.inventory)."""
@@ -63,12 +66,16 @@ class Agent:
         reporter.start()
         watcher = threading.Thread(target=self._inventory_loop, name="inventory", daemon=True)
         watcher.start()
+        if self.config.gpu_source != "static":
+            threading.Thread(target=self._health_loop, name="health", daemon=True).start()
         with ApiClient(self.socket_path) as client:
             self._serve(client)
 
     def stop(self) -> None:
         """Ask the loops to finish."""
         self._stop.set()
+        if self._monitor is not None:
+            self._monitor.stop.set()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT stop the agent (never the jobs)."""
@@ -106,6 +113,22 @@ class Agent:
             self._registered = _hardware(body)
         log.info("registered node %s with %d GPUs and slices (%s)", self.node,
                  len(body["gpus"]), body["source"])
+
+    def _health_loop(self) -> None:
+        """Watch the GPUs through NVML and report failing ones (gpusched.agent.health)."""
+        with ApiClient(self.socket_path) as client:
+            def report(faults: list[Fault]) -> None:
+                client.request("POST", "/agent/v1/health", {
+                    "node": self.node,
+                    "faults": [{"uuid": f.uuid, "reason": f.reason} for f in faults]})
+
+            monitor = HealthMonitor(report, frozenset(self.config.ignore_xids),
+                                    self.config.max_temperature, self.config.health_interval)
+            self._monitor = monitor
+            try:
+                monitor.run()
+            except NvmlUnavailable as exc:
+                log.info("no GPU health checks: %s", exc.message)
 
     def _inventory_loop(self) -> None:
         """Register again when the GPUs change: one vanishes, MIG is reconfigured."""

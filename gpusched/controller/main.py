@@ -17,7 +17,7 @@ from gpusched.controller.api import Api
 from gpusched.controller.events import Events
 from gpusched.controller.http import UnixHttpServer
 from gpusched.controller.scheduler import SchedulerLoop
-from gpusched.db import agents
+from gpusched.db import agents, health
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
 from gpusched.db.migrate import current
 from gpusched.db.partitions import seed_partitions
@@ -57,7 +57,22 @@ class Controller:
                               seconds=config.scheduler.usage_interval, id="fairshare-usage")
         self.periodic.add_job(self.check_nodes, "interval",
                               seconds=max(1.0, config.controller.node_timeout / 3), id="node-liveness")
+        if config.controller.gpu_resume_after:
+            self.periodic.add_job(self.resume_gpus, "interval",
+                                  seconds=max(1.0, min(60.0, config.controller.gpu_resume_after / 4)),
+                                  id="gpu-clean-period")
         self._dsn = dsn
+
+    def resume_gpus(self) -> None:
+        """Return GPUs that stayed out of service for the clean period (leader only)."""
+        if not self.scheduler.is_leader:
+            return
+        with self.sessions() as session, session.begin():
+            back = health.resume_after(session, self.config.controller.gpu_resume_after)
+        for uuid in back:
+            log.info("GPU %s back in service after its clean period", uuid)
+        if back:
+            self.events.wake_scheduler()
 
     def check_nodes(self) -> None:
         """Mark nodes whose agent went silent DOWN (leader only)."""

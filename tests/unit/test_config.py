@@ -89,7 +89,8 @@ def test_example_sets_every_field_of_the_config_objects() -> None:
     raw = tomllib.loads(EXAMPLE.read_text())
     # fields living in [agent.gpus]
     agent_keys = {"gpu_source": "gpus", "static_gpus": "gpus", "static_links": "gpus",
-                  "rediscover_interval": "gpus"}
+                  "rediscover_interval": "gpus", "ignore_xids": "health",
+                  "max_temperature": "health", "health_interval": "health"}
 
     assert {f.name for f in dataclasses.fields(ControllerConfig)} <= set(raw["controller"])
     assert {agent_keys.get(f.name, f.name) for f in dataclasses.fields(AgentConfig)} <= set(raw["agent"])
