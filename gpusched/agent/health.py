@@ -57,6 +57,7 @@ class HealthMonitor:
         self.interval = interval
         self.stop = threading.Event()
         self._last: dict[tuple[str, str], float] = {}  # (uuid, reason) -> reported at
+        self._wait_error = ""
 
     def run(self) -> None:
         """Until ``stop`` is set (NVML must load: the agent runs this only then)."""
@@ -87,7 +88,20 @@ class HealthMonitor:
             except nvml.NVMLError_Timeout:
                 continue
             except nvml.NVMLError as exc:
-                log.warning("waiting for GPU events failed: %s", exc)
+                if getattr(exc, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST:
+                    # A lost GPU breaks the whole set: wait on the others (the checks
+                    # report the lost one).
+                    lost = {u for u, (h, _) in gpus.items() if self._lost(nvml, h)}
+                    try:
+                        nvml.nvmlEventSetFree(events)
+                    except nvml.NVMLError:
+                        pass
+                    events = self._event_set(nvml, {u: g for u, g in gpus.items()
+                                                    if u not in lost})
+                    continue
+                if str(exc) != self._wait_error:  # say it once
+                    log.warning("waiting for GPU events failed: %s", exc)
+                    self._wait_error = str(exc)
                 self.stop.wait(wait_ms / 1000)
                 continue
             fault = self.event_fault(nvml, event, gpus)
@@ -117,6 +131,14 @@ class HealthMonitor:
                         _text(nvml.nvmlDeviceGetUUID(device))
             found[_text(nvml.nvmlDeviceGetUUID(handle))] = (handle, slices)
         return found
+
+    @staticmethod
+    def _lost(nvml: Any, handle: Any) -> bool:
+        try:
+            nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+        except nvml.NVMLError as exc:
+            return bool(getattr(exc, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST)
+        return False
 
     @staticmethod
     def _event_set(nvml: Any, gpus: dict[str, tuple[Any, dict[tuple[int, int], str]]]) -> Any:
@@ -189,9 +211,9 @@ class HealthMonitor:
                     return "retired pages pending"
             except nvml.NVMLError_NotSupported:
                 pass
-        except nvml.NVMLError_GPUIsLost:
-            return "GPU lost (NVML_ERROR_GPU_IS_LOST)"
         except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST:
+                return "GPU lost (NVML_ERROR_GPU_IS_LOST)"
             log.debug("GPU check failed: %s", exc)
         return None
 

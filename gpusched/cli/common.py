@@ -30,6 +30,11 @@ def new_app(help_text: str) -> typer.Typer:
     )
 
 
+def print_warning(prog: str, message: str) -> None:
+    """Print ``prog: warning: message`` as one line on stderr."""
+    print(f"{prog}: warning: {message}", file=sys.stderr)
+
+
 def print_error(prog: str, message: str) -> None:
     """Print ``prog: error: message`` as exactly one line on stderr."""
     one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())

@@ -11,10 +11,10 @@ from typing import Annotated, Any, Optional, Protocol
 import typer
 
 from gpusched.cli.client import ApiClient
-from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.common import new_app, print_warning, run_cli
 from gpusched.cli.directives import Directive, read_directive_lines
 from gpusched.core.arrays import ArrayError, parse_array
-from gpusched.core.shapes import ShapeError, parse_gpus, parse_gres, parse_memory
+from gpusched.core.shapes import ShapeError, is_mig_profile, parse_gpus, parse_gres, parse_memory
 from gpusched.core.timefmt import TimeFormatError, parse_begin, parse_time_limit
 from gpusched.errors import UsageError
 
@@ -186,11 +186,24 @@ def gsubmit(
 ) -> None:
     """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured."""
     submission = resolve_submission(ctx)
+    warning = mig_warning(submission)
+    if warning:
+        print_warning(PROG, warning)
     body = submission_body(submission, work_dir=_current_dir(), environment=dict(os.environ))
     with ApiClient() as client:
         answer = client.request("POST", "/v1/jobs", body)
     job_id = answer.get("job_id")
     print(job_id if submission.parsable else f"Submitted batch job {job_id}")
+
+
+def mig_warning(submission: Submission) -> str | None:
+    """The warning for a job asking for several MIG slices, or None."""
+    per_node = submission.gpus // max(1, submission.nodes)
+    if per_node > 1 and submission.gpu_types and all(is_mig_profile(k) for k in submission.gpu_types):
+        return (f"the job asks for {per_node} MIG slices per node, but one CUDA process uses "
+                "only one MIG device: start one process per slice (each with its own "
+                "CUDA_VISIBLE_DEVICES entry)")
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -339,11 +339,18 @@ def job_placements(session: Session, jobs: list[Job]) -> dict[int, tuple[str, li
         Node.id.in_(set(started.values())))).all())
     placed: dict[int, tuple[str, list[str]]] = {
         job_id: (names[node_id], []) for job_id, node_id in started.items()}
-    for job_id, uuid in session.execute(
-        select(Allocation.job_id, Gpu.uuid).join(Gpu, Gpu.id == Allocation.gpu_id)
+    # A requeued job keeps the allocations of its earlier runs: show its latest run's.
+    latest: dict[int, datetime] = {}
+    rows = session.execute(
+        select(Allocation.job_id, Gpu.uuid, Allocation.allocated_at)
+        .join(Gpu, Gpu.id == Allocation.gpu_id)
         .where(Allocation.job_id.in_(list(placed))).order_by(Allocation.job_id, Gpu.index)
-    ):
-        placed[job_id][1].append(uuid)
+    ).all()
+    for job_id, _, at in rows:
+        latest[job_id] = max(at, latest.get(job_id, at))
+    for job_id, uuid, at in rows:
+        if at == latest[job_id]:
+            placed[job_id][1].append(uuid)
     return placed
 
 

@@ -38,7 +38,10 @@ class Cluster:
     """Controller + one agent with ``gpus`` static GPUs, all under one temp dir."""
 
     def __init__(self, database_url: str, gpus: int = 4, node: str = "node01",
-                 kill_grace: float = 1.0, poll_wait: float = 5.0) -> None:
+                 kill_grace: float = 1.0, poll_wait: float = 5.0,
+                 nvml: dict[str, str] | None = None, agent_toml: str = "") -> None:
+        """``nvml``: the fake NVML library's environment (tests.nvml_fixture): the agent
+        then discovers its GPUs through NVML instead of ``gpus`` static ones."""
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-e2e-"))
         os.chmod(self.root, 0o755)
         self.socket = self.root / "c.sock"
@@ -58,9 +61,9 @@ node_name = "{node}"
 state_dir = "{self.agent_state}"
 poll_wait = {poll_wait}
 kill_grace = {kill_grace}
+{agent_toml}
 [agent.gpus]
-source = "static"
-count = {gpus}
+{'source = "nvml"' if nvml else f'source = "static"{chr(10)}count = {gpus}'}
 [[partitions]]
 name = "gpu"
 default = true
@@ -70,6 +73,7 @@ name = "debug"
 nodes = ["{node}"]
 """)
         self.env = {**os.environ, "GPUSCHED_SOCKET": str(self.socket)}
+        self.agent_env = {**self.env, **(nvml or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- daemons -------------------------------------------------------------
@@ -78,7 +82,8 @@ nodes = ["{node}"]
         log = open(self.root / f"{daemon}.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "gpusched.cli.gpusched", daemon, "--config", str(self.config)],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env,
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            env=self.agent_env if daemon == "agent" else self.env,
         )
         log.close()
         self.procs[daemon] = proc
