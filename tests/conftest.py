@@ -1,4 +1,4 @@
-"""Session-wide fixtures: a real PostgreSQL per worker."""
+"""Session-wide fixtures: a real PostgreSQL per worker, and the fake NVML library."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.nvml_fixture import fake_nvml, fake_nvml_factory, fake_nvml_lib  # noqa: F401
 from tests.pg import ScratchPostgres
 
 

@@ -90,7 +90,8 @@ def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
     assert body == {
         "script": sub.script, "args": [], "name": "n", "gpus": 0, "gpu_types": [], "nodes": 1,
         "cpus": 0, "mem_mb": 0, "time_limit": None,
-        "partition": None, "account": "bio", "qos": None, "hold": False, "begin_time": None, "dependency": None,
+        "partition": None, "account": "bio", "qos": None, "hold": False, "requeue": None,
+        "begin_time": None, "dependency": None,
         "array": None, "work_dir": "/w",
         "environment": {"A": "1"}, "output": "o.txt", "error": None,
     }
@@ -313,3 +314,14 @@ def test_a_multi_node_job_shows_all_its_nodes() -> None:
     start = (NOW - timedelta(seconds=5)).isoformat()
     row = gqueue.job_row(job(start_time=start, node="gpu01", node_names=["gpu01", "gpu02", "gpu03"]), NOW)
     assert row[-1] == "gpu[01-03]"
+
+
+def test_requeue_flags_and_the_mig_warning(in_tmp: Path) -> None:
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --no-requeue\ntrue\n")
+    assert parse_submit(["job.sh"]).requeue is False
+    assert parse_submit(["--requeue", "job.sh"]).requeue is True  # the command line wins
+    assert parse_submit(["--wrap", "true"]).requeue is None
+    two = parse_submit(["--gpus", "1g.10gb:2", "--wrap", "true"])
+    assert "2 MIG slices per node" in (gsubmit.mig_warning(two) or "")
+    assert gsubmit.mig_warning(parse_submit(["--gpus", "1g.10gb:1", "--wrap", "true"])) is None
+    assert gsubmit.mig_warning(parse_submit(["--gpus", "a100:2", "--wrap", "true"])) is None
