@@ -67,6 +67,10 @@ class ControllerConfig:
     schedule_interval: float = 5.0
     node_timeout: float = 90.0
     gpu_resume_after: float = 0.0  # seconds a failed GPU stays out before it returns; 0: never
+    # A running job whose GPUs are at most idle_percent busy for idle_after seconds is
+    # flagged idle (shown, not acted on).
+    idle_percent: float = 1.0
+    idle_after: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,7 @@ def _path(r: TableReader, key: str, default: Path) -> Path:
 
 def _controller(r: TableReader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout",
-                  "gpu_resume_after"})
+                  "gpu_resume_after", "idle_percent", "idle_after"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
@@ -222,6 +226,8 @@ def _controller(r: TableReader) -> ControllerConfig:
         node_timeout=r.positive("node_timeout", ControllerConfig.node_timeout),
         gpu_resume_after=r.positive("gpu_resume_after", ControllerConfig.gpu_resume_after,
                                     allow_zero=True),
+        idle_percent=r.positive("idle_percent", ControllerConfig.idle_percent, allow_zero=True),
+        idle_after=r.positive("idle_after", ControllerConfig.idle_after),
     )
 
 

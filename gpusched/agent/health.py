@@ -50,8 +50,10 @@ class HealthMonitor:
     found goes to ``report`` (a list of faults at a time)."""
 
     def __init__(self, report: Callable[[list[Fault]], None], ignored_xids: frozenset[int],
-                 max_temperature: float, interval: float) -> None:
+                 max_temperature: float, interval: float,
+                 sample: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         self.report = report
+        self.sample = sample
         self.ignored = ignored_xids
         self.max_temperature = max_temperature
         self.interval = interval
@@ -78,6 +80,8 @@ class HealthMonitor:
             now = time.monotonic()
             if now >= next_check:
                 self._send(self.check(nvml, gpus), lasting=True)
+                if self.sample is not None:
+                    self._send_samples(self.samples(nvml, gpus))
                 next_check = now + self.interval
             wait_ms = max(1, int(min(1.0, next_check - time.monotonic()) * 1000))
             if events is None:
@@ -217,6 +221,33 @@ class HealthMonitor:
             log.debug("GPU check failed: %s", exc)
         return None
 
+    @staticmethod
+    def samples(nvml: Any, gpus: dict[str, tuple[Any, dict[tuple[int, int], str]]]
+                ) -> list[dict[str, Any]]:
+        """Utilisation (%), memory used (MiB), temperature (C) and power (mW) of every
+        GPU that answers."""
+        found = []
+        for uuid, (handle, _) in gpus.items():
+            try:
+                found.append({
+                    "uuid": uuid,
+                    "util": int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                    "mem_used_mb": int(nvml.nvmlDeviceGetMemoryInfo(handle).used // (1024 * 1024)),
+                    "temperature": int(nvml.nvmlDeviceGetTemperature(handle,
+                                                                     nvml.NVML_TEMPERATURE_GPU)),
+                    "power_mw": int(_maybe(nvml, nvml.nvmlDeviceGetPowerUsage, handle) or 0)})
+            except nvml.NVMLError:
+                continue  # a lost GPU: the checks deal with it
+        return found
+
+    def _send_samples(self, samples: list[dict[str, Any]]) -> None:
+        if not samples or self.sample is None:
+            return
+        try:
+            self.sample(samples)
+        except Exception as exc:  # noqa: BLE001 - the next sample goes anyway
+            log.debug("cannot send GPU samples: %s", exc)
+
     def _send(self, faults: list[Fault], lasting: bool) -> None:
         """Report ``faults``: every event, and a lasting condition once per ``REPEAT_S``."""
         now = time.monotonic()
@@ -232,6 +263,13 @@ class HealthMonitor:
         for fault in fresh:
             self._last[(fault.uuid, fault.reason)] = now
             log.warning("GPU %s out of service: %s", fault.uuid, fault.reason)
+
+
+def _maybe(nvml: Any, function: Any, *args: Any) -> Any:
+    try:
+        return function(*args)
+    except nvml.NVMLError_NotSupported:
+        return None
 
 
 def _text(value: Any) -> str:

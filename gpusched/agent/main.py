@@ -122,8 +122,12 @@ class Agent:
                     "node": self.node,
                     "faults": [{"uuid": f.uuid, "reason": f.reason} for f in faults]})
 
+            def sample(gpus: list[dict[str, Any]]) -> None:
+                client.request("POST", "/agent/v1/samples", {"node": self.node, "gpus": gpus})
+
             monitor = HealthMonitor(report, frozenset(self.config.ignore_xids),
-                                    self.config.max_temperature, self.config.health_interval)
+                                    self.config.max_temperature, self.config.health_interval,
+                                    sample)
             self._monitor = monitor
             try:
                 monitor.run()

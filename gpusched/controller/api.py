@@ -48,8 +48,9 @@ class Api:
     def __init__(self, sessions: sessionmaker[Session], events: Events,
                  is_leader: Callable[[], bool],
                  pass_stats: Callable[[], dict[str, Any]] = dict,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, idle: tuple[float, float] = (1.0, 3600.0)) -> None:
         self.policy = policy or Policy()
+        self.idle_percent, self.idle_after = idle  # see ControllerConfig
         self.sessions = sessions
         self.events = events
         self.is_leader = is_leader
@@ -76,6 +77,7 @@ class Api:
         r.add("POST", "/agent/v1/jobs/{job_id}/launched", self.launched)
         r.add("POST", "/agent/v1/jobs/{job_id}/ended", self.ended)
         r.add("POST", "/agent/v1/health", self.health)
+        r.add("POST", "/agent/v1/samples", self.samples)
         r.add("POST", "/v1/gpus/resume", self.resume_gpu)
         return r
 
@@ -220,6 +222,8 @@ class Api:
                     "type": g.gpu_type, "mig_profile": g.mig_profile,
                     "healthy": g.healthy, "health_reason": g.health_reason,
                     "unhealthy_at": g.unhealthy_at.isoformat() if g.unhealthy_at else None,
+                    "util": g.util, "mem_used_mb": g.mem_used_mb, "temperature": g.temperature,
+                    "power_mw": g.power_mw,
                     "job_id": holders.get(g.id)})
             return 200, {"nodes": [
                 {"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
@@ -279,6 +283,14 @@ class Api:
             self.events.wake_node(name)
         self.events.wake_scheduler()
         return 200, {"ok": True, "stopping": sorted(stopping)}
+
+    def samples(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """An agent's GPU samples: stored per GPU and rolled up into the jobs on them."""
+        self._require_agent(request)
+        with self.sessions() as session, session.begin():
+            flagged = health.record_samples(session, str(request.body.get("node")), request.body,
+                                            self.idle_percent, self.idle_after)
+        return 200, {"ok": True, "idle": flagged}
 
     def resume_gpu(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An administrator returns a GPU (``{node, index}``) to service."""

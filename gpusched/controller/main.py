@@ -47,7 +47,8 @@ class Controller:
         self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy(),
                                        config.scheduler.pass_budget or None)
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
-                  lambda: asdict(self.scheduler.stats), config.scheduler.policy())
+                  lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
+                  (config.controller.idle_percent, config.controller.idle_after))
         self.server = UnixHttpServer(config.controller.socket, api.router(),
                                      config.controller.socket_mode)
         self.periodic = BackgroundScheduler(daemon=True)

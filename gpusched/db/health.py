@@ -85,3 +85,64 @@ def may_requeue(session: Session, job: Job) -> bool:
     default = session.scalar(select(Partition.requeue).where(Partition.name == job.partition))
     return True if default is None else bool(default)
 
+
+
+def _samples(body: dict[str, Any]) -> list[dict[str, Any]]:
+    samples: Any = body.get("gpus", [])
+    keys = ("util", "mem_used_mb", "temperature", "power_mw")
+    if not isinstance(samples, list) or not all(
+            isinstance(g, dict) and isinstance(g.get("uuid"), str)
+            and all(isinstance(g.get(k), int) and not isinstance(g.get(k), bool) and g[k] >= 0
+                    for k in keys) for g in samples):
+        raise UsageError("gpus: expected a list of {uuid, util, mem_used_mb, temperature, power_mw}")
+    return samples
+
+
+def record_samples(session: Session, node_name: str, body: dict[str, Any],
+                   idle_percent: float, idle_after: float) -> list[int]:
+    """Store each GPU's latest sample and roll it up into the jobs holding it; the jobs
+    newly flagged idle (GPUs at most ``idle_percent`` busy for ``idle_after`` seconds).
+
+    A job on MIG slices is charged its parent GPU's sample (NVML gives utilisation per
+    GPU, not per slice).
+    """
+    samples = _samples(body)
+    node = session.scalars(select(Node).where(Node.name == node_name)).first()
+    if node is None:
+        raise NotFound(f"unknown node {node_name!r}: the agent must register first")
+    now = datetime.now(UTC)
+    by_uuid = {s["uuid"]: s for s in samples}
+    rows = session.execute(select(Gpu.id, Gpu.uuid, Gpu.parent_id).where(Gpu.node_id == node.id)).all()
+    uuid_of = {gpu_id: uuid for gpu_id, uuid, _ in rows}
+    sample_of: dict[int, dict[str, Any]] = {}
+    for gpu_id, uuid, parent in rows:
+        sample = by_uuid.get(uuid) or (by_uuid.get(uuid_of.get(parent, ""))
+                                       if parent is not None else None)
+        if sample is not None:
+            sample_of[gpu_id] = sample
+    for gpu_id, sample in sample_of.items():
+        if uuid_of[gpu_id] in by_uuid:
+            session.execute(update(Gpu).where(Gpu.id == gpu_id).values(
+                util=sample["util"], mem_used_mb=sample["mem_used_mb"],
+                temperature=sample["temperature"], power_mw=sample["power_mw"], sampled_at=now))
+    held: dict[int, list[dict[str, Any]]] = {}
+    for job_id, gpu_id in session.execute(select(Allocation.job_id, Allocation.gpu_id).where(
+            Allocation.gpu_id.in_(list(sample_of)), Allocation.released_at.is_(None))):
+        held.setdefault(job_id, []).append(sample_of[gpu_id])
+    flagged = []
+    for job in session.scalars(select(Job).where(Job.id.in_(list(held)), Job.state == "RUNNING")):
+        mine = held[job.id]
+        util = sum(s["util"] for s in mine) / len(mine)
+        job.util_samples += 1
+        job.util_sum += util
+        job.mem_sum_mb += sum(s["mem_used_mb"] for s in mine) / len(mine)
+        job.util_peak = max(job.util_peak or 0, *(s["util"] for s in mine))
+        job.mem_peak_mb = max(job.mem_peak_mb or 0, *(s["mem_used_mb"] for s in mine))
+        if util > idle_percent:
+            job.idle_since, job.idle = None, False
+            continue
+        job.idle_since = job.idle_since or now
+        if not job.idle and (now - job.idle_since).total_seconds() >= idle_after:
+            job.idle = True
+            flagged.append(job.id)
+    return flagged

@@ -388,6 +388,11 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         "expected_start": _iso(job.expected_start), "node_names": job.node_names,
         "restarts": job.restarts, "preempted_by": job.preempted_by, "requeue": job.requeue,
         "gpu_failure": job.gpu_failure,
+        "gpu_util_avg": job.util_sum / job.util_samples if job.util_samples else None,
+        "gpu_util_peak": job.util_peak,
+        "gpu_mem_avg_mb": job.mem_sum_mb / job.util_samples if job.util_samples else None,
+        "gpu_mem_peak_mb": job.mem_peak_mb, "gpu_samples": job.util_samples,
+        "idle": job.idle, "idle_since": _iso(job.idle_since),
         "display_id": display_id(job.id, job.array_job_id, job.array_task_id, job.array_tasks,
                                  job.array_max_running),
     }

@@ -108,6 +108,12 @@ class Gpu(Base):
     present: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
     health_reason: Mapped[str | None] = mapped_column(Text)  # why it is out of service
     unhealthy_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The last sample its agent sent: utilisation %, memory used, Celsius, milliwatts.
+    util: Mapped[int | None] = mapped_column(Integer)
+    mem_used_mb: Mapped[int | None] = mapped_column(Integer)
+    temperature: Mapped[int | None] = mapped_column(Integer)
+    power_mw: Mapped[int | None] = mapped_column(Integer)
+    sampled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class GpuLink(Base):
@@ -199,6 +205,15 @@ class Job(Base):
     # Whether it goes back to the queue when its GPU fails; None: its partition's default.
     requeue: Mapped[bool | None] = mapped_column(Boolean)
     gpu_failure: Mapped[str | None] = mapped_column(Text)  # set while stopping for a failed GPU
+    # GPU utilisation while it ran, one sample per agent sample: the mean over its GPUs
+    # of utilisation (%) and memory used (MiB) summed, and the peaks of any one GPU.
+    util_samples: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    util_sum: Mapped[float] = mapped_column(Float, server_default=text("0"))
+    mem_sum_mb: Mapped[float] = mapped_column(Float, server_default=text("0"))
+    util_peak: Mapped[int | None] = mapped_column(Integer)
+    mem_peak_mb: Mapped[int | None] = mapped_column(Integer)
+    idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idle: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # flagged idle
 
 
 class Allocation(Base):

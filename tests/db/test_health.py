@@ -144,3 +144,53 @@ def test_a_clean_period_returns_gpus(sessions: sessionmaker[Session]) -> None:
     with sessions() as s, s.begin():
         assert health.resume_after(s, 3600) == ["GPU-0"]
     assert _healthy(sessions)["GPU-0"] is True
+
+
+def _sample(sessions: sessionmaker[Session], idle_after: float = 3600, **utils: int) -> list[int]:
+    gpus = [{"uuid": uuid.replace("_", "-"), "util": util, "mem_used_mb": util * 100,
+             "temperature": 40, "power_mw": 50000} for uuid, util in utils.items()]
+    with sessions() as s, s.begin():
+        return health.record_samples(s, "n1", {"gpus": gpus}, 1.0, idle_after)
+
+
+def test_samples_roll_up_into_the_jobs_holding_the_gpus(sessions: sessionmaker[Session]) -> None:
+    job_id = _run(sessions, "GPU-0")
+    on_slice = _run(sessions, M.format(1))
+    _sample(sessions, GPU_0=50, GPU_2=10)
+    _sample(sessions, GPU_0=100, GPU_2=30)
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.util_samples == 2
+        body = jobs.job_json(job, None, False)
+        assert (body["gpu_util_avg"], body["gpu_util_peak"]) == (75.0, 100)
+        assert (body["gpu_mem_avg_mb"], body["gpu_mem_peak_mb"]) == (7500.0, 10000)
+        sliced = s.get(Job, on_slice)
+        assert sliced is not None  # a slice is charged its parent GPU's sample
+        assert (sliced.util_samples, sliced.util_peak) == (2, 30)
+        gpu = s.scalars(select(Gpu).where(Gpu.uuid == "GPU-2")).one()
+        assert (gpu.util, gpu.mem_used_mb, gpu.sampled_at is not None) == (30, 3000, True)
+
+
+def test_a_job_idle_long_enough_is_flagged_and_work_clears_it(
+        sessions: sessionmaker[Session]) -> None:
+    job_id = _run(sessions, "GPU-0")
+    assert _sample(sessions, idle_after=0.2, GPU_0=0) == []
+    with sessions() as s, s.begin():
+        s.execute(update(Job).where(Job.id == job_id)
+                  .values(idle_since=datetime.now(UTC) - timedelta(seconds=1)))
+    assert _sample(sessions, idle_after=0.2, GPU_0=1) == [job_id]
+    with sessions() as s:
+        assert jobs.job_json(s.get(Job, job_id), None, False)["idle"] is True  # type: ignore[arg-type]
+    _sample(sessions, idle_after=0.2, GPU_0=60)
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and (job.idle, job.idle_since) == (False, None)
+
+
+def test_bad_samples_are_refused(sessions: sessionmaker[Session]) -> None:
+    for body in [{"gpus": "x"}, {"gpus": [{"uuid": "GPU-0", "util": "high", "mem_used_mb": 0,
+                                           "temperature": 1, "power_mw": 1}]},
+                 {"gpus": [{"uuid": "GPU-0", "util": -1, "mem_used_mb": 0, "temperature": 1,
+                            "power_mw": 1}]}]:
+        with pytest.raises(UsageError), sessions() as s, s.begin():
+            health.record_samples(s, "n1", body, 1.0, 60)

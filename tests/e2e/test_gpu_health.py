@@ -117,3 +117,24 @@ def test_a_mig_xid_quarantines_only_its_slice(
                               else None)(cluster.job(job)), timeout=20, what="the job requeued")
     assert again["gpu_uuids"][0] != held and again["gpu_uuids"][0].startswith("MIG-")
     cluster.run("gcancel", str(job))
+
+
+def test_utilisation_is_sampled_and_rolled_up_per_job(
+        nvml_cluster: Callable[[str], tuple[Cluster, FakeNvml]]) -> None:
+    import json
+
+    cluster, fake = nvml_cluster("dgx_a100_8.json")
+    job = cluster.submit("-G", "2", "--wrap", "sleep 60")
+    uuids = cluster.wait_state(job, "RUNNING")["gpu_uuids"]
+    first, second = (gpus(cluster)[u]["index"] for u in uuids)
+    fake.inject(f"util {first} 80 4000")
+    fake.inject(f"util {second} 40 2000")
+    wait_for(lambda: cluster.job(job)["gpu_util_peak"] == 80, timeout=10,
+             what="the samples rolled up", seen=lambda: cluster.job(job))
+    listed = json.loads(cluster.run("gqueue", "--json").stdout)["jobs"]
+    mine = next(j for j in listed if j["job_id"] == job)
+    assert mine["gpu_mem_peak_mb"] == 4000 and mine["gpu_samples"] >= 1
+    assert 0 < mine["gpu_util_avg"] <= 60 and mine["idle"] is False
+    node = cluster.api("GET", "/v1/nodes")["nodes"][0]
+    assert any(g["index"] == first and g["util"] == 80 for g in node["gpus"])
+    cluster.run("gcancel", str(job))
