@@ -17,6 +17,7 @@ agent registers either alike:
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 from gpusched.config import StaticGpu
 from gpusched.errors import GpuschedError
 
+log = logging.getLogger(__name__)
 SLICE_BASE = 100  # MIG device indexes: (parent index + 1) * SLICE_BASE + n
 
 # NVML topology levels (nvmlGpuTopologyLevel_t) and the link kind each one means.
@@ -120,18 +122,24 @@ def _discover(nvml: Any) -> Discovered:
     handles: dict[int, Any] = {}
     buses: dict[str, int] = {}
     for position in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(position)
-        index = _call(nvml, nvml.nvmlDeviceGetIndex, handle, default=position)
-        name = _text(nvml.nvmlDeviceGetName(handle))
-        memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024))
-        bus = _bus_id(nvml.nvmlDeviceGetPciInfo(handle))
-        kind = gpu_type(name)
-        gpus.append(StaticGpu(index=index, uuid=_text(nvml.nvmlDeviceGetUUID(handle)), name=name,
-                              memory_mb=memory_mb, pci_bus_id=bus, type=kind))
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(position)
+            index = _call(nvml, nvml.nvmlDeviceGetIndex, handle, default=position)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024))
+            bus = _bus_id(nvml.nvmlDeviceGetPciInfo(handle))
+            kind = gpu_type(name)
+            found = [StaticGpu(index=index, uuid=_text(nvml.nvmlDeviceGetUUID(handle)), name=name,
+                               memory_mb=memory_mb, pci_bus_id=bus, type=kind),
+                     *_mig_devices(nvml, handle, index, name, memory_mb, kind)]
+        except nvml.NVMLError as exc:
+            # Fallen off the bus, or otherwise unreadable: not offered until it is back.
+            log.warning("GPU at NVML position %d left out of the inventory: %s", position, exc)
+            continue
+        gpus.extend(found)
         handles[index] = handle
         if bus:
             buses[bus] = index
-        gpus.extend(_mig_devices(nvml, handle, index, name, memory_mb, kind))
     return Discovered(tuple(gpus), _links(nvml, handles, buses),
                       _text(_call(nvml, nvml.nvmlSystemGetDriverVersion, default="")))
 

@@ -39,7 +39,8 @@ class Cluster:
 
     def __init__(self, database_url: str, gpus: int = 4, node: str = "node01",
                  kill_grace: float = 1.0, poll_wait: float = 5.0,
-                 nvml: dict[str, str] | None = None, agent_toml: str = "") -> None:
+                 nvml: dict[str, str] | None = None, agent_toml: str = "",
+                 gpus_toml: str = "") -> None:
         """``nvml``: the fake NVML library's environment (tests.nvml_fixture): the agent
         then discovers its GPUs through NVML instead of ``gpus`` static ones."""
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-e2e-"))
@@ -64,6 +65,7 @@ kill_grace = {kill_grace}
 {agent_toml}
 [agent.gpus]
 {'source = "nvml"' if nvml else f'source = "static"{chr(10)}count = {gpus}'}
+{gpus_toml}
 [[partitions]]
 name = "gpu"
 default = true

@@ -22,7 +22,8 @@ def nvml_cluster(db_url: str, fake_nvml_factory: Callable[..., FakeNvml]
 
     def make(inventory: str) -> tuple[Cluster, FakeNvml]:
         fake = fake_nvml_factory(inventory)
-        cluster = Cluster(db_url, nvml=fake.variables(), agent_toml=HEALTH)
+        cluster = Cluster(db_url, nvml=fake.variables(), agent_toml=HEALTH,
+                          gpus_toml="rediscover_interval = 1\n")
         made.append(cluster)
         cluster.up()
         return cluster, fake
@@ -92,6 +93,9 @@ def test_a_lost_gpu_and_an_overheating_one(
              seen=lambda: unhealthy(cluster))
     assert unhealthy(cluster) == {by_index[2]: "GPU lost (NVML_ERROR_GPU_IS_LOST)",
                                   by_index[5]: "temperature 95 C over the 90 C limit"}
+    # The agent finds the lost GPU gone from the inventory and registers again without it.
+    wait_for(lambda: by_index[2] not in gpus(cluster), timeout=10, what="the lost GPU gone")
+    assert len(gpus(cluster)) == 7 and by_index[5] in gpus(cluster)
     job = cluster.submit("-G", "6", "--wrap", "echo $CUDA_VISIBLE_DEVICES")
     done = cluster.wait_state(job, "COMPLETED")
     assert not {by_index[2], by_index[5]} & set(done["gpu_uuids"])
