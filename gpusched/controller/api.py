@@ -21,7 +21,7 @@ from gpusched.core.model import Policy
 from gpusched.core.plan import job_priorities
 from gpusched.db import agents, health, jobs
 from gpusched.db.admin import apply_config, plan_changes
-from gpusched.db.models import Allocation, Gpu, Node
+from gpusched.db.models import Allocation, Gpu, Node, Partition
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import PermissionDenied, UsageError
 
@@ -69,6 +69,7 @@ class Api:
         r.add("POST", "/v1/jobs/{job_id}/hold", self.hold)
         r.add("POST", "/v1/jobs/{job_id}/release", self.release)
         r.add("GET", "/v1/nodes", self.nodes)
+        r.add("GET", "/v1/partitions", self.partitions)
         r.add("POST", "/v1/admin/apply", self.admin_apply)
         r.add("GET", "/v1/priority", self.priority)
         r.add("GET", "/v1/share", self.share)
@@ -216,8 +217,11 @@ class Api:
             holders = dict(session.execute(select(Allocation.gpu_id, Allocation.job_id)
                                            .where(Allocation.released_at.is_(None))).all())
             gpus: dict[int, list[dict[str, Any]]] = {}
-            for g in session.scalars(select(Gpu).where(Gpu.present).order_by(Gpu.index)):
+            rows = list(session.scalars(select(Gpu).where(Gpu.present).order_by(Gpu.index)))
+            index_of = {g.id: g.index for g in rows}
+            for g in rows:
                 gpus.setdefault(g.node_id, []).append({
+                    "parent": index_of.get(g.parent_id) if g.parent_id is not None else None,
                     "index": g.index, "uuid": g.uuid, "name": g.name, "memory_mb": g.memory_mb,
                     "type": g.gpu_type, "mig_profile": g.mig_profile,
                     "healthy": g.healthy, "health_reason": g.health_reason,
@@ -230,6 +234,18 @@ class Api:
                  "last_seen": n.last_seen.isoformat() if n.last_seen else None,
                  "gpus": gpus.get(n.id, [])}
                 for n in session.scalars(select(Node).order_by(Node.name))]}
+
+    def partitions(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Partitions with their nodes ("*" expanded to every node) and limits."""
+        with self.sessions() as session:
+            every = list(session.scalars(select(Node.name).order_by(Node.name)))
+            return 200, {"partitions": [
+                {"name": p.name, "state": p.state, "default": p.is_default,
+                 "nodes": every if p.nodes == ["*"] else list(p.nodes),
+                 "max_time": p.max_time, "default_time": p.default_time,
+                 "priority_tier": p.priority_tier, "max_gpus_per_job": p.max_gpus_per_job,
+                 "requeue": p.requeue}
+                for p in session.scalars(select(Partition).order_by(Partition.name))]}
 
     def register(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An agent announces its node and GPUs."""

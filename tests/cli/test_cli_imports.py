@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-CLI_MODULES = "gpusched.cli.gsubmit, gpusched.cli.gqueue, gpusched.cli.gcancel"
+CLI_MODULES = ("gpusched.cli.gsubmit, gpusched.cli.gqueue, gpusched.cli.gcancel, "
+               "gpusched.cli.ginfo, gpusched.cli.gcontrol")
 HEAVY = ("sqlalchemy", "psycopg", "apscheduler", "http.client", "gpusched.db",
          "gpusched.controller")
 

@@ -3,6 +3,7 @@ run time, and exactly the right GPU or MIG slice taken out of service."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,6 +97,13 @@ def test_a_lost_gpu_and_an_overheating_one(
     # The agent finds the lost GPU gone from the inventory and registers again without it.
     wait_for(lambda: by_index[2] not in gpus(cluster), timeout=10, what="the lost GPU gone")
     assert len(gpus(cluster)) == 7 and by_index[5] in gpus(cluster)
+    shown = cluster.run("ginfo", "-N")
+    assert shown.returncode == 0, shown.stderr
+    line = next(l for l in shown.stdout.splitlines() if l.startswith("node01"))
+    assert line.split()[2:4] == ["idle", "0/6/1/7"]  # GPU 2 left the inventory
+    assert "gpu5: temperature 9" in line  # cut to 80 columns
+    reason = json.loads(cluster.run("ginfo", "--json").stdout)["nodes"][0]["reason"]
+    assert "gpu5: temperature 95 C over the 90 C limit" in reason
     job = cluster.submit("-G", "6", "--wrap", "echo $CUDA_VISIBLE_DEVICES")
     done = cluster.wait_state(job, "COMPLETED")
     assert not {by_index[2], by_index[5]} & set(done["gpu_uuids"])
@@ -117,6 +125,12 @@ def test_a_mig_xid_quarantines_only_its_slice(
     fake.inject(f"xid {parent} 94 mig {gi} {ci}")
     wait_for(lambda: unhealthy(cluster), timeout=10, what="the slice out of service")
     assert unhealthy(cluster) == {held: "Xid 94"}
+    info = json.loads(cluster.run("ginfo", "--json").stdout)
+    mine = info["nodes"][0]
+    # 2 GPUs in MIG mode with 4 + 7 slices, 2 whole GPUs: 13 units; the slice is out.
+    assert (mine["total"], mine["other"], mine["mig_free"] + mine["mig_used"]) == (13, 1, 10)
+    assert f"gpu{gpus(cluster)[held]['index']}: Xid 94" in mine["reason"]
+    assert {r["partition"] for r in info["partitions"]} == {"gpu*", "debug"}
     again = wait_for(lambda: (lambda j: j if j["restarts"] == 1 and j["state"] == "RUNNING"
                               else None)(cluster.job(job)), timeout=20, what="the job requeued")
     assert again["gpu_uuids"][0] != held and again["gpu_uuids"][0].startswith("MIG-")
@@ -125,8 +139,6 @@ def test_a_mig_xid_quarantines_only_its_slice(
 
 def test_utilisation_is_sampled_and_rolled_up_per_job(
         nvml_cluster: Callable[[str], tuple[Cluster, FakeNvml]]) -> None:
-    import json
-
     cluster, fake = nvml_cluster("dgx_a100_8.json")
     job = cluster.submit("-G", "2", "--wrap", "sleep 60")
     uuids = cluster.wait_state(job, "RUNNING")["gpu_uuids"]

@@ -1,0 +1,165 @@
+"""ginfo: partitions and nodes with their GPUs by state, like sinfo."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any
+
+import typer
+
+from gpusched.cli.common import new_app, print_table, run_cli
+from gpusched.core.hostlist import compress_hostlist
+from gpusched.core.timefmt import format_duration
+
+PROG = "ginfo"
+app = new_app("Show partitions and nodes with their GPUs by state, like sinfo.")
+
+
+@dataclass
+class NodeSummary:
+    """One node's GPUs: a unit is a whole GPU, or a MIG slice (a GPU in MIG mode is
+    counted through its slices)."""
+
+    name: str
+    state: str  # idle, mixed, allocated, drained, down, unhealthy
+    allocated: int = 0
+    idle: int = 0
+    other: int = 0  # out of service
+    types: dict[str, int] = field(default_factory=dict)  # whole GPUs by type
+    mig_free: int = 0
+    mig_used: int = 0
+    reason: str = ""
+
+    @property
+    def total(self) -> int:
+        """Every unit of the node."""
+        return self.allocated + self.idle + self.other
+
+
+def summarize_node(node: dict[str, Any]) -> NodeSummary:
+    """A node of ``GET /v1/nodes`` summed up."""
+    gpus = node["gpus"]
+    parents = {g["parent"] for g in gpus if g.get("parent") is not None}
+    summary = NodeSummary(node["name"], "")
+    bad: list[str] = []
+    out = {g["index"] for g in gpus if not g["healthy"]}
+    for gpu in gpus:
+        parent = gpu.get("parent")
+        if parent is None:
+            kind = gpu.get("type") or "gpu"
+            summary.types[kind] = summary.types.get(kind, 0) + 1
+        if not gpu["healthy"] and (parent is None or parent not in out):
+            bad.append(f"gpu{gpu['index']}: {gpu.get('health_reason') or 'unhealthy'}")
+        if parent is None and gpu["index"] in parents:
+            continue  # in MIG mode: counted through its slices
+        if not gpu["healthy"]:
+            summary.other += 1
+        elif gpu.get("job_id") is not None:
+            summary.allocated += 1
+            summary.mig_used += parent is not None
+        else:
+            summary.idle += 1
+            summary.mig_free += parent is not None
+    if node["state"] == "DOWN":
+        summary.state = "down"
+    elif node["state"] == "DRAIN":
+        summary.state = "drained"
+    elif summary.total and summary.other == summary.total:
+        summary.state = "unhealthy"
+    elif summary.allocated == 0:
+        summary.state = "idle"
+    elif summary.idle == 0:
+        summary.state = "allocated"
+    else:
+        summary.state = "mixed"
+    summary.reason = "; ".join(([node["reason"]] if node.get("reason") else []) + bad)
+    return summary
+
+
+def _counts(items: Sequence[NodeSummary]) -> str:
+    a, i, o = (sum(getattr(n, k) for n in items) for k in ("allocated", "idle", "other"))
+    return f"{a}/{i}/{o}/{a + i + o}"
+
+
+def _types(items: Sequence[NodeSummary]) -> str:
+    total: dict[str, int] = {}
+    for node in items:
+        for kind, count in node.types.items():
+            total[kind] = total.get(kind, 0) + count
+    return ",".join(f"{kind}:{count}" for kind, count in sorted(total.items())) or "-"
+
+
+def _mig(items: Sequence[NodeSummary]) -> str:
+    free, used = sum(n.mig_free for n in items), sum(n.mig_used for n in items)
+    return f"{free}/{used}" if free or used else "-"
+
+
+def partition_rows(partitions: list[dict[str, Any]], nodes: dict[str, NodeSummary]
+                   ) -> list[dict[str, Any]]:
+    """One row per partition and node state, as sinfo prints them."""
+    rows = []
+    for part in partitions:
+        if part["state"] == "INACTIVE":
+            continue
+        members = [nodes[n] for n in part["nodes"] if n in nodes]
+        by_state: dict[str, list[NodeSummary]] = {}
+        for node in members:
+            by_state.setdefault(node.state, []).append(node)
+        for state, group in sorted(by_state.items()) or [("n/a", [])]:
+            rows.append({
+                "partition": part["name"] + ("*" if part["default"] else ""),
+                "avail": "up" if part["state"] == "UP" else part["state"].lower(),
+                "timelimit": format_duration(part["max_time"]) if part["max_time"] else "infinite",
+                "nodes": len(group), "state": state, "gpus": _counts(group),
+                "gpu_types": _types(group), "mig": _mig(group),
+                "nodelist": compress_hostlist(n.name for n in group) if group else ""})
+    return rows
+
+
+@app.command()
+def ginfo(
+    per_node: Annotated[bool, typer.Option("-N", "--Node", help="One line per node.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Partitions and nodes with GPUs allocated/idle/out of service/total (A/I/O/T), GPU
+    types and MIG slices free/used.
+
+    Node states: idle, mixed, allocated, drained, down, and unhealthy (every GPU out of
+    service). REASON names each GPU the health checks took out, and why.
+
+    Examples: ginfo; ginfo -N; ginfo --json
+    """
+    from gpusched.cli.client import ApiClient
+
+    with ApiClient() as client:
+        nodes_answer = client.request("GET", "/v1/nodes")
+        parts = client.request("GET", "/v1/partitions")["partitions"]
+    nodes = {n["name"]: summarize_node(n) for n in nodes_answer["nodes"]}
+    member_of: dict[str, list[str]] = {}
+    for part in parts:
+        for name in part["nodes"]:
+            member_of.setdefault(name, []).append(part["name"])
+    if as_json:
+        typer.echo(json.dumps({
+            "partitions": partition_rows(parts, nodes),
+            "nodes": [{**asdict(n), "total": n.total, "partitions": member_of.get(n.name, [])}
+                      for n in nodes.values()]}, indent=2))
+        return
+    if per_node:
+        rows = [[n.name, ",".join(member_of.get(n.name, [])) or "-", n.state, _counts([n]),
+                 _types([n]), _mig([n]), n.reason or "-"] for n in nodes.values()]
+        print_table(["NODELIST", "PARTITION", "STATE", "GPUS(A/I/O/T)", "GPU_TYPES", "MIG(F/U)",
+                     "REASON"], rows, shrinkable=frozenset({1, 4, 6}))
+        return
+    table = [[r["partition"], r["avail"], r["timelimit"], str(r["nodes"]), r["state"], r["gpus"],
+              r["gpu_types"], r["mig"], r["nodelist"]] for r in partition_rows(parts, nodes)]
+    print_table(["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "GPUS(A/I/O/T)",
+                 "GPU_TYPES", "MIG(F/U)", "NODELIST"], table,
+                right_aligned=frozenset({3}), shrinkable=frozenset({6, 8}))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ginfo`` console script."""
+    return run_cli(app, PROG, argv)
