@@ -57,6 +57,11 @@ def test_events_and_conditions_name_the_right_gpu(fake_nvml: FakeNvml) -> None:
     assert got.count((uuids[2], "GPU lost (NVML_ERROR_GPU_IS_LOST)")) == 1
 
 
+def test_row_remapping_failure(fake_nvml: FakeNvml) -> None:
+    uuids = [g["uuid"] for g in fake_nvml.inventory["gpus"]]
+    assert monitor(fake_nvml, [["remap 6 failure"]]) == [(uuids[6], "row remapping failed")]
+
+
 def test_the_ignore_list_is_configurable(fake_nvml: FakeNvml) -> None:
     uuids = [g["uuid"] for g in fake_nvml.inventory["gpus"]]
     assert monitor(fake_nvml, [["xid 0 13", "xid 1 79"]], ignored=(79,)) == [(uuids[0], "Xid 13")]

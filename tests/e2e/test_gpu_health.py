@@ -119,6 +119,9 @@ def test_a_mig_xid_quarantines_only_its_slice(
                          "echo $CUDA_VISIBLE_DEVICES; sleep 60")
     held = cluster.wait_state(job, "RUNNING")["gpu_uuids"][0]
     assert held.startswith("MIG-")
+    output = cluster.work / f"gpusched-{job}.out"
+    wait_for(lambda: output.exists() and output.read_text().strip(), what="the job's output")
+    assert output.read_text().splitlines()[0] == held  # CUDA_VISIBLE_DEVICES is the slice
     slices = {m["uuid"]: (i, m["gi"], m["ci"]) for i, g in enumerate(fake.inventory["gpus"])
               for m in g.get("mig_devices", [])}
     parent, gi, ci = slices[held]
