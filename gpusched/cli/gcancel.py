@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, print_error, run_cli
+from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.errors import GpuschedError, Unavailable, UsageError
 
 PROG = "gcancel"
@@ -19,28 +21,89 @@ app = new_app("Cancel gpusched jobs, like scancel.")
 
 @app.command()
 def gcancel(
-    job_ids: Annotated[list[str], typer.Argument(
-        metavar="ID...", show_default=False, help="Ids of the jobs to cancel.",
-    )],
+    job_ids: Annotated[Optional[list[str]], typer.Argument(
+        metavar="ID...", show_default=False,
+        help="Jobs to cancel: 12, an array task 12_3, or tasks 12_[1-5,9].",
+    )] = None,
+    user: Annotated[Optional[str], typer.Option(
+        "--user", "-u", help="Only jobs of this user (alone: every job of the user).")] = None,
+    me: Annotated[bool, typer.Option("--me", help="Only your own jobs.")] = False,
+    partition: Annotated[Optional[str], typer.Option(
+        "--partition", "-p", help="Only jobs in this partition.")] = None,
+    states: Annotated[Optional[str], typer.Option(
+        "--state", "-t", help="Only jobs in these states: PENDING, RUNNING (PD, R).")] = None,
+    name: Annotated[Optional[str], typer.Option(
+        "--name", "-n", help="Only jobs with this name.")] = None,
 ) -> int:
-    """Cancel each job; report every one that fails and go on, as scancel does."""
-    return post_for_each(PROG, job_ids, "cancel")
+    """Cancel jobs, array tasks, or every job the filters select, as scancel does.
 
+    With ids and filters, only the ids the filters select are cancelled. Every failure is
+    reported and the rest go on.
 
-def post_for_each(prog: str, job_ids: Sequence[str], action: str) -> int:
-    """POST /v1/jobs/{id}/ACTION for each job; report failures and go on; the worst exit code.
-
-    Every id is checked before the first request is sent.
+    Examples: gcancel 17 18; gcancel 12_3 12_[5-9]; gcancel --me -t PD; gcancel -n sweep -u alice
     """
+    targets = parse_targets(job_ids or [])
+    wanted_states = _states(states) if states is not None else None
+    filtered = bool(user or me or partition or wanted_states or name)
+    if not targets and not filtered:
+        raise UsageError("nothing to cancel: give job ids, or filters such as --me or -u USER")
+    if me:
+        user = _me() if user is None else user
+        if user != _me():
+            raise UsageError("--me and --user name different users")
+    if not filtered:
+        return post_for_each(PROG, targets, "cancel")
+    with ApiClient() as client:
+        listed = client.request("GET", "/v1/jobs" + (f"?user={user}" if user else ""))["jobs"]
+    chosen = {job["job_id"] for job in listed
+              if (partition is None or job["partition"] == partition)
+              and (wanted_states is None or job["state"] in wanted_states)
+              and (name is None or job["name"] == name)}
+    if targets:
+        # Ids name jobs (or arrays); keep those the filters select, as scancel does.
+        by_array = {job["job_id"]: job.get("array_job_id") for job in listed}
+        targets = [(job_id, tasks) for job_id, tasks in targets
+                   if job_id in chosen or by_array.get(job_id) in chosen]
+    else:
+        targets = [(job_id, None) for job_id in sorted(chosen)]
+    return post_for_each(PROG, targets, "cancel")
+
+
+def _me() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _states(text: str) -> list[str]:
+    codes = {"PD": "PENDING", "R": "RUNNING"}
+    found = []
+    for word in (w.strip().upper() for w in text.split(",") if w.strip()):
+        state = codes.get(word, word)
+        if state not in ("PENDING", "RUNNING"):
+            raise UsageError(f"invalid --state {word!r}: only PENDING (PD) and RUNNING (R) "
+                             "jobs can be cancelled")
+        found.append(state)
+    if not found:
+        raise UsageError("--state: give at least one state")
+    return found
+
+
+def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: str) -> int:
+    """POST /v1/jobs/{id}/ACTION for each (job, tasks) (with ``{"tasks": ...}`` for array
+    tasks); report failures and go on; the worst exit code. Ids are parsed (and checked)
+    before the first request is sent."""
     worst = 0
     with ApiClient() as client:
-        for job_id in parse_job_ids(job_ids):
+        for job_id, tasks in targets:
             try:
-                client.request("POST", f"/v1/jobs/{job_id}/{action}")
+                client.request("POST", f"/v1/jobs/{job_id}/{action}",
+                               {"tasks": tasks} if tasks is not None else None)
             except Unavailable:
                 raise  # the next ids would fail the same way; one line is enough
             except GpuschedError as err:
-                print_error(prog, describe_failure(job_id, err.message))
+                label = f"{job_id}_{tasks}" if tasks is not None else str(job_id)
+                print_error(prog, describe_failure(label, err.message))
                 worst = max(worst, err.exit_code)
     return worst
 
@@ -63,8 +126,32 @@ def parse_job_ids(texts: Sequence[str]) -> list[int]:
     return ids
 
 
-def describe_failure(job_id: int, message: str) -> str:
+def parse_targets(texts: Sequence[str]) -> list[tuple[int, str | None]]:
+    """``12``, ``12_3`` or ``12_[1-5,9]`` as (job id, task ids or None), duplicates
+    dropped; any bad one is a usage error naming it."""
+    found: list[tuple[int, str | None]] = []
+    for text in texts:
+        job, sep, tasks = text.strip().partition("_")
+        if not sep:
+            target: tuple[int, str | None] = (parse_job_ids([text])[0], None)
+        else:
+            if tasks.startswith("[") and tasks.endswith("]"):
+                tasks = tasks[1:-1]
+            try:
+                spec = parse_array(tasks)
+            except ArrayError:
+                raise UsageError(f"invalid job id {text!r}: expected ID, ID_TASK or "
+                                 "ID_[TASKS] such as 12_3 or 12_[1-5]") from None
+            if spec.max_running is not None:
+                raise UsageError(f"invalid job id {text!r}: a % limit has no meaning here")
+            target = (parse_job_ids([job])[0], spec.tasks)
+        if target not in found:
+            found.append(target)
+    return found
+
+
+def describe_failure(job_id: int | str, message: str) -> str:
     """The controller's message, naming the job unless the message already does."""
-    if re.search(rf"\b{job_id}\b", message):
+    if re.search(rf"\b{re.escape(str(job_id))}\b", message):
         return message
     return f"job {job_id}: {message}"

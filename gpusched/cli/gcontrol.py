@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpusched.cli.common import new_app, run_cli
-from gpusched.cli.gcancel import post_for_each
+from gpusched.cli.gcancel import parse_job_ids, post_for_each
 
 PROG = "gcontrol"
 
@@ -20,13 +20,13 @@ JobIds = Annotated[list[str], typer.Argument(metavar="JOB...", show_default=Fals
 @app.command()
 def hold(job_ids: JobIds) -> int:
     """Keep pending jobs from starting (an administrator's hold needs an administrator to release)."""
-    return post_for_each(PROG, job_ids, "hold")
+    return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "hold")
 
 
 @app.command()
 def release(job_ids: JobIds) -> int:
     """Let held jobs start again."""
-    return post_for_each(PROG, job_ids, "release")
+    return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "release")
 
 
 resume_app = new_app("Return a drained or failed GPU to service.")

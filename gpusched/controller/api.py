@@ -185,8 +185,12 @@ class Api:
     def cancel(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Cancel a pending job at once, or ask the node's agent to stop a running one."""
         job_id = _job_id(request)
+        tasks = request.body.get("tasks") if isinstance(request.body, dict) else None
+        if tasks is not None and not isinstance(tasks, str):
+            raise UsageError("tasks: expected array task ids such as \"3\" or \"1-5\"")
         with self.sessions() as session, session.begin():
-            job, nodes = jobs.cancel_job(session, job_id, self.who(request))
+            job, nodes = (jobs.cancel_job(session, job_id, self.who(request)) if tasks is None
+                          else jobs.cancel_tasks(session, job_id, self.who(request), tasks))
             notify_in(session, "sched", *(f"node:{node}" for node in sorted(nodes)))
         for node in nodes:
             self.events.wake_node(node)

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
+from gpusched.core.arrays import ArrayError, ArraySpec, iter_tasks, parse_array, remove
 from gpusched.core.capacity import kind_matches
 from gpusched.core.dependency import DependencyError, parse_dependency
 from gpusched.core.shapes import ShapeError, parse_kinds
@@ -328,6 +328,45 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[s
                        else f"job {job_id} has already ended ({job.state})")
     names = set(session.scalars(select(Node.name).where(Node.id.in_(nodes)))) if nodes else set()
     return job, names
+
+
+def cancel_tasks(session: Session, array_id: int, who: Identity, tasks: str
+                 ) -> tuple[Job, set[str]]:
+    """Cancel some tasks of array ``array_id`` (``tasks``: ids such as ``3`` or ``1-5``):
+    the started ones as jobs, the pending ones by taking them out of the array's record.
+    Returns the record and the nodes to wake."""
+    record = _owned_job(session, array_id, who, "cancel")
+    if record.array_job_id != record.id:
+        raise UsageError(f"job {array_id} is not a job array: give its id alone")
+    try:
+        wanted = set(iter_tasks(parse_array(tasks).tasks))
+    except ArrayError as exc:
+        raise UsageError(f"invalid task ids {tasks!r}: {exc}") from None
+    now = datetime.now(UTC)
+    started = (Job.array_job_id == array_id) & Job.array_task_id.in_(wanted)
+    done = rowcount(session.execute(update(Job).where(started, Job.state == "PENDING")
+                                    .values(state="CANCELLED", end_time=now, reason="None")))
+    nodes = set(session.scalars(
+        update(Job).where(started, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
+        .values(cancel_requested_at=now).returning(Job.node_id)))
+    pending = record.array_tasks
+    if pending is not None and wanted & set(iter_tasks(pending)):
+        left = remove(pending, wanted)
+        values: dict[str, Any] = {"array_tasks": left}
+        if left is None:  # no task left to start: the record ends with them
+            values.update(state="CANCELLED", end_time=now, reason="None")
+        # Compare-and-swap on the text: a pass that started tasks meanwhile wins.
+        if not rowcount(session.execute(update(Job).where(
+                Job.id == array_id, Job.state == "PENDING", Job.array_tasks == pending)
+                .values(**values))):
+            raise Conflict(f"array job {array_id} changed while cancelling; try again")
+        done += 1
+    session.refresh(record)
+    if not done and not nodes and session.scalar(select(Job.id).where(
+            started, Job.state == "RUNNING").limit(1)) is None:
+        raise Conflict(f"no task {tasks} of array job {array_id} is pending or running")
+    names = set(session.scalars(select(Node.name).where(Node.id.in_(nodes)))) if nodes else set()
+    return record, names
 
 
 def job_placements(session: Session, jobs: list[Job]) -> dict[int, tuple[str, list[str]]]:

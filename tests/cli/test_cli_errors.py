@@ -147,7 +147,12 @@ def test_valid_submit_without_controller_exits_1(tmp_path: Path, argv: list[str]
         (["0"], "invalid job id '0'"),
         (["-5"], "No such option: -5"),
         (["1.5"], "invalid job id '1.5'"),
-        ([], "Missing argument"),
+        ([], "nothing to cancel: give job ids, or filters"),
+        (["12_x"], "invalid job id '12_x': expected ID, ID_TASK or ID_[TASKS]"),
+        (["12_[1-3%2]"], "a % limit has no meaning here"),
+        (["x_3"], "invalid job id 'x'"),
+        (["-t", "CD", "--me"], "invalid --state 'CD'"),
+        (["--me", "-u", "someone-else"], "--me and --user name different users"),
     ],
 )
 def test_gcancel_bad_ids_exit_2(tmp_path: Path, argv: list[str], needle: str) -> None:
