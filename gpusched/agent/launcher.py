@@ -232,6 +232,22 @@ class Launcher:
                 return False
             return True
 
+    def signal(self, job_id: int, signum: int) -> bool:
+        """Send ``signum`` to the job's whole process group, leaving it running; False if
+        the job is unknown or ended. The supervisor keeps the job's main process unreaped
+        until the end, so the group id cannot have been reused."""
+        with self._lock:
+            pidfd = self._pidfds.get(job_id)
+            jobdir = self._jobdir(job_id)
+            if pidfd is None or procs.pidfd_exited(pidfd) or (jobdir / "status.json").exists():
+                return False
+            try:
+                job_pid = int(json.loads((jobdir / "supervisor.json").read_text())["job_pid"])
+                os.killpg(job_pid, signum)
+            except (OSError, ValueError, KeyError):
+                return False
+            return True
+
     def running(self) -> list[int]:
         """Ids of the jobs whose supervisor is alive."""
         with self._lock:

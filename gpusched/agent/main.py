@@ -51,6 +51,7 @@ class Agent:
         self._register_lock = threading.Lock()
         self._registered: object = None  # the GPUs and links last registered
         self._monitor: HealthMonitor | None = None
+        self._delivered: dict[int, int] = {}  # job id -> the signal request last sent
 
     def inventory(self) -> dict[str, Any]:
         """What this agent registers (gpusched.agent.inventory)."""
@@ -155,6 +156,15 @@ class Agent:
     def _handle(self, client: ApiClient, work: dict[str, Any]) -> None:
         for launch in work.get("launches", []):
             self._launch(client, launch)
+        for request in work.get("signals", []):
+            job_id, seq = request["job_id"], request["seq"]
+            if self._delivered.get(job_id) != seq:
+                sent = self.launcher.signal(job_id, request["signal"])
+                log.info("signal %d to job %d: %s", request["signal"], job_id,
+                         "sent" if sent else "job not running here")
+                self._delivered[job_id] = seq
+            client.request("POST", f"/agent/v1/jobs/{job_id}/signalled",
+                           {"node": self.node, "seq": seq})
         for job_id in work.get("cancels", []):
             if not self.launcher.cancel(job_id) and not self._known(job_id):
                 # Cancelled before it was ever launched here: report that directly.
@@ -217,6 +227,7 @@ class Agent:
         if not synthetic:
             self.launcher.mark_reported(end.job_id)
         self._reported.append((end.job_id, self._runs.pop(end.job_id, 0)))
+        self._delivered.pop(end.job_id, None)
         self.signalled.discard(end.job_id)
         log.info("job %d ended: %s", end.job_id, end.outcome)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections.abc import Sequence
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -34,15 +35,23 @@ def gcancel(
         "--state", "-t", help="Only jobs in these states: PENDING, RUNNING (PD, R).")] = None,
     name: Annotated[Optional[str], typer.Option(
         "--name", "-n", help="Only jobs with this name.")] = None,
+    signal_name: Annotated[Optional[str], typer.Option(
+        "--signal", "-s", metavar="SIG",
+        help="Send SIG (USR1, SIGUSR1 or 10) to running jobs instead of cancelling them.")] = None,
 ) -> int:
     """Cancel jobs, array tasks, or every job the filters select, as scancel does.
 
     With ids and filters, only the ids the filters select are cancelled. Every failure is
     reported and the rest go on.
 
-    Examples: gcancel 17 18; gcancel 12_3 12_[5-9]; gcancel --me -t PD; gcancel -n sweep -u alice
+    Examples: gcancel 17 18; gcancel 12_3 12_[5-9]; gcancel --me -t PD; gcancel -n sweep -u alice;
+    gcancel --signal USR1 17 (the job goes on running)
     """
     targets = parse_targets(job_ids or [])
+    signum = parse_signal(signal_name) if signal_name is not None else None
+    if signum is not None and any(tasks is not None for _, tasks in targets):
+        raise UsageError("--signal takes job ids (an array's id signals all its running tasks)")
+    action, body = ("cancel", None) if signum is None else ("signal", {"signal": signum})
     wanted_states = _states(states) if states is not None else None
     filtered = bool(user or me or partition or wanted_states or name)
     if not targets and not filtered:
@@ -52,7 +61,7 @@ def gcancel(
         if user != _me():
             raise UsageError("--me and --user name different users")
     if not filtered:
-        return post_for_each(PROG, targets, "cancel")
+        return post_for_each(PROG, targets, action, body)
     with ApiClient() as client:
         listed = client.request("GET", "/v1/jobs" + (f"?user={user}" if user else ""))["jobs"]
     chosen = {job["job_id"] for job in listed
@@ -66,7 +75,7 @@ def gcancel(
                    if job_id in chosen or by_array.get(job_id) in chosen]
     else:
         targets = [(job_id, None) for job_id in sorted(chosen)]
-    return post_for_each(PROG, targets, "cancel")
+    return post_for_each(PROG, targets, action, body)
 
 
 def _me() -> str:
@@ -89,16 +98,17 @@ def _states(text: str) -> list[str]:
     return found
 
 
-def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: str) -> int:
-    """POST /v1/jobs/{id}/ACTION for each (job, tasks) (with ``{"tasks": ...}`` for array
-    tasks); report failures and go on; the worst exit code. Ids are parsed (and checked)
-    before the first request is sent."""
+def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: str,
+                  body: dict[str, Any] | None = None) -> int:
+    """POST /v1/jobs/{id}/ACTION with ``body`` for each (job, tasks) (adding ``{"tasks":
+    ...}`` for array tasks); report failures and go on; the worst exit code. Ids are parsed
+    (and checked) before the first request is sent."""
     worst = 0
     with ApiClient() as client:
         for job_id, tasks in targets:
             try:
-                client.request("POST", f"/v1/jobs/{job_id}/{action}",
-                               {"tasks": tasks} if tasks is not None else None)
+                sent = {**(body or {}), **({"tasks": tasks} if tasks is not None else {})}
+                client.request("POST", f"/v1/jobs/{job_id}/{action}", sent or None)
             except Unavailable:
                 raise  # the next ids would fail the same way; one line is enough
             except GpuschedError as err:
@@ -124,6 +134,22 @@ def parse_job_ids(texts: Sequence[str]) -> list[int]:
         if int(stripped) not in ids:
             ids.append(int(stripped))
     return ids
+
+
+def parse_signal(text: str) -> int:
+    """A signal by name (``USR1``, ``SIGUSR1``) or number; a usage error naming it."""
+    word = text.strip().upper()
+    if word.isascii() and word.isdigit():
+        number = int(word)
+        if 1 <= number < signal.NSIG:
+            return number
+    else:
+        try:
+            return int(signal.Signals[word if word.startswith("SIG") else "SIG" + word])
+        except KeyError:
+            pass
+    raise UsageError(f"invalid --signal {text!r}: expected a signal name such as USR1 or a "
+                     f"number from 1 to {signal.NSIG - 1}")
 
 
 def parse_targets(texts: Sequence[str]) -> list[tuple[int, str | None]]:

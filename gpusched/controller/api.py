@@ -67,6 +67,8 @@ class Api:
         r.add("GET", "/v1/jobs/{job_id}/explain", self.explain)
         r.add("POST", "/v1/jobs/{job_id}/cancel", self.cancel)
         r.add("POST", "/v1/jobs/{job_id}/hold", self.hold)
+        r.add("POST", "/v1/jobs/{job_id}/signal", self.signal)
+        r.add("POST", "/agent/v1/jobs/{job_id}/signalled", self.signalled)
         r.add("POST", "/v1/jobs/{job_id}/release", self.release)
         r.add("GET", "/v1/nodes", self.nodes)
         r.add("GET", "/v1/partitions", self.partitions)
@@ -198,6 +200,27 @@ class Api:
         with self.sessions() as session:
             return 200, jobs.get_job(session, job_id, self.who(request))
 
+    def signal(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Send a signal to a running job without ending it (gcancel --signal)."""
+        job_id = _job_id(request)
+        signum = request.body.get("signal") if isinstance(request.body, dict) else None
+        if not isinstance(signum, int) or isinstance(signum, bool):
+            raise UsageError("signal: expected a signal number")
+        with self.sessions() as session, session.begin():
+            _, nodes = jobs.signal_job(session, job_id, self.who(request), signum)
+            notify_in(session, *(f"node:{node}" for node in sorted(nodes)))
+        for node in nodes:
+            self.events.wake_node(node)
+        with self.sessions() as session:
+            return 200, jobs.get_job(session, job_id, self.who(request))
+
+    def signalled(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The agent delivered a job's pending signal."""
+        self._require_agent(request)
+        with self.sessions() as session, session.begin():
+            changed = agents.signal_delivered(session, _job_id(request), request.body)
+        return 200, {"ok": True, "changed": changed}
+
     def hold(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Hold a pending job: it stays queued but is not started."""
         return self._set_hold(request, True)
@@ -277,7 +300,7 @@ class Api:
                 notify_in(session, "sched")
         if came_back:
             self.events.wake_scheduler()
-        if work["launches"] or work["cancels"] or wait <= 0:
+        if work["launches"] or work["cancels"] or work["signals"] or wait <= 0:
             return 200, work
         self.events.wait_node(node_name, seen, wait)
         with self.sessions() as session:

@@ -129,7 +129,22 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
         }
         for j in to_launch
     ]
-    return {"launches": launches, "cancels": cancels}
+    signals = [{"job_id": j.id, "signal": j.signal_pending, "seq": j.signal_seq}
+               for j in jobs if j.signal_pending is not None and j.cancel_requested_at is None
+               and j.launched_at is not None]
+    return {"launches": launches, "cancels": cancels, "signals": signals}
+
+
+def signal_delivered(session: Session, job_id: int, body: dict[str, Any]) -> bool:
+    """The agent sent the job its pending signal (``seq`` as it was told); False if a
+    newer request came meanwhile, which the next poll carries."""
+    seq = body.get("seq")
+    if not isinstance(seq, int):
+        raise UsageError("seq: expected the signal request's number")
+    node = _node(session, str(body.get("node")))
+    return bool(rowcount(session.execute(
+        update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.signal_seq == seq)
+        .values(signal_pending=None))))
 
 
 def mark_launched(session: Session, job_id: int, node_name: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pwd
+import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -328,6 +329,21 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[s
                        else f"job {job_id} has already ended ({job.state})")
     names = set(session.scalars(select(Node.name).where(Node.id.in_(nodes)))) if nodes else set()
     return job, names
+
+
+def signal_job(session: Session, job_id: int, who: Identity, signum: int) -> tuple[Job, set[str]]:
+    """Ask the agent to send ``signum`` to a running job (every task of an array) without
+    ending it; returns the job and the nodes to wake."""
+    if not 1 <= signum < signal.NSIG:
+        raise UsageError(f"signal: expected a signal number from 1 to {signal.NSIG - 1}")
+    job = _owned_job(session, job_id, who, "signal")
+    ids = Job.array_job_id == job_id if job.array_job_id == job.id else Job.id == job_id
+    nodes = set(session.scalars(
+        update(Job).where(ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
+        .values(signal_pending=signum, signal_seq=Job.signal_seq + 1).returning(Job.node_id)))
+    if not nodes:
+        raise Conflict(f"job {job_id} is not running ({job.state})")
+    return job, set(session.scalars(select(Node.name).where(Node.id.in_(nodes))))
 
 
 def cancel_tasks(session: Session, array_id: int, who: Identity, tasks: str

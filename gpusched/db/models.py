@@ -214,6 +214,9 @@ class Job(Base):
     mem_peak_mb: Mapped[int | None] = mapped_column(Integer)
     idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     idle: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # flagged idle
+    # gcancel --signal: the signal to deliver, and a counter the agent acknowledges.
+    signal_pending: Mapped[int | None] = mapped_column(Integer)
+    signal_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
 class Allocation(Base):

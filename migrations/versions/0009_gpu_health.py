@@ -1,6 +1,7 @@
 """GPU health: why a GPU or MIG slice is out of service and since when; whether a job
 may be requeued when its GPU fails (per job, else its partition's default); the last
-utilisation sample of each GPU, and each job's utilisation rolled up.
+utilisation sample of each GPU, and each job's utilisation rolled up; signals asked
+for running jobs.
 
 Revision ID: 0009
 Revises: 0008
@@ -41,11 +42,15 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("idle_since", sa.DateTime(timezone=True), nullable=True))
     op.add_column("jobs", sa.Column("idle", sa.Boolean(), server_default=sa.text("false"),
                                     nullable=False))
+    # A signal asked for (gcancel --signal) that the agent has yet to deliver.
+    op.add_column("jobs", sa.Column("signal_pending", sa.Integer(), nullable=True))
+    op.add_column("jobs", sa.Column("signal_seq", sa.Integer(), server_default=sa.text("0"),
+                                    nullable=False))
 
 
 def downgrade() -> None:
     """Revert this revision."""
-    for column in ("idle", "idle_since", "mem_peak_mb", "util_peak", "mem_sum_mb", "util_sum",
+    for column in ("signal_seq", "signal_pending", "idle", "idle_since", "mem_peak_mb", "util_peak", "mem_sum_mb", "util_sum",
                    "util_samples"):
         op.drop_column("jobs", column)
     for column in ("sampled_at", "power_mw", "temperature", "mem_used_mb", "util"):

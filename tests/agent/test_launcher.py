@@ -428,3 +428,19 @@ def test_closing_the_launcher_ends_the_spawner_but_not_the_jobs(
         assert wait_end(second, 7, wait_for).outcome == "cancelled"
     finally:
         second.close()
+
+
+def test_signal_reaches_the_job_and_leaves_it_running(
+        launcher: Launcher, work_dir: Path, wait_for: WaitFor) -> None:
+    got = work_dir / "got"
+    ready = work_dir / "ready"
+    start(launcher, work_dir, f"trap 'echo usr1 >> {got}' USR1\ntouch {ready}\n"
+          "while true; do sleep 0.05; done")
+    wait_for(ready.exists, "the job to set its trap")
+    assert launcher.signal(7, signal.SIGUSR1)
+    wait_for(lambda: got.exists() and got.read_text() == "usr1\n", "the trap to run")
+    assert launcher.running() == [7]  # still going
+    assert not launcher.signal(8, signal.SIGUSR1)  # unknown job
+    assert launcher.cancel(7)
+    assert wait_end(launcher, 7, wait_for).outcome == "cancelled"
+    assert not launcher.signal(7, signal.SIGUSR1)  # ended

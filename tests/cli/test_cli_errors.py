@@ -153,6 +153,9 @@ def test_valid_submit_without_controller_exits_1(tmp_path: Path, argv: list[str]
         (["x_3"], "invalid job id 'x'"),
         (["-t", "CD", "--me"], "invalid --state 'CD'"),
         (["--me", "-u", "someone-else"], "--me and --user name different users"),
+        (["--signal", "BOGUS", "3"], "invalid --signal 'BOGUS'"),
+        (["-s", "99", "3"], "invalid --signal '99'"),
+        (["-s", "USR1", "3_1"], "--signal takes job ids"),
     ],
 )
 def test_gcancel_bad_ids_exit_2(tmp_path: Path, argv: list[str], needle: str) -> None:

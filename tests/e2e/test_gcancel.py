@@ -50,3 +50,25 @@ def test_filters_choose_the_jobs(cluster: Cluster) -> None:
     assert (cluster.job(keep)["state"], cluster.job(other)["state"]) == ("CANCELLED", "PENDING")
     assert cluster.run("gcancel", "--me", "-t", "PD").returncode == 0
     assert cluster.job(other)["state"] == "CANCELLED"
+
+
+def test_signal_a_running_job_without_ending_it(cluster: Cluster) -> None:
+    script = cluster.work / "trap.sh"
+    script.write_text("#!/bin/sh\ntrap 'echo got USR1' USR1\necho ready\n"
+                      "while true; do sleep 0.05; done\n")
+    job = cluster.submit(str(script))
+    cluster.wait_state(job, "RUNNING")
+    out = cluster.work / f"gpusched-{job}.out"
+    wait_for(lambda: out.exists() and "ready" in out.read_text(), what="the trap set")
+    sent = cluster.run("gcancel", "--signal", "USR1", str(job))
+    assert sent.returncode == 0, sent.stderr
+    wait_for(lambda: "got USR1" in out.read_text(), what="the signal delivered")
+    assert cluster.job(job)["state"] == "RUNNING"
+    wait_for(lambda: cluster.api("GET", f"/agent/v1/work?node=node01&wait=0")["signals"] == [],
+             what="the request acknowledged")
+    pending = cluster.submit("--hold", "--wrap", "true")
+    refused = cluster.run("gcancel", "-s", "10", str(pending))
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == f"gcancel: error: job {pending} is not running (PENDING)"
+    assert cluster.run("gcancel", str(job), str(pending)).returncode == 0
+    assert cluster.wait_state(job, "CANCELLED")
