@@ -1,20 +1,26 @@
-"""gcontrol: change queued jobs and return GPUs to service, like scontrol."""
+"""gcontrol: show and change jobs, nodes and GPUs, like scontrol."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any, Optional
 
 import typer
 
 from gpusched.cli.common import new_app, run_cli
 from gpusched.cli.gcancel import parse_job_ids, post_for_each
+from gpusched.errors import NotFound, UsageError
 
 PROG = "gcontrol"
 
-app = new_app("Change queued gpusched jobs, like scontrol.")
+app = new_app("Show and change gpusched jobs, nodes and GPUs, like scontrol.")
 JobIds = Annotated[list[str], typer.Argument(metavar="JOB...", show_default=False,
-                                             help="Ids of pending jobs.")]
+                                             help="Job ids.")]
+GpuTarget = Annotated[str, typer.Argument(
+    metavar="NODE:INDEX", help="A GPU (or MIG slice) by node and index, as 'gpusched agent "
+    "inventory' and 'ginfo -N' show it.")]
+Reason = Annotated[Optional[str], typer.Option("--reason", help="Why (required to drain).")]
 
 
 @app.command()
@@ -29,26 +35,166 @@ def release(job_ids: JobIds) -> int:
     return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "release")
 
 
-resume_app = new_app("Return a drained or failed GPU to service.")
+@app.command()
+def requeue(job_ids: JobIds) -> int:
+    """Stop running jobs and put them back in the queue, keeping their submit time.
+
+    Example: gcontrol requeue 17
+    """
+    return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "requeue")
+
+
+# -- show ------------------------------------------------------------------------------
+
+show_app = new_app("Show a job, node, partition or GPU as KEY=VALUE lines, like scontrol show.")
+app.add_typer(show_app, name="show")
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
+
+
+def _print(record: dict[str, Any], as_json: bool) -> None:
+    """KEY=VALUE pairs, a few to a line, lines after the first indented (scontrol's
+    layout); or JSON."""
+    if as_json:
+        typer.echo(json.dumps(record, indent=2))
+        return
+    line = ""
+    first = True
+    for key, value in record.items():
+        pair = f"{_key(key)}={_value(value)}"
+        if line and len(line) + 1 + len(pair) > 78:
+            typer.echo(line)
+            line, first = "", False
+        line = (line + " " if line else ("" if first else "   ")) + pair
+    if line:
+        typer.echo(line)
+
+
+def _key(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "(null)"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "(null)"
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v}" for k, v in value.items()) or "(null)"
+    return str(value)
+
+
+def _request(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    from gpusched.cli.client import ApiClient
+
+    with ApiClient() as client:
+        return client.request(method, path, body)
+
+
+@show_app.command("job")
+def show_job(job: Annotated[str, typer.Argument(metavar="JOB")], as_json: AsJson = False) -> None:
+    """One job: state, reason, resources, times, GPUs, utilisation."""
+    job_id = parse_job_ids([job])[0]
+    record = _request("GET", f"/v1/jobs/{job_id}")
+    for private in ("script", "environment", "args"):
+        record.pop(private, None)
+    _print(record, as_json)
+
+
+@show_app.command("node")
+def show_node(name: Annotated[Optional[str], typer.Argument(metavar="[NODE]")] = None,
+              as_json: AsJson = False) -> None:
+    """One node (or every node) with each GPU's health, sample and job."""
+    nodes = _request("GET", "/v1/nodes")["nodes"]
+    chosen = [n for n in nodes if name is None or n["name"] == name]
+    if not chosen:
+        raise NotFound(f"node {name} not found")
+    for node in chosen:
+        gpus = node.pop("gpus")
+        _print(node, as_json)
+        for gpu in gpus:
+            _print({"gpu": gpu["index"], **{k: v for k, v in gpu.items() if k != "index"}}, as_json)
+
+
+@show_app.command("partition")
+def show_partition(name: Annotated[Optional[str], typer.Argument(metavar="[PARTITION]")] = None,
+                   as_json: AsJson = False) -> None:
+    """One partition (or every partition) with its nodes and limits."""
+    parts = _request("GET", "/v1/partitions")["partitions"]
+    chosen = [p for p in parts if name is None or p["name"] == name]
+    if not chosen:
+        raise NotFound(f"partition {name} not found")
+    for part in chosen:
+        _print(part, as_json)
+
+
+@show_app.command("gpu")
+def show_gpu(target: GpuTarget, as_json: AsJson = False) -> None:
+    """One GPU or MIG slice: type, health and why, last sample, the job on it."""
+    node_name, index = _gpu_target(target)
+    for node in _request("GET", "/v1/nodes")["nodes"]:
+        if node["name"] == node_name:
+            for gpu in node["gpus"]:
+                if gpu["index"] == index:
+                    _print({"node": node_name, **gpu}, as_json)
+                    return
+    raise NotFound(f"node {node_name} has no GPU with index {index}")
+
+
+# -- drain and resume (administrators) ----------------------------------------------
+
+drain_app = new_app("Take a node or GPU out of service (administrators only).")
+app.add_typer(drain_app, name="drain")
+resume_app = new_app("Return a node or GPU to service (administrators only).")
 app.add_typer(resume_app, name="resume")
 
 
+def _gpu_target(target: str) -> tuple[str, int]:
+    node, sep, index = target.rpartition(":")
+    if not sep or not node or not (index.isascii() and index.isdigit()):
+        raise UsageError(f"invalid GPU {target!r}: expected NODE:INDEX, such as node01:3")
+    return node, int(index)
+
+
+def _need_reason(reason: str | None) -> str:
+    if reason is None or not reason.strip():
+        raise UsageError("drain needs --reason TEXT (why it is out of service)")
+    return reason
+
+
+@drain_app.command("node")
+def drain_node(name: Annotated[str, typer.Argument(metavar="NODE")], reason: Reason = None) -> None:
+    """No new jobs on the node; running ones go on. Example: gcontrol drain node gpu07 --reason 'bad fan'"""
+    answer = _request("POST", f"/v1/nodes/{name}/drain", {"reason": _need_reason(reason)})
+    typer.echo(f"node {answer['node']} drained: {answer['reason']}")
+
+
+@resume_app.command("node")
+def resume_node(name: Annotated[str, typer.Argument(metavar="NODE")]) -> None:
+    """Let a drained node take jobs again."""
+    answer = _request("POST", f"/v1/nodes/{name}/resume")
+    typer.echo(f"node {answer['node']} is {answer['state']}")
+
+
+@drain_app.command("gpu")
+def drain_gpu(target: GpuTarget, reason: Reason = None) -> None:
+    """Take a GPU (with its MIG slices) or one slice out of service; a job on it goes on.
+
+    Example: gcontrol drain gpu node01:3 --reason 'ECC errors rising'
+    """
+    node, index = _gpu_target(target)
+    answer = _request("POST", "/v1/gpus/drain",
+                      {"node": node, "index": index, "reason": _need_reason(reason)})
+    typer.echo(f"GPU {node}:{index} ({answer['uuid']}) drained")
+
+
 @resume_app.command("gpu")
-def resume_gpu(target: Annotated[str, typer.Argument(
-        metavar="NODE:INDEX", help="The GPU (or MIG slice), by node and index as gpusched "
-        "agent inventory shows it.")]) -> None:
-    """Return a GPU taken out of service by the health checks (administrators only).
+def resume_gpu(target: GpuTarget) -> None:
+    """Return a drained GPU, or one the health checks took out, to service.
 
     Example: gcontrol resume gpu node01:3
     """
-    from gpusched.cli.client import ApiClient
-    from gpusched.errors import UsageError
-
-    node, sep, index = target.rpartition(":")
-    if not sep or not node or not index.isdigit():
-        raise UsageError(f"invalid GPU {target!r}: expected NODE:INDEX, such as node01:3")
-    with ApiClient() as client:
-        answer = client.request("POST", "/v1/gpus/resume", {"node": node, "index": int(index)})
+    node, index = _gpu_target(target)
+    answer = _request("POST", "/v1/gpus/resume", {"node": node, "index": index})
     typer.echo(f"GPU {node}:{index} ({answer['uuid']}) is back in service")
 
 

@@ -82,6 +82,10 @@ class Api:
         r.add("POST", "/agent/v1/health", self.health)
         r.add("POST", "/agent/v1/samples", self.samples)
         r.add("POST", "/v1/gpus/resume", self.resume_gpu)
+        r.add("POST", "/v1/gpus/drain", self.drain_gpu)
+        r.add("POST", "/v1/nodes/{name}/drain", self.drain_node)
+        r.add("POST", "/v1/nodes/{name}/resume", self.resume_node)
+        r.add("POST", "/v1/jobs/{job_id}/requeue", self.requeue)
         return r
 
     @staticmethod
@@ -338,14 +342,53 @@ class Api:
     def resume_gpu(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An administrator returns a GPU (``{node, index}``) to service."""
         self._require_admin(request)
-        node, index = request.body.get("node"), request.body.get("index")
-        if not isinstance(node, str) or not isinstance(index, int) or isinstance(index, bool):
-            raise UsageError("expected {node: NAME, index: N}")
+        node, index = self._gpu_target(request)
         with self.sessions() as session, session.begin():
             answer = health.resume_gpu(session, node, index)
             notify_in(session, "sched")
         self.events.wake_scheduler()
         return 200, answer
+
+    def drain_gpu(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """An administrator takes a GPU (``{node, index, reason}``) out of service."""
+        self._require_admin(request)
+        node, index = self._gpu_target(request)
+        with self.sessions() as session, session.begin():
+            return 200, health.drain_gpu(session, node, index, request.body.get("reason"))
+
+    @staticmethod
+    def _gpu_target(request: Request) -> tuple[str, int]:
+        node, index = request.body.get("node"), request.body.get("index")
+        if not isinstance(node, str) or not isinstance(index, int) or isinstance(index, bool):
+            raise UsageError("expected {node: NAME, index: N}")
+        return node, index
+
+    def drain_node(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """An administrator drains a node: no new jobs, running ones go on."""
+        self._require_admin(request)
+        with self.sessions() as session, session.begin():
+            return 200, health.set_node_state(session, request.params["name"], True,
+                                              request.body.get("reason"))
+
+    def resume_node(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """An administrator returns a drained node to service."""
+        self._require_admin(request)
+        with self.sessions() as session, session.begin():
+            answer = health.set_node_state(session, request.params["name"], False)
+            notify_in(session, "sched")
+        self.events.wake_scheduler()
+        return 200, answer
+
+    def requeue(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Stop a running job and put it back in the queue (its owner or an admin)."""
+        job_id = _job_id(request)
+        with self.sessions() as session, session.begin():
+            _, nodes = jobs.requeue_job(session, job_id, self.who(request))
+            notify_in(session, *(f"node:{node}" for node in sorted(nodes)))
+        for node in nodes:
+            self.events.wake_node(node)
+        with self.sessions() as session:
+            return 200, jobs.get_job(session, job_id, self.who(request))
 
     def ended(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The agent reports a job's end; its GPUs are released and the scheduler woken."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import case, delete, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -45,13 +45,14 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
         raise UsageError("cpus, memory_mb: expected whole numbers, 0 or more")
     if block is not None and not isinstance(block, str):
         raise UsageError("block: expected a topology block name")
-    values = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
-              "registered_at": now, "last_seen": now, "cpus": cpus, "memory_mb": memory_mb,
-              "block": block}
-    session.execute(
-        insert(Node).values(name=name, **values)
-        .on_conflict_do_update(index_elements=[Node.name], set_=values)
-    )
+    values: dict[str, Any] = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
+                              "registered_at": now, "last_seen": now, "cpus": cpus,
+                              "memory_mb": memory_mb, "block": block}
+    stmt = insert(Node).values(name=name, **values)
+    # A drained node stays drained, whatever its agent does, until an admin resumes it.
+    kept = {**values, "state": case((Node.state == "DRAIN", "DRAIN"), else_="UP"),
+            "reason": case((Node.state == "DRAIN", Node.reason), else_=None)}
+    session.execute(stmt.on_conflict_do_update(index_elements=[Node.name], set_=kept))
     node = _node(session, name)
     seen: list[str] = []
     for gpu in gpus:

@@ -58,10 +58,7 @@ def report_faults(session: Session, node_name: str, body: dict[str, Any]) -> set
 
 def resume_gpu(session: Session, node_name: str, index: int) -> dict[str, Any]:
     """Return a GPU (with its slices) or one slice to service."""
-    gpu = session.scalars(select(Gpu).join(Node, Node.id == Gpu.node_id).where(
-        Node.name == node_name, Gpu.index == index, Gpu.present)).first()
-    if gpu is None:
-        raise NotFound(f"node {node_name} has no GPU with index {index}")
+    gpu = _gpu(session, node_name, index)
     affected = [gpu.id, *session.scalars(select(Gpu.id).where(Gpu.parent_id == gpu.id))]
     session.execute(update(Gpu).where(Gpu.id.in_(affected))
                     .values(healthy=True, health_reason=None, unhealthy_at=None))
@@ -146,3 +143,41 @@ def record_samples(session: Session, node_name: str, body: dict[str, Any],
             job.idle = True
             flagged.append(job.id)
     return flagged
+
+
+def drain_gpu(session: Session, node_name: str, index: int, reason: Any) -> dict[str, Any]:
+    """An administrator takes a GPU (with its slices) or a slice out of service. Running
+    jobs keep it until they end. A drained GPU has no ``unhealthy_at``, so no clean
+    period returns it: only ``resume_gpu`` does."""
+    gpu = _gpu(session, node_name, index)
+    affected = [gpu.id, *session.scalars(select(Gpu.id).where(Gpu.parent_id == gpu.id))]
+    session.execute(update(Gpu).where(Gpu.id.in_(affected)).values(
+        healthy=False, health_reason=f"drained: {_reason(reason)}", unhealthy_at=None))
+    return {"node": node_name, "index": index, "uuid": gpu.uuid, "healthy": False}
+
+
+def _gpu(session: Session, node_name: str, index: int) -> Gpu:
+    gpu = session.scalars(select(Gpu).join(Node, Node.id == Gpu.node_id).where(
+        Node.name == node_name, Gpu.index == index, Gpu.present)).first()
+    if gpu is None:
+        raise NotFound(f"node {node_name} has no GPU with index {index}")
+    return gpu
+
+
+def _reason(reason: Any) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise UsageError("reason: say why (Slurm's Reason=), e.g. \"bad fan\"")
+    return reason.strip()[:MAX_REASON]
+
+
+def set_node_state(session: Session, node_name: str, drain: bool, reason: Any = None
+                   ) -> dict[str, Any]:
+    """Drain a node (no new jobs; running ones go on) or return it to service."""
+    node = session.scalars(select(Node).where(Node.name == node_name)).first()
+    if node is None:
+        raise NotFound(f"unknown node {node_name!r}")
+    if drain:
+        node.state, node.reason = "DRAIN", _reason(reason)
+    elif node.state == "DRAIN":
+        node.state, node.reason = "UP", None
+    return {"node": node.name, "state": node.state, "reason": node.reason}

@@ -331,6 +331,21 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[s
     return job, names
 
 
+def requeue_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[str]]:
+    """Stop a running job and put it back in the queue with its submit time (scontrol
+    requeue); returns the job and the nodes to wake."""
+    job = _owned_job(session, job_id, who, "requeue")
+    now = datetime.now(UTC)
+    ids = Job.array_job_id == job_id if job.array_job_id == job.id else Job.id == job_id
+    nodes = set(session.scalars(
+        update(Job).where(ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
+        .values(cancel_requested_at=now, preempted_at=now, preempt_mode="requeue")
+        .returning(Job.node_id)))
+    if not nodes:
+        raise Conflict(f"job {job_id} is not running ({job.state}): only running jobs are requeued")
+    return job, set(session.scalars(select(Node.name).where(Node.id.in_(nodes))))
+
+
 def signal_job(session: Session, job_id: int, who: Identity, signum: int) -> tuple[Job, set[str]]:
     """Ask the agent to send ``signum`` to a running job (every task of an array) without
     ending it; returns the job and the nodes to wake."""

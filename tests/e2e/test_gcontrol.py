@@ -1,0 +1,74 @@
+"""gcontrol on a live cluster: show, requeue, and draining nodes and GPUs."""
+
+from __future__ import annotations
+
+import time
+
+from tests.e2e.cluster import Cluster, wait_for
+
+
+def node_gpus(cluster: Cluster) -> dict[int, dict[str, object]]:
+    return {g["index"]: g for g in cluster.api("GET", "/v1/nodes")["nodes"][0]["gpus"]}
+
+
+def test_show_job_node_partition_and_gpu(cluster: Cluster) -> None:
+    job = cluster.submit("-G", "1", "-J", "shown", "--wrap", "sleep 30")
+    running = cluster.wait_state(job, "RUNNING")
+    shown = cluster.run("gcontrol", "show", "job", str(job))
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert shown.stdout.startswith(f"JobId={job} Name=shown ")
+    assert "State=RUNNING" in text and f"GpuUuids={running['gpu_uuids'][0]}" in text
+    assert "Script=" not in text and all(len(line) <= 80 for line in text.splitlines())
+    node = cluster.run("gcontrol", "show", "node", "node01").stdout
+    assert node.startswith("Name=node01 State=UP")
+    assert sum(1 for line in node.splitlines() if line.startswith("Gpu=")) == 4
+    part = cluster.run("gcontrol", "show", "partition", "gpu").stdout
+    assert part.startswith("Name=gpu State=UP Default=True") and "Nodes=node01" in part
+    index = next(i for i, g in node_gpus(cluster).items() if g["job_id"] == job)
+    gpu = cluster.run("gcontrol", "show", "gpu", f"node01:{index}", "--json")
+    assert '"job_id": %d' % job in gpu.stdout
+    missing = cluster.run("gcontrol", "show", "node", "nope")
+    assert missing.returncode == 1 and "node nope not found" in missing.stderr
+    cluster.run("gcancel", str(job))
+
+
+def test_requeue_puts_a_running_job_back(cluster: Cluster) -> None:
+    job = cluster.submit("--wrap", "sleep 30")
+    cluster.wait_state(job, "RUNNING")
+    done = cluster.run("gcontrol", "requeue", str(job))
+    assert done.returncode == 0, done.stderr
+    again = wait_for(lambda: (lambda j: j if j["restarts"] == 1 and j["state"] == "RUNNING"
+                              else None)(cluster.job(job)), what="the job back and running")
+    assert again["submit_time"] == cluster.job(job)["submit_time"]
+    pending = cluster.submit("--hold", "--wrap", "true")
+    refused = cluster.run("gcontrol", "requeue", str(pending))
+    assert refused.returncode == 1 and "only running jobs are requeued" in refused.stderr
+    cluster.run("gcancel", str(job), str(pending))
+
+
+def test_drain_and_resume_a_gpu_and_a_node(cluster: Cluster, job_user: tuple[int, int, str]) -> None:
+    assert cluster.run("gcontrol", "drain", "gpu", "node01:1").returncode == 2  # no reason
+    drained = cluster.run("gcontrol", "drain", "gpu", "node01:1", "--reason", "bad fan")
+    assert drained.returncode == 0, drained.stderr
+    assert (node_gpus(cluster)[1]["healthy"], node_gpus(cluster)[1]["health_reason"]) == (
+        False, "drained: bad fan")
+    four = cluster.submit("-G", "4", "--wrap", "true")
+    wait_for(lambda: cluster.job(four)["reason"] == "Resources", what="the job short of a GPU")
+    assert cluster.run("gcontrol", "resume", "gpu", "node01:1").returncode == 0
+    cluster.wait_state(four, "COMPLETED")
+    assert cluster.run("gcontrol", "drain", "node", "node01", "--reason", "maintenance").returncode == 0
+    blocked = cluster.submit("--wrap", "true")
+    cluster.kill("agent")  # a drained node stays drained when its agent registers again
+    cluster.start("agent")
+    wait_for(lambda: cluster.api("GET", "/v1/nodes")["nodes"][0]["last_seen"], what="agent back")
+    time.sleep(1.0)
+    node = cluster.api("GET", "/v1/nodes")["nodes"][0]
+    assert (node["state"], node["reason"]) == ("DRAIN", "maintenance")
+    assert cluster.job(blocked)["state"] == "PENDING"
+    assert cluster.run("gcontrol", "resume", "node", "node01").returncode == 0
+    cluster.wait_state(blocked, "COMPLETED")
+    uid, gid, _ = job_user
+    refused = cluster.api_as(uid, gid, "POST", "/v1/gpus/drain",
+                             {"node": "node01", "index": 0, "reason": "x"})
+    assert "only an administrator" in refused["error"]
