@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlencode
 
 import typer
@@ -56,18 +60,93 @@ def gqueue(
         "--explain", metavar="JOB", min=1, show_default=False,
         help="Say everything that keeps pending JOB from starting, and what would unblock it.",
     )] = None,
+    me: Annotated[bool, typer.Option("--me", help="Only your own jobs.")] = False,
+    partition: Annotated[str | None, typer.Option(
+        "--partition", "-p", metavar="LIST", show_default=False,
+        help="Only jobs in these partitions (comma separated).")] = None,
+    job_list: Annotated[str | None, typer.Option(
+        "--jobs", "-j", metavar="LIST", show_default=False,
+        help="Only these jobs (comma separated ids; an array's id gives all its tasks).")] = None,
+    account: Annotated[str | None, typer.Option(
+        "--account", "-A", metavar="LIST", show_default=False,
+        help="Only jobs charging these accounts.")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", "-n", metavar="LIST", show_default=False, help="Only jobs with these names.")] = None,
+    fmt: Annotated[str | None, typer.Option(
+        "--format", "-o", metavar="FORMAT", show_default=False,
+        help="squeue's field codes, e.g. '%.10i %.9P %.20j %.8u %.2t %.10M %.6b %R' "
+        "(see docs/cli.md).")] = None,
+    iterate: Annotated[int | None, typer.Option(
+        "--iterate", "-i", metavar="SECONDS", min=1, show_default=False,
+        help="Print again every SECONDS until interrupted.")] = None,
 ) -> None:
-    """Show pending and running jobs (with --all, ended ones too)."""
+    """Show pending and running jobs (with --all, ended ones too).
+
+    Examples: gqueue --me; gqueue -p gpu -t PD --start; gqueue -o '%.8i %.2t %.10M %b %R'
+    """
     if explain is not None:
         with ApiClient() as client:
             answer = client.request("GET", f"/v1/jobs/{explain}/explain")
         print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
         return
+    if me:
+        import pwd
+
+        mine = pwd.getpwuid(os.getuid()).pw_name
+        if user is not None and user != mine:
+            raise UsageError("--me and --user name different users")
+        user = mine
+    fields = parse_format(fmt) if fmt is not None else None
+    ids = _ids(job_list) if job_list is not None else None
     path = jobs_path(user=user, states=["PENDING"] if start else parse_states(states),
-                     show_all=show_all)
+                     show_all=show_all, ids=ids)
+    keep = _filter(partition, account, name)
+    while True:
+        _show(path, keep, as_json, start, noheader, fields)
+        if iterate is None:
+            return
+        sys.stdout.flush()
+        time.sleep(iterate)
+        print()
+
+
+def _ids(text: str) -> list[int]:
+    ids = []
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        if not (word.isascii() and word.isdigit()) or int(word) <= 0:
+            raise UsageError(f"invalid --jobs {word!r}: a job id is a positive integer")
+        ids.append(int(word))
+    if not ids:
+        raise UsageError("--jobs: give at least one job id")
+    return ids
+
+
+def _filter(partition: str | None, account: str | None, name: str | None
+            ) -> Callable[[Mapping[str, Any]], bool]:
+    def words(text: str | None) -> set[str] | None:
+        return None if text is None else {w.strip() for w in text.split(",") if w.strip()}
+
+    parts, accounts, names = words(partition), words(account), words(name)
+
+    def keep(job: Mapping[str, Any]) -> bool:
+        return ((parts is None or job.get("partition") in parts)
+                and (accounts is None or job.get("account") in accounts)
+                and (names is None or job.get("name") in names))
+    return keep
+
+
+def _show(path: str, keep: Callable[[Mapping[str, Any]], bool], as_json: bool, start: bool,
+          noheader: bool, fields: list[Field] | None) -> None:
     with ApiClient() as client:
         answer = client.request("GET", path)
-    jobs: list[dict[str, Any]] = answer.get("jobs", [])
+    jobs: list[dict[str, Any]] = [job for job in answer.get("jobs", []) if keep(job)]
+    if fields is not None and not as_json:
+        now = datetime.now(timezone.utc)
+        if not noheader:
+            print(render_format(fields, None, now))
+        for job in jobs:
+            print(render_format(fields, job, now))
+        return
     if as_json:
         print(json.dumps({"jobs": jobs}, indent=2))
         return
@@ -109,9 +188,12 @@ def parse_states(text: str | None) -> list[str] | None:
     return names
 
 
-def jobs_path(*, user: str | None, states: Iterable[str] | None, show_all: bool) -> str:
+def jobs_path(*, user: str | None, states: Iterable[str] | None, show_all: bool,
+              ids: Iterable[int] | None = None) -> str:
     """The ``GET /v1/jobs`` path for these filters."""
     query: dict[str, str] = {}
+    if ids is not None:
+        query["ids"] = ",".join(map(str, ids))
     state_list = list(states) if states is not None else None
     # Asking for states by name includes ended ones, as squeue -t CD does.
     if show_all or state_list is not None:
@@ -222,3 +304,95 @@ def _parse_time(value: object) -> datetime | None:
     except ValueError:
         raise GpuschedError(f"the controller sent a malformed time {value!r}") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+# -- -o/--format ---------------------------------------------------------------------
+
+class Field(NamedTuple):
+    """One piece of a format: literal text, or a field code with its width."""
+
+    code: str  # "" for literal text
+    width: int | None
+    right: bool
+    text: str = ""
+
+
+_FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
+    "i": ("JOBID", lambda j, now: job_label(j, width=10**6)),
+    "A": ("JOBID", lambda j, now: str(j.get("job_id", ""))),
+    "P": ("PARTITION", lambda j, now: str(j.get("partition") or "")),
+    "j": ("NAME", lambda j, now: str(j.get("name") or "")),
+    "u": ("USER", lambda j, now: str(j.get("user") or "")),
+    "a": ("ACCOUNT", lambda j, now: str(j.get("account") or "")),
+    "q": ("QOS", lambda j, now: str(j.get("qos") or "")),
+    "t": ("ST", lambda j, now: short_state(str(j.get("state", "")))),
+    "T": ("STATE", lambda j, now: str(j.get("state", ""))),
+    "M": ("TIME", lambda j, now: format_duration(elapsed_seconds(j, now))),
+    "l": ("TIME_LIMIT", lambda j, now: format_duration(j["time_limit"])
+          if j.get("time_limit") else "UNLIMITED"),
+    "D": ("NODES", lambda j, now: str(j.get("nodes") or 1)),
+    "b": ("TRES_PER_NODE", lambda j, now: _gres(j)),
+    "C": ("CPUS", lambda j, now: str(j.get("cpus") or 0)),
+    "m": ("MIN_MEMORY", lambda j, now: f"{j.get('mem_mb') or 0}M"),
+    "R": ("NODELIST(REASON)", lambda j, now: node_or_reason(j)),
+    "r": ("REASON", lambda j, now: str(j.get("reason") or "None")),
+    "N": ("NODELIST", lambda j, now: "" if j.get("state") == "PENDING" else node_or_reason(j)),
+    "S": ("START_TIME", lambda j, now: _local(j.get("start_time") or j.get("expected_start"))),
+    "V": ("SUBMIT_TIME", lambda j, now: _local(j.get("submit_time"))),
+    "e": ("END_TIME", lambda j, now: _local(j.get("end_time"))),
+    "Q": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
+}
+_CODE = re.compile(r"%(\.?)(\d*)([A-Za-z%])")
+
+
+def _gres(job: Mapping[str, Any]) -> str:
+    gpus = int(job.get("gpus") or 0) // max(1, int(job.get("nodes") or 1))
+    if not gpus:
+        return "N/A"
+    kinds = job.get("gpu_types") or []
+    return f"gres/gpu:{kinds[0]}:{gpus}" if len(kinds) == 1 else f"gres/gpu:{gpus}"
+
+
+def _local(value: object) -> str:
+    when = _parse_time(value)
+    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if when else "N/A"
+
+
+def parse_format(text: str) -> list[Field]:
+    """squeue's ``-o`` format: ``%[.][width]code`` pieces and literal text; ``.`` right-
+    justifies. An unknown code is a usage error naming it."""
+    fields: list[Field] = []
+    at = 0
+    for match in _CODE.finditer(text):
+        if match.start() > at:
+            fields.append(Field("", None, False, text[at:match.start()]))
+        dot, width, code = match.groups()
+        if code == "%":
+            fields.append(Field("", None, False, "%"))
+        elif code not in _FIELDS:
+            known = "".join(sorted(_FIELDS))
+            raise UsageError(f"invalid --format: unknown field %{code} (known: {known})")
+        else:
+            fields.append(Field(code, int(width) if width else None, bool(dot)))
+        at = match.end()
+    if at < len(text):
+        fields.append(Field("", None, False, text[at:]))
+    if not any(f.code for f in fields):
+        raise UsageError(f"invalid --format {text!r}: no field codes such as %i or %j")
+    return fields
+
+
+def render_format(fields: list[Field], job: Mapping[str, Any] | None, now: datetime) -> str:
+    """One line: the header (``job`` None) or a job's fields, cut and padded as asked."""
+    out = []
+    for field in fields:
+        if not field.code:
+            out.append(field.text)
+            continue
+        header, value_of = _FIELDS[field.code]
+        value = header if job is None else value_of(job, now)
+        if field.width is not None:
+            value = value[:field.width]
+            value = value.rjust(field.width) if field.right else value.ljust(field.width)
+        out.append(value)
+    return "".join(out).rstrip()

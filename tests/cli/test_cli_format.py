@@ -325,3 +325,21 @@ def test_requeue_flags_and_the_mig_warning(in_tmp: Path) -> None:
     assert "2 MIG slices per node" in (gsubmit.mig_warning(two) or "")
     assert gsubmit.mig_warning(parse_submit(["--gpus", "1g.10gb:1", "--wrap", "true"])) is None
     assert gsubmit.mig_warning(parse_submit(["--gpus", "a100:2", "--wrap", "true"])) is None
+
+
+def test_gqueue_format_codes_widths_and_literal_text() -> None:
+    from datetime import datetime, timezone
+
+    from gpusched.cli.gqueue import parse_format, render_format
+
+    job = {"job_id": 7, "display_id": "7", "partition": "gpu", "name": "train-long-name",
+           "user": "alice", "state": "PENDING", "reason": "Resources", "gpus": 4, "nodes": 2,
+           "gpu_types": ["a100"], "time_limit": 3600, "account": "bio"}
+    fields = parse_format("%.5i|%4j %t %b %l %a %R 100%%")
+    now = datetime.now(timezone.utc)
+    assert render_format(fields, None, now) == "JOBID|NAME ST TRES_PER_NODE TIME_LIMIT ACCOUNT NODELIST(REASON) 100%"
+    assert render_format(fields, job, now) == "    7|trai PD gres/gpu:a100:2 1:00:00 bio (Resources) 100%"
+    with pytest.raises(UsageError, match=r"unknown field %Z"):
+        parse_format("%i %Z")
+    with pytest.raises(UsageError, match="no field codes"):
+        parse_format("just text")
