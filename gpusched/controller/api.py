@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -19,7 +20,7 @@ from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
 from gpusched.core.plan import job_priorities
-from gpusched.db import agents, health, jobs
+from gpusched.db import accounting, agents, health, jobs
 from gpusched.db.admin import apply_config, plan_changes
 from gpusched.db.models import Allocation, Gpu, Node, Partition
 from gpusched.db.schedule import load_snapshot
@@ -33,6 +34,19 @@ def _ids(text: str) -> set[int]:
         return {int(i) for i in text.split(",") if i}
     except ValueError:
         raise UsageError(f"ids: expected job ids separated by commas, got {text!r}") from None
+
+
+def _words(text: str | None) -> list[str] | None:
+    return [w for w in text.split(",") if w] if text else None
+
+
+def _epoch(query: dict[str, str], key: str) -> datetime | None:
+    if not query.get(key):
+        return None
+    try:
+        return datetime.fromtimestamp(float(query[key]), UTC)
+    except (ValueError, OverflowError, OSError):
+        raise UsageError(f"{key}: expected epoch seconds, got {query[key]!r}") from None
 
 
 def _job_id(request: Request) -> int:
@@ -72,6 +86,8 @@ class Api:
         r.add("POST", "/v1/jobs/{job_id}/release", self.release)
         r.add("GET", "/v1/nodes", self.nodes)
         r.add("GET", "/v1/partitions", self.partitions)
+        r.add("GET", "/v1/accounting", self.accounting)
+        r.add("GET", "/v1/accounting/report", self.accounting_report)
         r.add("POST", "/v1/admin/apply", self.admin_apply)
         r.add("GET", "/v1/priority", self.priority)
         r.add("GET", "/v1/share", self.share)
@@ -265,6 +281,25 @@ class Api:
                  "last_seen": n.last_seen.isoformat() if n.last_seen else None,
                  "gpus": gpus.get(n.id, [])}
                 for n in session.scalars(select(Node).order_by(Node.name))]}
+
+    def accounting(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Finished and running jobs with what they used (docs/api.md)."""
+        q = request.query
+        with self.sessions() as session:
+            return 200, {"jobs": accounting.job_records(
+                session, _words(q.get("user")), _words(q.get("account")),
+                [s.upper() for s in _words(q.get("state")) or []] or None,
+                sorted(_ids(q["ids"])) if q.get("ids") else None,
+                _epoch(q, "start"), _epoch(q, "end"))}
+
+    def accounting_report(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """GPU-hours per account and user within a window (``start``, ``end``: epoch s)."""
+        start, end = _epoch(request.query, "start"), _epoch(request.query, "end")
+        if start is None or end is None or end <= start:
+            raise UsageError("start, end: expected a window, start before end (epoch seconds)")
+        with self.sessions() as session:
+            return 200, {"start": start.isoformat(), "end": end.isoformat(),
+                         "rows": accounting.usage_report(session, start, end)}
 
     def partitions(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Partitions with their nodes ("*" expanded to every node) and limits."""

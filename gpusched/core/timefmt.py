@@ -99,3 +99,26 @@ def parse_begin(text: str, now: datetime) -> datetime:
             f"invalid --begin {text!r}: expected now+N[units], HH:MM[:SS], YYYY-MM-DD[THH:MM[:SS]], "
             f"today, tomorrow, midnight, noon or teatime") from None
     return at if at.tzinfo else at.replace(tzinfo=now.tzinfo)
+
+
+def parse_when(text: str, now: datetime, what: str = "time") -> datetime:
+    """sacct's ``--starttime``/``--endtime`` forms, relative to the aware ``now``:
+    ``now``, ``now-N[units]``, ``now+N[units]``, ``today``, ``yesterday``, ``YYYY-MM-DD``,
+    ``YYYY-MM-DDTHH:MM[:SS]`` (without a zone: ``now``'s zone)."""
+    value = text.strip().lower()
+    relative = re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", value)
+    if relative:
+        sign, count, unit = relative[1], relative[2], relative[3] or ""
+        if unit not in _UNITS:
+            raise TimeFormatError(f"invalid {what} {text!r}: unknown unit {unit!r}")
+        delta = timedelta(seconds=int(count or 0) * _UNITS[unit])
+        return now - delta if sign == "-" else now + delta
+    if value in ("today", "yesterday"):
+        day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        return day - timedelta(days=1) if value == "yesterday" else day
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise TimeFormatError(f"invalid {what} {text!r}: expected now[-N[units]], today, "
+                              "yesterday or YYYY-MM-DD[THH:MM[:SS]]") from None
+    return at if at.tzinfo else at.replace(tzinfo=now.tzinfo)

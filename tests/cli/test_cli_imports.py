@@ -13,7 +13,7 @@ import sys
 import pytest
 
 CLI_MODULES = ("gpusched.cli.gsubmit, gpusched.cli.gqueue, gpusched.cli.gcancel, "
-               "gpusched.cli.ginfo, gpusched.cli.gcontrol")
+               "gpusched.cli.ginfo, gpusched.cli.gcontrol, gpusched.cli.gacct")
 HEAVY = ("sqlalchemy", "psycopg", "apscheduler", "http.client", "gpusched.db",
          "gpusched.controller")
 

@@ -1,0 +1,183 @@
+"""gacct: accounting of finished and running jobs, like sacct."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, Optional
+from urllib.parse import urlencode
+
+import typer
+
+from gpusched.cli.common import new_app, print_table, run_cli
+from gpusched.core.timefmt import TimeFormatError, format_duration, parse_when
+from gpusched.errors import UsageError
+
+PROG = "gacct"
+app = new_app("Accounting of finished and running gpusched jobs, like sacct.")
+STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+CODES = {"R": "RUNNING", "CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT"}
+
+
+def _when(text: str | None, flag: str, now: datetime) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return parse_when(text, now, flag)
+    except TimeFormatError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _states(text: str) -> list[str]:
+    found = []
+    for word in (w.strip().upper() for w in text.split(",") if w.strip()):
+        state = CODES.get(word, word)
+        if state not in STATES:
+            raise UsageError(f"invalid --state {word!r}: expected {', '.join(STATES)} "
+                             f"(or {', '.join(CODES)})")
+        found.append(state)
+    if not found:
+        raise UsageError("--state: give at least one state")
+    return found
+
+
+def _hours(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _util(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.0f}%"
+
+
+@app.command()
+def gacct(
+    user: Annotated[Optional[str], typer.Option("--user", "-u", help="Only these users (comma separated).")] = None,
+    accounts: Annotated[Optional[str], typer.Option("--accounts", "-A", help="Only these accounts.")] = None,
+    starttime: Annotated[Optional[str], typer.Option(
+        "--starttime", "-S", help="Jobs running or ended since (default: today 00:00; "
+        "now-7days, yesterday, 2026-11-01, 2026-11-01T08:00).")] = None,
+    endtime: Annotated[Optional[str], typer.Option(
+        "--endtime", "-E", help="Jobs started (or ended) by this time (default: now).")] = None,
+    state: Annotated[Optional[str], typer.Option(
+        "--state", "-s", help="Only these states: R, CD, F, CA, TO (or their names).")] = None,
+    jobs: Annotated[Optional[str], typer.Option("--jobs", "-j", help="Only these job ids.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    report: Annotated[bool, typer.Option(
+        "--report", help="GPU-hours per account and user within the window instead.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="With --report: write a bar chart of GPU-hours to this PNG.")] = None,
+) -> None:
+    """Finished and running jobs with elapsed time, state, exit code, GPUs, GPU-hours
+    (every run of a requeued job), GPU-hours billed by GPU type and GPU utilisation.
+
+    Examples: gacct; gacct -S now-7days -u alice; gacct --report -S 2026-11-01 -E 2026-12-01
+    --plot usage.png
+    """
+    from gpusched.cli.client import ApiClient
+
+    now = datetime.now(timezone.utc).astimezone()
+    start = _when(starttime, "--starttime", now)
+    end = _when(endtime, "--endtime", now)
+    if start is None and jobs is None:
+        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if start is not None and end is not None and end <= start:
+        raise UsageError("--endtime must be after --starttime")
+    if plot is not None and not report:
+        raise UsageError("--plot goes with --report")
+    if plot is not None:
+        from gpusched.sim.plot import check_path
+
+        check_path(plot)
+    wanted_states = _states(state) if state is not None else None
+    if jobs is not None:
+        from gpusched.cli.gcancel import parse_job_ids
+
+        job_ids = parse_job_ids([j for j in jobs.split(",") if j.strip()] or [jobs])
+    query: dict[str, str] = {}
+    if report:
+        query = {"start": str((start or now).timestamp()), "end": str((end or now).timestamp())}
+        with ApiClient() as client:
+            answer = client.request("GET", f"/v1/accounting/report?{urlencode(query)}")
+        _report(answer, as_json, plot)
+        return
+    if user:
+        query["user"] = user
+    if accounts:
+        query["account"] = accounts
+    if wanted_states:
+        query["state"] = ",".join(wanted_states)
+    if jobs is not None:
+        query["ids"] = ",".join(map(str, job_ids))
+    if start is not None:
+        query["start"] = str(start.timestamp())
+    if end is not None:
+        query["end"] = str(end.timestamp())
+    with ApiClient() as client:
+        records = client.request("GET", f"/v1/accounting?{urlencode(query, safe=',')}")["jobs"]
+    if as_json:
+        typer.echo(json.dumps({"jobs": records}, indent=2))
+        return
+    rows = [[_label(r), r["name"], r["partition"], r["account"] or "", r["user"], r["state"],
+             f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['signal'] or 0}",
+             format_duration(r["elapsed_s"]), str(r["gpus"]), _hours(r["gpu_hours"]),
+             _hours(r["billed_gpu_hours"]), _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"])]
+            for r in records]
+    print_table(["JOBID", "JOBNAME", "PARTITION", "ACCOUNT", "USER", "STATE", "EXITCODE",
+                 "ELAPSED", "GPUS", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK"], rows,
+                right_aligned=frozenset({0, 7, 8, 9, 10, 11, 12}), shrinkable=frozenset({1, 2, 3, 4}))
+
+
+def _label(record: dict[str, Any]) -> str:
+    if record.get("array_task_id") is not None:
+        return f"{record['array_job_id']}_{record['array_task_id']}"
+    return str(record["job_id"])
+
+
+def _report(answer: dict[str, Any], as_json: bool, plot: Path | None) -> None:
+    rows = answer["rows"]
+    if plot is not None:
+        _bar_chart(rows, plot, answer["start"], answer["end"])
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2))
+        return
+    typer.echo(f"GPU usage from {answer['start']} to {answer['end']}")
+    table = [[r["account"] or "-", r["user"], str(r["jobs"]), _hours(r["gpu_hours"]),
+              _hours(r["billed_gpu_hours"])] for r in rows]
+    total = [sum(r[k] for r in rows) for k in ("jobs", "gpu_hours", "billed_gpu_hours")]
+    table.append(["TOTAL", "", str(int(total[0])), _hours(total[1]), _hours(total[2])])
+    print_table(["ACCOUNT", "USER", "JOBS", "GPU_HRS", "BILLED"], table,
+                right_aligned=frozenset({2, 3, 4}), shrinkable=frozenset({0, 1}))
+
+
+def _bar_chart(rows: list[dict[str, Any]], path: Path, start: str, end: str) -> None:
+    """GPU-hours per account, each bar split by user."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    accounts = sorted({r["account"] or "-" for r in rows})
+    users = sorted({r["user"] for r in rows})
+    figure = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    bottom = [0.0] * len(accounts)
+    for user in users:
+        heights = [sum(r["gpu_hours"] for r in rows if (r["account"] or "-") == a
+                       and r["user"] == user) for a in accounts]
+        axes.bar(accounts, heights, bottom=bottom, label=user)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    axes.set_ylabel("GPU-hours")
+    axes.set_title(f"GPU-hours by account and user\n{start[:16]} to {end[:16]}")
+    if users:
+        axes.legend(fontsize="small")
+    figure.tight_layout()
+    try:
+        figure.savefig(path, format="png")
+    except OSError as exc:
+        raise UsageError(f"cannot write the plot to {path}: {exc.strerror}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gacct`` console script."""
+    return run_cli(app, PROG, argv)

@@ -1,0 +1,101 @@
+"""Accounting: what jobs used, from their GPU allocations (every run of a requeued job
+counts), billed by GPU type."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from gpusched.db.models import Allocation, Gpu, GpuBilling, Job
+
+SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def _held(session: Session, job_ids: list[int], start: datetime | None, end: datetime | None,
+          now: datetime) -> dict[int, tuple[float, float]]:
+    """GPU-seconds and billed GPU-seconds per job, each holding cut to [start, end]."""
+    used: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(Allocation.job_id, Allocation.allocated_at, Allocation.released_at,
+               func.coalesce(GpuBilling.weight, 1.0))
+        .join(Gpu, Gpu.id == Allocation.gpu_id)
+        .outerjoin(GpuBilling, GpuBilling.gpu_type == Gpu.gpu_type)
+        .where(Allocation.job_id.in_(job_ids)))
+    for job_id, held_from, held_to, weight in rows:
+        begin = max(held_from, start) if start else held_from
+        finish = min(held_to or now, end) if end else (held_to or now)
+        seconds = max(0.0, (finish - begin).total_seconds())
+        used[job_id][0] += seconds
+        used[job_id][1] += seconds * float(weight)
+    return {job_id: (a, b) for job_id, (a, b) in used.items()}
+
+
+def _jobs(session: Session, users: list[str] | None, accounts: list[str] | None,
+          states: list[str] | None, ids: list[int] | None, start: datetime | None,
+          end: datetime | None) -> list[Job]:
+    stmt = select(Job).where(Job.state.in_(states or SHOWN_STATES)).order_by(Job.id)
+    if users:
+        stmt = stmt.where(Job.user_name.in_(users))
+    if accounts:
+        stmt = stmt.where(Job.account.in_(accounts))
+    if ids:
+        stmt = stmt.where(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
+    if start is not None:  # ran (or ended) within the window
+        stmt = stmt.where(or_(Job.end_time.is_(None), Job.end_time >= start))
+    if end is not None:
+        stmt = stmt.where(func.coalesce(Job.start_time, Job.end_time, Job.submit_time) <= end)
+    return list(session.scalars(stmt))
+
+
+def job_records(session: Session, users: list[str] | None = None,
+                accounts: list[str] | None = None, states: list[str] | None = None,
+                ids: list[int] | None = None, start: datetime | None = None,
+                end: datetime | None = None) -> list[dict[str, Any]]:
+    """Finished and running jobs with elapsed time, GPU-hours (all of their runs) and
+    billed GPU-hours, and their GPU utilisation."""
+    now = datetime.now(UTC)
+    found = _jobs(session, users, accounts, states, ids, start, end)
+    held = _held(session, [j.id for j in found], None, None, now)
+    records = []
+    for job in found:
+        gpu_s, billed_s = held.get(job.id, (0.0, 0.0))
+        elapsed = ((job.end_time or now) - job.start_time).total_seconds() if job.start_time else 0.0
+        records.append({
+            "job_id": job.id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+            "name": job.name, "user": job.user_name, "account": job.account,
+            "partition": job.partition, "state": job.state, "exit_code": job.exit_code,
+            "signal": job.signal, "submit_time": job.submit_time.isoformat(),
+            "start_time": job.start_time.isoformat() if job.start_time else None,
+            "end_time": job.end_time.isoformat() if job.end_time else None,
+            "elapsed_s": max(0.0, elapsed), "gpus": job.gpus, "restarts": job.restarts,
+            "gpu_hours": gpu_s / 3600, "billed_gpu_hours": billed_s / 3600,
+            "gpu_util_avg": job.util_sum / job.util_samples if job.util_samples else None,
+            "gpu_util_peak": job.util_peak, "gpu_mem_peak_mb": job.mem_peak_mb,
+            "error_message": job.error_message})
+    return records
+
+
+def usage_report(session: Session, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """GPU-hours and billed GPU-hours per (account, user) within [start, end]: each GPU
+    holding is cut to the window."""
+    now = datetime.now(UTC)
+    found = _jobs(session, None, None, None, None, start, end)
+    held = _held(session, [j.id for j in found], start, end, now)
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for job in found:
+        gpu_s, billed_s = held.get(job.id, (0.0, 0.0))
+        if gpu_s <= 0:
+            continue
+        row = totals[(job.account or "", job.user_name)]
+        row[0] += 1
+        row[1] += gpu_s / 3600
+        row[2] += billed_s / 3600
+    return [{"account": account or None, "user": user, "jobs": int(n), "gpu_hours": hours,
+             "billed_gpu_hours": billed}
+            for (account, user), (n, hours, billed) in sorted(totals.items())]
