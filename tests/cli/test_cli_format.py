@@ -343,3 +343,38 @@ def test_gqueue_format_codes_widths_and_literal_text() -> None:
         parse_format("%i %Z")
     with pytest.raises(UsageError, match="no field codes"):
         parse_format("just text")
+
+
+def test_export_lists() -> None:
+    env = {"HOME": "/h", "PATH": "/bin", "A": "1"}
+    assert gsubmit.exported(None, env) == env
+    assert gsubmit.exported("ALL", env) == env
+    assert gsubmit.exported("NONE", env) == {}
+    assert gsubmit.exported("PATH,B=2,MISSING", env) == {"PATH": "/bin", "B": "2"}
+    assert gsubmit.exported("ALL,A=9,C=x=y", env) == {**env, "A": "9", "C": "x=y"}
+    for bad in ("PATH,,A", "1X=2", "ALL,NONE", "A B"):
+        with pytest.raises(UsageError, match="invalid --export"):
+            gsubmit.exported(bad, env)
+
+
+def test_input_variables_lose_to_the_command_line_and_beat_directives(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH -p debug -A lab -t 5\ntrue\n")
+    monkeypatch.setenv("GPUSCHED_PARTITION", "batch")
+    monkeypatch.setenv("GPUSCHED_TIMELIMIT", "10")
+    sub = parse_submit(["-t", "20", "job.sh"])
+    assert (sub.partition, sub.account, sub.time_limit) == ("batch", "lab", 20 * 60)
+    monkeypatch.setenv("GPUSCHED_TIMELIMIT", "soon")
+    with pytest.raises(UsageError, match="GPUSCHED_TIMELIMIT: --time"):
+        parse_submit(["job.sh"])
+
+
+def test_chdir_and_export_from_directives(in_tmp: Path) -> None:
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH -D sub --export=NONE,X=1\ntrue\n")
+    sub = parse_submit(["job.sh"])
+    assert (sub.chdir, sub.export) == ("sub", "NONE,X=1")
+    assert gsubmit.job_dir(sub.chdir) == str(in_tmp / "sub")
+    assert gsubmit.job_dir("/abs/dir") == "/abs/dir"
+    (in_tmp / "bad.sh").write_text("#!/bin/sh\n#SBATCH --export=1X\ntrue\n")
+    with pytest.raises(UsageError, match=r"^line 2: #SBATCH: invalid --export"):
+        parse_submit(["bad.sh"])

@@ -33,3 +33,23 @@ def test_filters_format_and_iterate(cluster: Cluster) -> None:
         out, _ = looping.communicate()
     assert out.count("JOBID") >= 2  # printed again after a second
     cluster.run("gcancel", str(a), str(b), str(c))
+
+
+def test_chdir_export_and_input_variables(cluster: Cluster) -> None:
+    sub = cluster.work / "sub"
+    sub.mkdir(mode=0o777)
+    script = cluster.work / "env.sh"
+    script.write_text("#!/bin/sh\necho \"MARK=${MARK:-unset} FOO=${FOO:-unset} $(pwd)\"\n")
+    env = {**cluster.env, "MARK": "here", "GPUSCHED_PARTITION": "debug"}
+    done = subprocess.run([str(BIN / "gsubmit"), "--parsable", "-D", "sub", "--export=NONE,FOO=bar",
+                           str(script)], env=env, cwd=cluster.work, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    job = int(done.stdout)
+    ended = cluster.wait_state(job, "COMPLETED")
+    assert ended["partition"] == "debug"  # from GPUSCHED_PARTITION
+    assert (sub / f"gpusched-{job}.out").read_text().split() == ["MARK=unset", "FOO=bar", str(sub)]
+    default = subprocess.run([str(BIN / "gsubmit"), "--parsable", str(script)], env=env,
+                             cwd=cluster.work, capture_output=True, text=True)
+    job = int(default.stdout)
+    cluster.wait_state(job, "COMPLETED")
+    assert (cluster.work / f"gpusched-{job}.out").read_text().split()[0] == "MARK=here"
