@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +36,7 @@ UNLIMITED = "UNLIMITED"
 DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
-                     "chdir", "export")
+                     "chdir", "export", "ntasks", "cpus_per_task")
 # Input variables that set an option unless the command line does (directives lose to
 # them), as sbatch's SBATCH_* do.
 INPUT_VARIABLES = {"partition": "GPUSCHED_PARTITION", "account": "GPUSCHED_ACCOUNT",
@@ -77,6 +78,8 @@ class Submission:
     array: str | None = None  # canonical task ids and cap, as parse_array gives them
     requeue: bool | None = None  # after a GPU failure; None: the partition's default
     chdir: str | None = None  # the job's working directory (default: the current one)
+    ntasks: int | None = None  # sbatch's --ntasks, shown to the job as SLURM_NTASKS
+    cpus_per_task: int | None = None
     export: str | None = None  # --export: ALL, NONE, or VAR[=value] lists
     gpu_types: tuple[str, ...] = ()
     nodes: int = 1
@@ -163,6 +166,14 @@ ArrayOpt = Annotated[str | None, _text_option(
     "--array", "-a", metavar="IDS",
     help_text="A job array: task ids such as 0-99, 1,3,5-9 or 0-30:10; %N runs at most N at once.",
 )]
+NtasksOpt = Annotated[int | None, typer.Option(
+    "--ntasks", "-n", min=1, metavar="N", show_default=False,
+    help="Tasks the job runs; with --cpus-per-task they set its CPUs per node.",
+)]
+CpusPerTaskOpt = Annotated[int | None, typer.Option(
+    "--cpus-per-task", "-c", min=1, metavar="N", show_default=False,
+    help="CPUs for each task (default 1 when --ntasks is given).",
+)]
 ChdirOpt = Annotated[str | None, _text_option(
     "--chdir", "-D", metavar="DIR", help_text="Run the job in DIR (default: the current directory).",
 )]
@@ -186,6 +197,8 @@ def gsubmit(
     nodes: NodesOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_gpu: CpusPerGpuOpt = None,
+    ntasks: NtasksOpt = None,
+    cpus_per_task: CpusPerTaskOpt = None,
     mem: MemOpt = None,
     mem_per_gpu: MemPerGpuOpt = None,
     time_limit: TimeOpt = None,
@@ -210,8 +223,11 @@ def gsubmit(
     warning = mig_warning(submission)
     if warning:
         print_warning(PROG, warning)
-    body = submission_body(submission, work_dir=job_dir(submission.chdir),
-                           environment=exported(submission.export, os.environ))
+    environment = exported(submission.export, os.environ)
+    for name, value in (("NTASKS", submission.ntasks), ("CPUS_PER_TASK", submission.cpus_per_task)):
+        if value is not None:  # what sbatch tells the job it asked for
+            environment[f"SLURM_{name}"] = environment[f"GPUSCHED_{name}"] = str(value)
+    body = submission_body(submission, work_dir=job_dir(submission.chdir), environment=environment)
     with ApiClient() as client:
         answer = client.request("POST", "/v1/jobs", body)
     job_id = answer.get("job_id")
@@ -418,8 +434,16 @@ def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
     mem = (parse("mem", parse_memory) if values["mem"] is not None
            else parse("mem_per_gpu", parse_memory, "--mem-per-gpu") * per_node
            if values["mem_per_gpu"] is not None else 0)
-    return {"gpus": per_node * nodes, "gpu_types": kinds, "nodes": nodes,
-            "cpus": (values["cpus_per_gpu"] or 0) * per_node, "mem_mb": mem}
+    tasks, per_task = values["ntasks"], values["cpus_per_task"]
+    if values["cpus_per_gpu"] is not None and (tasks is not None or per_task is not None):
+        raise UsageError("give --cpus-per-gpu, or --ntasks/--cpus-per-task, not both")
+    if tasks is not None or per_task is not None:
+        # sbatch: each node runs its share of the tasks, each with its CPUs.
+        cpus = math.ceil((tasks or nodes) / nodes) * (per_task or 1)
+    else:
+        cpus = (values["cpus_per_gpu"] or 0) * per_node
+    return {"gpus": per_node * nodes, "gpu_types": kinds, "nodes": nodes, "cpus": cpus,
+            "mem_mb": mem, "ntasks": tasks, "cpus_per_task": per_task}
 
 
 def _parse_array(text: str | None, origin: str | None) -> str | None:

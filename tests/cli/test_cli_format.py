@@ -378,3 +378,12 @@ def test_chdir_and_export_from_directives(in_tmp: Path) -> None:
     (in_tmp / "bad.sh").write_text("#!/bin/sh\n#SBATCH --export=1X\ntrue\n")
     with pytest.raises(UsageError, match=r"^line 2: #SBATCH: invalid --export"):
         parse_submit(["bad.sh"])
+
+
+def test_ntasks_and_cpus_per_task_set_cpus_per_node() -> None:
+    assert parse_submit(["-n", "4", "-c", "2", "--wrap", "x"]).cpus == 8
+    assert parse_submit(["-n", "4", "-c", "2", "-N", "2", "--wrap", "x"]).cpus == 4
+    assert parse_submit(["-n", "3", "-N", "2", "--wrap", "x"]).cpus == 2  # ceil(3/2) tasks
+    assert parse_submit(["-c", "6", "--wrap", "x"]).cpus == 6
+    with pytest.raises(UsageError, match="not both"):
+        parse_submit(["-n", "2", "--cpus-per-gpu", "4", "-G", "1", "--wrap", "x"])

@@ -53,3 +53,10 @@ def test_chdir_export_and_input_variables(cluster: Cluster) -> None:
     job = int(default.stdout)
     cluster.wait_state(job, "COMPLETED")
     assert (cluster.work / f"gpusched-{job}.out").read_text().split()[0] == "MARK=here"
+
+
+def test_ntasks_reach_the_job(cluster: Cluster) -> None:
+    job = cluster.submit("-n", "2", "-c", "1", "--wrap", "echo $SLURM_NTASKS $SLURM_CPUS_PER_TASK")
+    ended = cluster.wait_state(job, "COMPLETED")
+    assert ended["cpus"] == 2
+    assert (cluster.work / f"gpusched-{job}.out").read_text().split() == ["2", "1"]
