@@ -36,7 +36,13 @@ UNLIMITED = "UNLIMITED"
 DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
-                     "chdir", "export", "ntasks", "cpus_per_task")
+                     "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
+                     "constraint", "comment")
+# Options that matter only on other sites: accepted, ignored, and said so.
+IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
+           "mail_user": "--mail-user: this cluster sends no mail",
+           "constraint": "--constraint: this cluster has no node features",
+           "comment": "--comment: comments are not stored"}
 # Input variables that set an option unless the command line does (directives lose to
 # them), as sbatch's SBATCH_* do.
 INPUT_VARIABLES = {"partition": "GPUSCHED_PARTITION", "account": "GPUSCHED_ACCOUNT",
@@ -80,6 +86,7 @@ class Submission:
     chdir: str | None = None  # the job's working directory (default: the current one)
     ntasks: int | None = None  # sbatch's --ntasks, shown to the job as SLURM_NTASKS
     cpus_per_task: int | None = None
+    ignored: tuple[str, ...] = ()  # warnings for options accepted and ignored
     export: str | None = None  # --export: ALL, NONE, or VAR[=value] lists
     gpu_types: tuple[str, ...] = ()
     nodes: int = 1
@@ -174,6 +181,14 @@ CpusPerTaskOpt = Annotated[int | None, typer.Option(
     "--cpus-per-task", "-c", min=1, metavar="N", show_default=False,
     help="CPUs for each task (default 1 when --ntasks is given).",
 )]
+MailTypeOpt = Annotated[str | None, _text_option(
+    "--mail-type", metavar="TYPE", help_text="Accepted and ignored: no mail is sent.")]
+MailUserOpt = Annotated[str | None, _text_option(
+    "--mail-user", metavar="USER", help_text="Accepted and ignored: no mail is sent.")]
+ConstraintOpt = Annotated[str | None, _text_option(
+    "--constraint", "-C", metavar="LIST", help_text="Accepted and ignored: no node features.")]
+CommentOpt = Annotated[str | None, _text_option(
+    "--comment", metavar="TEXT", help_text="Accepted and ignored.")]
 ChdirOpt = Annotated[str | None, _text_option(
     "--chdir", "-D", metavar="DIR", help_text="Run the job in DIR (default: the current directory).",
 )]
@@ -213,6 +228,10 @@ def gsubmit(
     requeue: RequeueOpt = None,
     chdir: ChdirOpt = None,
     export: ExportOpt = None,
+    mail_type: MailTypeOpt = None,
+    mail_user: MailUserOpt = None,
+    constraint: ConstraintOpt = None,
+    comment: CommentOpt = None,
     begin: BeginOpt = None,
     dependency: DependencyOpt = None,
     array: ArrayOpt = None,
@@ -220,9 +239,9 @@ def gsubmit(
 ) -> None:
     """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured."""
     submission = resolve_submission(ctx)
-    warning = mig_warning(submission)
-    if warning:
-        print_warning(PROG, warning)
+    for warning in (*submission.ignored, mig_warning(submission)):
+        if warning:
+            print_warning(PROG, f"{warning}; ignored" if warning in submission.ignored else warning)
     environment = exported(submission.export, os.environ)
     for name, value in (("NTASKS", submission.ntasks), ("CPUS_PER_TASK", submission.cpus_per_task)):
         if value is not None:  # what sbatch tells the job it asked for
@@ -277,6 +296,8 @@ def resolve_submission(ctx: typer.Context) -> Submission:
         hold=bool(values["hold"]),
         requeue=values["requeue"],
         chdir=values["chdir"],
+        ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
+                      for name, why in IGNORED.items() if values[name] is not None),
         export=_check_export(values["export"], origins.get("export")),
         begin_time=_parse_begin(values["begin"], origins.get("begin")),
         dependency=values["dependency"],

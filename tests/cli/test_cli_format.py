@@ -387,3 +387,12 @@ def test_ntasks_and_cpus_per_task_set_cpus_per_node() -> None:
     assert parse_submit(["-c", "6", "--wrap", "x"]).cpus == 6
     with pytest.raises(UsageError, match="not both"):
         parse_submit(["-n", "2", "--cpus-per-gpu", "4", "-G", "1", "--wrap", "x"])
+
+
+def test_site_only_options_are_accepted_with_a_warning(in_tmp: Path) -> None:
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --mail-type=END,FAIL\n#SBATCH -C a100\ntrue\n")
+    sub = parse_submit(["--mail-user", "me@lab", "job.sh"])
+    assert sub.ignored == ("line 2: #SBATCH: --mail-type: this cluster sends no mail",
+                           "--mail-user: this cluster sends no mail",
+                           "line 3: #SBATCH: --constraint: this cluster has no node features")
+    assert parse_submit(["--wrap", "true"]).ignored == ()
