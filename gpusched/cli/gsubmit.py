@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,8 @@ ConstraintOpt = Annotated[str | None, _text_option(
     "--constraint", "-C", metavar="LIST", help_text="Accepted and ignored: no node features.")]
 CommentOpt = Annotated[str | None, _text_option(
     "--comment", metavar="TEXT", help_text="Accepted and ignored.")]
+TestOnlyOpt = Annotated[bool, typer.Option(
+    "--test-only", help="Say when and where the job would start; submit nothing.")]
 ChdirOpt = Annotated[str | None, _text_option(
     "--chdir", "-D", metavar="DIR", help_text="Run the job in DIR (default: the current directory).",
 )]
@@ -228,6 +231,7 @@ def gsubmit(
     requeue: RequeueOpt = None,
     chdir: ChdirOpt = None,
     export: ExportOpt = None,
+    test_only: TestOnlyOpt = False,
     mail_type: MailTypeOpt = None,
     mail_user: MailUserOpt = None,
     constraint: ConstraintOpt = None,
@@ -247,6 +251,18 @@ def gsubmit(
         if value is not None:  # what sbatch tells the job it asked for
             environment[f"SLURM_{name}"] = environment[f"GPUSCHED_{name}"] = str(value)
     body = submission_body(submission, work_dir=job_dir(submission.chdir), environment=environment)
+    if test_only:
+        from datetime import datetime
+
+        with ApiClient() as client:
+            answer = client.request("POST", "/v1/jobs/test", body)
+        where = f" on nodes {','.join(answer['nodes'])}" if answer["nodes"] else ""
+        when = (datetime.fromisoformat(answer["start"]).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+                if answer["start"] else f"an unknown time (reason {answer['reason']})")
+        print_warning(PROG, "--test-only: nothing was submitted")
+        print(f"gsubmit: Job {answer['job_id']} to start at {when} using {answer['gpus']} GPUs"
+              f"{where} in partition {answer['partition']}", file=sys.stderr)
+        return
     with ApiClient() as client:
         answer = client.request("POST", "/v1/jobs", body)
     job_id = answer.get("job_id")

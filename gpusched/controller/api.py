@@ -19,7 +19,7 @@ from gpusched.controller.http import Request, Router
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
-from gpusched.core.plan import job_priorities
+from gpusched.core.plan import job_priorities, plan
 from gpusched.db import accounting, agents, health, jobs
 from gpusched.db.admin import apply_config, plan_changes
 from gpusched.db.models import Allocation, Gpu, Node, Partition
@@ -76,6 +76,7 @@ class Api:
         r = Router()
         r.add("GET", "/v1/ping", self.ping)
         r.add("POST", "/v1/jobs", self.submit)
+        r.add("POST", "/v1/jobs/test", self.test_submit)
         r.add("GET", "/v1/jobs", self.list_jobs)
         r.add("GET", "/v1/jobs/{job_id}", self.get_job)
         r.add("GET", "/v1/jobs/{job_id}/explain", self.explain)
@@ -193,6 +194,34 @@ class Api:
             job_id = job.id
         self.events.wake_scheduler()
         return 201, {"job_id": job_id}
+
+    def test_submit(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Validate a submission and say when and where the next pass would start it,
+        storing nothing (gsubmit --test-only): the job is added, planned, rolled back."""
+        session = self.sessions()
+        try:
+            job = jobs.submit_job(session, request.body, self.who(request))
+            session.flush()
+            job_id, partition, gpus = job.id, job.partition, job.gpus
+            snapshot, _ = load_snapshot(session, self.policy.preempt_grace)
+            decided = plan(snapshot, time.time(), self.policy)
+        finally:
+            session.rollback()
+            session.close()
+        started = [s for s in decided.starts if s.job_id == job_id]
+        if started:
+            when: float | None = time.time()
+            nodes = sorted({n for s in started for n in (s.nodes or (s.node,))})
+            reason = "None"
+        else:
+            waiting = next((p for p in decided.pending if p.job_id == job_id), None)
+            when = waiting.expected_start if waiting else None
+            reserved = next((r for r in decided.reservations if r.job_id == job_id), None)
+            nodes = list(reserved.nodes) if reserved else []
+            reason = waiting.reason.value if waiting else "None"
+        return 200, {"job_id": job_id, "partition": partition, "gpus": gpus, "nodes": nodes,
+                     "start": datetime.fromtimestamp(when, UTC).isoformat() if when else None,
+                     "reason": reason}
 
     def list_jobs(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The queue."""

@@ -60,3 +60,26 @@ def test_ntasks_reach_the_job(cluster: Cluster) -> None:
     ended = cluster.wait_state(job, "COMPLETED")
     assert ended["cpus"] == 2
     assert (cluster.work / f"gpusched-{job}.out").read_text().split() == ["2", "1"]
+
+
+def test_test_only_says_when_and_where_and_stores_nothing(cluster: Cluster) -> None:
+    before = len(cluster.jobs())
+    now = cluster.run("gsubmit", "--test-only", "-G", "2", "--wrap", "true")
+    assert now.returncode == 0, now.stderr
+    lines = now.stderr.splitlines()
+    assert lines[0] == "gsubmit: warning: --test-only: nothing was submitted"
+    assert " using 2 GPUs on nodes node01 in partition gpu" in lines[1]
+    assert now.stdout == "" and len(cluster.jobs()) == before
+    big = cluster.submit("-G", "4", "-t", "1:00", "--wrap", "sleep 30")
+    running = cluster.wait_state(big, "RUNNING")
+    later = cluster.run("gsubmit", "--test-only", "-G", "1", "-t", "0:30", "--wrap", "true")
+    assert later.returncode == 0, later.stderr
+    from datetime import datetime, timedelta
+
+    expected = (datetime.fromisoformat(running["start_time"]) + timedelta(minutes=1)).astimezone()
+    when = datetime.fromisoformat(later.stderr.split(" to start at ")[1].split(" using")[0])
+    assert abs((when.astimezone() - expected).total_seconds()) <= 2
+    assert len(cluster.jobs()) == before + 1
+    bad = cluster.run("gsubmit", "--test-only", "-G", "9", "--wrap", "true")
+    assert bad.returncode == 2 and "no node in partition gpu has that" in bad.stderr
+    cluster.run("gcancel", str(big))
