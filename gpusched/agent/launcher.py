@@ -95,7 +95,8 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
 
     def output_path(pattern: str) -> str:
         return os.path.join(work_dir, expand_output_pattern(
-            pattern, job_id, name, user, array_job, None if task is None else int(task)))
+            pattern, job_id, name, user, array_job, None if task is None else int(task),
+            node_name))
 
     stdout = output_path(launch.get("output") or DEFAULT_OUTPUT_PATTERN)
     stderr = output_path(launch["error"]) if launch.get("error") else stdout

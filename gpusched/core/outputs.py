@@ -1,7 +1,7 @@
 """Output file name patterns, as in Slurm's ``sbatch --output``.
 
-``%j`` job id, ``%x`` job name, ``%u`` user name, ``%A`` an array's job id, ``%a`` its
-task id, ``%%`` a literal ``%``. For a job that is not part of an array, ``%A`` is its
+``%j`` job id, ``%x`` job name, ``%u`` user name, ``%N`` the (first) node's name,
+``%A`` an array's job id, ``%a`` its task id, ``%%`` a literal ``%``. For a job that is not part of an array, ``%A`` is its
 job id and ``%a`` is 4294967294, Slurm's "no value", so scripts written for Slurm name
 their files the same way. As in Slurm, a number between ``%`` and the letter zero-pads
 ids (``%5j`` -> ``00017``); it is ignored for names. Any other ``%`` sequence is kept as written, so a pattern using a
@@ -15,15 +15,16 @@ import re
 DEFAULT_OUTPUT_PATTERN = "gpusched-%j.out"
 
 NO_TASK = 4294967294
-_SPECIFIER = re.compile(r"%(%|(\d*)([jxuAa]))")
+_SPECIFIER = re.compile(r"%(%|(\d*)([jxuNAa]))")
 _NUMERIC = frozenset("jAa")
 
 
 def expand_output_pattern(pattern: str, job_id: int, name: str, user: str,
                           array_job_id: int | None = None,
-                          array_task_id: int | None = None) -> str:
-    """Expand ``%j``, ``%x``, ``%u``, ``%A``, ``%a`` and ``%%`` in an output file pattern."""
-    values = {"j": str(job_id), "x": name, "u": user,
+                          array_task_id: int | None = None, node: str = "") -> str:
+    """Expand ``%j``, ``%x``, ``%u``, ``%N``, ``%A``, ``%a`` and ``%%`` in an output file
+    pattern."""
+    values = {"j": str(job_id), "x": name, "u": user, "N": node,
               "A": str(job_id if array_job_id is None else array_job_id),
               "a": str(NO_TASK if array_task_id is None else array_task_id)}
 

@@ -83,3 +83,9 @@ def test_test_only_says_when_and_where_and_stores_nothing(cluster: Cluster) -> N
     bad = cluster.run("gsubmit", "--test-only", "-G", "9", "--wrap", "true")
     assert bad.returncode == 2 and "no node in partition gpu has that" in bad.stderr
     cluster.run("gcancel", str(big))
+
+
+def test_output_patterns_name_user_and_node(cluster: Cluster) -> None:
+    job = cluster.submit("-J", "named", "-o", "%x-%u-%N-%j.log", "--wrap", "echo hi")
+    ended = cluster.wait_state(job, "COMPLETED")
+    assert (cluster.work / f"named-{ended['user']}-node01-{job}.log").read_text() == "hi\n"

@@ -19,7 +19,7 @@ from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, NO_TASK, expand_output
     ("%5j.out", "00017.out"),      # Slurm's zero padding
     ("%2j", "17"),                 # padding never truncates
     ("%5x", "train"),              # and does not apply to names
-    ("%N-%t.out", "%N-%t.out"),    # unknown here: kept as written
+    ("%n-%t.out", "%n-%t.out"),    # unknown here: kept as written
     ("50%", "50%"),
     ("", ""),
 ])
@@ -54,3 +54,9 @@ def test_array_ids_and_their_padding() -> None:
 
 def test_array_ids_of_a_job_outside_any_array_are_slurms() -> None:
     assert expand_output_pattern("%A_%a", 40, "x", "u") == f"40_{NO_TASK}" == "40_4294967294"
+
+
+def test_node_name() -> None:
+    assert expand_output_pattern("%N-%x-%u-%j.out", 7, "train", "alice", node="gpu03") == \
+        "gpu03-train-alice-7.out"
+    assert expand_output_pattern("%5N.out", 7, "t", "a", node="gpu03") == "gpu03.out"
