@@ -150,7 +150,7 @@ def _fits_ever(cluster: SimCluster, pending: PendingJob) -> bool:
     """Whether the empty cluster could ever hold this job, by the core's own reckoning."""
     capacity = Capacity(cluster.nodes, (), 0.0)
     part = next(p for p in cluster.partitions if p.name == pending.partition)
-    if part.max_time is not None and (pending.time_limit or INF) > part.max_time:
+    if not part.up or (part.max_time is not None and (pending.time_limit or INF) > part.max_time):
         return False
     members = frozenset(capacity.index[n] for n in part.nodes if n in capacity.index)
     return capacity.earliest(Shape.of(pending), members)[0] < INF

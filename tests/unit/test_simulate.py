@@ -261,3 +261,10 @@ def test_the_shipped_example_cluster_file_loads() -> None:
     assert [r.job_id for r in result.records] == [1] and result.never == [2]
     assert len({cluster.nodes[[n.name for n in cluster.nodes].index(name)].block
                 for name in result.records[0].nodes}) == 1  # 3 nodes in one rack
+
+
+def test_a_down_default_partition_runs_nothing_and_says_so() -> None:
+    cluster = parse_cluster("c.toml", {"node": [{"names": "n1", "gpus": 2}],
+                                       "partition": [{"name": "p", "state": "down"}]})
+    result = simulate([TraceJob(1, 0.0, 5.0, 10, 1)], cluster, SimPolicy())
+    assert (result.records, result.never) == ([], [1])
