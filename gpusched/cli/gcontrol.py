@@ -44,6 +44,43 @@ def requeue(job_ids: JobIds) -> int:
     return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "requeue")
 
 
+update_app = new_app("Change a pending job, like scontrol update.")
+app.add_typer(update_app, name="update")
+_UPDATE_KEYS = {"timelimit": "time_limit", "partition": "partition", "qos": "qos"}
+
+
+@update_app.command("job")
+def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
+               settings: Annotated[list[str], typer.Argument(
+                   metavar="KEY=VALUE...", help="TimeLimit=, Partition=, QOS=")]) -> None:
+    """Change a pending job: its owner may lower TimeLimit; an administrator may change
+    TimeLimit, Partition and QOS.
+
+    Example: gcontrol update job 17 TimeLimit=2:00:00
+    """
+    from gpusched.core.timefmt import TimeFormatError, parse_time_limit
+
+    job_id = parse_job_ids([job])[0]
+    body: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        name = _UPDATE_KEYS.get(key.strip().lower())
+        if not sep or name is None or not value.strip():
+            raise UsageError(f"invalid setting {setting!r}: expected TimeLimit=, Partition= "
+                             "or QOS= with a value")
+        if name == "time_limit":
+            try:
+                seconds = parse_time_limit(value)
+            except TimeFormatError as exc:
+                raise UsageError(f"TimeLimit: {exc}") from None
+            body[name] = "UNLIMITED" if seconds is None else seconds
+        else:
+            body[name] = value.strip()
+    answer = _request("POST", f"/v1/jobs/{job_id}/update", body)
+    typer.echo(f"job {job_id}: partition {answer['partition']}, QOS {answer['qos'] or '-'}, "
+               f"time limit {answer['time_limit'] if answer['time_limit'] is not None else 'UNLIMITED'} s")
+
+
 # -- show ------------------------------------------------------------------------------
 
 show_app = new_app("Show a job, node, partition or GPU as KEY=VALUE lines, like scontrol show.")

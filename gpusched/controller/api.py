@@ -103,6 +103,7 @@ class Api:
         r.add("POST", "/v1/nodes/{name}/drain", self.drain_node)
         r.add("POST", "/v1/nodes/{name}/resume", self.resume_node)
         r.add("POST", "/v1/jobs/{job_id}/requeue", self.requeue)
+        r.add("POST", "/v1/jobs/{job_id}/update", self.update_job)
         return r
 
     @staticmethod
@@ -442,6 +443,16 @@ class Api:
             notify_in(session, "sched")
         self.events.wake_scheduler()
         return 200, answer
+
+    def update_job(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Change a pending job's time limit (its owner may lower it), partition or QOS."""
+        job_id = _job_id(request)
+        with self.sessions() as session, session.begin():
+            jobs.update_job(session, job_id, self.who(request), request.body)
+            notify_in(session, "sched")
+        self.events.wake_scheduler()
+        with self.sessions() as session:
+            return 200, jobs.get_job(session, job_id, self.who(request))
 
     def requeue(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Stop a running job and put it back in the queue (its owner or an admin)."""

@@ -331,6 +331,49 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[s
     return job, names
 
 
+def update_job(session: Session, job_id: int, who: Identity, body: dict[str, Any]) -> Job:
+    """Change a pending job's time limit, partition or QOS (scontrol update job).
+
+    Its owner may lower its time limit; an administrator may change any of them. The
+    new values are checked as a submission's are.
+    """
+    job = _owned_job(session, job_id, who, "update")
+    allowed = {"time_limit", "partition", "qos"}
+    unknown = sorted(set(body) - allowed)
+    if unknown or not body:
+        raise UsageError(f"update: expected some of {', '.join(sorted(allowed))}"
+                         + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+    if job.state != "PENDING":
+        raise Conflict(f"job {job_id} is {job.state}: only pending jobs can be updated")
+    if not who.is_admin and set(body) != {"time_limit"}:
+        raise PermissionDenied("only an administrator may change a job's partition or QOS; "
+                               "you may lower its time limit")
+    part = (_choose_partition(session, _field(body, "partition", str, None, "a partition name"))
+            if "partition" in body else session.get(Partition, job.partition))
+    assert part is not None
+    limit = _validate_time(part, body["time_limit"]) if "time_limit" in body else job.time_limit
+    if not who.is_admin and "time_limit" in body and job.time_limit is not None and (
+            limit is None or limit > job.time_limit):
+        raise PermissionDenied(f"only an administrator may raise a time limit (now "
+                               f"{format_duration(job.time_limit)})")
+    if part.max_time is not None and (limit is None or limit > part.max_time):
+        raise UsageError(f"time limit {format_duration(limit)} exceeds the MaxTime "
+                         f"{format_duration(part.max_time)} of partition {part.name}")
+    if "partition" in body:
+        _check_fits(session, part, job.gpus // max(1, job.nodes), tuple(job.gpu_types),
+                    job.nodes, job.cpus, job.mem_mb)
+    qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), limit) \
+        if "qos" in body else job.qos
+    if qos is not None and "qos" not in body:
+        _choose_qos(session, qos, limit)  # the MaxWall of the QOS it keeps
+    changed = rowcount(session.execute(update(Job).where(Job.id == job_id, Job.state == "PENDING")
+                                       .values(time_limit=limit, partition=part.name, qos=qos)))
+    if not changed:
+        raise Conflict(f"job {job_id} started while it was being updated")
+    session.refresh(job)
+    return job
+
+
 def requeue_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[str]]:
     """Stop a running job and put it back in the queue with its submit time (scontrol
     requeue); returns the job and the nodes to wake."""

@@ -72,3 +72,31 @@ def test_drain_and_resume_a_gpu_and_a_node(cluster: Cluster, job_user: tuple[int
     refused = cluster.api_as(uid, gid, "POST", "/v1/gpus/drain",
                              {"node": "node01", "index": 0, "reason": "x"})
     assert "only an administrator" in refused["error"]
+
+
+def test_update_a_pending_job(cluster: Cluster, job_user: tuple[int, int, str]) -> None:
+    job = cluster.submit("--hold", "-t", "2:00:00", "--wrap", "true")
+    lowered = cluster.run("gcontrol", "update", "job", str(job), "TimeLimit=30:00")
+    assert lowered.returncode == 0, lowered.stderr
+    assert cluster.job(job)["time_limit"] == 1800
+    moved = cluster.run("gcontrol", "update", "job", str(job), "Partition=debug", "timelimit=1:00:00")
+    assert moved.returncode == 0, moved.stderr  # root is an administrator
+    assert (cluster.job(job)["partition"], cluster.job(job)["time_limit"]) == ("debug", 3600)
+    too_long = cluster.run("gcontrol", "update", "job", str(job), "Partition=gpu", "TimeLimit=2-00:00:00")
+    assert too_long.returncode == 2 and "exceeds the MaxTime" in too_long.stderr
+    assert cluster.job(job)["partition"] == "debug"  # nothing changed
+    bad = cluster.run("gcontrol", "update", "job", str(job), "Nice=5")
+    assert bad.returncode == 2 and "invalid setting 'Nice=5'" in bad.stderr
+    uid, gid, user = job_user
+    theirs = cluster.api_as(uid, gid, "POST", "/v1/jobs", {
+        "script": "#!/bin/sh\ntrue\n", "work_dir": "/tmp", "hold": True, "time_limit": 600})
+    raised = cluster.api_as(uid, gid, "POST", f"/v1/jobs/{theirs['job_id']}/update",
+                            {"time_limit": 1200})
+    assert "only an administrator may raise a time limit" in raised["error"]
+    moved_theirs = cluster.api_as(uid, gid, "POST", f"/v1/jobs/{theirs['job_id']}/update",
+                                  {"partition": "debug"})
+    assert "only an administrator may change a job's partition" in moved_theirs["error"]
+    down = cluster.api_as(uid, gid, "POST", f"/v1/jobs/{theirs['job_id']}/update",
+                          {"time_limit": 300})
+    assert down["time_limit"] == 300
+    cluster.run("gcancel", str(job), str(theirs["job_id"]))
