@@ -292,8 +292,8 @@ def _cache_dir(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="session")
 def fake_nvml_lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory holding the built fake ``libnvidia-ml.so.1``."""
-    if _compiler() is None:
-        pytest.skip("no C compiler to build the fake NVML library")
+    if _compiler() is None:  # gcc is part of the test machine: its absence is a failure
+        pytest.fail(f"no C compiler ({os.environ.get('CC', 'gcc')}) to build the fake NVML library")
     return build_fake_nvml(_cache_dir(request.config, tmp_path_factory))
 
 

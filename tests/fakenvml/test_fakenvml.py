@@ -672,9 +672,9 @@ except pynvml.NVMLError_FunctionNotFound:
 
 
 def test_library_compiles_without_warnings(tmp_path: Path) -> None:
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc")
-    res = subprocess.run(["gcc", *CFLAGS, "-Werror", "-o", str(tmp_path / LIB_NAME),
+    gcc = shutil.which("gcc")
+    assert gcc is not None, "gcc is part of the test machine"
+    res = subprocess.run([gcc, *CFLAGS, "-Werror", "-o", str(tmp_path / LIB_NAME),
                           str(FAKENVML_DIR / "fakenvml.c"), "-lpthread"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
