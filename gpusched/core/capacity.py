@@ -65,6 +65,15 @@ class Shape(NamedTuple):
                    INF if job.time_limit is None else float(job.time_limit), job.uid)
 
 
+def any_could_start(free_per_node: Iterable[int], shapes: Iterable[tuple[int, int]]) -> bool:
+    """Whether any of ``shapes`` (GPUs per node, nodes) could find its GPUs free now:
+    ``nodes`` nodes with at least ``gpus`` free GPUs each. A necessary condition only
+    (GPU types, CPUs, memory and reservations are not looked at): when it fails, a pass
+    starts nothing, so a caller that only wants starts may skip the pass."""
+    free = sorted(free_per_node, reverse=True)
+    return any(nodes <= len(free) and free[nodes - 1] >= gpus for gpus, nodes in shapes)
+
+
 class _Units:
     """What a pass needs to know of one usable node before any job: its units by kind
     (healthy, never a GPU in MIG mode whole), in index order."""

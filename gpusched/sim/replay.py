@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpusched.core.capacity import INF, Capacity, Shape
+from gpusched.core.capacity import INF, Capacity, Shape, any_could_start
 from gpusched.core.fairshare import ROOT, Account, UserShare, accrue, decay
 from gpusched.core.model import (
     PendingJob,
@@ -184,7 +184,6 @@ class Replay:
         self.node_of = {gpu.uuid: node.name for node in cluster.nodes for gpu in node.gpus}
         self.free_on = {node.name: len(node.gpus) for node in cluster.nodes}
         self.shapes: Counter[tuple[int, int]] = Counter()
-        self.skipped = 0
 
     def submit(self, job: TraceJob, pending: PendingJob) -> None:
         """A job arrives."""
@@ -216,8 +215,7 @@ class Replay:
     def schedule(self, now: float) -> None:
         """One pass at ``now``: start what the core decides."""
         arrived, self.arrived = self.arrived, []
-        if not self._could_start():
-            self.skipped += 1
+        if not any_could_start(self.free_on.values(), self.shapes):
             self.last = None
             return
         if self.last is not None and self.incremental and self.last.extendable:
@@ -235,12 +233,6 @@ class Replay:
         for start in decisions.starts:
             self._start(start.job_id, now, start.node, start.nodes or (start.node,),
                         start.gpu_uuids, start.kind is StartKind.BACKFILLED)
-
-    def _could_start(self) -> bool:
-        """Whether some waiting job could find its GPUs free: else a pass starts nothing."""
-        most = max(self.free_on.values(), default=0)
-        free = self.cluster.gpus - self.busy
-        return any(gpus <= most and gpus * nodes <= free for gpus, nodes in self.shapes)
 
     def _running(self, now: float) -> tuple[RunningJob, ...]:
         if self.policy.kill:

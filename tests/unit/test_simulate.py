@@ -180,17 +180,16 @@ def test_arrivals_extending_a_pass_decide_as_fresh_passes_do(jobs: list[TraceJob
             super().__init__(*args)  # type: ignore[arg-type]
             self.incremental = False
 
-        def _could_start(self) -> bool:
-            return True
-
     import gpusched.sim.replay as replay_module
 
-    original = replay_module.Replay
+    original, skip = replay_module.Replay, replay_module.any_could_start
     replay_module.Replay = Fresh  # type: ignore[misc]
+    replay_module.any_could_start = lambda free, shapes: True
     try:
         slow = simulate(jobs, cluster, SimPolicy(backfill=backfill))
     finally:
         replay_module.Replay = original  # type: ignore[misc]
+        replay_module.any_could_start = skip
     assert fast.records == slow.records
     assert fast.passes <= slow.passes
 
@@ -268,3 +267,13 @@ def test_a_down_default_partition_runs_nothing_and_says_so() -> None:
                                        "partition": [{"name": "p", "state": "down"}]})
     result = simulate([TraceJob(1, 0.0, 5.0, 10, 1)], cluster, SimPolicy())
     assert (result.records, result.never) == ([], [1])
+
+
+def test_any_could_start_needs_enough_nodes_with_enough_free_gpus() -> None:
+    from gpusched.core.capacity import any_could_start
+
+    assert any_could_start([3, 1, 0], [(2, 1)])
+    assert not any_could_start([3, 1, 0], [(2, 2), (4, 1)])  # 4 free in all, but not so
+    assert any_could_start([3, 2, 0], [(2, 2)])
+    assert not any_could_start([8, 8], [(1, 3)])
+    assert not any_could_start([], [(1, 1)]) and not any_could_start([4], [])
