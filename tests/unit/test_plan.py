@@ -217,3 +217,45 @@ def test_classic_and_fair_tree_can_order_differently() -> None:
                         accounts=accounts, user_shares=shares, usage=usage)
     assert [s.job_id for s in plan(snapshot, 0.0, Policy()).starts] == [2]
     assert [s.job_id for s in plan(snapshot, 0.0, Policy(fairshare="classic")).starts] == [1]
+
+
+_partitions = st.builds(
+    PartitionView, name=st.just("p"), nodes=st.just(("n1",)), up=st.booleans(),
+    max_time=st.none() | st.integers(1, 100), allow_accounts=st.none() | st.just(frozenset({"a"})),
+    deny_accounts=st.sampled_from([frozenset(), frozenset({"b"})]),
+    max_gpus_per_job=st.none() | st.integers(0, 4))
+_jobs = st.builds(
+    PendingJob, job_id=st.just(1), partition=st.just("p"), gpus=st.integers(0, 6),
+    uid=st.just(0), submit_time=st.just(0.0), time_limit=st.none() | st.integers(1, 200),
+    user=st.just("u"), account=st.sampled_from([None, "a", "b"]),
+    qos=st.sampled_from([None, "q"]), hold=st.sampled_from([None, "user", "admin"]),
+    begin_time=st.none() | st.floats(0, 20), dependency=st.sampled_from([None, "singleton"]),
+    name=st.just("j"), array_job_id=st.sampled_from([None, 1]),
+    array_max_running=st.none() | st.integers(0, 2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_partitions, _jobs)
+def test_an_open_partition_holds_no_job_back(part: PartitionView, job: PendingJob) -> None:
+    """``_partition_open`` lets jobs skip ``_partition_waits``: only where it finds nothing."""
+    from gpusched.core.plan import _partition_open, _partition_waits
+
+    if _partition_open(part):
+        assert list(_partition_waits(job, part)) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(_jobs)
+def test_a_plain_job_has_no_reason_to_wait(job: PendingJob) -> None:
+    """``_plain`` lets most jobs skip ``waits``: only where it would find nothing."""
+    from gpusched.core.model import QosLimits
+    from gpusched.core.plan import SchedulingPass
+
+    snapshot = Snapshot((node("n1", 4),), (PartitionView("p", ("n1",)),), (job,),
+                        running=(RunningJob(9, "n1", ("n1-g0",), user="u", qos="q",
+                                            array_job_id=1),),
+                        qos_limits={"q": QosLimits(max_jobs_per_user=1)},
+                        running_names=frozenset({("u", "j")}))
+    scheduling = SchedulingPass(snapshot, 10.0, Policy())
+    if scheduling._plain(job):
+        assert list(scheduling.waits(job)) == []
