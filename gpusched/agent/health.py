@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpusched.agent.nvml import load
+from gpusched.agent.nvml import as_text, call_or, load, mig_handles
 
 log = logging.getLogger(__name__)
 
@@ -119,21 +119,11 @@ class HealthMonitor:
         found: dict[str, tuple[Any, dict[tuple[int, int], str]]] = {}
         for position in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(position)
-            slices: dict[tuple[int, int], str] = {}
-            try:
-                mode = nvml.nvmlDeviceGetMigMode(handle)[0]
-            except nvml.NVMLError:
-                mode = 0
-            if mode == nvml.NVML_DEVICE_MIG_ENABLE:
-                for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                    try:
-                        device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-                    except nvml.NVMLError:
-                        continue
-                    slices[(nvml.nvmlDeviceGetGpuInstanceId(device),
-                            nvml.nvmlDeviceGetComputeInstanceId(device))] = \
-                        _text(nvml.nvmlDeviceGetUUID(device))
-            found[_text(nvml.nvmlDeviceGetUUID(handle))] = (handle, slices)
+            slices = {(nvml.nvmlDeviceGetGpuInstanceId(device),
+                       nvml.nvmlDeviceGetComputeInstanceId(device)):
+                      as_text(nvml.nvmlDeviceGetUUID(device))
+                      for device in mig_handles(nvml, handle)}
+            found[as_text(nvml.nvmlDeviceGetUUID(handle))] = (handle, slices)
         return found
 
     @staticmethod
@@ -173,7 +163,7 @@ class HealthMonitor:
         else:
             return None
         try:
-            uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+            uuid = as_text(nvml.nvmlDeviceGetUUID(event.device))
         except nvml.NVMLError:
             return None
         if uuid.startswith("MIG-"):
@@ -235,7 +225,8 @@ class HealthMonitor:
                     "mem_used_mb": int(nvml.nvmlDeviceGetMemoryInfo(handle).used // (1024 * 1024)),
                     "temperature": int(nvml.nvmlDeviceGetTemperature(handle,
                                                                      nvml.NVML_TEMPERATURE_GPU)),
-                    "power_mw": int(_maybe(nvml, nvml.nvmlDeviceGetPowerUsage, handle) or 0)})
+                    "power_mw": int(call_or(nvml, nvml.nvmlDeviceGetPowerUsage, handle,
+                                            default=0))})
             except nvml.NVMLError:
                 continue  # a lost GPU: the checks deal with it
         return found
@@ -263,14 +254,3 @@ class HealthMonitor:
         for fault in fresh:
             self._last[(fault.uuid, fault.reason)] = now
             log.warning("GPU %s out of service: %s", fault.uuid, fault.reason)
-
-
-def _maybe(nvml: Any, function: Any, *args: Any) -> Any:
-    try:
-        return function(*args)
-    except nvml.NVMLError_NotSupported:
-        return None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

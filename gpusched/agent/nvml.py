@@ -82,13 +82,14 @@ def mig_profile(slices: int, memory_mb: int, parent_memory_mb: int, parent_name:
     return f"{slices}g.{max(1, round(eighths * nominal / 8))}gb"
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A string pynvml returned (bytes in older versions)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _bus_id(pci: Any) -> str:
     """The PCI bus id in the 8-digit-domain form (``00000000:07:00.0``)."""
-    text = _text(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+    text = as_text(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
     return text.upper() if text else ""
 
 
@@ -124,12 +125,12 @@ def _discover(nvml: Any) -> Discovered:
     for position in range(nvml.nvmlDeviceGetCount()):
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(position)
-            index = _call(nvml, nvml.nvmlDeviceGetIndex, handle, default=position)
-            name = _text(nvml.nvmlDeviceGetName(handle))
+            index = call_or(nvml, nvml.nvmlDeviceGetIndex, handle, default=position)
+            name = as_text(nvml.nvmlDeviceGetName(handle))
             memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024))
             bus = _bus_id(nvml.nvmlDeviceGetPciInfo(handle))
             kind = gpu_type(name)
-            found = [StaticGpu(index=index, uuid=_text(nvml.nvmlDeviceGetUUID(handle)), name=name,
+            found = [StaticGpu(index=index, uuid=as_text(nvml.nvmlDeviceGetUUID(handle)), name=name,
                                memory_mb=memory_mb, pci_bus_id=bus, type=kind),
                      *_mig_devices(nvml, handle, index, name, memory_mb, kind)]
         except nvml.NVMLError as exc:
@@ -141,10 +142,10 @@ def _discover(nvml: Any) -> Discovered:
         if bus:
             buses[bus] = index
     return Discovered(tuple(gpus), _links(nvml, handles, buses),
-                      _text(_call(nvml, nvml.nvmlSystemGetDriverVersion, default="")))
+                      as_text(call_or(nvml, nvml.nvmlSystemGetDriverVersion, default="")))
 
 
-def _call(nvml: Any, function: Any, *args: Any, default: Any = None) -> Any:
+def call_or(nvml: Any, function: Any, *args: Any, default: Any = None) -> Any:
     """``function(*args)``, or ``default`` where this GPU or driver does not support it."""
     try:
         return function(*args)
@@ -152,21 +153,26 @@ def _call(nvml: Any, function: Any, *args: Any, default: Any = None) -> Any:
         return default
 
 
-def _mig_devices(nvml: Any, handle: Any, index: int, name: str, memory_mb: int,
-                 kind: str) -> list[StaticGpu]:
-    mode = _call(nvml, nvml.nvmlDeviceGetMigMode, handle)
+def mig_handles(nvml: Any, handle: Any) -> list[Any]:
+    """The handles of a GPU's MIG devices, in NVML's order; none when MIG is off."""
+    mode = call_or(nvml, nvml.nvmlDeviceGetMigMode, handle)
     if not mode or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
         return []
+    slots = call_or(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle, default=0) or 0
+    found = (call_or(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+             for slot in range(slots))
+    return [device for device in found if device is not None]
+
+
+def _mig_devices(nvml: Any, handle: Any, index: int, name: str, memory_mb: int,
+                 kind: str) -> list[StaticGpu]:
     found: list[StaticGpu] = []
-    for slot in range(_call(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle, default=0) or 0):
-        device = _call(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
-        if device is None:
-            continue
+    for device in mig_handles(nvml, handle):
         attributes = nvml.nvmlDeviceGetAttributes(device)
         slice_mb = int(attributes.memorySizeMB)
         found.append(StaticGpu(
             index=(index + 1) * SLICE_BASE + len(found),
-            uuid=_text(nvml.nvmlDeviceGetUUID(device)), name=name, memory_mb=slice_mb,
+            uuid=as_text(nvml.nvmlDeviceGetUUID(device)), name=name, memory_mb=slice_mb,
             type=kind, parent=index,
             mig_profile=mig_profile(int(attributes.gpuInstanceSliceCount), slice_mb,
                                     memory_mb, name)))
@@ -178,14 +184,14 @@ def _links(nvml: Any, handles: dict[int, Any], buses: dict[str, int]
     nvlinks: dict[tuple[int, int], int] = {}
     for index, handle in handles.items():
         for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
-            state = _call(nvml, nvml.nvmlDeviceGetNvLinkState, handle, link)
+            state = call_or(nvml, nvml.nvmlDeviceGetNvLinkState, handle, link)
             if state is None:
                 if link == 0:
                     break  # no NVLink on this GPU
                 continue
             if state != getattr(nvml, "NVML_FEATURE_ENABLED", 1):
                 continue
-            remote = _call(nvml, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+            remote = call_or(nvml, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
             peer = buses.get(_bus_id(remote)) if remote is not None else None
             if peer is not None and peer != index:
                 pair = (min(index, peer), max(index, peer))
@@ -199,7 +205,7 @@ def _links(nvml: Any, handles: dict[int, Any], buses: dict[str, int]
                 # Each side counts the link: halve, rounding up for an odd report.
                 links.append((a, b, "NVLINK", math.ceil(count / 2)))
                 continue
-            level = _call(nvml, nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
+            level = call_or(nvml, nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
             if level is not None and int(level) in _LEVELS:
                 links.append((a, b, _LEVELS[int(level)], 0))
     return tuple(links)
