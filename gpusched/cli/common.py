@@ -14,7 +14,7 @@ from typing import Any, Literal, TextIO
 import typer
 from typer.main import get_command
 
-from gpusched.errors import GpuschedError
+from gpusched.errors import GpuschedError, UsageError
 
 PLAIN_WIDTH = 80
 TRUNCATED = "+"  # sacct's mark for a cut field; plain ASCII survives any locale
@@ -28,6 +28,16 @@ def new_app(help_text: str) -> typer.Typer:
         rich_markup_mode=None,
         pretty_exceptions_enable=False,
     )
+
+
+def only_me(user: str | None) -> str:
+    """The user ``--me`` names: the caller (``--user`` may name them too, no one else)."""
+    import pwd
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    if user is not None and user != me:
+        raise UsageError("--me and --user name different users")
+    return me
 
 
 def print_warning(prog: str, message: str) -> None:

@@ -12,13 +12,13 @@ from urllib.parse import urlencode
 import typer
 
 from gpusched.cli.common import new_app, print_table, run_cli
+from gpusched.cli.gqueue import parse_states
 from gpusched.core.timefmt import TimeFormatError, format_duration, parse_when
 from gpusched.errors import UsageError
 
 PROG = "gacct"
 app = new_app("Accounting of finished and running gpusched jobs, like sacct.")
 STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-CODES = {"R": "RUNNING", "CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT"}
 
 
 def _when(text: str | None, flag: str, now: datetime) -> datetime | None:
@@ -28,19 +28,6 @@ def _when(text: str | None, flag: str, now: datetime) -> datetime | None:
         return parse_when(text, now, flag)
     except TimeFormatError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _states(text: str) -> list[str]:
-    found = []
-    for word in (w.strip().upper() for w in text.split(",") if w.strip()):
-        state = CODES.get(word, word)
-        if state not in STATES:
-            raise UsageError(f"invalid --state {word!r}: expected {', '.join(STATES)} "
-                             f"(or {', '.join(CODES)})")
-        found.append(state)
-    if not found:
-        raise UsageError("--state: give at least one state")
-    return found
 
 
 def _hours(value: float) -> str:
@@ -90,7 +77,8 @@ def gacct(
         from gpusched.sim.plot import check_path
 
         check_path(plot)
-    wanted_states = _states(state) if state is not None else None
+    wanted_states = parse_states(state, "--state", STATES,
+                                 "pending jobs have used nothing yet; expected R, CD, F, CA or TO")
     if jobs is not None:
         from gpusched.cli.gcancel import parse_job_ids
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from collections.abc import Sequence
@@ -11,7 +10,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gpusched.cli.client import ApiClient
-from gpusched.cli.common import new_app, print_error, run_cli
+from gpusched.cli.common import new_app, only_me, print_error, run_cli
+from gpusched.cli.gqueue import parse_states
 from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.errors import GpuschedError, Unavailable, UsageError
 
@@ -52,14 +52,13 @@ def gcancel(
     if signum is not None and any(tasks is not None for _, tasks in targets):
         raise UsageError("--signal takes job ids (an array's id signals all its running tasks)")
     action, body = ("cancel", None) if signum is None else ("signal", {"signal": signum})
-    wanted_states = _states(states) if states is not None else None
+    wanted_states = parse_states(states, "--state", ("PENDING", "RUNNING"),
+                                 "only PENDING (PD) and RUNNING (R) jobs can be cancelled")
     filtered = bool(user or me or partition or wanted_states or name)
     if not targets and not filtered:
         raise UsageError("nothing to cancel: give job ids, or filters such as --me or -u USER")
     if me:
-        user = _me() if user is None else user
-        if user != _me():
-            raise UsageError("--me and --user name different users")
+        user = only_me(user)
     if not filtered:
         return post_for_each(PROG, targets, action, body)
     with ApiClient() as client:
@@ -76,26 +75,6 @@ def gcancel(
     else:
         targets = [(job_id, None) for job_id in sorted(chosen)]
     return post_for_each(PROG, targets, action, body)
-
-
-def _me() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
-
-
-def _states(text: str) -> list[str]:
-    codes = {"PD": "PENDING", "R": "RUNNING"}
-    found = []
-    for word in (w.strip().upper() for w in text.split(",") if w.strip()):
-        state = codes.get(word, word)
-        if state not in ("PENDING", "RUNNING"):
-            raise UsageError(f"invalid --state {word!r}: only PENDING (PD) and RUNNING (R) "
-                             "jobs can be cancelled")
-        found.append(state)
-    if not found:
-        raise UsageError("--state: give at least one state")
-    return found
 
 
 def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: str,

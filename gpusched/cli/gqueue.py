@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -15,7 +14,7 @@ from urllib.parse import urlencode
 import typer
 
 from gpusched.cli.client import ApiClient
-from gpusched.cli.common import new_app, print_table, run_cli
+from gpusched.cli.common import new_app, only_me, print_table, run_cli
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.timefmt import format_duration
 from gpusched.errors import GpuschedError, UsageError
@@ -90,12 +89,7 @@ def gqueue(
         print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
         return
     if me:
-        import pwd
-
-        mine = pwd.getpwuid(os.getuid()).pw_name
-        if user is not None and user != mine:
-            raise UsageError("--me and --user name different users")
-        user = mine
+        user = only_me(user)
     fields = parse_format(fmt) if fmt is not None else None
     ids = _ids(job_list) if job_list is not None else None
     path = jobs_path(user=user, states=["PENDING"] if start else parse_states(states),
@@ -167,8 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(app, PROG, argv)
 
 
-def parse_states(text: str | None) -> list[str] | None:
-    """State names from ``--states``: squeue's short codes or full names; None for any."""
+def parse_states(text: str | None, flag: str = "--states",
+                 allowed: tuple[str, ...] | None = None, why: str = "") -> list[str] | None:
+    """State names from a state list: squeue's short codes or full names (``all``: every
+    state, or every ``allowed`` one); None for no list. A state outside ``allowed`` is
+    an error that says ``why``."""
     if text is None:
         return None
     names: list[str] = []
@@ -176,15 +173,17 @@ def parse_states(text: str | None) -> list[str] | None:
         if not word:
             continue
         if word == "ALL":
-            return list(STATE_CODES)
+            return list(allowed or STATE_CODES)
         state = _BY_CODE.get(word) or (word if word in STATE_CODES else None)
         if state is None:
             known = ", ".join(f"{code}/{name}" for name, code in STATE_CODES.items())
-            raise UsageError(f"--states: unknown job state {word!r}; known: {known}")
+            raise UsageError(f"{flag}: unknown job state {word!r}; known: {known}")
+        if allowed is not None and state not in allowed:
+            raise UsageError(f"invalid {flag} {word!r}: {why}")
         if state not in names:
             names.append(state)
     if not names:
-        raise UsageError("--states: give at least one job state")
+        raise UsageError(f"{flag}: give at least one job state")
     return names
 
 

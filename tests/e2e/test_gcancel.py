@@ -64,7 +64,7 @@ def test_signal_a_running_job_without_ending_it(cluster: Cluster) -> None:
     assert sent.returncode == 0, sent.stderr
     wait_for(lambda: "got USR1" in out.read_text(), what="the signal delivered")
     assert cluster.job(job)["state"] == "RUNNING"
-    wait_for(lambda: cluster.api("GET", f"/agent/v1/work?node=node01&wait=0")["signals"] == [],
+    wait_for(lambda: cluster.api("GET", "/agent/v1/work?node=node01&wait=0")["signals"] == [],
              what="the request acknowledged")
     pending = cluster.submit("--hold", "--wrap", "true")
     refused = cluster.run("gcancel", "-s", "10", str(pending))
