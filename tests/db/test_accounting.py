@@ -10,41 +10,26 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpusched.config import PartitionConfig
-from gpusched.core.model import Plan, Start
-from gpusched.db import accounting, agents, jobs
-from gpusched.db.engine import make_engine, make_sessionmaker
+from gpusched.db import accounting
 from gpusched.db.models import Allocation, GpuBilling, Job
-from gpusched.db.partitions import sync_partitions
-from gpusched.db.schedule import apply_plan, load_snapshot
+from tests.db.node import node_sessions, start_on
 
-ALICE = jobs.Identity(1000, 1000)
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 @pytest.fixture
 def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url, pool_size=2)
-    factory = make_sessionmaker(engine)
-    with factory() as s, s.begin():
-        sync_partitions(s, (PartitionConfig("gpu", default=True),))
-        agents.register_node(s, {"node": "n1", "uid": 0, "gpus": [
-            {"index": 0, "uuid": "GPU-0", "type": "a100-80gb"},
-            {"index": 1, "uuid": "GPU-1", "type": "a100-80gb"},
-            {"index": 2, "uuid": "GPU-2", "type": "l4"}]})
-        s.add(GpuBilling(gpu_type="a100-80gb", weight=2.0))
-    yield factory
-    engine.dispose()
+    with node_sessions(db_url, [{"index": 0, "uuid": "GPU-0", "type": "a100-80gb"},
+                                {"index": 1, "uuid": "GPU-1", "type": "a100-80gb"},
+                                {"index": 2, "uuid": "GPU-2", "type": "l4"}]) as factory:
+        with factory() as s, s.begin():
+            s.add(GpuBilling(gpu_type="a100-80gb", weight=2.0))
+        yield factory
 
 
 def _ran(sessions: sessionmaker[Session], uuids: tuple[str, ...], hours: tuple[float, float]) -> int:
     """A job that held ``uuids`` from T0 + hours[0] to T0 + hours[1] and completed."""
-    with sessions() as s, s.begin():
-        job_id = jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp",
-                                     "gpus": len(uuids)}, ALICE).id
-    with sessions() as s, s.begin():
-        snapshot, node_ids = load_snapshot(s)
-        apply_plan(s, snapshot, Plan(starts=(Start(job_id, "n1", uuids),)), node_ids)
+    job_id = start_on(sessions, uuids, gpus=len(uuids))
     begin, end = T0 + timedelta(hours=hours[0]), T0 + timedelta(hours=hours[1])
     with sessions() as s, s.begin():
         s.execute(update(Allocation).where(Allocation.job_id == job_id)

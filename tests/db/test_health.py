@@ -10,41 +10,26 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpusched.config import PartitionConfig
-from gpusched.core.model import Plan, Start
 from gpusched.db import agents, health, jobs
-from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Gpu, Job, Partition
-from gpusched.db.partitions import sync_partitions
-from gpusched.db.schedule import apply_plan, load_snapshot
+from gpusched.db.schedule import load_snapshot
 from gpusched.errors import NotFound, UsageError
-
-ALICE = jobs.Identity(1000, 1000)
+from tests.db.node import node_sessions, start_on
 M = "MIG-00000000-0000-4000-8000-00000000000{}"
 
 
 @pytest.fixture
 def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url, pool_size=2)
-    factory = make_sessionmaker(engine)
-    with factory() as s, s.begin():
-        sync_partitions(s, (PartitionConfig("gpu", default=True),))
-        agents.register_node(s, {"node": "n1", "uid": 0, "gpus": [
+    with node_sessions(db_url, [
             {"index": 0, "uuid": "GPU-0"}, {"index": 1, "uuid": "GPU-1"},
             {"index": 2, "uuid": "GPU-2"},
             {"index": 300, "uuid": M.format(1), "mig_profile": "3g.40gb", "parent": 2},
-            {"index": 301, "uuid": M.format(2), "mig_profile": "3g.40gb", "parent": 2}]})
-    yield factory
-    engine.dispose()
+            {"index": 301, "uuid": M.format(2), "mig_profile": "3g.40gb", "parent": 2}]) as factory:
+        yield factory
 
 
 def _run(sessions: sessionmaker[Session], uuid: str, **body: object) -> int:
-    with sessions() as s, s.begin():
-        job_id = jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE).id
-    with sessions() as s, s.begin():
-        snapshot, node_ids = load_snapshot(s)
-        apply_plan(s, snapshot, Plan(starts=(Start(job_id, "n1", (uuid,)),)), node_ids)
-    return job_id
+    return start_on(sessions, (uuid,), **body)
 
 
 def _end(sessions: sessionmaker[Session], job_id: int) -> Job:
