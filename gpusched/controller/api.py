@@ -237,7 +237,7 @@ class Api:
     def cancel(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Cancel a pending job at once, or ask the node's agent to stop a running one."""
         job_id = _job_id(request)
-        tasks = request.body.get("tasks") if isinstance(request.body, dict) else None
+        tasks = request.body.get("tasks")
         if tasks is not None and not isinstance(tasks, str):
             raise UsageError("tasks: expected array task ids such as \"3\" or \"1-5\"")
         with self.sessions() as session, session.begin():
@@ -253,7 +253,7 @@ class Api:
     def signal(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Send a signal to a running job without ending it (gcancel --signal)."""
         job_id = _job_id(request)
-        signum = request.body.get("signal") if isinstance(request.body, dict) else None
+        signum = request.body.get("signal")
         if not isinstance(signum, int) or isinstance(signum, bool):
             raise UsageError("signal: expected a signal number")
         with self.sessions() as session, session.begin():

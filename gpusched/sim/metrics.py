@@ -36,9 +36,8 @@ def metrics(records: Sequence[JobRecord], cluster_gpus: int) -> dict[str, float 
     first = min(r.submit for r in records)
     last = max(r.end for r in records)
     span = last - first
-    waits = sorted(r.start - r.submit for r in records)
-    runs = [r.end - r.start for r in records]
-    busy = sum(r.gpus * run for r, run in zip(records, runs))
+    waits = sorted(r.wait for r in records)
+    busy = sum(r.gpus * r.run for r in records)
     count = len(records)
     return {
         "jobs": count,
@@ -48,8 +47,7 @@ def metrics(records: Sequence[JobRecord], cluster_gpus: int) -> dict[str, float 
         "p50_wait_s": percentile(waits, 50),
         "p95_wait_s": percentile(waits, 95),
         "avg_bounded_slowdown": sum(
-            max(1.0, (r.start - r.submit + run) / max(run, BOUND_S))
-            for r, run in zip(records, runs)) / count,
+            max(1.0, (r.wait + r.run) / max(r.run, BOUND_S)) for r in records) / count,
         "avg_jct_s": sum(r.end - r.submit for r in records) / count,
         "max_wait_s": waits[-1],
     }

@@ -118,7 +118,7 @@ class JobRecord:
     @property
     def run(self) -> float:
         """Seconds it ran."""
-        return self.end - self.submit - self.wait
+        return self.end - self.start
 
 
 @dataclass
