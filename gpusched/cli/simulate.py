@@ -92,9 +92,9 @@ def simulate(
             machine = uniform(nodes, gpus_per_node or 8)
         elif loaded.nodes:
             machine = from_node_list(loaded.nodes)
-        elif _max_procs(loaded.header):
-            per = gpus_per_node or min(8, _max_procs(loaded.header))
-            machine = uniform(math.ceil(_max_procs(loaded.header) / per), per)
+        elif procs := _max_procs(loaded.header):
+            per = gpus_per_node or min(8, procs)
+            machine = uniform(math.ceil(procs / per), per)
         else:
             raise UsageError(f"{trace}: the trace does not say how big its machine was: give "
                              "--nodes N (and --gpus-per-node G) or --cluster FILE")
