@@ -34,6 +34,7 @@ STATE_CODES = {
     "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO",
 }
 _BY_CODE = {code: name for name, code in STATE_CODES.items()}
+NEVER_RAN = format_duration(0)
 
 app = new_app("Show the gpusched job queue, like squeue.")
 
@@ -92,11 +93,13 @@ def gqueue(
         user = only_me(user)
     fields = parse_format(fmt) if fmt is not None else None
     ids = _ids(job_list) if job_list is not None else None
+    wanted = None if as_json else (
+        format_fields(fields) if fields is not None else START_FIELDS if start else TABLE_FIELDS)
     path = jobs_path(user=user, states=["PENDING"] if start else parse_states(states),
-                     show_all=show_all, ids=ids)
-    keep = _filter(partition, account, name)
+                     show_all=show_all, ids=ids, partition=partition, account=account,
+                     name=name, fields=wanted)
     while True:
-        _show(path, keep, as_json, start, noheader, fields)
+        _show(path, as_json, start, noheader, fields)
         if iterate is None:
             return
         sys.stdout.flush()
@@ -115,25 +118,11 @@ def _ids(text: str) -> list[int]:
     return ids
 
 
-def _filter(partition: str | None, account: str | None, name: str | None
-            ) -> Callable[[Mapping[str, Any]], bool]:
-    def words(text: str | None) -> set[str] | None:
-        return None if text is None else {w.strip() for w in text.split(",") if w.strip()}
-
-    parts, accounts, names = words(partition), words(account), words(name)
-
-    def keep(job: Mapping[str, Any]) -> bool:
-        return ((parts is None or job.get("partition") in parts)
-                and (accounts is None or job.get("account") in accounts)
-                and (names is None or job.get("name") in names))
-    return keep
-
-
-def _show(path: str, keep: Callable[[Mapping[str, Any]], bool], as_json: bool, start: bool,
-          noheader: bool, fields: list[Field] | None) -> None:
+def _show(path: str, as_json: bool, start: bool, noheader: bool,
+          fields: list[Field] | None) -> None:
     with ApiClient() as client:
         answer = client.request("GET", path)
-    jobs: list[dict[str, Any]] = [job for job in answer.get("jobs", []) if keep(job)]
+    jobs = job_objects(answer)
     if fields is not None and not as_json:
         now = datetime.now(timezone.utc)
         if not noheader:
@@ -154,6 +143,14 @@ def _show(path: str, keep: Callable[[Mapping[str, Any]], bool], as_json: bool, s
         HEADERS, rows, right_aligned=RIGHT_ALIGNED, shrinkable=SHRINKABLE,
         show_header=not noheader,
     )
+
+
+def job_objects(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The jobs of a ``GET /v1/jobs`` answer, whether JOB objects or a table of fields."""
+    if "rows" in answer:
+        names = answer.get("fields") or []
+        return [dict(zip(names, row)) for row in answer["rows"]]
+    return list(answer.get("jobs", []))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,9 +185,20 @@ def parse_states(text: str | None, flag: str = "--states",
 
 
 def jobs_path(*, user: str | None, states: Iterable[str] | None, show_all: bool,
-              ids: Iterable[int] | None = None) -> str:
-    """The ``GET /v1/jobs`` path for these filters."""
+              ids: Iterable[int] | None = None, partition: str | None = None,
+              account: str | None = None, name: str | None = None,
+              fields: Iterable[str] | None = None) -> str:
+    """The ``GET /v1/jobs`` path for these filters (comma lists), asking for only
+    ``fields`` of each job when given."""
     query: dict[str, str] = {}
+    for key, text in (("partition", partition), ("account", account), ("name", name)):
+        if text is not None:
+            words = [w.strip() for w in text.split(",") if w.strip()]
+            if not words:
+                raise UsageError(f"--{key}: give at least one name")
+            query[key] = ",".join(words)
+    if fields is not None:
+        query["fields"] = ",".join(fields)
     if ids is not None:
         query["ids"] = ",".join(map(str, ids))
     state_list = list(states) if states is not None else None
@@ -213,7 +221,8 @@ def job_row(job: Mapping[str, Any], now: datetime) -> list[str]:
         str(job.get("name") or ""),
         str(job.get("user") or ""),
         short_state(state),
-        format_duration(elapsed_seconds(job, now)),
+        # Most of a long queue never started: skip the time arithmetic for those.
+        format_duration(elapsed_seconds(job, now)) if job.get("start_time") else NEVER_RAN,
         str(job.get("gpus", 0)),
         node_or_reason(job),
     ]
@@ -316,6 +325,20 @@ class Field(NamedTuple):
     text: str = ""
 
 
+# The JOB fields the plain table and --start show.
+TABLE_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
+                "gpus", "start_time", "end_time", "node", "node_names")
+START_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
+                "expected_start", "nodes", "node", "node_names")
+# The JOB fields each format code reads (beyond state, which every line's code may use).
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "i": ("job_id", "display_id"), "A": ("job_id",), "P": ("partition",), "j": ("name",),
+    "u": ("user",), "a": ("account",), "q": ("qos",), "t": (), "T": (),
+    "M": ("start_time", "end_time"), "l": ("time_limit",), "D": ("nodes",),
+    "b": ("gpus", "nodes", "gpu_types"), "C": ("cpus",), "m": ("mem_mb",),
+    "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
+    "S": ("start_time", "expected_start"), "V": ("submit_time",), "e": ("end_time",), "Q": (),
+}
 _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "i": ("JOBID", lambda j, now: job_label(j, width=10**6)),
     "A": ("JOBID", lambda j, now: str(j.get("job_id", ""))),
@@ -379,6 +402,11 @@ def parse_format(text: str) -> list[Field]:
     if not any(f.code for f in fields):
         raise UsageError(f"invalid --format {text!r}: no field codes such as %i or %j")
     return fields
+
+
+def format_fields(fields: list[Field]) -> tuple[str, ...]:
+    """The JOB fields a parsed format reads."""
+    return tuple(dict.fromkeys(["state"] + [n for f in fields if f.code for n in _NEEDS[f.code]]))
 
 
 def render_format(fields: list[Field], job: Mapping[str, Any] | None, now: datetime) -> str:

@@ -227,7 +227,7 @@ class Api:
     def list_jobs(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The queue."""
         with self.sessions() as session:
-            return 200, {"jobs": jobs.list_jobs(session, request.query)}
+            return 200, jobs.list_jobs(session, request.query)
 
     def get_job(self, request: Request) -> tuple[int, dict[str, Any]]:
         """One job."""

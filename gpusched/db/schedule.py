@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Table, bindparam, insert, or_, select, text, update
+from sqlalchemy import Table, bindparam, insert, or_, select, text, type_coerce, update
+from sqlalchemy.types import NullType
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import drop_first
@@ -92,13 +93,15 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
                    expected.timestamp() if expected else None)
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
         dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected
-        in session.execute(
+        # Core rows (no ORM loading), and the type list as the driver gives it: a queue
+        # of thousands is read in tens of milliseconds.
+        in session.connection().execute(
             select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
                    Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
                    Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
-                   Job.array_max_running, Job.gpu_types, Job.nodes, Job.cpus, Job.mem_mb,
-                   Job.expected_start)
-            .where(Job.state == "PENDING"))
+                   Job.array_max_running, type_coerce(Job.gpu_types, NullType()), Job.nodes,
+                   Job.cpus, Job.mem_mb, Job.expected_start)
+            .where(Job.state == "PENDING")).all()
     )
 
 

@@ -110,6 +110,35 @@ def job(**fields: Any) -> dict[str, Any]:
     return {**base, **fields}
 
 
+FULL_JOBS = [
+    job(start_time="2026-11-22T11:00:00+00:00", node="node01", node_names=["node01", "node02"],
+        nodes=2, gpu_types=["a100"], cpus=8, mem_mb=1024, account="ml", qos="normal"),
+    job(state="PENDING", reason="Priority", job_id=40, array_job_id=40, array_tasks="3-9",
+        array_max_running=2, display_id="40_[3-9%2]", expected_start="2026-11-22T13:00:00+00:00"),
+    job(state="COMPLETED", start_time="2026-11-22T10:00:00+00:00", time_limit=None,
+        end_time="2026-11-22T10:30:00+00:00", node="node03", exit_code=0),
+]
+
+
+@pytest.mark.parametrize("full", FULL_JOBS)
+def test_listings_ask_for_every_field_they_show(full: dict[str, Any]) -> None:
+    """gqueue asks the controller for only some fields: each view must look the same
+    from those alone as from the whole JOB object, and every field must exist there."""
+    from gpusched.db.jobs import JOB_FIELDS, PLACEMENT_FIELDS
+
+    def only(fields: tuple[str, ...]) -> dict[str, Any]:
+        assert set(fields) <= set(JOB_FIELDS) | set(PLACEMENT_FIELDS)
+        return {name: full[name] for name in fields if name in full}
+
+    assert gqueue.job_row(only(gqueue.TABLE_FIELDS), NOW) == gqueue.job_row(full, NOW)
+    assert gqueue.start_row(only(gqueue.START_FIELDS)) == gqueue.start_row(full)
+    assert set(gqueue._NEEDS) == set(gqueue._FIELDS)
+    for code in gqueue._FIELDS:
+        fields = gqueue.parse_format(f"%{code}")
+        slim = only(gqueue.format_fields(fields))
+        assert gqueue.render_format(fields, slim, NOW) == gqueue.render_format(fields, full, NOW), code
+
+
 def test_state_codes_match_the_model() -> None:
     assert gqueue.STATE_CODES == {state.value: state.short for state in JobState}
 

@@ -40,7 +40,7 @@ class Cluster:
     def __init__(self, database_url: str, gpus: int = 4, node: str = "node01",
                  kill_grace: float = 1.0, poll_wait: float = 5.0,
                  nvml: dict[str, str] | None = None, agent_toml: str = "",
-                 gpus_toml: str = "") -> None:
+                 gpus_toml: str = "", schedule_interval: float = 2.0) -> None:
         """``nvml``: the fake NVML library's environment (tests.nvml_fixture): the agent
         then discovers its GPUs through NVML instead of ``gpus`` static ones."""
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-e2e-"))
@@ -56,7 +56,7 @@ class Cluster:
 url = "{database_url}"
 [controller]
 socket = "{self.socket}"
-schedule_interval = 2.0
+schedule_interval = {schedule_interval}
 [agent]
 node_name = "{node}"
 state_dir = "{self.agent_state}"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
+from gpusched.errors import UsageError
 from tests.e2e.cluster import BIN, Cluster
 
 
@@ -89,3 +92,24 @@ def test_output_patterns_name_user_and_node(cluster: Cluster) -> None:
     job = cluster.submit("-J", "named", "-o", "%x-%u-%N-%j.log", "--wrap", "echo hi")
     ended = cluster.wait_state(job, "COMPLETED")
     assert (cluster.work / f"named-{ended['user']}-node01-{job}.log").read_text() == "hi\n"
+
+
+def test_field_table_matches_job_objects(cluster: Cluster) -> None:
+    """``?fields=`` answers a table whose cells equal the full JOB objects' fields, for a
+    running job (node, GPUs) and a held one, and server-side filters select as gqueue's."""
+    running = cluster.submit("-J", "run", "-G", "2", "--wrap", "sleep 30")
+    held = cluster.submit("-J", "wait", "-p", "debug", "--hold", "--wrap", "true")
+    cluster.wait_state(running, "RUNNING")
+    full = {job["job_id"]: job for job in cluster.api("GET", "/v1/jobs")["jobs"]}
+    every = ",".join(full[running])
+    table = cluster.api("GET", f"/v1/jobs?fields={every}")
+    assert table["fields"] == list(full[running])
+    assert {row[0]: dict(zip(table["fields"], row)) for row in table["rows"]} == full
+    assert full[running]["node"] == "node01" and len(full[running]["gpu_uuids"]) == 2
+    slim = cluster.api("GET", "/v1/jobs?fields=state,display_id&partition=debug")
+    assert slim == {"fields": ["state", "display_id"], "rows": [["PENDING", str(held)]]}
+    assert cluster.api("GET", "/v1/jobs?name=run,x&fields=job_id")["rows"] == [[running]]
+    assert cluster.api("GET", "/v1/jobs?account=nobody&fields=job_id")["rows"] == []
+    with pytest.raises(UsageError, match="unknown JOB field 'colour'"):
+        cluster.api("GET", "/v1/jobs?fields=state,colour")
+    cluster.run("gcancel", str(running), str(held))
