@@ -17,6 +17,7 @@ from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, print_warning, run_cli
 from gpusched.cli.directives import Directive, read_directive_lines
 from gpusched.core.arrays import ArrayError, parse_array
+from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.core.shapes import ShapeError, is_mig_profile, parse_gpus, parse_gres, parse_memory
 from gpusched.core.timefmt import TimeFormatError, parse_begin, parse_time_limit
 from gpusched.errors import UsageError
@@ -38,7 +39,7 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
                      "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
-                     "constraint", "comment")
+                     "constraint", "comment", "nodelist", "exclude")
 # Options that matter only on other sites: accepted, ignored, and said so.
 IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
            "mail_user": "--mail-user: this cluster sends no mail",
@@ -93,6 +94,8 @@ class Submission:
     nodes: int = 1
     cpus: int = 0  # on each node; 0: not counted
     mem_mb: int = 0  # on each node; 0: not counted
+    nodelist: tuple[str, ...] = ()  # --nodelist, expanded
+    exclude: tuple[str, ...] = ()  # --exclude, expanded
 
 
 def _text_option(*names: str, metavar: str, help_text: str) -> Any:
@@ -138,7 +141,15 @@ TimeOpt = Annotated[str | None, _text_option(
     help_text="Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED.",
 )]
 PartitionOpt = Annotated[str | None, _text_option(
-    "--partition", "-p", metavar="P", help_text="Partition (default: the default one).",
+    "--partition", "-p", metavar="P[,P...]",
+    help_text="Partition (default: the default one); of a list, the first that takes the job.",
+)]
+NodelistOpt = Annotated[str | None, _text_option(
+    "--nodelist", "-w", metavar="NODES",
+    help_text="Run on exactly these nodes (node[01-04],gpu7); --nodes defaults to their count.",
+)]
+ExcludeOpt = Annotated[str | None, _text_option(
+    "--exclude", "-x", metavar="NODES", help_text="Never run on these nodes.",
 )]
 AccountOpt = Annotated[str | None, _text_option(
     "--account", "-A", metavar="ACCOUNT", help_text="Account to charge (default: your default).",
@@ -221,6 +232,8 @@ def gsubmit(
     mem_per_gpu: MemPerGpuOpt = None,
     time_limit: TimeOpt = None,
     partition: PartitionOpt = None,
+    nodelist: NodelistOpt = None,
+    exclude: ExcludeOpt = None,
     account: AccountOpt = None,
     qos: QosOpt = None,
     job_name: NameOpt = None,
@@ -388,6 +401,8 @@ def submission_body(
         "nodes": submission.nodes,
         "cpus": submission.cpus,
         "mem_mb": submission.mem_mb,
+        "nodelist": list(submission.nodelist),
+        "exclude": list(submission.exclude),
         "time_limit": submission.time_limit,
         "partition": submission.partition,
         "account": submission.account,
@@ -447,14 +462,20 @@ def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
         raise UsageError("give only one of --gpus, --gres and --gpus-per-node")
     if values["mem"] is not None and values["mem_per_gpu"] is not None:
         raise UsageError("give either --mem or --mem-per-gpu, not both")
-    nodes = values["nodes"] or 1
 
     def parse(key: str, parser: Callable[..., Any], *args: Any) -> Any:
         try:
             return parser(values[key], *args)
-        except ShapeError as err:
+        except (ShapeError, HostlistError) as err:
             origin = origins.get(key)
             raise UsageError(f"{origin}: {err}" if origin else str(err)) from None
+
+    nodelist = tuple(parse("nodelist", _hosts, "--nodelist")) if values["nodelist"] else ()
+    exclude = tuple(parse("exclude", _hosts, "--exclude")) if values["exclude"] else ()
+    nodes = values["nodes"] or len(nodelist) or 1
+    if nodelist and nodes != len(nodelist):
+        raise UsageError(f"--nodelist names {len(nodelist)} node(s) but --nodes asks for "
+                         f"{nodes}: a job with --nodelist runs on exactly the nodes it names")
 
     kinds: tuple[str, ...] = ()
     per_node = 0
@@ -480,7 +501,16 @@ def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
     else:
         cpus = (values["cpus_per_gpu"] or 0) * per_node
     return {"gpus": per_node * nodes, "gpu_types": kinds, "nodes": nodes, "cpus": cpus,
-            "mem_mb": mem, "ntasks": tasks, "cpus_per_task": per_task}
+            "mem_mb": mem, "ntasks": tasks, "cpus_per_task": per_task, "nodelist": nodelist,
+            "exclude": exclude}
+
+
+def _hosts(text: str, flag: str) -> list[str]:
+    """The node names of a host list (sbatch: node[01-04],gpu7)."""
+    try:
+        return expand_hostlist(text)
+    except HostlistError as err:
+        raise HostlistError(f"invalid {flag} {text!r}: {err}") from None
 
 
 def _parse_array(text: str | None, origin: str | None) -> str | None:

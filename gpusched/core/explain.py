@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gpusched.core.dependency import dependency_clauses
-from gpusched.core.model import JobState, Policy, QosLimits, Reason, Snapshot, Start
+from gpusched.core.model import JobState, PendingJob, Policy, QosLimits, Reason, Snapshot, Start
 from gpusched.core.plan import Moment, SchedulingPass, job_priorities, ordered
 from gpusched.core.timefmt import format_duration
 
@@ -136,15 +136,25 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
                 f"{_number(priority[job.job_id])}), which waits for resources in partition "
                 f"{job.partition}: jobs of a partition start in priority order")
     if reason is Reason.RESOURCES:
+        nodes = _node_choice(job)
         if moment.best_free is None:
-            return f"no node of partition {job.partition} that may run its jobs is up"
+            return f"no node of partition {job.partition} that may run its jobs is up{nodes}"
         node, free = moment.best_free
         if free == 0:
             return (f"it needs {job.gpus} GPUs on one node; every GPU of partition "
-                    f"{job.partition} is in use: it starts when GPUs are released")
+                    f"{job.partition}{nodes} is in use: it starts when GPUs are released")
         return (f"it needs {job.gpus} GPUs on one node; the most free now is {free} "
-                f"(on {node}): would start now with <= {free} GPUs")
+                f"(on {node}{nodes}): would start now with <= {free} GPUs")
     return reason.value
+
+
+def _node_choice(job: PendingJob) -> str:
+    """How the job narrowed its nodes, as words to follow a partition's name."""
+    if job.nodelist:
+        return f" among the nodes it named ({', '.join(job.nodelist)})"
+    if job.exclude:
+        return f" outside the nodes it excluded ({', '.join(job.exclude)})"
+    return ""
 
 
 def _fits(moment: Moment) -> bool:

@@ -160,6 +160,9 @@ class PendingJob:
     cpus: int = 0
     mem_mb: int = 0
     expected_start: float | None = None  # as the last pass left it
+    # sbatch's --nodelist (it runs on exactly these nodes) and --exclude (never on these).
+    nodelist: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:

@@ -129,6 +129,8 @@ class SchedulingPass:
         index = self.capacity.index
         self.members = {part.name: frozenset(index[n] for n in part.nodes if n in index)
                         for part in snapshot.partitions}
+        # Node sets of jobs that name or exclude nodes, by (partition, nodelist, exclude).
+        self.restricted: dict[tuple[str, tuple[str, ...], tuple[str, ...]], frozenset[int]] = {}
         # Partitions sharing nodes: a job starting in one passes blocked jobs of the others.
         self.overlaps = {a: [b for b in self.members if self.members[a] & self.members[b]]
                          for a in self.members}
@@ -187,8 +189,28 @@ class SchedulingPass:
                 and self.array_running[job.array_job_id] >= job.array_max_running):
             yield Reason.JOB_ARRAY_TASK_LIMIT
 
-    def _record(self, job: PendingJob) -> None:
+    def where(self, job: PendingJob) -> tuple[frozenset[int], object]:
+        """The nodes ``job`` may run on, and the group whose failures it shares: its
+        partition's, or for a job that names or excludes nodes, those of the partition
+        it may use (a group of its own)."""
         members = self.members.get(job.partition, frozenset())
+        if not job.nodelist and not job.exclude:
+            return members, job.partition
+        key = (job.partition, job.nodelist, job.exclude)
+        allowed = self.restricted.get(key)
+        if allowed is None:
+            index = self.capacity.index
+            if job.nodelist:
+                allowed = members & {index[n] for n in job.nodelist if n in index}
+                if len(allowed) < len(job.nodelist):  # a named node is gone or elsewhere
+                    allowed = frozenset()
+            else:
+                allowed = members
+            allowed = self.restricted[key] = allowed - {index[n] for n in job.exclude if n in index}
+        return allowed, key
+
+    def _record(self, job: PendingJob) -> None:
+        members = self.where(job)[0]
         best = self.capacity.biggest_free(members, Shape.of(job))
         qos, user = job.qos or "", job.user
         self.moment = Moment(
@@ -214,10 +236,10 @@ class SchedulingPass:
         if len(self.starts) >= self.policy.max_starts_per_pass or (
                 self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
-        members = self.members.get(job.partition, frozenset())
+        members, group = self.where(job)
         # Most jobs of a long queue need at least what an earlier one could not have.
-        shape = None if self.capacity.refused(job, job.partition) else Shape.of(job)
-        placed = None if shape is None else self.capacity.place_now(shape, members, job.partition)
+        shape = None if self.capacity.refused(job, group) else Shape.of(job)
+        placed = None if shape is None else self.capacity.place_now(shape, members, group)
         if placed is None:
             first = job.partition not in self.blocked
             self.blocked.setdefault(job.partition, job)
@@ -236,7 +258,7 @@ class SchedulingPass:
                 self.expected[job.job_id] = at
             elif self.depth and self.policy.estimates:
                 self.expected[job.job_id] = self.capacity.estimate(shape or Shape.of(job),
-                                                                   members, job.partition)
+                                                                   members, group)
             return Reason.RESOURCES if first else Reason.PRIORITY
         assert shape is not None  # a job is placed only once it has its shape
         kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])

@@ -7,7 +7,7 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
@@ -159,16 +159,27 @@ def set_hold(session: Session, job_id: int, who: Identity, hold: bool) -> Job:
 
 
 def _check_fits(session: Session, part: Partition, per_node: int, kinds: tuple[str, ...],
-                nodes: int, cpus: int, mem_mb: int) -> None:
-    """Refuse a shape no set of registered nodes of ``part`` could ever hold.
+                nodes: int, cpus: int, mem_mb: int, nodelist: Sequence[str] = (),
+                exclude: Sequence[str] = ()) -> None:
+    """Refuse a shape no set of registered nodes of ``part`` (those named, less those
+    excluded) could ever hold.
 
     A partition without registered nodes yet takes anything.
     """
     query = select(Node.id, Node.cpus, Node.memory_mb)
     if "*" not in part.nodes:
         query = query.where(Node.name.in_(part.nodes))
+    outside = set(nodelist) - set(session.scalars(query.with_only_columns(Node.name)))
+    if outside:
+        raise UsageError(f"node {min(outside)} is not in partition {part.name}")
+    if nodelist:
+        query = query.where(Node.name.in_(nodelist))
+    if exclude:
+        query = query.where(Node.name.not_in(exclude))
     members = {nid: (c, m) for nid, c, m in session.execute(query)}
     if not members:
+        if nodelist or exclude:
+            raise UsageError(f"the job excludes every node of partition {part.name}")
         return
     in_mig_mode = select(Gpu.parent_id).where(Gpu.parent_id.is_not(None), Gpu.present)
     most = dict.fromkeys(members, 0)  # per node: the most units of one matching kind
@@ -189,6 +200,32 @@ def _check_fits(session: Session, part: Partition, per_node: int, kinds: tuple[s
                          f"{part.name} has that (the most: {max(most.values())} such GPUs)")
     raise UsageError(f"requested {nodes} nodes with {what}{extra} each, but partition "
                      f"{part.name} has only {len(able)} such node(s)")
+
+
+def _names_of(body: dict[str, Any], key: str) -> list[str]:
+    names = _field(body, key, list, [], "a list of node names")
+    if not all(isinstance(n, str) and n for n in names):
+        raise UsageError(f"{key}: expected a list of node names")
+    return list(dict.fromkeys(names))
+
+
+def _node_choice(session: Session, body: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The nodes a job names (it runs on exactly those) and those it excludes, each a
+    registered node."""
+    nodelist, exclude = _names_of(body, "nodelist"), _names_of(body, "exclude")
+    named = set(nodelist) | set(exclude)
+    if named:
+        known = set(session.scalars(select(Node.name).where(Node.name.in_(named))))
+        unknown = sorted(named - known)
+        if unknown:
+            raise UsageError(f"invalid node name specified: {', '.join(unknown)}")
+    both = sorted(set(nodelist) & set(exclude))
+    if both:
+        raise UsageError(f"node {both[0]} is both named (nodelist) and excluded")
+    if nodelist and body.get("nodes") is not None and body["nodes"] != len(nodelist):
+        raise UsageError(f"nodes: the job names {len(nodelist)} node(s) in its nodelist, so it "
+                         f"runs on {len(nodelist)}, not {body['nodes']}")
+    return nodelist, exclude
 
 
 def _shape(body: dict[str, Any], gpus: int) -> tuple[tuple[str, ...], int, int, int]:
@@ -257,19 +294,28 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         raise UsageError("environment: expected an object mapping names to strings")
     output = _field(body, "output", str, None, "a file name pattern")
     error = _field(body, "error", str, None, "a file name pattern")
-    part = _choose_partition(session, _field(body, "partition", str, None, "a partition name"))
-    time_limit = _validate_time(part, body.get("time_limit"))
-    if part.max_gpus_per_job is not None and gpus > part.max_gpus_per_job:
-        raise UsageError(f"requested {gpus} GPUs, more than the {part.max_gpus_per_job} "
-                         f"per job partition {part.name} allows")
+    nodelist, exclude = _node_choice(session, body)
+    if nodelist and body.get("nodes") is None:
+        body = {**body, "nodes": len(nodelist)}
     kinds, nodes, cpus, mem_mb = _shape(body, gpus)
-    _check_fits(session, part, gpus // nodes, kinds, nodes, cpus, mem_mb)
+    user = who.user
+    requested = _field(body, "account", str, None, "an account")
+
+    def in_partition(name: str | None) -> tuple[Partition, int | None, str | None]:
+        part = _choose_partition(session, name)
+        time_limit = _validate_time(part, body.get("time_limit"))
+        if part.max_gpus_per_job is not None and gpus > part.max_gpus_per_job:
+            raise UsageError(f"requested {gpus} GPUs, more than the {part.max_gpus_per_job} "
+                             f"per job partition {part.name} allows")
+        _check_fits(session, part, gpus // nodes, kinds, nodes, cpus, mem_mb, nodelist, exclude)
+        return part, time_limit, _choose_account(session, user, requested, part)
+
+    part, time_limit, account = _first_partition(
+        _field(body, "partition", str, None, "a partition name"), in_partition)
     begin = _begin_time(body.get("begin_time"))
     dependency = _dependency(session, _field(body, "dependency", str, None, "a dependency"))
     hold = "user" if _field(body, "hold", bool, False, "true or false") else None
     requeue = _field(body, "requeue", bool, None, "true, false or null")
-    user = who.user
-    account = _choose_account(session, user, _field(body, "account", str, None, "an account"), part)
     qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
     array = _array(_field(body, "array", str, None, "task ids such as 0-99 or 1,3,5-9%4"))
     job = Job(
@@ -277,7 +323,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
         environment=env, output=output, error=error, gpu_types=list(kinds), nodes=nodes,
-        cpus=cpus, mem_mb=mem_mb, requeue=requeue,
+        cpus=cpus, mem_mb=mem_mb, requeue=requeue, nodelist=nodelist, exclude_nodes=exclude,
     )
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks
@@ -288,6 +334,26 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         job.array_job_id = job.id
         session.flush()
     return job
+
+
+T = TypeVar("T")
+
+
+def _first_partition(text: str | None, check: Callable[[str | None], T]) -> T:
+    """``check`` of the first partition of a comma list (sbatch -p a,b) that takes the
+    job; when none does, the error of each."""
+    if text is None or "," not in text:
+        return check(text)
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise UsageError(f"partition: an empty name in {text!r}")
+    errors = []
+    for name in dict.fromkeys(names):
+        try:
+            return check(name)
+        except UsageError as exc:
+            errors.append(f"{name}: {exc.message}")
+    raise UsageError(f"no partition of {text} takes the job ({'; '.join(errors)})")
 
 
 def _array(text: str | None) -> ArraySpec | None:
@@ -362,7 +428,7 @@ def update_job(session: Session, job_id: int, who: Identity, body: dict[str, Any
                          f"{format_duration(part.max_time)} of partition {part.name}")
     if "partition" in body:
         _check_fits(session, part, job.gpus // max(1, job.nodes), tuple(job.gpu_types),
-                    job.nodes, job.cpus, job.mem_mb)
+                    job.nodes, job.cpus, job.mem_mb, job.nodelist, job.exclude_nodes)
     qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), limit) \
         if "qos" in body else job.qos
     if qos is not None and "qos" not in body:
@@ -516,6 +582,7 @@ JOB_FIELDS: dict[str, Field] = {
     "nodes": _same("nodes"), "cpus": _same("cpus"), "mem_mb": _same("mem_mb"),
     "start_kind": _same("start_kind"), "expected_start": _when("expected_start"),
     "node_names": _same("node_names"), "restarts": _same("restarts"),
+    "nodelist": _same("nodelist"), "exclude": _same("exclude_nodes"),
     "preempted_by": _same("preempted_by"), "requeue": _same("requeue"),
     "gpu_failure": _same("gpu_failure"),
     "gpu_util_avg": (("util_sum", "util_samples"), _avg),

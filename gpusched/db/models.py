@@ -194,6 +194,9 @@ class Job(Base):
     nodes: Mapped[int] = mapped_column(Integer, server_default=text("1"))
     cpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     mem_mb: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # sbatch's --nodelist (runs on exactly these nodes) and --exclude (never on these).
+    nodelist: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    exclude_nodes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     start_kind: Mapped[str | None] = mapped_column(Text)  # immediate or backfilled
     expected_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     node_names: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # every node it runs on

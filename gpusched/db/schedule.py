@@ -90,9 +90,10 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
         PendingJob(jid, part, n // nodes, uid, submitted.timestamp(), limit, Reason(reason),
                    user, account, qos, hold, begin.timestamp() if begin else None, dependency,
                    name, array_job, array_tasks, array_cap, tuple(types), nodes, cpus, mem,
-                   expected.timestamp() if expected else None)
+                   expected.timestamp() if expected else None, tuple(nodelist), tuple(exclude))
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
-        dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected
+        dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
+        nodelist, exclude
         # Core rows (no ORM loading), and the type list as the driver gives it: a queue
         # of thousands is read in tens of milliseconds.
         in session.connection().execute(
@@ -100,7 +101,8 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
                    Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
                    Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
                    Job.array_max_running, type_coerce(Job.gpu_types, NullType()), Job.nodes,
-                   Job.cpus, Job.mem_mb, Job.expected_start)
+                   Job.cpus, Job.mem_mb, Job.expected_start,
+                   type_coerce(Job.nodelist, NullType()), type_coerce(Job.exclude_nodes, NullType()))
             .where(Job.state == "PENDING")).all()
     )
 
@@ -194,7 +196,8 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0) -> tuple[Snapsh
 _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos", "begin_time",
                 "dependency", "gpus", "time_limit", "submit_time", "script", "args", "work_dir",
                 "environment", "output", "error", "array_job_id", "array_spec",
-                "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb")
+                "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
+                "exclude_nodes")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
     f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "

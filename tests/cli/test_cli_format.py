@@ -85,16 +85,28 @@ def test_directive_errors_name_the_line(in_tmp: Path) -> None:
 
 
 def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
-    sub = parse_submit(["-J", "n", "--wrap", "true", "-o", "o.txt", "-A", "bio"])
+    sub = parse_submit(["-J", "n", "--wrap", "true", "-o", "o.txt", "-A", "bio",
+                        "-w", "gpu[01-02]", "-x", "gpu07"])
     body = gsubmit.submission_body(sub, work_dir="/w", environment={"A": "1"})
     assert body == {
-        "script": sub.script, "args": [], "name": "n", "gpus": 0, "gpu_types": [], "nodes": 1,
-        "cpus": 0, "mem_mb": 0, "time_limit": None,
+        "script": sub.script, "args": [], "name": "n", "gpus": 0, "gpu_types": [], "nodes": 2,
+        "cpus": 0, "mem_mb": 0, "time_limit": None, "nodelist": ["gpu01", "gpu02"],
+        "exclude": ["gpu07"],
         "partition": None, "account": "bio", "qos": None, "hold": False, "requeue": None,
         "begin_time": None, "dependency": None,
         "array": None, "work_dir": "/w",
         "environment": {"A": "1"}, "output": "o.txt", "error": None,
     }
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["-w", "gpu[01-02]", "-N", "3"], "names 2 node.s. but --nodes asks for 3"),
+    (["-w", "gpu[02-01]"], "invalid --nodelist 'gpu.02-01.'"),
+    (["--exclude", "a,,b"], "invalid --exclude"),
+])
+def test_node_choice_refused(in_tmp: Path, args: list[str], match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        parse_submit([*args, "--wrap", "true"])
 
 
 # -- gqueue -------------------------------------------------------------------------

@@ -104,6 +104,26 @@ def test_partitions_block_independently() -> None:
     assert reasons(p) == {2: Reason.RESOURCES}
 
 
+def test_nodelist_and_exclude_choose_the_nodes() -> None:
+    """-w runs a job on exactly the nodes it names, -x never on those it excludes; a job
+    that cannot start there does not stop a like job elsewhere (groups of their own)."""
+    from dataclasses import replace
+
+    nodes = [node("a", 2), node("b", 2), node("c", 2)]
+    jobs = [replace(job(1, 2), nodelist=("c",)), replace(job(2, 1), exclude=("a", "b")),
+            replace(job(3, 2), nodelist=("c",)), job(4, 2), job(5, 1, submit=6),
+            replace(job(6, 1), nodelist=("gone",)),
+            replace(job(7, 1, submit=7), nodelist=("a", "b"), nodes=2)]
+    p = run(nodes, jobs, policy=Policy())
+    assert starts(p) == {1: ("c", ("c-g0", "c-g1")), 4: ("a", ("a-g0", "a-g1")),
+                         5: ("b", ("b-g0",))}
+    # Job 3 (2 GPUs) outranks job 2 (1 GPU) by size: it is the first to wait.
+    assert reasons(p) == {2: Reason.PRIORITY, 3: Reason.RESOURCES, 6: Reason.PRIORITY,
+                          7: Reason.PRIORITY}
+    both = run(nodes[:2], [replace(job(8, 1), nodelist=("a", "b"), nodes=2)])
+    assert [(s.job_id, s.nodes) for s in both.starts] == [(8, ("a", "b"))]
+
+
 def test_down_or_missing_partition() -> None:
     parts = [PartitionView("gpu", ("a",), up=False)]
     p = run([node("a", 1)], [job(1, 1), job(2, 1, "gone")], partitions=parts)

@@ -1,0 +1,32 @@
+"""Jobs that name their nodes (sbatch --nodelist) or exclude some (--exclude).
+
+Revision ID: 0010
+Revises: 0009
+Create Date: 2026-11-24 16:00:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision: str = "0010"
+down_revision: str | None = "0009"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    """Apply this revision."""
+    for column in ("nodelist", "exclude_nodes"):
+        op.add_column("jobs", sa.Column(column, postgresql.ARRAY(sa.Text()),
+                                        server_default=sa.text("'{}'"), nullable=False))
+
+
+def downgrade() -> None:
+    """Revert this revision."""
+    for column in ("nodelist", "exclude_nodes"):
+        op.drop_column("jobs", column)

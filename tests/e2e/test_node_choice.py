@@ -1,0 +1,36 @@
+"""gsubmit --nodelist/-w, --exclude/-x and a list of partitions, on a live cluster."""
+
+from __future__ import annotations
+
+from tests.e2e.cluster import Cluster
+
+
+def refused(cluster: Cluster, *args: str) -> str:
+    """Submit ``args``; it must fail with exit 2 and store nothing. Returns the error."""
+    before = len(cluster.jobs())
+    result = cluster.run("gsubmit", *args, "--wrap", "true")
+    assert result.returncode == 2, result
+    assert len(cluster.jobs()) == before
+    return result.stderr
+
+
+def test_named_and_excluded_nodes(cluster: Cluster) -> None:
+    script = cluster.work / "pinned.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -w node01\n#SBATCH --gpus=1\necho $CUDA_VISIBLE_DEVICES\n")
+    job = cluster.submit(str(script))
+    ended = cluster.wait_state(job, "COMPLETED")
+    assert ended["node"] == "node01" and ended["nodelist"] == ["node01"] and ended["nodes"] == 1
+    assert "invalid node name specified: node99" in refused(cluster, "-w", "node[01,99]")
+    assert "excludes every node of partition gpu" in refused(cluster, "-x", "node01")
+    assert "both named (nodelist) and excluded" in refused(cluster, "-w", "node01", "-x", "node01")
+    assert "--nodes asks for 2" in refused(cluster, "-w", "node01", "-N", "2")
+
+
+def test_first_partition_of_a_list_that_takes_the_job(cluster: Cluster) -> None:
+    job = cluster.submit("-p", "nope,debug,gpu", "--hold", "--wrap", "true")
+    assert cluster.job(job)["partition"] == "debug"
+    job = cluster.submit("-p", "gpu,debug", "-t", "2-00:00:00", "--hold", "--wrap", "true")
+    assert cluster.job(job)["partition"] == "debug"  # over gpu's MaxTime of one day
+    error = refused(cluster, "-p", "nope,gone")
+    assert "no partition of nope,gone takes the job" in error
+    assert "nope: invalid partition specified: nope" in error and "gone: invalid" in error
