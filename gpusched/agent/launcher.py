@@ -105,6 +105,8 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
         "argv": [SCRIPT_PLACEHOLDER, *(str(a) for a in launch.get("args") or [])],
         "cwd": work_dir, "env": env, "stdout": stdout, "stderr": stderr,
         "time_limit": launch.get("time_limit"), "kill_grace": float(kill_grace),
+        "warn_signal": launch.get("warn_signal"), "warn_seconds": launch.get("warn_seconds"),
+        "warn_batch_only": bool(launch.get("warn_batch_only")),
     }
 
 

@@ -174,6 +174,7 @@ class Supervisor:
         self.stop_reason: str | None = None  # "cancelled" or "timeout" once stopping
         self.kill_at: float | None = None
         self.killed = False
+        self.warn_at: float | None = None  # --signal: when to warn of the time limit
 
     def run(self) -> dict[str, Any]:
         """Start the job, supervise it, and return the status to record."""
@@ -219,8 +220,12 @@ class Supervisor:
         # The job may have run a while already (output files on slow storage).
         if deadline is not None:
             deadline -= time.time() - self.start_time
+            if self.spec.get("warn_signal"):
+                self.warn_at = deadline - float(self.spec.get("warn_seconds") or 0)
         while not self._job_exited():
             now = time.monotonic()
+            if self.warn_at is not None and now >= self.warn_at and self.stop_reason is None:
+                self._warn()
             if self.stop_reason is None and deadline is not None and now >= deadline:
                 self._stop("timeout", now)
             if self.kill_at is not None and not self.killed and now >= self.kill_at:
@@ -242,8 +247,20 @@ class Supervisor:
 
     def _next_wakeup(self, deadline: float | None) -> float | None:
         if self.stop_reason is None:
-            return deadline
+            return deadline if self.warn_at is None else self.warn_at
         return None if self.killed else self.kill_at
+
+    def _warn(self) -> None:
+        """sbatch --signal: tell the job (or its batch script alone) its time is nearly up."""
+        self.warn_at = None
+        number = int(self.spec["warn_signal"])
+        if self.spec.get("warn_batch_only"):
+            try:
+                os.kill(self.job_pid, number)
+            except (ProcessLookupError, PermissionError):
+                pass
+        else:
+            self.signal_job(number)
 
     def _job_exited(self) -> bool:
         # WNOWAIT: leave the zombie in place so the process group id cannot be reused

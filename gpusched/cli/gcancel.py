@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Sequence
 from typing import Annotated, Any, Optional
 
@@ -13,6 +12,7 @@ from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, only_me, print_error, run_cli
 from gpusched.cli.gqueue import parse_states
 from gpusched.core.arrays import ArrayError, parse_array
+from gpusched.core import signals
 from gpusched.errors import GpuschedError, Unavailable, UsageError
 
 PROG = "gcancel"
@@ -117,18 +117,10 @@ def parse_job_ids(texts: Sequence[str]) -> list[int]:
 
 def parse_signal(text: str) -> int:
     """A signal by name (``USR1``, ``SIGUSR1``) or number; a usage error naming it."""
-    word = text.strip().upper()
-    if word.isascii() and word.isdigit():
-        number = int(word)
-        if 1 <= number < signal.NSIG:
-            return number
-    else:
-        try:
-            return int(signal.Signals[word if word.startswith("SIG") else "SIG" + word])
-        except KeyError:
-            pass
-    raise UsageError(f"invalid --signal {text!r}: expected a signal name such as USR1 or a "
-                     f"number from 1 to {signal.NSIG - 1}")
+    try:
+        return signals.parse_signal(text)
+    except signals.SignalError as err:
+        raise UsageError(str(err)) from None
 
 
 def parse_targets(texts: Sequence[str]) -> list[tuple[int, str | None]]:

@@ -19,6 +19,7 @@ from gpusched.cli.directives import Directive, read_directive_lines
 from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.core.shapes import ShapeError, is_mig_profile, parse_gpus, parse_gres, parse_memory
+from gpusched.core.signals import SignalError, WarnSignal, parse_warn_signal
 from gpusched.core.timefmt import TimeFormatError, parse_begin, parse_time_limit
 from gpusched.errors import UsageError
 
@@ -39,7 +40,7 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
                      "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
-                     "constraint", "comment", "nodelist", "exclude")
+                     "constraint", "comment", "nodelist", "exclude", "warn_signal")
 # Options that matter only on other sites: accepted, ignored, and said so.
 IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
            "mail_user": "--mail-user: this cluster sends no mail",
@@ -95,6 +96,7 @@ class Submission:
     cpus: int = 0  # on each node; 0: not counted
     mem_mb: int = 0  # on each node; 0: not counted
     nodelist: tuple[str, ...] = ()  # --nodelist, expanded
+    warn_signal: WarnSignal | None = None  # --signal
     exclude: tuple[str, ...] = ()  # --exclude, expanded
 
 
@@ -147,6 +149,11 @@ PartitionOpt = Annotated[str | None, _text_option(
 NodelistOpt = Annotated[str | None, _text_option(
     "--nodelist", "-w", metavar="NODES",
     help_text="Run on exactly these nodes (node[01-04],gpu7); --nodes defaults to their count.",
+)]
+WarnSignalOpt = Annotated[str | None, _text_option(
+    "--signal", metavar="[R:|B:]SIG[@TIME]",
+    help_text="Send SIG TIME seconds (default 60) before the time limit: to the whole job, or "
+    "with B: to the batch script alone.",
 )]
 ExcludeOpt = Annotated[str | None, _text_option(
     "--exclude", "-x", metavar="NODES", help_text="Never run on these nodes.",
@@ -234,6 +241,7 @@ def gsubmit(
     partition: PartitionOpt = None,
     nodelist: NodelistOpt = None,
     exclude: ExcludeOpt = None,
+    warn_signal: WarnSignalOpt = None,
     account: AccountOpt = None,
     qos: QosOpt = None,
     job_name: NameOpt = None,
@@ -329,8 +337,9 @@ def resolve_submission(ctx: typer.Context) -> Submission:
                       for name, why in IGNORED.items() if values[name] is not None),
         export=_check_export(values["export"], origins.get("export")),
         begin_time=_parse_begin(values["begin"], origins.get("begin")),
-        dependency=values["dependency"],
+        dependency=_check_dependency(values["dependency"], origins.get("dependency")),
         array=_parse_array(values["array"], origins.get("array")),
+        warn_signal=_parse_warn_signal(values["warn_signal"], origins.get("warn_signal")),
         output=values["output"],
         error=values["error"],
         parsable=bool(values["parsable"]),
@@ -402,6 +411,9 @@ def submission_body(
         "cpus": submission.cpus,
         "mem_mb": submission.mem_mb,
         "nodelist": list(submission.nodelist),
+        "warn_signal": None if submission.warn_signal is None else {
+            "signal": submission.warn_signal.number, "seconds": submission.warn_signal.seconds,
+            "batch_only": submission.warn_signal.batch_only},
         "exclude": list(submission.exclude),
         "time_limit": submission.time_limit,
         "partition": submission.partition,
@@ -522,6 +534,30 @@ def _parse_array(text: str | None, origin: str | None) -> str | None:
     except ArrayError as err:
         prefix = f"{origin}: " if origin else ""
         raise UsageError(f"{prefix}--array: {err}") from None
+
+
+def _check_dependency(text: str | None, origin: str | None) -> str | None:
+    """The --dependency value, checked here so that a bad one is never sent."""
+    if text is not None:
+        # Imported here: the dependency module pulls in the whole job model (~8 ms).
+        from gpusched.core.dependency import DependencyError, parse_dependency
+
+        try:
+            parse_dependency(text)
+        except DependencyError as err:
+            raise UsageError(f"{origin}: --dependency: {err}" if origin
+                             else f"--dependency: {err}") from None
+    return text
+
+
+def _parse_warn_signal(text: str | None, origin: str | None) -> WarnSignal | None:
+    """The --signal value; None when unset."""
+    if text is None:
+        return None
+    try:
+        return parse_warn_signal(text)
+    except SignalError as err:
+        raise UsageError(f"{origin}: {err}" if origin else str(err)) from None
 
 
 def _parse_begin(text: str | None, origin: str | None) -> str | None:

@@ -44,6 +44,8 @@ def parse_dependency(text: str) -> tuple[Dependency, ...]:
     """Clauses of a ``--dependency`` value such as ``afterok:12:13,singleton``."""
     clauses: list[Dependency] = []
     for raw in text.split(","):
+        if not raw.strip():
+            raise DependencyError(f"invalid dependency {text!r}: an empty item")
         kind, _, rest = raw.strip().partition(":")
         if kind not in KINDS:
             raise DependencyError(f"invalid dependency {raw.strip()!r}: expected one of "

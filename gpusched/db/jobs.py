@@ -16,6 +16,7 @@ from gpusched.core.arrays import ArrayError, ArraySpec, iter_tasks, parse_array,
 from gpusched.core.capacity import kind_matches
 from gpusched.core.dependency import DependencyError, parse_dependency
 from gpusched.core.shapes import ShapeError, parse_kinds
+from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS
 from gpusched.core.timefmt import format_duration
 from gpusched.db.engine import rowcount
 from gpusched.db.models import AccountUser, Allocation, Gpu, Job, Node, Partition, Qos
@@ -228,6 +229,29 @@ def _node_choice(session: Session, body: dict[str, Any]) -> tuple[list[str], lis
     return nodelist, exclude
 
 
+def _warn_signal(body: dict[str, Any]) -> tuple[int | None, int | None, bool]:
+    """``warn_signal``: {"signal": N, "seconds": S, "batch_only": B}, or null."""
+    warn = _field(body, "warn_signal", dict, None, 'an object {"signal", "seconds", "batch_only"}')
+    if warn is None:
+        return None, None, False
+    unknown = sorted(set(warn) - {"signal", "seconds", "batch_only"})
+    if unknown:
+        raise UsageError(f"warn_signal: unknown key {unknown[0]!r}")
+    number = _field(warn, "signal", int, None, "a signal number")
+    if number is None or not 1 <= number < signal.NSIG:
+        raise UsageError(f"warn_signal.signal: expected a signal number from 1 to {signal.NSIG - 1}")
+    seconds = _field(warn, "seconds", int, DEFAULT_WARN_SECONDS, "seconds before the time limit")
+    if not 0 <= seconds <= MAX_WARN_SECONDS:
+        raise UsageError(f"warn_signal.seconds: expected 0 to {MAX_WARN_SECONDS}, got {seconds}")
+    return number, seconds, _field(warn, "batch_only", bool, False, "true or false")
+
+
+def _warn_json(number: int | None, seconds: int | None, batch_only: bool) -> dict[str, Any] | None:
+    if number is None:
+        return None
+    return {"signal": number, "seconds": seconds, "batch_only": batch_only}
+
+
 def _shape(body: dict[str, Any], gpus: int) -> tuple[tuple[str, ...], int, int, int]:
     """GPU types, nodes, and CPUs and memory per node, validated."""
     types = _field(body, "gpu_types", list, [], "a list of GPU types or MIG profiles")
@@ -295,6 +319,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     output = _field(body, "output", str, None, "a file name pattern")
     error = _field(body, "error", str, None, "a file name pattern")
     nodelist, exclude = _node_choice(session, body)
+    warn_number, warn_seconds, warn_batch_only = _warn_signal(body)
     if nodelist and body.get("nodes") is None:
         body = {**body, "nodes": len(nodelist)}
     kinds, nodes, cpus, mem_mb = _shape(body, gpus)
@@ -324,6 +349,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
         environment=env, output=output, error=error, gpu_types=list(kinds), nodes=nodes,
         cpus=cpus, mem_mb=mem_mb, requeue=requeue, nodelist=nodelist, exclude_nodes=exclude,
+        warn_signal=warn_number, warn_seconds=warn_seconds, warn_batch_only=warn_batch_only,
     )
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks
@@ -583,6 +609,7 @@ JOB_FIELDS: dict[str, Field] = {
     "start_kind": _same("start_kind"), "expected_start": _when("expected_start"),
     "node_names": _same("node_names"), "restarts": _same("restarts"),
     "nodelist": _same("nodelist"), "exclude": _same("exclude_nodes"),
+    "warn_signal": (("warn_signal", "warn_seconds", "warn_batch_only"), _warn_json),
     "preempted_by": _same("preempted_by"), "requeue": _same("requeue"),
     "gpu_failure": _same("gpu_failure"),
     "gpu_util_avg": (("util_sum", "util_samples"), _avg),

@@ -197,6 +197,11 @@ class Job(Base):
     # sbatch's --nodelist (runs on exactly these nodes) and --exclude (never on these).
     nodelist: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     exclude_nodes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    # sbatch's --signal: send warn_signal warn_seconds before the time limit, to the batch
+    # script alone when warn_batch_only, else to the whole job.
+    warn_signal: Mapped[int | None] = mapped_column(Integer)
+    warn_seconds: Mapped[int | None] = mapped_column(Integer)
+    warn_batch_only: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     start_kind: Mapped[str | None] = mapped_column(Text)  # immediate or backfilled
     expected_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     node_names: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # every node it runs on

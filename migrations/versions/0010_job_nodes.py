@@ -1,4 +1,5 @@
-"""Jobs that name their nodes (sbatch --nodelist) or exclude some (--exclude).
+"""Jobs that name their nodes (sbatch --nodelist) or exclude some (--exclude), and
+jobs warned by a signal before their time limit (--signal).
 
 Revision ID: 0010
 Revises: 0009
@@ -24,9 +25,13 @@ def upgrade() -> None:
     for column in ("nodelist", "exclude_nodes"):
         op.add_column("jobs", sa.Column(column, postgresql.ARRAY(sa.Text()),
                                         server_default=sa.text("'{}'"), nullable=False))
+    op.add_column("jobs", sa.Column("warn_signal", sa.Integer(), nullable=True))
+    op.add_column("jobs", sa.Column("warn_seconds", sa.Integer(), nullable=True))
+    op.add_column("jobs", sa.Column("warn_batch_only", sa.Boolean(), server_default=sa.text("false"),
+                                    nullable=False))
 
 
 def downgrade() -> None:
     """Revert this revision."""
-    for column in ("nodelist", "exclude_nodes"):
+    for column in ("nodelist", "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only"):
         op.drop_column("jobs", column)

@@ -86,12 +86,12 @@ def test_directive_errors_name_the_line(in_tmp: Path) -> None:
 
 def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
     sub = parse_submit(["-J", "n", "--wrap", "true", "-o", "o.txt", "-A", "bio",
-                        "-w", "gpu[01-02]", "-x", "gpu07"])
+                        "-w", "gpu[01-02]", "-x", "gpu07", "--signal=B:USR1@90"])
     body = gsubmit.submission_body(sub, work_dir="/w", environment={"A": "1"})
     assert body == {
         "script": sub.script, "args": [], "name": "n", "gpus": 0, "gpu_types": [], "nodes": 2,
         "cpus": 0, "mem_mb": 0, "time_limit": None, "nodelist": ["gpu01", "gpu02"],
-        "exclude": ["gpu07"],
+        "exclude": ["gpu07"], "warn_signal": {"signal": 10, "seconds": 90, "batch_only": True},
         "partition": None, "account": "bio", "qos": None, "hold": False, "requeue": None,
         "begin_time": None, "dependency": None,
         "array": None, "work_dir": "/w",
@@ -103,6 +103,9 @@ def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
     (["-w", "gpu[01-02]", "-N", "3"], "names 2 node.s. but --nodes asks for 3"),
     (["-w", "gpu[02-01]"], "invalid --nodelist 'gpu.02-01.'"),
     (["--exclude", "a,,b"], "invalid --exclude"),
+    (["--signal", "X:USR1"], "prefix is R: or B:"),
+    (["--signal", "USR1@-5"], "@TIME is 0 to 65535"),
+    (["--signal", "NOPE"], "invalid --signal 'NOPE'"),
 ])
 def test_node_choice_refused(in_tmp: Path, args: list[str], match: str) -> None:
     with pytest.raises(UsageError, match=match):

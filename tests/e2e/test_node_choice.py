@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from tests.e2e.cluster import Cluster
 
 
@@ -34,3 +36,27 @@ def test_first_partition_of_a_list_that_takes_the_job(cluster: Cluster) -> None:
     error = refused(cluster, "-p", "nope,gone")
     assert "no partition of nope,gone takes the job" in error
     assert "nope: invalid partition specified: nope" in error and "gone: invalid" in error
+
+
+def test_signal_before_the_time_limit(cluster: Cluster) -> None:
+    """--signal=B:USR1@4 with a 6 s limit: the batch script alone hears USR1 about 2 s
+    in and ends cleanly; without B: the whole job hears it."""
+    script = cluster.work / "warned.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --signal=B:USR1@4\n#SBATCH -t 0:06\n"
+                      "trap 'echo warned' USR1\nsleep 30 &\nwait\n"
+                      "kill -0 $! && echo sleep alive\nkill $!\n")
+    job = cluster.submit(str(script))
+    ended = cluster.wait_state(job, "COMPLETED", "TIMEOUT", timeout=30)
+    assert ended["state"] == "COMPLETED"
+    assert ended["warn_signal"] == {"signal": 10, "seconds": 4, "batch_only": True}
+    assert (cluster.work / f"gpusched-{job}.out").read_text() == "warned\nsleep alive\n"
+    ran = (datetime.fromisoformat(ended["end_time"])
+           - datetime.fromisoformat(ended["start_time"])).total_seconds()
+    assert 1.0 <= ran < 5.0
+    whole = cluster.work / "group.sh"
+    # The second wait returns at once only if the sleep heard USR2 too.
+    whole.write_text("#!/bin/sh\ntrap 'echo shell' USR2\nsleep 30 &\nwait\nwait\necho done\n")
+    job = cluster.submit("-t", "0:05", "--signal", "USR2@3", str(whole))
+    ended = cluster.wait_state(job, "COMPLETED", "TIMEOUT", timeout=30)
+    assert ended["state"] == "COMPLETED"
+    assert (cluster.work / f"gpusched-{job}.out").read_text() == "shell\ndone\n"
