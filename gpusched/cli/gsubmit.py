@@ -40,7 +40,8 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
                      "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
-                     "constraint", "comment", "nodelist", "exclude", "warn_signal")
+                     "constraint", "comment", "nodelist", "exclude", "warn_signal",
+                     "ntasks_per_node", "gpus_per_task", "mem_per_cpu")
 # Options that matter only on other sites: accepted, ignored, and said so.
 IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
            "mail_user": "--mail-user: this cluster sends no mail",
@@ -88,6 +89,7 @@ class Submission:
     requeue: bool | None = None  # after a GPU failure; None: the partition's default
     chdir: str | None = None  # the job's working directory (default: the current one)
     ntasks: int | None = None  # sbatch's --ntasks, shown to the job as SLURM_NTASKS
+    ntasks_per_node: int | None = None
     cpus_per_task: int | None = None
     ignored: tuple[str, ...] = ()  # warnings for options accepted and ignored
     export: str | None = None  # --export: ALL, NONE, or VAR[=value] lists
@@ -196,6 +198,16 @@ NtasksOpt = Annotated[int | None, typer.Option(
     "--ntasks", "-n", min=1, metavar="N", show_default=False,
     help="Tasks the job runs; with --cpus-per-task they set its CPUs per node.",
 )]
+NtasksPerNodeOpt = Annotated[int | None, typer.Option(
+    "--ntasks-per-node", min=1, metavar="N", show_default=False,
+    help="Tasks on each node (with --cpus-per-task: CPUs per node; with --gpus-per-task: GPUs).",
+)]
+GpusPerTaskOpt = Annotated[str | None, _text_option(
+    "--gpus-per-task", metavar="[TYPE:]N", help_text="GPUs for each task.",
+)]
+MemPerCpuOpt = Annotated[str | None, _text_option(
+    "--mem-per-cpu", metavar="SIZE", help_text="Memory for each CPU.",
+)]
 CpusPerTaskOpt = Annotated[int | None, typer.Option(
     "--cpus-per-task", "-c", min=1, metavar="N", show_default=False,
     help="CPUs for each task (default 1 when --ntasks is given).",
@@ -234,7 +246,10 @@ def gsubmit(
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_gpu: CpusPerGpuOpt = None,
     ntasks: NtasksOpt = None,
+    ntasks_per_node: NtasksPerNodeOpt = None,
     cpus_per_task: CpusPerTaskOpt = None,
+    gpus_per_task: GpusPerTaskOpt = None,
+    mem_per_cpu: MemPerCpuOpt = None,
     mem: MemOpt = None,
     mem_per_gpu: MemPerGpuOpt = None,
     time_limit: TimeOpt = None,
@@ -268,7 +283,8 @@ def gsubmit(
         if warning:
             print_warning(PROG, f"{warning}; ignored" if warning in submission.ignored else warning)
     environment = exported(submission.export, os.environ)
-    for name, value in (("NTASKS", submission.ntasks), ("CPUS_PER_TASK", submission.cpus_per_task)):
+    for name, value in (("NTASKS", submission.ntasks), ("CPUS_PER_TASK", submission.cpus_per_task),
+                        ("NTASKS_PER_NODE", submission.ntasks_per_node)):
         if value is not None:  # what sbatch tells the job it asked for
             environment[f"SLURM_{name}"] = environment[f"GPUSCHED_{name}"] = str(value)
     body = submission_body(submission, work_dir=job_dir(submission.chdir), environment=environment)
@@ -469,11 +485,13 @@ def _parse_time(text: str | None, origin: str | None) -> int | str | None:
 
 def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
     """GPUs in all, their types, nodes, and CPUs and memory per node, from the options."""
-    given = [name for name in ("gpus", "gres", "gpus_per_node") if values[name] is not None]
+    given = [name for name in ("gpus", "gres", "gpus_per_node", "gpus_per_task")
+             if values[name] is not None]
     if len(given) > 1:
-        raise UsageError("give only one of --gpus, --gres and --gpus-per-node")
-    if values["mem"] is not None and values["mem_per_gpu"] is not None:
-        raise UsageError("give either --mem or --mem-per-gpu, not both")
+        raise UsageError("give only one of --gpus, --gres, --gpus-per-node and --gpus-per-task")
+    memory = [name for name in ("mem", "mem_per_gpu", "mem_per_cpu") if values[name] is not None]
+    if len(memory) > 1:
+        raise UsageError("give only one of --mem, --mem-per-gpu and --mem-per-cpu")
 
     def parse(key: str, parser: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -499,22 +517,32 @@ def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
         per_node = total // nodes
     elif given == ["gres"]:
         kinds, per_node = parse("gres", parse_gres)
-    elif given:
+    elif given == ["gpus_per_node"]:
         kinds, per_node = parse("gpus_per_node", parse_gpus, "--gpus-per-node")
-    mem = (parse("mem", parse_memory) if values["mem"] is not None
-           else parse("mem_per_gpu", parse_memory, "--mem-per-gpu") * per_node
-           if values["mem_per_gpu"] is not None else 0)
-    tasks, per_task = values["ntasks"], values["cpus_per_task"]
-    if values["cpus_per_gpu"] is not None and (tasks is not None or per_task is not None):
-        raise UsageError("give --cpus-per-gpu, or --ntasks/--cpus-per-task, not both")
-    if tasks is not None or per_task is not None:
-        # sbatch: each node runs its share of the tasks, each with its CPUs.
-        cpus = math.ceil((tasks or nodes) / nodes) * (per_task or 1)
+    tasks, per_task, node_tasks = values["ntasks"], values["cpus_per_task"], values["ntasks_per_node"]
+    # sbatch: each node runs its share of the tasks (or --ntasks-per-node of them).
+    tasks_here = node_tasks or math.ceil((tasks or nodes) / nodes)
+    if given == ["gpus_per_task"]:
+        kinds, per_task_gpus = parse("gpus_per_task", parse_gpus, "--gpus-per-task")
+        per_node = per_task_gpus * tasks_here
+    if values["cpus_per_gpu"] is not None and (
+            tasks is not None or per_task is not None or node_tasks is not None):
+        raise UsageError("give --cpus-per-gpu, or --ntasks/--ntasks-per-node/--cpus-per-task, "
+                         "not both")
+    if tasks is not None or per_task is not None or node_tasks is not None:
+        cpus = tasks_here * (per_task or 1)
     else:
         cpus = (values["cpus_per_gpu"] or 0) * per_node
+    mem = (parse("mem", parse_memory) if values["mem"] is not None
+           else parse("mem_per_gpu", parse_memory, "--mem-per-gpu") * per_node
+           if values["mem_per_gpu"] is not None
+           else parse("mem_per_cpu", parse_memory, "--mem-per-cpu") * max(1, cpus)
+           if values["mem_per_cpu"] is not None else 0)
+    if tasks is None and node_tasks is not None:
+        tasks = node_tasks * nodes
     return {"gpus": per_node * nodes, "gpu_types": kinds, "nodes": nodes, "cpus": cpus,
-            "mem_mb": mem, "ntasks": tasks, "cpus_per_task": per_task, "nodelist": nodelist,
-            "exclude": exclude}
+            "mem_mb": mem, "ntasks": tasks, "cpus_per_task": per_task,
+            "ntasks_per_node": node_tasks, "nodelist": nodelist, "exclude": exclude}
 
 
 def _hosts(text: str, flag: str) -> list[str]:

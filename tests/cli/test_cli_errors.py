@@ -57,7 +57,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
         (["-N", "2", "-G", "3", "--wrap", "true"], "cannot be spread evenly over 2 nodes"),
         (["-N", "0", "--wrap", "true"], "minimum of 1"),
         (["--mem", "lots", "--wrap", "true"], "invalid --mem 'lots'"),
-        (["--mem", "1G", "--mem-per-gpu", "1G", "--wrap", "true"], "either --mem or --mem-per-gpu"),
+        (["--mem", "1G", "--mem-per-gpu", "1G", "--wrap", "true"], "only one of --mem, --mem-per-gpu and --mem-per-cpu"),
         (["--time", "abc", "--wrap", "true"], "invalid time 'abc'"),
         (["-t", "0", "--wrap", "true"], "must be positive"),
         (["missing.sh"], "unable to open batch script 'missing.sh': No such file or directory"),

@@ -433,6 +433,19 @@ def test_ntasks_and_cpus_per_task_set_cpus_per_node() -> None:
         parse_submit(["-n", "2", "--cpus-per-gpu", "4", "-G", "1", "--wrap", "x"])
 
 
+def test_tasks_per_node_gpus_per_task_and_mem_per_cpu() -> None:
+    sub = parse_submit(["-N", "2", "--ntasks-per-node", "4", "--gpus-per-task", "a100:1",
+                        "-c", "8", "--mem-per-cpu", "2G", "--wrap", "x"])
+    assert (sub.nodes, sub.gpus, sub.gpu_types, sub.cpus, sub.mem_mb, sub.ntasks,
+            sub.ntasks_per_node) == (2, 8, ("a100",), 32, 32 * 2048, 8, 4)
+    # Without a task count each node runs one task; without CPUs memory is for one CPU.
+    sub = parse_submit(["--gpus-per-task", "2", "--mem-per-cpu", "1G", "--wrap", "x"])
+    assert (sub.gpus, sub.cpus, sub.mem_mb) == (2, 0, 1024)
+    with pytest.raises(UsageError, match="only one of --gpus, --gres, --gpus-per-node and "
+                                         "--gpus-per-task"):
+        parse_submit(["-G", "1", "--gpus-per-task", "1", "--wrap", "x"])
+
+
 def test_site_only_options_are_accepted_with_a_warning(in_tmp: Path) -> None:
     (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --mail-type=END,FAIL\n#SBATCH -C a100\ntrue\n")
     sub = parse_submit(["--mail-user", "me@lab", "job.sh"])
