@@ -33,7 +33,7 @@ from gpusched.agent.spawn import (
     SupervisorSpawner,
     spawn_supervisor_process,
 )
-from gpusched.agent.supervisor import write_json_atomic
+from gpusched.agent.supervisor import LIMIT_FILE, LIMIT_SIGNAL, write_json_atomic
 from gpusched.core.arrays import runs, task_bounds
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
@@ -247,6 +247,22 @@ class Launcher:
             try:
                 job_pid = int(json.loads((jobdir / "supervisor.json").read_text())["job_pid"])
                 os.killpg(job_pid, signum)
+            except (OSError, ValueError, KeyError):
+                return False
+            return True
+
+    def set_limit(self, job_id: int, time_limit: int | None) -> bool:
+        """Give a running job a new time limit (seconds from its start; None: none): its
+        supervisor rereads ``limit.json`` on SIGUSR2. False if the job is not running."""
+        with self._lock:
+            pidfd = self._pidfds.get(job_id)
+            jobdir = self._jobdir(job_id)
+            if pidfd is None or procs.pidfd_exited(pidfd) or (jobdir / "status.json").exists():
+                return False
+            try:
+                supervisor = int(json.loads((jobdir / "supervisor.json").read_text())["supervisor_pid"])
+                write_json_atomic(str(jobdir / LIMIT_FILE), {"time_limit": time_limit})
+                os.kill(supervisor, LIMIT_SIGNAL)
             except (OSError, ValueError, KeyError):
                 return False
             return True

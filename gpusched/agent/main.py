@@ -52,6 +52,7 @@ class Agent:
         self._registered: object = None  # the GPUs and links last registered
         self._monitor: HealthMonitor | None = None
         self._delivered: dict[int, int] = {}  # job id -> the signal request last sent
+        self._limits: dict[int, int] = {}  # job id -> the time-limit change last applied
 
     def inventory(self) -> dict[str, Any]:
         """What this agent registers (gpusched.agent.inventory)."""
@@ -165,6 +166,12 @@ class Agent:
                 self._delivered[job_id] = seq
             client.request("POST", f"/agent/v1/jobs/{job_id}/signalled",
                            {"node": self.node, "seq": seq})
+        for change in work.get("limits", []):
+            job_id, seq = change["job_id"], change["seq"]
+            if self._limits.get(job_id) != seq and self.launcher.set_limit(
+                    job_id, change["time_limit"]):
+                log.info("job %d: time limit now %s s", job_id, change["time_limit"])
+                self._limits[job_id] = seq
         for job_id in work.get("cancels", []):
             if not self.launcher.cancel(job_id) and not self._known(job_id):
                 # Cancelled before it was ever launched here: report that directly.
@@ -228,6 +235,7 @@ class Agent:
             self.launcher.mark_reported(end.job_id)
         self._reported.append((end.job_id, self._runs.pop(end.job_id, 0)))
         self._delivered.pop(end.job_id, None)
+        self._limits.pop(end.job_id, None)
         self.signalled.discard(end.job_id)
         log.info("job %d ended: %s", end.job_id, end.outcome)
 

@@ -26,7 +26,10 @@ import sys
 import time
 from typing import Any
 
-_WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+# The agent writes a running job's new time limit here and sends LIMIT_SIGNAL.
+LIMIT_FILE = "limit.json"
+LIMIT_SIGNAL = signal.SIGUSR2
+_WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, LIMIT_SIGNAL}
 _CANCEL_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 _LAUNCH_FAILED_EXIT = 127
@@ -175,6 +178,7 @@ class Supervisor:
         self.kill_at: float | None = None
         self.killed = False
         self.warn_at: float | None = None  # --signal: when to warn of the time limit
+        self.warned = False
 
     def run(self) -> dict[str, Any]:
         """Start the job, supervise it, and return the status to record."""
@@ -213,15 +217,30 @@ class Supervisor:
         os.waitpid(self.job_pid, 0)
         return b"".join(chunks).decode(errors="replace")
 
+    def _deadline(self, limit: float | None) -> float | None:
+        """When a job with this time limit must stop (monotonic clock), and when it is
+        warned (--signal); None without a limit."""
+        if limit is None:
+            self.warn_at = None
+            return None
+        # The job may have run a while already (output files on slow storage).
+        deadline = time.monotonic() + float(limit) - (time.time() - self.start_time)
+        if self.spec.get("warn_signal") and not self.warned:
+            self.warn_at = deadline - float(self.spec.get("warn_seconds") or 0)
+        return deadline
+
+    def _new_limit(self) -> float | None:
+        """The time limit the agent wrote for this running job (``limit.json``)."""
+        try:
+            with open(os.path.join(self.jobdir, LIMIT_FILE), encoding="utf-8") as f:
+                limit = json.load(f)["time_limit"]
+        except (OSError, ValueError, KeyError):
+            limit = self.spec.get("time_limit")
+        return None if limit is None else float(limit)
+
     def _supervise(self) -> int:
         """Wait for the job, enforcing the time limit and cancels; return its wait status."""
-        limit = self.spec.get("time_limit")
-        deadline = None if limit is None else time.monotonic() + float(limit)
-        # The job may have run a while already (output files on slow storage).
-        if deadline is not None:
-            deadline -= time.time() - self.start_time
-            if self.spec.get("warn_signal"):
-                self.warn_at = deadline - float(self.spec.get("warn_seconds") or 0)
+        deadline = self._deadline(self.spec.get("time_limit"))
         while not self._job_exited():
             now = time.monotonic()
             if self.warn_at is not None and now >= self.warn_at and self.stop_reason is None:
@@ -239,6 +258,8 @@ class Supervisor:
                 info = signal.sigtimedwait(_WATCHED, max(0.0, wake - time.monotonic()))
             if info is not None and info.si_signo in _CANCEL_SIGNALS and self.stop_reason is None:
                 self._stop("cancelled", time.monotonic())
+            elif info is not None and info.si_signo == LIMIT_SIGNAL and self.stop_reason is None:
+                deadline = self._deadline(self._new_limit())
         # Slurm ends the whole step with its main process: leftovers (backgrounded
         # grandchildren) are killed. The unreaped child keeps the group id from reuse.
         self.signal_job(signal.SIGKILL)
@@ -253,6 +274,7 @@ class Supervisor:
     def _warn(self) -> None:
         """sbatch --signal: tell the job (or its batch script alone) its time is nearly up."""
         self.warn_at = None
+        self.warned = True
         number = int(self.spec["warn_signal"])
         if self.spec.get("warn_batch_only"):
             try:

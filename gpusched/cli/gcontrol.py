@@ -44,19 +44,22 @@ def requeue(job_ids: JobIds) -> int:
     return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "requeue")
 
 
-update_app = new_app("Change a pending job, like scontrol update.")
+update_app = new_app("Change a job, like scontrol update.")
 app.add_typer(update_app, name="update")
-_UPDATE_KEYS = {"timelimit": "time_limit", "partition": "partition", "qos": "qos"}
+_UPDATE_KEYS = {"timelimit": "time_limit", "partition": "partition", "qos": "qos",
+                "priority": "priority"}
 
 
 @update_app.command("job")
 def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
                settings: Annotated[list[str], typer.Argument(
-                   metavar="KEY=VALUE...", help="TimeLimit=, Partition=, QOS=")]) -> None:
-    """Change a pending job: its owner may lower TimeLimit; an administrator may change
-    TimeLimit, Partition and QOS.
+                   metavar="KEY=VALUE...", help="TimeLimit=, Partition=, QOS=, Priority=")]
+               ) -> None:
+    """Change a job: its owner may lower TimeLimit (of a running job too); an
+    administrator may change TimeLimit, and of a pending job Partition, QOS and Priority
+    (a number that replaces the computed one; Priority=none goes back to it).
 
-    Example: gcontrol update job 17 TimeLimit=2:00:00
+    Examples: gcontrol update job 17 TimeLimit=2:00:00; gcontrol update job 18 Priority=2
     """
     from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 
@@ -66,19 +69,37 @@ def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
         key, sep, value = setting.partition("=")
         name = _UPDATE_KEYS.get(key.strip().lower())
         if not sep or name is None or not value.strip():
-            raise UsageError(f"invalid setting {setting!r}: expected TimeLimit=, Partition= "
-                             "or QOS= with a value")
+            raise UsageError(f"invalid setting {setting!r}: expected TimeLimit=, Partition=, "
+                             "QOS= or Priority= with a value")
         if name == "time_limit":
             try:
                 seconds = parse_time_limit(value)
             except TimeFormatError as exc:
                 raise UsageError(f"TimeLimit: {exc}") from None
             body[name] = "UNLIMITED" if seconds is None else seconds
+        elif name == "priority":
+            body[name] = _priority(value)
         else:
             body[name] = value.strip()
     answer = _request("POST", f"/v1/jobs/{job_id}/update", body)
+    fixed = answer.get("admin_priority")
     typer.echo(f"job {job_id}: partition {answer['partition']}, QOS {answer['qos'] or '-'}, "
-               f"time limit {answer['time_limit'] if answer['time_limit'] is not None else 'UNLIMITED'} s")
+               f"time limit {answer['time_limit'] if answer['time_limit'] is not None else 'UNLIMITED'} s"
+               + (f", priority {fixed:g}" if fixed is not None else ""))
+
+
+def _priority(text: str) -> float | None:
+    """Priority=N (a number >= 0) or Priority=none."""
+    word = text.strip()
+    if word.lower() == "none":
+        return None
+    try:
+        value = float(word)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise UsageError(f"invalid Priority={word!r}: expected a number of 0 or more, or none")
+    return value
 
 
 # -- show ------------------------------------------------------------------------------

@@ -445,11 +445,14 @@ class Api:
         return 200, answer
 
     def update_job(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Change a pending job's time limit (its owner may lower it), partition or QOS."""
+        """Change a pending job's time limit (its owner may lower it), partition, QOS or
+        priority, or a running job's time limit (its agent applies it)."""
         job_id = _job_id(request)
         with self.sessions() as session, session.begin():
-            jobs.update_job(session, job_id, self.who(request), request.body)
-            notify_in(session, "sched")
+            _, nodes = jobs.update_job(session, job_id, self.who(request), request.body)
+            notify_in(session, "sched", *(f"node:{node}" for node in sorted(nodes)))
+        for node in nodes:
+            self.events.wake_node(node)
         self.events.wake_scheduler()
         with self.sessions() as session:
             return 200, jobs.get_job(session, job_id, self.who(request))

@@ -163,6 +163,7 @@ class PendingJob:
     # sbatch's --nodelist (it runs on exactly these nodes) and --exclude (never on these).
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    priority: float | None = None  # fixed by an administrator; None: multifactor
 
     @property
     def total_gpus(self) -> int:

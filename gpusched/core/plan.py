@@ -58,13 +58,19 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
                       tiers.get(job.partition, 0), snapshot.qos_priority.get(job.qos or "", 0))
         for job in snapshot.pending
     )
-    return priorities(inputs, now, policy.weights, scale)
+    ranked = priorities(inputs, now, policy.weights, scale)
+    fixed = {job.job_id: job.priority for job in snapshot.pending if job.priority is not None}
+    if fixed:  # an administrator's number replaces the weighted total
+        ranked = sorted((b._replace(total=fixed[b.job_id]) if b.job_id in fixed else b
+                         for b in ranked), key=lambda b: (-b.total, b.job_id))
+    return ranked
 
 
 def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJob]:
     """Pending jobs by multifactor priority; equal priorities in submit order."""
     w = policy.weights
-    if not (w.age or w.fairshare or w.job_size or w.partition or w.qos):
+    if not (w.age or w.fairshare or w.job_size or w.partition or w.qos) and all(
+            job.priority is None for job in snapshot.pending):
         # Every priority is 0: submit order, without working each one out.
         return sorted(snapshot.pending, key=lambda job: (job.submit_time, job.job_id))
     return ordered(snapshot, job_priorities(snapshot, now, policy))

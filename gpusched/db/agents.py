@@ -132,10 +132,14 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
         }
         for j in to_launch
     ]
+    # Time limits changed after launch: the agent applies each seq it has not seen.
+    limits = [{"job_id": j.id, "time_limit": j.time_limit, "seq": j.limit_seq}
+              for j in jobs if j.limit_seq and j.launched_at is not None
+              and j.cancel_requested_at is None]
     signals = [{"job_id": j.id, "signal": j.signal_pending, "seq": j.signal_seq}
                for j in jobs if j.signal_pending is not None and j.cancel_requested_at is None
                and j.launched_at is not None]
-    return {"launches": launches, "cancels": cancels, "signals": signals}
+    return {"launches": launches, "cancels": cancels, "signals": signals, "limits": limits}
 
 
 def signal_delivered(session: Session, job_id: int, body: dict[str, Any]) -> bool:

@@ -424,23 +424,29 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[s
     return job, names
 
 
-def update_job(session: Session, job_id: int, who: Identity, body: dict[str, Any]) -> Job:
-    """Change a pending job's time limit, partition or QOS (scontrol update job).
+def update_job(session: Session, job_id: int, who: Identity,
+               body: dict[str, Any]) -> tuple[Job, set[str]]:
+    """Change a job (scontrol update job): a pending job's time limit, partition, QOS or
+    priority, or a running job's time limit. Returns the job and, for a running job,
+    its nodes (their agents apply the new limit).
 
     Its owner may lower its time limit; an administrator may change any of them. The
     new values are checked as a submission's are.
     """
     job = _owned_job(session, job_id, who, "update")
-    allowed = {"time_limit", "partition", "qos"}
+    allowed = {"time_limit", "partition", "qos", "priority"}
     unknown = sorted(set(body) - allowed)
     if unknown or not body:
         raise UsageError(f"update: expected some of {', '.join(sorted(allowed))}"
                          + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
-    if job.state != "PENDING":
-        raise Conflict(f"job {job_id} is {job.state}: only pending jobs can be updated")
+    if job.state == "RUNNING" and set(body) != {"time_limit"}:
+        raise Conflict(f"job {job_id} is RUNNING: only its time limit can change")
+    if job.state not in ("PENDING", "RUNNING"):
+        raise Conflict(f"job {job_id} is {job.state}: only pending and running jobs can be "
+                       "updated")
     if not who.is_admin and set(body) != {"time_limit"}:
-        raise PermissionDenied("only an administrator may change a job's partition or QOS; "
-                               "you may lower its time limit")
+        raise PermissionDenied("only an administrator may change a job's partition, QOS or "
+                               "priority; you may lower its time limit")
     part = (_choose_partition(session, _field(body, "partition", str, None, "a partition name"))
             if "partition" in body else session.get(Partition, job.partition))
     assert part is not None
@@ -459,12 +465,31 @@ def update_job(session: Session, job_id: int, who: Identity, body: dict[str, Any
         if "qos" in body else job.qos
     if qos is not None and "qos" not in body:
         _choose_qos(session, qos, limit)  # the MaxWall of the QOS it keeps
-    changed = rowcount(session.execute(update(Job).where(Job.id == job_id, Job.state == "PENDING")
-                                       .values(time_limit=limit, partition=part.name, qos=qos)))
+    priority = _priority(body) if "priority" in body else job.admin_priority
+    values: dict[str, Any] = {"time_limit": limit, "partition": part.name, "qos": qos,
+                              "admin_priority": priority}
+    if job.state == "RUNNING":
+        values = {"time_limit": limit, "limit_seq": Job.limit_seq + 1}
+    changed = rowcount(session.execute(update(Job).where(Job.id == job_id, Job.state == job.state)
+                                       .values(**values)))
     if not changed:
-        raise Conflict(f"job {job_id} started while it was being updated")
+        raise Conflict(f"job {job_id} changed state while it was being updated")
     session.refresh(job)
-    return job
+    nodes = set(session.scalars(select(Node.name).where(Node.id == job.node_id))) \
+        if job.state == "RUNNING" else set()
+    return job, nodes
+
+
+def _priority(body: dict[str, Any]) -> float | None:
+    """``priority``: a number >= 0 that replaces the computed priority, or null to go
+    back to it."""
+    value = body["priority"]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+            or value == float("inf"):
+        raise UsageError(f"priority: expected a number of 0 or more, or null, got {value!r}")
+    return float(value)
 
 
 def requeue_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[str]]:
@@ -610,6 +635,7 @@ JOB_FIELDS: dict[str, Field] = {
     "node_names": _same("node_names"), "restarts": _same("restarts"),
     "nodelist": _same("nodelist"), "exclude": _same("exclude_nodes"),
     "warn_signal": (("warn_signal", "warn_seconds", "warn_batch_only"), _warn_json),
+    "admin_priority": _same("admin_priority"),
     "preempted_by": _same("preempted_by"), "requeue": _same("requeue"),
     "gpu_failure": _same("gpu_failure"),
     "gpu_util_avg": (("util_sum", "util_samples"), _avg),

@@ -202,6 +202,10 @@ class Job(Base):
     warn_signal: Mapped[int | None] = mapped_column(Integer)
     warn_seconds: Mapped[int | None] = mapped_column(Integer)
     warn_batch_only: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # A priority an administrator fixed (gcontrol update job Priority=); None: computed.
+    admin_priority: Mapped[float | None] = mapped_column(Float)
+    # Bumped each time a running job's time limit changes, for its agent to apply.
+    limit_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     start_kind: Mapped[str | None] = mapped_column(Text)  # immediate or backfilled
     expected_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     node_names: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # every node it runs on

@@ -90,10 +90,11 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
         PendingJob(jid, part, n // nodes, uid, submitted.timestamp(), limit, Reason(reason),
                    user, account, qos, hold, begin.timestamp() if begin else None, dependency,
                    name, array_job, array_tasks, array_cap, tuple(types), nodes, cpus, mem,
-                   expected.timestamp() if expected else None, tuple(nodelist), tuple(exclude))
+                   expected.timestamp() if expected else None, tuple(nodelist), tuple(exclude),
+                   fixed)
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
         dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
-        nodelist, exclude
+        nodelist, exclude, fixed
         # Core rows (no ORM loading), and the type list as the driver gives it: a queue
         # of thousands is read in tens of milliseconds.
         in session.connection().execute(
@@ -102,7 +103,8 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
                    Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
                    Job.array_max_running, type_coerce(Job.gpu_types, NullType()), Job.nodes,
                    Job.cpus, Job.mem_mb, Job.expected_start,
-                   type_coerce(Job.nodelist, NullType()), type_coerce(Job.exclude_nodes, NullType()))
+                   type_coerce(Job.nodelist, NullType()), type_coerce(Job.exclude_nodes, NullType()),
+                   Job.admin_priority)
             .where(Job.state == "PENDING")).all()
     )
 
@@ -197,7 +199,8 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "dependency", "gpus", "time_limit", "submit_time", "script", "args", "work_dir",
                 "environment", "output", "error", "array_job_id", "array_spec",
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
-                "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only")
+                "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
+                "admin_priority")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
     f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "

@@ -1,5 +1,6 @@
-"""Jobs that name their nodes (sbatch --nodelist) or exclude some (--exclude), and
-jobs warned by a signal before their time limit (--signal).
+"""Jobs that name their nodes (sbatch --nodelist) or exclude some (--exclude); jobs
+warned by a signal before their time limit (--signal); a priority an administrator
+fixed (scontrol update Priority=); and a count of time-limit changes while running.
 
 Revision ID: 0010
 Revises: 0009
@@ -29,9 +30,13 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("warn_seconds", sa.Integer(), nullable=True))
     op.add_column("jobs", sa.Column("warn_batch_only", sa.Boolean(), server_default=sa.text("false"),
                                     nullable=False))
+    op.add_column("jobs", sa.Column("admin_priority", sa.Float(), nullable=True))
+    op.add_column("jobs", sa.Column("limit_seq", sa.Integer(), server_default=sa.text("0"),
+                                    nullable=False))
 
 
 def downgrade() -> None:
     """Revert this revision."""
-    for column in ("nodelist", "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only"):
+    for column in ("nodelist", "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
+                   "admin_priority", "limit_seq"):
         op.drop_column("jobs", column)

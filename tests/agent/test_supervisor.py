@@ -223,3 +223,24 @@ def test_unreadable_spec_is_recorded_as_a_launch_failure(jobs_dir: Path) -> None
     status = supervise(jobdir)
     assert status["outcome"] == "launch_failed"
     assert status["error"].startswith("bad job spec: ")
+
+
+def test_the_launcher_blocks_what_the_supervisor_waits_for() -> None:
+    from gpusched.agent import supervisor
+    from gpusched.agent.spawn import SUPERVISOR_SIGMASK
+
+    assert set(SUPERVISOR_SIGMASK) == supervisor._WATCHED
+
+
+def test_a_new_time_limit_applies_to_the_running_job(make_job: MakeJob, wait_for: WaitFor) -> None:
+    from gpusched.agent.supervisor import LIMIT_FILE, LIMIT_SIGNAL
+
+    jobdir = make_job("sleep 60", time_limit=60, kill_grace=0.5)
+    proc = start_supervisor(jobdir)
+    wait_for((jobdir / "supervisor.json").exists, "supervisor.json")
+    (jobdir / LIMIT_FILE).write_text(json.dumps({"time_limit": 1}))
+    proc.send_signal(LIMIT_SIGNAL)
+    assert proc.wait(timeout=15) == 0
+    status = json.loads((jobdir / "status.json").read_text())
+    assert status["outcome"] == "timeout"
+    assert 1.0 <= status["end_time"] - status["start_time"] < 10

@@ -106,7 +106,7 @@ def test_cancel_rules(sessions: sessionmaker[Session]) -> None:
         jobs.cancel_job(s, pending, ALICE)
     with sessions() as s:
         work = agents.pending_work(s, s.scalars(select(Node)).one(), signalled=set())
-        assert work == {"launches": [], "cancels": [running], "signals": []}
+        assert work == {"launches": [], "cancels": [running], "signals": [], "limits": []}
         assert agents.pending_work(s, s.scalars(select(Node)).one(), {running})["cancels"] == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from tests.e2e.cluster import Cluster, wait_for
 
@@ -100,3 +101,40 @@ def test_update_a_pending_job(cluster: Cluster, job_user: tuple[int, int, str]) 
                           {"time_limit": 300})
     assert down["time_limit"] == 300
     cluster.run("gcancel", str(job), str(theirs["job_id"]))
+
+
+def test_priority_and_a_running_jobs_time_limit(cluster: Cluster,
+                                                job_user: tuple[int, int, str]) -> None:
+    """An admin's Priority= puts a job first among equals; Priority=none gives the
+    computed one back. A running job's lowered TimeLimit ends it by its agent."""
+    blocker = cluster.submit("-G", "4", "--wrap", "sleep 60")
+    cluster.wait_state(blocker, "RUNNING")
+    first, second = (cluster.submit("-G", "1", "--wrap", "true") for _ in range(2))
+
+    def order() -> list[int]:
+        return [row["job_id"] for row in cluster.api("GET", "/v1/priority")["jobs"]]
+
+    assert order() == [first, second]
+    raised = cluster.run("gcontrol", "update", "job", str(second), "Priority=5")
+    assert raised.returncode == 0 and "priority 5" in raised.stdout, raised.stderr
+    assert order() == [second, first] and cluster.job(second)["admin_priority"] == 5
+    assert cluster.api("GET", f"/v1/priority?ids={second}")["jobs"][0]["priority"] == 5
+    bad = cluster.run("gcontrol", "update", "job", str(second), "Priority=-1")
+    assert bad.returncode == 2 and "invalid Priority='-1'" in bad.stderr
+    uid, gid, _ = job_user
+    theirs = cluster.api_as(uid, gid, "POST", "/v1/jobs", {
+        "script": "#!/bin/sh\ntrue\n", "work_dir": "/tmp", "hold": True})
+    denied = cluster.api_as(uid, gid, "POST", f"/v1/jobs/{theirs['job_id']}/update",
+                            {"priority": 9})
+    assert "only an administrator may change a job's partition, QOS or priority" in denied["error"]
+    cluster.run("gcontrol", "update", "job", str(second), "Priority=none")
+    assert order()[:2] == [first, second] and cluster.job(second)["admin_priority"] is None
+    busy = cluster.run("gcontrol", "update", "job", str(blocker), "Partition=debug")
+    assert busy.returncode != 0 and "only its time limit can change" in busy.stderr
+    cut = cluster.run("gcontrol", "update", "job", str(blocker), "TimeLimit=0:03")
+    assert cut.returncode == 0, cut.stderr
+    ended = cluster.wait_state(blocker, "TIMEOUT", timeout=20)
+    ran = (datetime.fromisoformat(ended["end_time"])
+           - datetime.fromisoformat(ended["start_time"])).total_seconds()
+    assert 3.0 <= ran < 15 and ended["time_limit"] == 3
+    cluster.run("gcancel", str(first), str(second), str(theirs["job_id"]))
