@@ -32,6 +32,26 @@ def new_app(help_text: str) -> typer.Typer:
     )
 
 
+# The commands whose completion 'gpusched completion SHELL' sets up.
+COMMANDS = ("gsubmit", "gqueue", "gcancel", "ginfo", "gacct", "gcontrol", "gpusched")
+SHELLS = ("bash", "zsh", "fish")
+
+
+def completion_variable(prog: str) -> str:
+    """The environment variable through which a shell asks PROG for completions."""
+    return f"_{prog.replace('-', '_').upper()}_COMPLETE"
+
+
+def completion_scripts(shell: str) -> str:
+    """The completion code of every gpusched command for ``shell`` (typer's scripts)."""
+    from typer._completion_shared import get_completion_script
+
+    if shell not in SHELLS:
+        raise UsageError(f"invalid shell {shell!r}: expected one of {', '.join(SHELLS)}")
+    return "\n".join(get_completion_script(prog_name=prog, complete_var=completion_variable(prog),
+                                           shell=shell).strip() + "\n" for prog in COMMANDS)
+
+
 def only_me(user: str | None) -> str:
     """The user ``--me`` names: the caller (``--user`` may name them too, no one else)."""
     import pwd
@@ -63,6 +83,12 @@ def run_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None) -> i
     # A command lives for a fraction of a second: collecting cycles while it builds a
     # long queue's rows costs more than the little memory they would free.
     gc.set_threshold(CLI_GC_THRESHOLD, *gc.get_threshold()[1:])
+    if completion_variable(prog) in os.environ:
+        # The shell asks for completions (scripts from 'gpusched completion SHELL'):
+        # typer's completers answer, and the command ends there.
+        from typer._completion_classes import completion_init
+
+        completion_init()
     command = get_command(app)
     use_light_coercion(command)
     args = list(sys.argv[1:] if argv is None else argv)

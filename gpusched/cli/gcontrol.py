@@ -25,13 +25,19 @@ Reason = Annotated[Optional[str], typer.Option("--reason", help="Why (required t
 
 @app.command()
 def hold(job_ids: JobIds) -> int:
-    """Keep pending jobs from starting (an administrator's hold needs an administrator to release)."""
+    """Keep pending jobs from starting (an administrator's hold needs an administrator to release).
+
+    Examples: gcontrol hold 17; gcontrol hold 17 18 19
+    """
     return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "hold")
 
 
 @app.command()
 def release(job_ids: JobIds) -> int:
-    """Let held jobs start again."""
+    """Let held jobs start again.
+
+    Example: gcontrol release 17 18
+    """
     return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "release")
 
 
@@ -150,7 +156,10 @@ def _request(method: str, path: str, body: dict[str, Any] | None = None) -> dict
 
 @show_app.command("job")
 def show_job(job: Annotated[str, typer.Argument(metavar="JOB")], as_json: AsJson = False) -> None:
-    """One job: state, reason, resources, times, GPUs, utilisation."""
+    """One job: state, reason, resources, times, GPUs, utilisation.
+
+    Examples: gcontrol show job 17; gcontrol show job 17 --json
+    """
     job_id = parse_job_ids([job])[0]
     record = _request("GET", f"/v1/jobs/{job_id}")
     for private in ("script", "environment", "args"):
@@ -161,7 +170,10 @@ def show_job(job: Annotated[str, typer.Argument(metavar="JOB")], as_json: AsJson
 @show_app.command("node")
 def show_node(name: Annotated[Optional[str], typer.Argument(metavar="[NODE]")] = None,
               as_json: AsJson = False) -> None:
-    """One node (or every node) with each GPU's health, sample and job."""
+    """One node (or every node) with each GPU's health, sample and job.
+
+    Examples: gcontrol show node; gcontrol show node node01 --json
+    """
     nodes = _request("GET", "/v1/nodes")["nodes"]
     chosen = [n for n in nodes if name is None or n["name"] == name]
     if not chosen:
@@ -176,7 +188,10 @@ def show_node(name: Annotated[Optional[str], typer.Argument(metavar="[NODE]")] =
 @show_app.command("partition")
 def show_partition(name: Annotated[Optional[str], typer.Argument(metavar="[PARTITION]")] = None,
                    as_json: AsJson = False) -> None:
-    """One partition (or every partition) with its nodes and limits."""
+    """One partition (or every partition) with its nodes and limits.
+
+    Examples: gcontrol show partition; gcontrol show partition gpu
+    """
     parts = _request("GET", "/v1/partitions")["partitions"]
     chosen = [p for p in parts if name is None or p["name"] == name]
     if not chosen:
@@ -187,7 +202,10 @@ def show_partition(name: Annotated[Optional[str], typer.Argument(metavar="[PARTI
 
 @show_app.command("gpu")
 def show_gpu(target: GpuTarget, as_json: AsJson = False) -> None:
-    """One GPU or MIG slice: type, health and why, last sample, the job on it."""
+    """One GPU or MIG slice: type, health and why, last sample, the job on it.
+
+    Examples: gcontrol show gpu node01:3; gcontrol show gpu node01:101 --json
+    """
     node_name, index = _gpu_target(target)
     for node in _request("GET", "/v1/nodes")["nodes"]:
         if node["name"] == node_name:
@@ -228,7 +246,10 @@ def drain_node(name: Annotated[str, typer.Argument(metavar="NODE")], reason: Rea
 
 @resume_app.command("node")
 def resume_node(name: Annotated[str, typer.Argument(metavar="NODE")]) -> None:
-    """Let a drained node take jobs again."""
+    """Let a drained node take jobs again.
+
+    Example: gcontrol resume node node01
+    """
     answer = _request("POST", f"/v1/nodes/{name}/resume")
     typer.echo(f"node {answer['node']} is {answer['state']}")
 

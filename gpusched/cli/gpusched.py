@@ -46,7 +46,11 @@ def _logging(verbose: bool) -> None:
 @app.command()
 def controller(config: ConfigOption = None,
                verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
-    """Run the controller: the API and (when leader) the scheduling loop."""
+    """Run the controller: the API and (when leader) the scheduling loop.
+
+    Examples: gpusched controller --config /etc/gpusched/gpusched.toml; (as a service)
+    systemctl start gpusched-controller
+    """
     from gpusched.controller.main import Controller
 
     cfg = _load(config)
@@ -84,6 +88,8 @@ def agent_inventory(ctx: typer.Context, config: ConfigOption = None,
 
     GPUs come from NVML, or from the static inventory in the configuration (see
     [agent.gpus] source). The JSON shape is in docs/admin.md, "Node inventory".
+
+    Examples: gpusched agent inventory; gpusched agent inventory --json
     """
     from gpusched.agent.inventory import node_inventory
     from gpusched.cli.common import print_table
@@ -111,7 +117,10 @@ def db_upgrade(
     database_url: Annotated[Optional[str], typer.Option(help="Overrides the config's URL.")] = None,
     revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
 ) -> None:
-    """Migrate the database schema (Alembic) up to REVISION."""
+    """Migrate the database schema (Alembic) up to REVISION.
+
+    Examples: gpusched db upgrade; gpusched db upgrade --config /etc/gpusched/gpusched.toml
+    """
     from gpusched.db.migrate import current, upgrade
 
     url = database_url or _load(config).database_url
@@ -124,7 +133,10 @@ def db_current(
     config: ConfigOption = None,
     database_url: Annotated[Optional[str], typer.Option(help="Overrides the config's URL.")] = None,
 ) -> None:
-    """Print the database's schema revision."""
+    """Print the database's schema revision.
+
+    Example: gpusched db current
+    """
     from gpusched.db.migrate import current
 
     typer.echo(current(database_url or _load(config).database_url) or "none (run 'gpusched db upgrade')")
@@ -136,7 +148,10 @@ def up(
     database_url: Annotated[Optional[str], typer.Option(help="Use this PostgreSQL instead of an embedded one.")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")] = False,
 ) -> None:
-    """Start a complete local cluster (PostgreSQL, controller, one agent) and return when ready."""
+    """Start a complete local cluster (PostgreSQL, controller, one agent) and return when ready.
+
+    Examples: gpusched up; gpusched up && gpusched demo
+    """
     import signal
     import threading
 
@@ -164,7 +179,11 @@ def admin_apply(
     files: Annotated[list[Path], typer.Argument(help="partitions.toml, accounts.toml, ...")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the difference; change nothing.")] = False,
 ) -> None:
-    """Validate admin files as a whole, then store them in one transaction."""
+    """Validate admin files as a whole, then store them in one transaction.
+
+    Examples: gpusched admin apply --dry-run etc/partitions.toml etc/accounts.toml;
+    gpusched admin apply etc/partitions.toml etc/accounts.toml etc/qos.toml
+    """
     import json
 
     from gpusched.adminconfig import parse_admin_config
@@ -196,7 +215,10 @@ def prio(
     jobs: Annotated[Optional[list[int]], typer.Argument(help="Job ids (default: all pending).")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Pending jobs' priority and its factors, highest first (like sprio)."""
+    """Pending jobs' priority and its factors, highest first (like sprio).
+
+    Examples: gpusched prio; gpusched prio 17 18 --json
+    """
     from gpusched.cli.client import ApiClient
     from gpusched.cli.common import print_table
 
@@ -216,7 +238,10 @@ def prio(
 
 @app.command()
 def share(as_json: JsonOption = False) -> None:
-    """The fair-share tree: shares, usage and each user's factor (like sshare)."""
+    """The fair-share tree: shares, usage and each user's factor (like sshare).
+
+    Examples: gpusched share; gpusched share --json
+    """
     from gpusched.cli.client import ApiClient
     from gpusched.cli.common import print_table
 
@@ -251,7 +276,10 @@ def demo(
     gpus: Annotated[int, typer.Option(min=1, help="GPUs for the demo job.")] = 2,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the job.")] = 60.0,
 ) -> None:
-    """Submit a demo GPU job to the running cluster, wait for it and show its output."""
+    """Submit a demo GPU job to the running cluster, wait for it and show its output.
+
+    Example: gpusched up && gpusched demo
+    """
     import os
     import time
 
@@ -277,10 +305,27 @@ def demo(
 
 @app.command()
 def down() -> None:
-    """Stop the local cluster's daemons; running jobs keep running and are re-adopted by 'up'."""
+    """Stop the local cluster's daemons; running jobs keep running and are re-adopted by 'up'.
+
+    Example: gpusched down
+    """
     from gpusched import local
 
     local.down(typer.echo)
+
+
+@app.command()
+def completion(shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash, zsh or fish")]
+               ) -> None:
+    """Print shell completion for every gpusched command (gsubmit, gqueue, gcancel,
+    ginfo, gacct, gcontrol, gpusched).
+
+    Examples: eval "$(gpusched completion bash)" in ~/.bashrc;
+    gpusched completion fish > ~/.config/fish/completions/gpusched.fish
+    """
+    from gpusched.cli.common import completion_scripts
+
+    typer.echo(completion_scripts(shell), nl=False)
 
 
 def _register_simulate() -> None:

@@ -277,7 +277,11 @@ def gsubmit(
     array: ArrayOpt = None,
     wrap: WrapOpt = None,
 ) -> None:
-    """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured."""
+    """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured.
+
+    Examples: gsubmit train.sh; gsubmit -G a100:4 -t 2:00:00 -p gpu train.sh --epochs 3;
+    gsubmit --array=0-9%2 sweep.sh; gsubmit -d afterok:17 --wrap 'python eval.py'
+    """
     submission = resolve_submission(ctx)
     for warning in (*submission.ignored, mig_warning(submission)):
         if warning:

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from gpusched.errors import UsageError
-from tests.e2e.cluster import BIN, Cluster
+from tests.e2e.cluster import BIN, Cluster, wait_for
 
 
 def ids(output: str) -> list[int]:
@@ -100,6 +100,8 @@ def test_field_table_matches_job_objects(cluster: Cluster) -> None:
     running = cluster.submit("-J", "run", "-G", "2", "--wrap", "sleep 30")
     held = cluster.submit("-J", "wait", "-p", "debug", "--hold", "--wrap", "true")
     cluster.wait_state(running, "RUNNING")
+    # Once a pass has given the held job its reason, nothing changes between the reads.
+    wait_for(lambda: cluster.job(held)["reason"] == "JobHeldUser", what="JobHeldUser")
     full = {job["job_id"]: job for job in cluster.api("GET", "/v1/jobs")["jobs"]}
     every = ",".join(full[running])
     table = cluster.api("GET", f"/v1/jobs?fields={every}")
