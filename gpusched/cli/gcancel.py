@@ -11,8 +11,8 @@ import typer
 from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, only_me, print_error, run_cli
 from gpusched.cli.gqueue import parse_states
-from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.core import signals
+from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.errors import GpuschedError, Unavailable, UsageError
 
 PROG = "gcancel"

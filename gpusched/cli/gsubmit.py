@@ -41,12 +41,30 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
                      "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
                      "constraint", "comment", "nodelist", "exclude", "warn_signal",
-                     "ntasks_per_node", "gpus_per_task", "mem_per_cpu")
-# Options that matter only on other sites: accepted, ignored, and said so.
+                     "ntasks_per_node", "gpus_per_task", "mem_per_cpu", "hint", "gpu_bind",
+                     "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
+                     "tmp", "open_mode", "kill_on_invalid_dep", "oversubscribe", "profile",
+                     "acctg_freq")
+# Options that matter only on other sites, or whose effect this cluster has anyway or
+# lacks harmlessly: accepted, ignored, and said so.
 IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
            "mail_user": "--mail-user: this cluster sends no mail",
            "constraint": "--constraint: this cluster has no node features",
-           "comment": "--comment: comments are not stored"}
+           "comment": "--comment: comments are not stored",
+           "hint": "--hint: CPU binding is left to the job",
+           "gpu_bind": "--gpu-bind: the job sees exactly its GPUs in CUDA_VISIBLE_DEVICES",
+           "gpu_freq": "--gpu-freq: GPU clocks are not changed",
+           "cpu_freq": "--cpu-freq: CPU frequencies are not changed",
+           "distribution": "--distribution: tasks are started by the job itself",
+           "threads_per_core": "--threads-per-core: CPUs are counted as the node reports them",
+           "switches": "--switches: placement follows NVLink and node blocks instead",
+           "tmp": "--tmp: local disk is not counted",
+           "open_mode": "--open-mode: output files are appended to",
+           "kill_on_invalid_dep": "--kill-on-invalid-dep: a job whose dependency can never "
+                                  "be met stays pending (reason DependencyNeverSatisfied)",
+           "oversubscribe": "--oversubscribe: GPUs are never shared",
+           "profile": "--profile: no profiling data is gathered",
+           "acctg_freq": "--acctg-freq: GPUs are sampled at the agent's health interval"}
 # Input variables that set an option unless the command line does (directives lose to
 # them), as sbatch's SBATCH_* do.
 INPUT_VARIABLES = {"partition": "GPUSCHED_PARTITION", "account": "GPUSCHED_ACCOUNT",
@@ -199,7 +217,7 @@ NtasksOpt = Annotated[int | None, typer.Option(
     help="Tasks the job runs; with --cpus-per-task they set its CPUs per node.",
 )]
 NtasksPerNodeOpt = Annotated[int | None, typer.Option(
-    "--ntasks-per-node", min=1, metavar="N", show_default=False,
+    "--ntasks-per-node", "--tasks-per-node", min=1, metavar="N", show_default=False,
     help="Tasks on each node (with --cpus-per-task: CPUs per node; with --gpus-per-task: GPUs).",
 )]
 GpusPerTaskOpt = Annotated[str | None, _text_option(
@@ -220,10 +238,31 @@ ConstraintOpt = Annotated[str | None, _text_option(
     "--constraint", "-C", metavar="LIST", help_text="Accepted and ignored: no node features.")]
 CommentOpt = Annotated[str | None, _text_option(
     "--comment", metavar="TEXT", help_text="Accepted and ignored.")]
+
+
+def _ignored(*names: str, metavar: str = "VALUE") -> Any:
+    return _text_option(*names, metavar=metavar, help_text="Accepted and ignored (see docs/cli.md).")
+
+
+HintOpt = Annotated[str | None, _ignored("--hint")]
+GpuBindOpt = Annotated[str | None, _ignored("--gpu-bind")]
+GpuFreqOpt = Annotated[str | None, _ignored("--gpu-freq")]
+CpuFreqOpt = Annotated[str | None, _ignored("--cpu-freq")]
+DistributionOpt = Annotated[str | None, _ignored("--distribution", "-m")]
+ThreadsPerCoreOpt = Annotated[str | None, _ignored("--threads-per-core", metavar="N")]
+SwitchesOpt = Annotated[str | None, _ignored("--switches", metavar="N[@TIME]")]
+TmpOpt = Annotated[str | None, _ignored("--tmp", metavar="SIZE")]
+OpenModeOpt = Annotated[str | None, _ignored("--open-mode", metavar="append|truncate")]
+KillOnInvalidDepOpt = Annotated[str | None, _ignored("--kill-on-invalid-dep", metavar="yes|no")]
+OversubscribeOpt = Annotated[Optional[bool], typer.Option(
+    "--oversubscribe", "-s", help="Accepted and ignored: GPUs are never shared.")]
+ProfileOpt = Annotated[str | None, _ignored("--profile")]
+AcctgFreqOpt = Annotated[str | None, _ignored("--acctg-freq")]
 TestOnlyOpt = Annotated[bool, typer.Option(
     "--test-only", help="Say when and where the job would start; submit nothing.")]
 ChdirOpt = Annotated[str | None, _text_option(
-    "--chdir", "-D", metavar="DIR", help_text="Run the job in DIR (default: the current directory).",
+    "--chdir", "-D", "--workdir", metavar="DIR",
+    help_text="Run the job in DIR (default: the current directory).",
 )]
 ExportOpt = Annotated[str | None, _text_option(
     "--export", metavar="VARS",
@@ -272,6 +311,19 @@ def gsubmit(
     mail_user: MailUserOpt = None,
     constraint: ConstraintOpt = None,
     comment: CommentOpt = None,
+    hint: HintOpt = None,
+    gpu_bind: GpuBindOpt = None,
+    gpu_freq: GpuFreqOpt = None,
+    cpu_freq: CpuFreqOpt = None,
+    distribution: DistributionOpt = None,
+    threads_per_core: ThreadsPerCoreOpt = None,
+    switches: SwitchesOpt = None,
+    tmp: TmpOpt = None,
+    open_mode: OpenModeOpt = None,
+    kill_on_invalid_dep: KillOnInvalidDepOpt = None,
+    oversubscribe: OversubscribeOpt = None,
+    profile: ProfileOpt = None,
+    acctg_freq: AcctgFreqOpt = None,
     begin: BeginOpt = None,
     dependency: DependencyOpt = None,
     array: ArrayOpt = None,

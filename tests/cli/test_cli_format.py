@@ -446,6 +446,18 @@ def test_tasks_per_node_gpus_per_task_and_mem_per_cpu() -> None:
         parse_submit(["-G", "1", "--gpus-per-task", "1", "--wrap", "x"])
 
 
+def test_slurm_aliases_and_more_ignored_options(in_tmp: Path) -> None:
+    (in_tmp / "job.sh").write_text(
+        "#!/bin/sh\n#SBATCH --tasks-per-node=2 --workdir=sub\n#SBATCH --hint=nomultithread\n"
+        "#SBATCH --gpu-bind=closest -m block:cyclic --open-mode=append -s\ntrue\n")
+    sub = parse_submit(["--kill-on-invalid-dep=yes", "job.sh"])
+    assert (sub.ntasks_per_node, sub.chdir) == (2, "sub")
+    assert [w.split(": ")[-2] for w in sub.ignored] == [
+        "--hint", "--gpu-bind", "--distribution", "--open-mode", "--kill-on-invalid-dep",
+        "--oversubscribe"]
+    assert sub.ignored[0] == "line 3: #SBATCH: --hint: CPU binding is left to the job"
+
+
 def test_site_only_options_are_accepted_with_a_warning(in_tmp: Path) -> None:
     (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --mail-type=END,FAIL\n#SBATCH -C a100\ntrue\n")
     sub = parse_submit(["--mail-user", "me@lab", "job.sh"])
