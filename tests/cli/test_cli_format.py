@@ -288,6 +288,25 @@ def test_print_table_to_a_pipe_is_plain_text() -> None:
     assert row.split() == ["17", "gpu", "[red]x", "alice", "PD", "0:00", "2", "(None)"]
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_rich_tables_unless_they_are_long() -> None:
+    """rich draws a few rows nicely; a queue of thousands is printed plain at once."""
+    from gpusched.cli.common import RICH_MAX_ROWS
+
+    row = ["17", "gpu", "train", "alice", "PD", "0:00", "2", "(Priority)"]
+    short, long = Terminal(), Terminal()
+    print_table(gqueue.HEADERS, [row], out=short)
+    print_table(gqueue.HEADERS, [row] * (RICH_MAX_ROWS + 1), out=long)
+    assert "\x1b[" in short.getvalue()  # rich's bold header
+    lines = long.getvalue().splitlines()
+    assert "\x1b[" not in long.getvalue() and len(lines) == RICH_MAX_ROWS + 2
+    assert lines[1].split() == row
+
+
 # -- gcancel --------------------------------------------------------------------------
 
 
