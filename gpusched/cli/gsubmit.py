@@ -44,7 +44,7 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "
                      "ntasks_per_node", "gpus_per_task", "mem_per_cpu", "hint", "gpu_bind",
                      "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
                      "tmp", "open_mode", "kill_on_invalid_dep", "oversubscribe", "profile",
-                     "acctg_freq")
+                     "acctg_freq", "exclusive")
 # Options that matter only on other sites, or whose effect this cluster has anyway or
 # lacks harmlessly: accepted, ignored, and said so.
 IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
@@ -101,6 +101,7 @@ class Submission:
     account: str | None = None
     qos: str | None = None
     hold: bool = False
+    exclusive: bool = False  # --exclusive
     begin_time: str | None = None  # ISO 8601 with the submitter's zone
     dependency: str | None = None
     array: str | None = None  # canonical task ids and cap, as parse_array gives them
@@ -196,6 +197,9 @@ ErrorOpt = Annotated[str | None, _text_option(
     "--error", "-e", metavar="F", help_text="stderr file pattern (default: with stdout).",
 )]
 ParsableOpt = Annotated[bool, typer.Option("--parsable", help="Print the job id alone.")]
+ExclusiveOpt = Annotated[bool, typer.Option(
+    "--exclusive", help="Take whole nodes: every GPU of its type on each, and no other job "
+    "beside it.")]
 HoldOpt = Annotated[bool, typer.Option("--hold", "-H", help="Submit held: release it with 'gcontrol release'.")]
 RequeueOpt = Annotated[Optional[bool], typer.Option(
     "--requeue/--no-requeue",
@@ -303,6 +307,7 @@ def gsubmit(
     error: ErrorOpt = None,
     parsable: ParsableOpt = False,
     hold: HoldOpt = False,
+    exclusive: ExclusiveOpt = False,
     requeue: RequeueOpt = None,
     chdir: ChdirOpt = None,
     export: ExportOpt = None,
@@ -403,6 +408,7 @@ def resolve_submission(ctx: typer.Context) -> Submission:
         account=values["account"],
         qos=values["qos"],
         hold=bool(values["hold"]),
+        exclusive=bool(values["exclusive"]),
         requeue=values["requeue"],
         chdir=values["chdir"],
         ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
@@ -492,6 +498,7 @@ def submission_body(
         "account": submission.account,
         "qos": submission.qos,
         "hold": submission.hold,
+        "exclusive": submission.exclusive,
         "requeue": submission.requeue,
         "begin_time": submission.begin_time,
         "dependency": submission.dependency,

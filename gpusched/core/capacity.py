@@ -57,12 +57,14 @@ class Shape(NamedTuple):
     nodes: int
     duration: float  # INF: no time limit
     uid: int
+    exclusive: bool = False  # needs wholly idle nodes, and holds them whole
 
     @classmethod
     def of(cls, job: PendingJob) -> Shape:
         """The shape of a pending job."""
         return cls(job.gpu_kinds, job.gpus, job.cpus, job.mem_mb, max(1, job.nodes),
-                   INF if job.time_limit is None else float(job.time_limit), job.uid)
+                   INF if job.time_limit is None else float(job.time_limit), job.uid,
+                   job.exclusive)
 
 
 def any_could_start(free_per_node: Iterable[int], shapes: Iterable[tuple[int, int]]) -> bool:
@@ -233,6 +235,13 @@ class Capacity:
         self.nodes = [_Node(i, units, allocated if i in busy else None)
                       for i, units in enumerate(known.nodes)]
         self._release_running(running)
+        self.whole: set[int] = set()  # nodes an exclusive job holds whole
+        self.started: set[int] = set()  # nodes a job started on in this pass
+        for job in running:
+            if job.exclusive:
+                for name in job.nodes or (job.node,):
+                    if name in self.index:
+                        self._hold_whole(self.index[name], job.end_time, buckets=False)
         self.kinds = known.kinds
         self.slice_kinds = known.slice_kinds
         self.most = known.most
@@ -275,6 +284,53 @@ class Capacity:
                 self._add_releases(job, job.end_time, False)
         for at in on_node:
             nodes[at].releases.sort()
+
+    def _hold_whole(self, index: int, end: float | None, buckets: bool = True) -> None:
+        """Hold what is still free on node ``index`` for an exclusive job until ``end``
+        (None: for good): nothing else starts or is planned there before."""
+        node = self.nodes[index]
+        self.whole.add(index)
+        until = INF if end is None else end
+        for kind, free in node.free.items():
+            if free:
+                if buckets:
+                    self.buckets[kind][len(free)].remove(index)
+                    insort(self.buckets[kind][0], index)
+                if until < INF:
+                    insort(node.releases, (until, kind, len(free), 0.0, 0.0, -1))
+                node.free[kind] = []
+        if until < INF and (node.cpus or node.mem):
+            insort(node.releases, (until, "", 0, node.cpus, node.mem, -1))
+        node.cpus = node.mem = 0.0
+        if buckets:  # not while the capacity is being built
+            self._touched(index)
+
+    def _idle(self, index: int) -> bool:
+        """Whether nothing runs on node ``index`` and nothing has started there."""
+        node = self.nodes[index]
+        return (index not in self.whole and index not in self.started and not self.on_node.get(index)
+                and all(len(node.free.get(kind, ())) == count for kind, count in node.total.items())
+                and node.cpus == (node.view.cpus or INF) and node.mem == (node.view.memory_mb or INF))
+
+    def whole_shapes(self, job: PendingJob, members: frozenset[int]
+                     ) -> list[tuple[Shape, frozenset[int]]]:
+        """An exclusive job's shapes, one per node size that could hold it, smallest
+        first: every unit of its GPU kind on each node, with the nodes of that size. (A
+        job on several nodes runs on nodes of one size.)"""
+        shape = Shape.of(job)
+        if not job.gpus:
+            return [(shape, members)]
+        kinds = self.matching(job.gpu_kinds)
+        by_size: dict[int, set[int]] = {}
+        for index in members:
+            for kind in kinds:
+                size = self.nodes[index].total.get(kind, 0)
+                if size >= job.gpus:
+                    by_size.setdefault(size, set()).add(index)
+        if not by_size:
+            return [(shape, members)]  # no node is big enough: it waits as it would anyway
+        return [(shape._replace(gpus=size), frozenset(nodes))
+                for size, nodes in sorted(by_size.items())]
 
     def _add_releases(self, job: RunningJob, end: float, keep_sorted: bool = True) -> None:
         """Record when ``job`` gives back its GPUs, CPUs and memory, on each of its nodes
@@ -441,6 +497,9 @@ class Capacity:
         return found
 
     def _search_now(self, shape: Shape, members: frozenset[int]) -> list[tuple[int, str]] | None:
+        if self.whole or shape.exclusive:
+            members = frozenset(i for i in members if i not in self.whole
+                                and (not shape.exclusive or self._idle(i)))
         if shape.gpus == 0:
             fit = [(node.free_gpus(), node.index) for node in self.nodes
                    if node.index in members and self._usable(node, shape)
@@ -496,6 +555,9 @@ class Capacity:
         if shape.duration < INF:
             insort(node.releases, (self.now + shape.duration, kind, shape.gpus,
                                    float(shape.cpus), float(shape.mem_mb), -1))
+        if shape.exclusive:
+            self._hold_whole(index, self.now + shape.duration)
+        self.started.add(index)
         self._touched(index)
         return gpus
 

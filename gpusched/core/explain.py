@@ -135,6 +135,10 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
         return (f"behind job {ahead.job_id} (priority {_number(priority[ahead.job_id])} > "
                 f"{_number(priority[job.job_id])}), which waits for resources in partition "
                 f"{job.partition}: jobs of a partition start in priority order")
+    if reason is Reason.RESOURCES and job.exclusive:
+        return (f"it takes whole nodes (--exclusive): it needs {max(1, job.nodes)} node(s) of "
+                f"partition {job.partition}{_node_choice(job)} with nothing running, and "
+                "fewer are idle now: it starts when enough nodes empty")
     if reason is Reason.RESOURCES:
         nodes = _node_choice(job)
         if moment.best_free is None:
@@ -176,7 +180,9 @@ def explain(snapshot: Snapshot, now: float, policy: Policy, job_id: int) -> Expl
     reasons = list(moment.waits)
     if moment.blocked_by is not None or reason is Reason.PRIORITY:  # or max_starts_per_pass
         reasons.append(Reason.PRIORITY)
-    if not _fits(moment) and Reason.PARTITION_DOWN not in reasons:
+    # An exclusive job may find GPUs free and still wait: it needs idle nodes.
+    idle_wanted = moment.job.exclusive and reason is Reason.RESOURCES
+    if (not _fits(moment) or idle_wanted) and Reason.PARTITION_DOWN not in reasons:
         reasons.append(Reason.RESOURCES)
     starts = tuple(start for start in decided.starts if start.job_id == job_id)
     blockers = [Blocker(r, _detail(r, moment, snapshot, now, priority)) for r in reasons]

@@ -164,6 +164,7 @@ class PendingJob:
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     priority: float | None = None  # fixed by an administrator; None: multifactor
+    exclusive: bool = False  # sbatch --exclusive: whole nodes, shared with no other job
 
     @property
     def total_gpus(self) -> int:
@@ -193,6 +194,7 @@ class RunningJob:
     nodes: tuple[str, ...] = ()  # every node of a multi-node job (else just ``node``)
     start_time: float | None = None
     preempting: bool = False  # already told to make way for a preempting job
+    exclusive: bool = False  # holds its nodes whole until it ends
 
 
 @dataclass(frozen=True, slots=True)

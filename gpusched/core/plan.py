@@ -136,7 +136,7 @@ class SchedulingPass:
         self.members = {part.name: frozenset(index[n] for n in part.nodes if n in index)
                         for part in snapshot.partitions}
         # Node sets of jobs that name or exclude nodes, by (partition, nodelist, exclude).
-        self.restricted: dict[tuple[str, tuple[str, ...], tuple[str, ...]], frozenset[int]] = {}
+        self.restricted: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool], frozenset[int]] = {}
         # Partitions sharing nodes: a job starting in one passes blocked jobs of the others.
         self.overlaps = {a: [b for b in self.members if self.members[a] & self.members[b]]
                          for a in self.members}
@@ -201,8 +201,8 @@ class SchedulingPass:
         it may use (a group of its own)."""
         members = self.members.get(job.partition, frozenset())
         if not job.nodelist and not job.exclude:
-            return members, job.partition
-        key = (job.partition, job.nodelist, job.exclude)
+            return members, (job.partition, True) if job.exclusive else job.partition
+        key = (job.partition, job.nodelist, job.exclude, job.exclusive)
         allowed = self.restricted.get(key)
         if allowed is None:
             index = self.capacity.index
@@ -214,6 +214,18 @@ class SchedulingPass:
                 allowed = members
             allowed = self.restricted[key] = allowed - {index[n] for n in job.exclude if n in index}
         return allowed, key
+
+    def _place_whole(self, job: PendingJob, members: frozenset[int], group: object
+                     ) -> tuple[list[tuple[int, str]] | None, Shape, frozenset[int]]:
+        """Where an exclusive job starts now (the smallest idle nodes that hold it), with
+        its shape and nodes; else None with the shape and nodes it could start on first."""
+        options = self.capacity.whole_shapes(job, members)
+        for shape, nodes in options:
+            placed = self.capacity.place_now(shape, nodes, (group, shape.gpus))
+            if placed is not None:
+                return placed, shape, nodes
+        soonest = min(options, key=lambda o: self.capacity.earliest(*o)[0])
+        return None, soonest[0], soonest[1]
 
     def _record(self, job: PendingJob) -> None:
         members = self.where(job)[0]
@@ -243,18 +255,24 @@ class SchedulingPass:
                 self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
         members, group = self.where(job)
-        # Most jobs of a long queue need at least what an earlier one could not have.
-        shape = None if self.capacity.refused(job, group) else Shape.of(job)
-        placed = None if shape is None else self.capacity.place_now(shape, members, group)
+        whole: Shape | None = None
+        if job.exclusive:  # every unit of its kind on each node, on idle nodes only
+            placed, whole, members = self._place_whole(job, members, group)
+            shape = whole if placed is not None else None
+        else:
+            # Most jobs of a long queue need at least what an earlier one could not have.
+            shape = None if self.capacity.refused(job, group) else Shape.of(job)
+            placed = None if shape is None else self.capacity.place_now(shape, members, group)
         if placed is None:
             first = job.partition not in self.blocked
             self.blocked.setdefault(job.partition, job)
-            preempted = self.preempting and self._preempt(job, shape := shape or Shape.of(job),
-                                                          members)
+            # An exclusive job needs idle nodes, which stopping some jobs does not give.
+            preempted = self.preempting and not job.exclusive and self._preempt(
+                job, shape := shape or Shape.of(job), members)
             if preempted or (self.reserving and self.reserved_in[job.partition] < self.depth):
                 # A job that preempts always holds what it freed against backfill.
                 self.reserved_in[job.partition] += 1
-                shape = shape or Shape.of(job)
+                shape = shape or whole or Shape.of(job)
                 at, where = self.capacity.earliest(shape, members)
                 if at < INF:
                     self.reshaped = self.reshaped or at <= self.now
@@ -263,7 +281,7 @@ class SchedulingPass:
                         job.job_id, at, tuple(self.capacity.nodes[i].view.name for i, _ in where)))
                 self.expected[job.job_id] = at
             elif self.depth and self.policy.estimates:
-                self.expected[job.job_id] = self.capacity.estimate(shape or Shape.of(job),
+                self.expected[job.job_id] = self.capacity.estimate(shape or whole or Shape.of(job),
                                                                    members, group)
             return Reason.RESOURCES if first else Reason.PRIORITY
         assert shape is not None  # a job is placed only once it has its shape

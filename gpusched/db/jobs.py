@@ -340,6 +340,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     begin = _begin_time(body.get("begin_time"))
     dependency = _dependency(session, _field(body, "dependency", str, None, "a dependency"))
     hold = "user" if _field(body, "hold", bool, False, "true or false") else None
+    exclusive = _field(body, "exclusive", bool, False, "true or false")
     requeue = _field(body, "requeue", bool, None, "true, false or null")
     qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
     array = _array(_field(body, "array", str, None, "task ids such as 0-99 or 1,3,5-9%4"))
@@ -350,6 +351,7 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         environment=env, output=output, error=error, gpu_types=list(kinds), nodes=nodes,
         cpus=cpus, mem_mb=mem_mb, requeue=requeue, nodelist=nodelist, exclude_nodes=exclude,
         warn_signal=warn_number, warn_seconds=warn_seconds, warn_batch_only=warn_batch_only,
+        exclusive=exclusive,
     )
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks
@@ -635,7 +637,7 @@ JOB_FIELDS: dict[str, Field] = {
     "node_names": _same("node_names"), "restarts": _same("restarts"),
     "nodelist": _same("nodelist"), "exclude": _same("exclude_nodes"),
     "warn_signal": (("warn_signal", "warn_seconds", "warn_batch_only"), _warn_json),
-    "admin_priority": _same("admin_priority"),
+    "admin_priority": _same("admin_priority"), "exclusive": _same("exclusive"),
     "preempted_by": _same("preempted_by"), "requeue": _same("requeue"),
     "gpu_failure": _same("gpu_failure"),
     "gpu_util_avg": (("util_sum", "util_samples"), _avg),

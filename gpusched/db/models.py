@@ -197,6 +197,7 @@ class Job(Base):
     # sbatch's --nodelist (runs on exactly these nodes) and --exclude (never on these).
     nodelist: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     exclude_nodes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    exclusive: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # --exclusive
     # sbatch's --signal: send warn_signal warn_seconds before the time limit, to the batch
     # script alone when warn_batch_only, else to the whole job.
     warn_signal: Mapped[int | None] = mapped_column(Integer)

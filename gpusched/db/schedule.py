@@ -91,10 +91,10 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
                    user, account, qos, hold, begin.timestamp() if begin else None, dependency,
                    name, array_job, array_tasks, array_cap, tuple(types), nodes, cpus, mem,
                    expected.timestamp() if expected else None, tuple(nodelist), tuple(exclude),
-                   fixed)
+                   fixed, exclusive)
         for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
         dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
-        nodelist, exclude, fixed
+        nodelist, exclude, fixed, exclusive
         # Core rows (no ORM loading), and the type list as the driver gives it: a queue
         # of thousands is read in tens of milliseconds.
         in session.connection().execute(
@@ -104,7 +104,7 @@ def _pending(session: Session) -> tuple[PendingJob, ...]:
                    Job.array_max_running, type_coerce(Job.gpu_types, NullType()), Job.nodes,
                    Job.cpus, Job.mem_mb, Job.expected_start,
                    type_coerce(Job.nodelist, NullType()), type_coerce(Job.exclude_nodes, NullType()),
-                   Job.admin_priority)
+                   Job.admin_priority, Job.exclusive)
             .where(Job.state == "PENDING")).all()
     )
 
@@ -121,7 +121,7 @@ def _running(session: Session, grace: float) -> tuple[tuple[RunningJob, ...], fr
     rows = session.execute(
         select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name, Job.array_job_id,
                Job.start_time, Job.time_limit, Job.cpus, Job.mem_mb, Job.node_names,
-               Job.preempted_at)
+               Job.preempted_at, Job.exclusive)
         .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING")).all()
 
     def ends(start: datetime | None, limit: int | None, preempted: datetime | None) -> float | None:
@@ -134,9 +134,9 @@ def _running(session: Session, grace: float) -> tuple[tuple[RunningJob, ...], fr
     running = tuple(
         RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos, array_job,
                    ends(start, limit, preempted), cpus, mem, tuple(names or ()),
-                   start.timestamp() if start else None, preempted is not None)
+                   start.timestamp() if start else None, preempted is not None, exclusive)
         for job_id, node, user, account, qos, _, array_job, start, limit, cpus, mem, names,
-        preempted in rows)
+        preempted, exclusive in rows)
     return running, frozenset((row[2], row[5]) for row in rows)
 
 
@@ -200,7 +200,7 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "environment", "output", "error", "array_job_id", "array_spec",
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
-                "admin_priority")
+                "admin_priority", "exclusive")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
     f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "

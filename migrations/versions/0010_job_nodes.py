@@ -1,4 +1,5 @@
-"""Jobs that name their nodes (sbatch --nodelist) or exclude some (--exclude); jobs
+"""Jobs that name their nodes (sbatch --nodelist), exclude some (--exclude) or take
+them whole (--exclusive); jobs
 warned by a signal before their time limit (--signal); a priority an administrator
 fixed (scontrol update Priority=); and a count of time-limit changes while running.
 
@@ -31,6 +32,8 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("warn_batch_only", sa.Boolean(), server_default=sa.text("false"),
                                     nullable=False))
     op.add_column("jobs", sa.Column("admin_priority", sa.Float(), nullable=True))
+    op.add_column("jobs", sa.Column("exclusive", sa.Boolean(), server_default=sa.text("false"),
+                                    nullable=False))
     op.add_column("jobs", sa.Column("limit_seq", sa.Integer(), server_default=sa.text("0"),
                                     nullable=False))
 
@@ -38,5 +41,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Revert this revision."""
     for column in ("nodelist", "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
-                   "admin_priority", "limit_seq"):
+                   "admin_priority", "limit_seq", "exclusive"):
         op.drop_column("jobs", column)

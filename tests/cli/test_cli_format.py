@@ -86,13 +86,14 @@ def test_directive_errors_name_the_line(in_tmp: Path) -> None:
 
 def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
     sub = parse_submit(["-J", "n", "--wrap", "true", "-o", "o.txt", "-A", "bio",
-                        "-w", "gpu[01-02]", "-x", "gpu07", "--signal=B:USR1@90"])
+                        "-w", "gpu[01-02]", "-x", "gpu07", "--signal=B:USR1@90", "--exclusive"])
     body = gsubmit.submission_body(sub, work_dir="/w", environment={"A": "1"})
     assert body == {
         "script": sub.script, "args": [], "name": "n", "gpus": 0, "gpu_types": [], "nodes": 2,
         "cpus": 0, "mem_mb": 0, "time_limit": None, "nodelist": ["gpu01", "gpu02"],
         "exclude": ["gpu07"], "warn_signal": {"signal": 10, "seconds": 90, "batch_only": True},
         "partition": None, "account": "bio", "qos": None, "hold": False, "requeue": None,
+        "exclusive": True,
         "begin_time": None, "dependency": None,
         "array": None, "work_dir": "/w",
         "environment": {"A": "1"}, "output": "o.txt", "error": None,

@@ -128,6 +128,8 @@ def assert_nothing_sent(server: socket.socket) -> None:
 
 def named(text: str, flag: str, stderr: str) -> bool:
     """Whether the one error line names the bad value (a dependency: or its bad clause)."""
+    if repr(text) in stderr or repr(text.strip()) in stderr:
+        return True  # quoted, as the messages quote values (blank ones too)
     tokens = [text.strip()]
     if flag == "--dependency":
         tokens += [c.strip() for c in text.split(",")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 from tests.e2e.cluster import Cluster
@@ -60,3 +61,30 @@ def test_signal_before_the_time_limit(cluster: Cluster) -> None:
     ended = cluster.wait_state(job, "COMPLETED", "TIMEOUT", timeout=30)
     assert ended["state"] == "COMPLETED"
     assert (cluster.work / f"gpusched-{job}.out").read_text() == "shell\ndone\n"
+
+
+def test_exclusive_takes_the_whole_node(cluster: Cluster) -> None:
+    """--exclusive -G 1 gets all 4 GPUs of node01, and nothing else runs beside it, not
+    even a job without GPUs; both start once it ends."""
+    whole = cluster.submit("--exclusive", "-G", "1", "--wrap", "echo $CUDA_VISIBLE_DEVICES; sleep 3")
+    running = cluster.wait_state(whole, "RUNNING")
+    assert running["exclusive"] is True and len(running["gpu_uuids"]) == 4
+    gpu_job = cluster.submit("-G", "1", "--wrap", "true")
+    cpu_job = cluster.submit("--wrap", "true")
+    time.sleep(1.0)  # a few passes
+    assert [cluster.job(j)["state"] for j in (gpu_job, cpu_job)] == ["PENDING", "PENDING"]
+    assert cluster.job(whole)["state"] == "RUNNING"
+    ended = cluster.wait_state(whole, "COMPLETED")
+    assert (cluster.work / f"gpusched-{whole}.out").read_text().strip() == ",".join(
+        ended["gpu_uuids"])
+    for j in (gpu_job, cpu_job):
+        started = datetime.fromisoformat(cluster.wait_state(j, "COMPLETED")["start_time"])
+        assert started >= datetime.fromisoformat(ended["end_time"])
+    busy = cluster.submit("-G", "1", "--wrap", "sleep 3")
+    cluster.wait_state(busy, "RUNNING")
+    waiting = cluster.submit("--exclusive", "--wrap", "true")
+    time.sleep(1.0)
+    assert cluster.job(waiting)["state"] == "PENDING"  # node01 is not idle
+    started = cluster.wait_state(waiting, "COMPLETED")["start_time"]
+    assert datetime.fromisoformat(started) >= datetime.fromisoformat(
+        cluster.wait_state(busy, "COMPLETED")["end_time"])

@@ -51,6 +51,19 @@ def test_resources_says_how_many_gpus_would_start_now() -> None:
         snap([pending(1, 1)], full), NOW, AGE_ONLY, 1).blockers[0].detail
 
 
+def test_an_exclusive_job_waits_for_an_idle_node() -> None:
+    busy = [RunningJob(90, "n0", ("n0-g0",)), RunningJob(91, "n1", ())]
+    why = explain(snap([pending(1, 1, exclusive=True)], busy), NOW, AGE_ONLY, 1)
+    assert why.reason is Reason.RESOURCES and why.starts == ()
+    assert [(b.reason, b.detail) for b in why.blockers] == [(
+        Reason.RESOURCES,
+        "it takes whole nodes (--exclusive): it needs 1 node(s) of partition gpu with "
+        "nothing running, and fewer are idle now: it starts when enough nodes empty")]
+    ready = explain(snap([pending(1, 1, exclusive=True)], busy[:1]), NOW, AGE_ONLY, 1)
+    assert ready.reason is Reason.NONE and ready.blockers == ()
+    assert [(s.node, len(s.gpu_uuids)) for s in ready.starts] == [("n1", 2)]
+
+
 def test_priority_names_the_job_ahead_and_both_priorities() -> None:
     big, small = pending(1, 8 - 4), pending(2, 4)  # 1 is older: higher age priority
     busy = [RunningJob(90, "n0", ("n0-g0",))]

@@ -35,6 +35,7 @@ def job(job_id: int, gpus: int, partition: str = "gpu", uid: int = 1000,
 
 
 FIFO = Policy(backfill="none")
+IN_ORDER = Policy(weights=PriorityWeights(age=0, fairshare=0, job_size=0, partition=0, qos=0))
 
 
 def run(nodes: list[NodeView], jobs: list[PendingJob], running: list[RunningJob] = (),  # type: ignore[assignment]
@@ -135,6 +136,36 @@ def test_zero_gpu_job_starts_without_gpus() -> None:
     assert starts(p) == {1: ("a", ("a-g0",)), 2: ("a", ())}
 
 
+def test_an_exclusive_job_takes_a_whole_idle_node() -> None:
+    """It gets every GPU of the node, starts only where nothing runs, and nothing else
+    (not even a job without GPUs) joins it, in this pass or later ones."""
+    from dataclasses import replace
+
+    nodes = [node("a", 4), node("b", 4), node("c", 4)]
+    cpu_job = RunningJob(90, "c", ())  # holds no GPU, but c is not idle
+    p = run(nodes, [replace(job(1, 1), exclusive=True), job(2, 1), job(3, 0),
+                    replace(job(4, 1), exclusive=True)], running=[cpu_job], policy=IN_ORDER)
+    assert starts(p) == {1: ("a", ("a-g0", "a-g1", "a-g2", "a-g3")), 2: ("b", ("b-g0",)),
+                         3: ("b", ())}
+    assert reasons(p) == {4: Reason.RESOURCES}  # b and c are not idle
+    later = RunningJob(1, "a", ("a-g0", "a-g1", "a-g2", "a-g3"), end_time=100.0, exclusive=True)
+    p = run(nodes[:1], [job(5, 0), job(6, 1)], running=[later], policy=IN_ORDER)
+    assert starts(p) == {}
+
+
+def test_an_exclusive_job_reserves_the_node_and_short_jobs_backfill() -> None:
+    from dataclasses import replace
+
+    busy = RunningJob(90, "a", ("a-g0", "a-g1"), end_time=50.0)
+    p = run([node("a", 4)], [replace(job(1, 1, submit=1), exclusive=True, time_limit=100),
+                             replace(job(2, 1, submit=2), time_limit=10),
+                             replace(job(3, 1, submit=3), time_limit=100)],
+            running=[busy], policy=IN_ORDER)
+    assert [(r.job_id, r.start_time) for r in p.reservations] == [(1, 50.0)]
+    assert set(starts(p)) == {2}  # ends before the reservation; job 3 would not
+    assert reasons(p) == {1: Reason.RESOURCES, 3: Reason.PRIORITY}
+
+
 # --- properties -------------------------------------------------------------------------
 
 snapshots = st.builds(
@@ -160,6 +191,27 @@ def _snapshot(sizes: list[int], health: list[bool], reqs: list[tuple[int, str, i
     parts = (PartitionView("p", names), PartitionView("q", names[::-1]))
     pending = tuple(PendingJob(i + 1, part, gpus, 1000, float(t)) for i, (gpus, part, t) in enumerate(reqs))
     return Snapshot(tuple(nodes), parts, pending, running)
+
+
+@settings(max_examples=200, deadline=None)
+@given(snapshots, st.sets(st.integers(1, 30)))
+def test_an_exclusive_job_never_shares_a_node(snapshot: Snapshot, exclusive: set[int]) -> None:
+    from dataclasses import replace
+
+    snapshot = replace(snapshot, pending=tuple(
+        replace(j, exclusive=j.job_id in exclusive) for j in snapshot.pending))
+    result = plan(snapshot, 0.0, Policy())
+    on: dict[str, list[int]] = {}
+    for r in snapshot.running:
+        on.setdefault(r.node, []).append(r.job_id)
+    for start in result.starts:
+        on.setdefault(start.node, []).append(start.job_id)
+    sizes = {n.name: sum(1 for g in n.gpus if g.healthy) for n in snapshot.nodes}
+    for start in result.starts:
+        if start.job_id in exclusive:
+            assert on[start.node] == [start.job_id]
+            if start.gpu_uuids:  # every healthy GPU of its node
+                assert len(start.gpu_uuids) == sizes[start.node]
 
 
 @settings(max_examples=300, deadline=None)
