@@ -260,7 +260,8 @@ class Launcher:
             if pidfd is None or procs.pidfd_exited(pidfd) or (jobdir / "status.json").exists():
                 return False
             try:
-                supervisor = int(json.loads((jobdir / "supervisor.json").read_text())["supervisor_pid"])
+                info = json.loads((jobdir / "supervisor.json").read_text())
+                supervisor = int(info["supervisor_pid"])
                 write_json_atomic(str(jobdir / LIMIT_FILE), {"time_limit": time_limit})
                 os.kill(supervisor, LIMIT_SIGNAL)
             except (OSError, ValueError, KeyError):

@@ -13,7 +13,8 @@ SUPERVISOR = Path(__file__).with_name("supervisor.py")
 LOCK_FD_IN_SUPERVISOR = 3  # the fd a supervisor (or the spawner's socket) is handed on
 SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                   "LC_ALL": "C.UTF-8"}
-SUPERVISOR_SIGMASK = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGUSR2)  # supervisor._WATCHED
+# What supervisor._WATCHED waits for (a test checks the two agree).
+SUPERVISOR_SIGMASK = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGUSR2)
 
 
 def spawn_supervisor_process(python: str, args: list[str], log_path: Path, handed_fd: int) -> int:

@@ -89,8 +89,9 @@ def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
             body[name] = value.strip()
     answer = _request("POST", f"/v1/jobs/{job_id}/update", body)
     fixed = answer.get("admin_priority")
+    limit = answer["time_limit"]
     typer.echo(f"job {job_id}: partition {answer['partition']}, QOS {answer['qos'] or '-'}, "
-               f"time limit {answer['time_limit'] if answer['time_limit'] is not None else 'UNLIMITED'} s"
+               f"time limit {limit if limit is not None else 'UNLIMITED'} s"
                + (f", priority {fixed:g}" if fixed is not None else ""))
 
 

@@ -245,7 +245,8 @@ CommentOpt = Annotated[str | None, _text_option(
 
 
 def _ignored(*names: str, metavar: str = "VALUE") -> Any:
-    return _text_option(*names, metavar=metavar, help_text="Accepted and ignored (see docs/cli.md).")
+    return _text_option(*names, metavar=metavar,
+                        help_text="Accepted and ignored (see docs/cli.md).")
 
 
 HintOpt = Annotated[str | None, _ignored("--hint")]
@@ -582,7 +583,8 @@ def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
         kinds, per_node = parse("gres", parse_gres)
     elif given == ["gpus_per_node"]:
         kinds, per_node = parse("gpus_per_node", parse_gpus, "--gpus-per-node")
-    tasks, per_task, node_tasks = values["ntasks"], values["cpus_per_task"], values["ntasks_per_node"]
+    tasks, per_task = values["ntasks"], values["cpus_per_task"]
+    node_tasks = values["ntasks_per_node"]
     # sbatch: each node runs its share of the tasks (or --ntasks-per-node of them).
     tasks_here = node_tasks or math.ceil((tasks or nodes) / nodes)
     if given == ["gpus_per_task"]:

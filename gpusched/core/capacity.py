@@ -308,9 +308,11 @@ class Capacity:
     def _idle(self, index: int) -> bool:
         """Whether nothing runs on node ``index`` and nothing has started there."""
         node = self.nodes[index]
-        return (index not in self.whole and index not in self.started and not self.on_node.get(index)
-                and all(len(node.free.get(kind, ())) == count for kind, count in node.total.items())
-                and node.cpus == (node.view.cpus or INF) and node.mem == (node.view.memory_mb or INF))
+        return (index not in self.whole and index not in self.started
+                and not self.on_node.get(index)
+                and all(len(node.free.get(kind, ())) == n for kind, n in node.total.items())
+                and node.cpus == (node.view.cpus or INF)
+                and node.mem == (node.view.memory_mb or INF))
 
     def whole_shapes(self, job: PendingJob, members: frozenset[int]
                      ) -> list[tuple[Shape, frozenset[int]]]:

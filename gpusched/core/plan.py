@@ -135,8 +135,10 @@ class SchedulingPass:
         index = self.capacity.index
         self.members = {part.name: frozenset(index[n] for n in part.nodes if n in index)
                         for part in snapshot.partitions}
-        # Node sets of jobs that name or exclude nodes, by (partition, nodelist, exclude).
-        self.restricted: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool], frozenset[int]] = {}
+        # Node sets of jobs that name or exclude nodes, by (partition, nodelist, exclude,
+        # exclusive).
+        self.restricted: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool],
+                              frozenset[int]] = {}
         # Partitions sharing nodes: a job starting in one passes blocked jobs of the others.
         self.overlaps = {a: [b for b in self.members if self.members[a] & self.members[b]]
                          for a in self.members}

@@ -23,8 +23,12 @@ class WarnSignal(NamedTuple):
     batch_only: bool = False
 
     def text(self) -> str:
-        """The canonical ``[B:]SIG@TIME`` form."""
-        return f"{'B:' if self.batch_only else ''}{signal.Signals(self.number).name[3:]}@{self.seconds}"
+        """The canonical ``[B:]SIG@TIME`` form (SIG by name when it has one)."""
+        try:
+            name = signal.Signals(self.number).name[3:]
+        except ValueError:  # a real-time signal without a name of its own
+            name = str(self.number)
+        return f"{'B:' if self.batch_only else ''}{name}@{self.seconds}"
 
 
 def parse_signal(text: str, flag: str = "--signal") -> int:

@@ -239,7 +239,8 @@ def _warn_signal(body: dict[str, Any]) -> tuple[int | None, int | None, bool]:
         raise UsageError(f"warn_signal: unknown key {unknown[0]!r}")
     number = _field(warn, "signal", int, None, "a signal number")
     if number is None or not 1 <= number < signal.NSIG:
-        raise UsageError(f"warn_signal.signal: expected a signal number from 1 to {signal.NSIG - 1}")
+        raise UsageError("warn_signal.signal: expected a signal number from 1 to "
+                         f"{signal.NSIG - 1}")
     seconds = _field(warn, "seconds", int, DEFAULT_WARN_SECONDS, "seconds before the time limit")
     if not 0 <= seconds <= MAX_WARN_SECONDS:
         raise UsageError(f"warn_signal.seconds: expected 0 to {MAX_WARN_SECONDS}, got {seconds}")

@@ -5,6 +5,7 @@ naming the bad value, before anything reaches the controller."""
 from __future__ import annotations
 
 import shlex
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -45,6 +46,12 @@ def test_warn_signals_round_trip(name: str, seconds: int, batch_only: bool, pref
     assert warn.seconds == seconds and warn.batch_only is batch_only
     assert parse_warn_signal(warn.text()) == warn
     assert parse_warn_signal(name) == WarnSignal(warn.number)  # @60 and the whole job
+
+
+@given(st.integers(1, signal.NSIG - 1), st.integers(0, 65535), st.booleans())
+def test_every_signal_number_round_trips(number: int, seconds: int, batch_only: bool) -> None:
+    warn = WarnSignal(number, seconds, batch_only)
+    assert parse_warn_signal(warn.text()) == warn
 
 
 @given(st.integers(0, 400), st.integers(0, 23), st.integers(0, 59), st.integers(0, 59))
