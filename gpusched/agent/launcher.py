@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,31 +239,28 @@ class Launcher:
         """Send ``signum`` to the job's whole process group, leaving it running; False if
         the job is unknown or ended. The supervisor keeps the job's main process unreaped
         until the end, so the group id cannot have been reused."""
-        with self._lock:
-            pidfd = self._pidfds.get(job_id)
-            jobdir = self._jobdir(job_id)
-            if pidfd is None or procs.pidfd_exited(pidfd) or (jobdir / "status.json").exists():
-                return False
-            try:
-                job_pid = int(json.loads((jobdir / "supervisor.json").read_text())["job_pid"])
-                os.killpg(job_pid, signum)
-            except (OSError, ValueError, KeyError):
-                return False
-            return True
+        return self._with_running(job_id, lambda jobdir, info: os.killpg(int(info["job_pid"]),
+                                                                         signum))
 
     def set_limit(self, job_id: int, time_limit: int | None) -> bool:
         """Give a running job a new time limit (seconds from its start; None: none): its
         supervisor rereads ``limit.json`` on SIGUSR2. False if the job is not running."""
+        def tell(jobdir: Path, info: dict[str, Any]) -> None:
+            write_json_atomic(str(jobdir / LIMIT_FILE), {"time_limit": time_limit})
+            os.kill(int(info["supervisor_pid"]), LIMIT_SIGNAL)
+
+        return self._with_running(job_id, tell)
+
+    def _with_running(self, job_id: int, act: Callable[[Path, dict[str, Any]], None]) -> bool:
+        """``act(jobdir, supervisor.json)`` for a job still running here; False if the job
+        is unknown or ended, or acting failed."""
         with self._lock:
             pidfd = self._pidfds.get(job_id)
             jobdir = self._jobdir(job_id)
             if pidfd is None or procs.pidfd_exited(pidfd) or (jobdir / "status.json").exists():
                 return False
             try:
-                info = json.loads((jobdir / "supervisor.json").read_text())
-                supervisor = int(info["supervisor_pid"])
-                write_json_atomic(str(jobdir / LIMIT_FILE), {"time_limit": time_limit})
-                os.kill(supervisor, LIMIT_SIGNAL)
+                act(jobdir, json.loads((jobdir / "supervisor.json").read_text()))
             except (OSError, ValueError, KeyError):
                 return False
             return True

@@ -240,13 +240,23 @@ class Api:
         tasks = request.body.get("tasks")
         if tasks is not None and not isinstance(tasks, str):
             raise UsageError("tasks: expected array task ids such as \"3\" or \"1-5\"")
+        who = self.who(request)
+        return self._change_job(request, job_id, True, lambda session: (
+            jobs.cancel_job(session, job_id, who) if tasks is None
+            else jobs.cancel_tasks(session, job_id, who, tasks))[1])
+
+    def _change_job(self, request: Request, job_id: int, schedule: bool,
+                    change: Callable[[Session], set[str]]) -> tuple[int, dict[str, Any]]:
+        """Apply ``change`` (which returns the nodes whose agents must act) in one
+        transaction, wake those agents (and the scheduler), and answer the job."""
         with self.sessions() as session, session.begin():
-            job, nodes = (jobs.cancel_job(session, job_id, self.who(request)) if tasks is None
-                          else jobs.cancel_tasks(session, job_id, self.who(request), tasks))
-            notify_in(session, "sched", *(f"node:{node}" for node in sorted(nodes)))
+            nodes = change(session)
+            notify_in(session, *(["sched"] if schedule else []),
+                      *(f"node:{node}" for node in sorted(nodes)))
         for node in nodes:
             self.events.wake_node(node)
-        self.events.wake_scheduler()
+        if schedule:
+            self.events.wake_scheduler()
         with self.sessions() as session:
             return 200, jobs.get_job(session, job_id, self.who(request))
 
@@ -256,13 +266,9 @@ class Api:
         signum = request.body.get("signal")
         if not isinstance(signum, int) or isinstance(signum, bool):
             raise UsageError("signal: expected a signal number")
-        with self.sessions() as session, session.begin():
-            _, nodes = jobs.signal_job(session, job_id, self.who(request), signum)
-            notify_in(session, *(f"node:{node}" for node in sorted(nodes)))
-        for node in nodes:
-            self.events.wake_node(node)
-        with self.sessions() as session:
-            return 200, jobs.get_job(session, job_id, self.who(request))
+        who = self.who(request)
+        return self._change_job(request, job_id, False,
+                                lambda session: jobs.signal_job(session, job_id, who, signum)[1])
 
     def signalled(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The agent delivered a job's pending signal."""
@@ -447,26 +453,15 @@ class Api:
     def update_job(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Change a pending job's time limit (its owner may lower it), partition, QOS or
         priority, or a running job's time limit (its agent applies it)."""
-        job_id = _job_id(request)
-        with self.sessions() as session, session.begin():
-            _, nodes = jobs.update_job(session, job_id, self.who(request), request.body)
-            notify_in(session, "sched", *(f"node:{node}" for node in sorted(nodes)))
-        for node in nodes:
-            self.events.wake_node(node)
-        self.events.wake_scheduler()
-        with self.sessions() as session:
-            return 200, jobs.get_job(session, job_id, self.who(request))
+        job_id, who = _job_id(request), self.who(request)
+        return self._change_job(request, job_id, True, lambda session: jobs.update_job(
+            session, job_id, who, request.body)[1])
 
     def requeue(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Stop a running job and put it back in the queue (its owner or an admin)."""
-        job_id = _job_id(request)
-        with self.sessions() as session, session.begin():
-            _, nodes = jobs.requeue_job(session, job_id, self.who(request))
-            notify_in(session, *(f"node:{node}" for node in sorted(nodes)))
-        for node in nodes:
-            self.events.wake_node(node)
-        with self.sessions() as session:
-            return 200, jobs.get_job(session, job_id, self.who(request))
+        job_id, who = _job_id(request), self.who(request)
+        return self._change_job(request, job_id, False,
+                                lambda session: jobs.requeue_job(session, job_id, who)[1])
 
     def ended(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The agent reports a job's end; its GPUs are released and the scheduler woken."""
