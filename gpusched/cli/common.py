@@ -5,22 +5,18 @@ Kept cheap to import: ``rich`` is loaded only to draw a table on a terminal.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal, TextIO
+from typing import Any
 
 import typer
 from typer.main import get_command
 
+from gpusched.cli.output import collect_rarely, print_error, reader_gone
 from gpusched.errors import GpuschedError, UsageError
 
-PLAIN_WIDTH = 80
-TRUNCATED = "+"  # sacct's mark for a cut field; plain ASCII survives any locale
-RICH_MAX_ROWS = 200  # longer tables are printed plain, even on a terminal
-CLI_GC_THRESHOLD = 100_000  # allocations between young-generation collections (default 700)
 
 
 def new_app(help_text: str) -> typer.Typer:
@@ -63,17 +59,6 @@ def only_me(user: str | None) -> str:
     return me
 
 
-def print_warning(prog: str, message: str) -> None:
-    """Print ``prog: warning: message`` as one line on stderr."""
-    print(f"{prog}: warning: {message}", file=sys.stderr)
-
-
-def print_error(prog: str, message: str) -> None:
-    """Print ``prog: error: message`` as exactly one line on stderr."""
-    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    print(f"{prog}: error: {one_line}", file=sys.stderr)
-
-
 def run_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None) -> int:
     """Run a typer app as PROG and return its exit code.
 
@@ -81,9 +66,7 @@ def run_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None) -> i
     with its ``exit_code``; a usage error (unknown flag, bad value) prints one line and
     exits 2. The command may return an int to choose its exit code.
     """
-    # A command lives for a fraction of a second: collecting cycles while it builds a
-    # long queue's rows costs more than the little memory they would free.
-    gc.set_threshold(CLI_GC_THRESHOLD, *gc.get_threshold()[1:])
+    collect_rarely()
     if completion_variable(prog) in os.environ:
         # The shell asks for completions (scripts from 'gpusched completion SHELL'):
         # typer's completers answer, and the command ends there.
@@ -107,10 +90,7 @@ def run_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None) -> i
         print_error(prog, "aborted")
         return 1
     except BrokenPipeError:
-        # The reader went away (gqueue | head); stop quietly, as coreutils do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return reader_gone()
     return result if isinstance(result, int) else 0
 
 
@@ -172,116 +152,3 @@ def use_light_coercion(command: Any) -> None:
             continue
         minimum = info.min if element is int else None
         param._runtime_param = _LightCoercion(element, minimum, many)
-
-
-def print_table(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    *,
-    right_aligned: frozenset[int] = frozenset(),
-    shrinkable: frozenset[int] = frozenset(),
-    show_header: bool = True,
-    out: TextIO | None = None,
-) -> None:
-    """Print rows as a rich table on a terminal, as plain aligned text otherwise (and
-    for long tables: rich takes about half a millisecond a row)."""
-    stream = sys.stdout if out is None else out
-    if len(rows) <= RICH_MAX_ROWS and stream.isatty():
-        _print_rich_table(headers, rows, right_aligned, shrinkable, show_header, stream)
-        return
-    lines = format_plain_table(
-        headers, rows, right_aligned=right_aligned, shrinkable=shrinkable,
-        show_header=show_header,
-    )
-    for line in lines:
-        stream.write(line + "\n")
-
-
-def format_plain_table(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    *,
-    right_aligned: frozenset[int] = frozenset(),
-    shrinkable: frozenset[int] = frozenset(),
-    show_header: bool = True,
-    width: int = PLAIN_WIDTH,
-) -> list[str]:
-    """Lay rows out in columns separated by one space, within ``width`` if it can.
-
-    Only ``shrinkable`` columns are cut (a cut cell ends in ``+``); ids and times never
-    are, since a wrong one is worse than a long line.
-    """
-    shown: list[Sequence[str]] = [headers, *rows] if show_header else list(rows)
-    if not shown:
-        return []
-    natural = [max(map(len, column)) for column in zip(*shown)]
-    floors = [min(len(header), natural[i]) for i, header in enumerate(headers)]
-    widths = fit_widths(natural, floors, shrinkable, width)
-    last = len(headers) - 1
-    # One format string for every line ("{:>5} {:<9} {}"); only columns narrowed to fit
-    # are cut cell by cell, so a long queue is laid out at C speed.
-    template = " ".join(
-        f"{{:>{w}}}" if i in right_aligned else "{}" if i == last else f"{{:<{w}}}"
-        for i, w in enumerate(widths))
-    narrowed = [i for i, w in enumerate(widths) if w < natural[i]]
-    lines = []
-    for row in shown:
-        if narrowed:
-            row = list(row)
-            for i in narrowed:
-                row[i] = _cut(row[i], widths[i])
-        lines.append(template.format(*row).rstrip())
-    return lines
-
-
-def fit_widths(
-    natural: Sequence[int], floors: Sequence[int], shrinkable: frozenset[int], limit: int,
-    *, separator: int = 1,
-) -> list[int]:
-    """Narrow the widest shrinkable columns, one character at a time, until they fit."""
-    widths = list(natural)
-    separators = separator * (len(widths) - 1)
-    while sum(widths) + separators > limit:
-        candidates = [i for i in shrinkable if widths[i] > max(floors[i], 1)]
-        if not candidates:
-            break  # cannot fit without cutting ids or times; let the line be long
-        widest = max(candidates, key=lambda i: (widths[i], i))  # ties: cut the later column
-        widths[widest] -= 1
-    return widths
-
-
-def _cut(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, marked when something was removed."""
-    if len(text) <= width:
-        return text
-    return text[: max(width - 1, 0)] + TRUNCATED
-
-
-def _print_rich_table(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    right_aligned: frozenset[int],
-    shrinkable: frozenset[int],
-    show_header: bool,
-    stream: TextIO,
-) -> None:
-    """Draw the table with rich (imported here: it costs tens of milliseconds)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = Console(file=stream)
-    shown = [list(headers), *map(list, rows)] if show_header else [list(r) for r in rows]
-    natural = [max([1, *(len(row[i]) for row in shown)]) for i in range(len(headers))]
-    floors = [min(len(header), natural[i]) for i, header in enumerate(headers)]
-    # Widths are chosen here, not by rich: rich narrows every column alike and would
-    # cut job ids and states before names. Columns are two spaces apart.
-    widths = fit_widths(natural, floors, shrinkable, console.width, separator=2)
-    table = Table(box=None, show_header=show_header, header_style="bold", pad_edge=False)
-    for i, header in enumerate(headers):
-        justify: Literal["left", "right"] = "right" if i in right_aligned else "left"
-        table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis", width=widths[i])
-    for row in rows:
-        # Text(), not str: a job name like "[red]x" must not be read as rich markup.
-        table.add_row(*(Text(cell) for cell in row))
-    console.print(table)

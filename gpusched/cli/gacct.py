@@ -11,8 +11,9 @@ from urllib.parse import urlencode
 
 import typer
 
-from gpusched.cli.common import new_app, print_table, run_cli
-from gpusched.cli.gqueue import parse_states
+from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.listing import parse_states
+from gpusched.cli.output import print_table
 from gpusched.core.timefmt import TimeFormatError, format_duration, parse_when
 from gpusched.errors import UsageError
 

@@ -9,8 +9,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gpusched.cli.client import ApiClient
-from gpusched.cli.common import new_app, only_me, print_error, run_cli
-from gpusched.cli.gqueue import parse_states
+from gpusched.cli.common import new_app, only_me, run_cli
+from gpusched.cli.listing import parse_states
+from gpusched.cli.output import print_error
 from gpusched.core import signals
 from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.errors import GpuschedError, Unavailable, UsageError

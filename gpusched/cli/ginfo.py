@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from gpusched.cli.common import new_app, print_table, run_cli
+from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.output import print_table
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.timefmt import format_duration
 

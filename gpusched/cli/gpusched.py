@@ -92,7 +92,7 @@ def agent_inventory(ctx: typer.Context, config: ConfigOption = None,
     Examples: gpusched agent inventory; gpusched agent inventory --json
     """
     from gpusched.agent.inventory import node_inventory
-    from gpusched.cli.common import print_table
+    from gpusched.cli.output import print_table
 
     body = node_inventory(_load(config or ctx.obj).agent)
     if as_json:
@@ -220,7 +220,7 @@ def prio(
     Examples: gpusched prio; gpusched prio 17 18 --json
     """
     from gpusched.cli.client import ApiClient
-    from gpusched.cli.common import print_table
+    from gpusched.cli.output import print_table
 
     query = f"?ids={','.join(map(str, jobs))}" if jobs else ""
     with ApiClient() as client:
@@ -243,7 +243,7 @@ def share(as_json: JsonOption = False) -> None:
     Examples: gpusched share; gpusched share --json
     """
     from gpusched.cli.client import ApiClient
-    from gpusched.cli.common import print_table
+    from gpusched.cli.output import print_table
 
     with ApiClient() as client:
         answer = client.request("GET", "/v1/share")

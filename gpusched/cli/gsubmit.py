@@ -14,7 +14,8 @@ from typing import Annotated, Any, Optional, Protocol
 import typer
 
 from gpusched.cli.client import ApiClient
-from gpusched.cli.common import new_app, print_warning, run_cli
+from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.output import print_warning
 from gpusched.cli.directives import Directive, read_directive_lines
 from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.core.hostlist import HostlistError, expand_hostlist

@@ -176,7 +176,7 @@ _LABELS = {
 
 
 def _print_figures(names: list[str], figures: list[dict[str, float | int]]) -> None:
-    from gpusched.cli.common import print_table
+    from gpusched.cli.output import print_table
 
     rows = [[label, *(fmt.format(fig[key]) for fig in figures)]
             for key, (label, fmt) in _LABELS.items()]

@@ -117,7 +117,7 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
     ))
     to_launch = [j for j in jobs if j.launched_at is None and j.cancel_requested_at is None]
     cancels = [j.id for j in jobs if j.cancel_requested_at is not None and j.id not in signalled]
-    placed = job_placements(session, to_launch)
+    placed = job_placements(session, [(j.id, j.node_id) for j in to_launch])
     launches = [
         {
             "job_id": j.id, "name": j.name, "user": j.user_name, "uid": j.uid, "gid": j.gid,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pwd
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -564,9 +564,11 @@ def cancel_tasks(session: Session, array_id: int, who: Identity, tasks: str
     return record, names
 
 
-def job_placements(session: Session, jobs: Sequence[Any]) -> dict[int, tuple[str, list[str]]]:
-    """Node name and GPU UUIDs (in index order) of each started job."""
-    started = {j.id: j.node_id for j in jobs if j.node_id is not None}
+def job_placements(session: Session, jobs: Iterable[tuple[int, int | None]]
+                   ) -> dict[int, tuple[str, list[str]]]:
+    """Node name and GPU UUIDs (in index order) of each started job of ``jobs``, given
+    as (job id, node id) pairs."""
+    started = {job_id: node_id for job_id, node_id in jobs if node_id is not None}
     if not started:
         return {}
     names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(
@@ -699,13 +701,16 @@ def list_jobs(session: Session, query: dict[str, str]) -> dict[str, Any]:
         except ValueError:
             raise UsageError(f"ids: expected job ids separated by commas, got {query['ids']!r}") from None
         stmt = stmt.where(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
-    # Core rows, not ORM objects, turned into the answer column by column: a queue of
-    # thousands is listed in tens of milliseconds.
-    found = session.connection().execute(stmt).all()
+    # The driver's own tuples, not ORM objects or even Core rows, turned into the answer
+    # column by column: a queue of thousands is listed in tens of milliseconds.
+    result = session.connection().execute(stmt)
+    found = result.cursor.fetchall()
+    result.close()
+    started = [(row[0], row[1]) for row in found if row[1] is not None]  # id, node_id
     if "gpu_uuids" in fields:
-        placed = job_placements(session, found)
+        placed = job_placements(session, started)
     elif "node" in fields:
-        placed = _node_names(session, found)
+        placed = _node_names(session, started)
     else:
         placed = {}
     values = dict(zip(names, zip(*found))) if found else {name: () for name in names}
@@ -724,13 +729,14 @@ def list_jobs(session: Session, query: dict[str, str]) -> dict[str, Any]:
     return {"jobs": [dict(zip(fields, row)) for row in rows]}
 
 
-def _node_names(session: Session, jobs: Sequence[Any]) -> dict[int, tuple[str, list[str]]]:
-    """The node of each started job, without its GPUs."""
-    wanted = {j.node_id for j in jobs if j.node_id is not None}
-    if not wanted:
+def _node_names(session: Session, started: list[tuple[int, int]]
+                ) -> dict[int, tuple[str, list[str]]]:
+    """The node of each started job (job id, node id), without its GPUs."""
+    if not started:
         return {}
-    names = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(wanted))).all())
-    return {j.id: (names[j.node_id], []) for j in jobs if j.node_id is not None}
+    names = dict(session.execute(select(Node.id, Node.name).where(
+        Node.id.in_({node_id for _, node_id in started}))).all())
+    return {job_id: (names[node_id], []) for job_id, node_id in started}
 
 
 def get_job(session: Session, job_id: int, who: Identity) -> dict[str, Any]:
@@ -739,4 +745,4 @@ def get_job(session: Session, job_id: int, who: Identity) -> dict[str, Any]:
     if job is None:
         raise NotFound(f"invalid job id specified: {job_id}")
     private = who.is_admin or who.uid == job.uid
-    return job_json(job, job_placements(session, [job]).get(job_id), private)
+    return job_json(job, job_placements(session, [(job.id, job.node_id)]).get(job_id), private)

@@ -11,13 +11,10 @@ from typing import Any
 import pytest
 from typer.main import get_command
 
-from gpusched.cli import gcancel, gqueue, gsubmit
-from gpusched.cli.common import (
-    fit_widths,
-    format_plain_table,
-    print_table,
-    use_light_coercion,
-)
+from gpusched.cli import gcancel, gsubmit
+from gpusched.cli import listing
+from gpusched.cli.common import use_light_coercion
+from gpusched.cli.output import fit_widths, format_plain_table, print_table
 from gpusched.core.model import JobState
 from gpusched.errors import UsageError
 
@@ -146,22 +143,22 @@ def test_listings_ask_for_every_field_they_show(full: dict[str, Any]) -> None:
         assert set(fields) <= set(JOB_FIELDS) | set(PLACEMENT_FIELDS)
         return {name: full[name] for name in fields if name in full}
 
-    assert gqueue.job_row(only(gqueue.TABLE_FIELDS), NOW) == gqueue.job_row(full, NOW)
-    assert gqueue.start_row(only(gqueue.START_FIELDS)) == gqueue.start_row(full)
-    assert set(gqueue._NEEDS) == set(gqueue._FIELDS)
-    for code in gqueue._FIELDS:
-        fields = gqueue.parse_format(f"%{code}")
-        slim = only(gqueue.format_fields(fields))
-        assert gqueue.render_format(fields, slim, NOW) == gqueue.render_format(fields, full, NOW), code
+    assert listing.job_row(only(listing.TABLE_FIELDS), NOW) == listing.job_row(full, NOW)
+    assert listing.start_row(only(listing.START_FIELDS)) == listing.start_row(full)
+    assert set(listing._NEEDS) == set(listing._FIELDS)
+    for code in listing._FIELDS:
+        fields = listing.parse_format(f"%{code}")
+        slim = only(listing.format_fields(fields))
+        assert listing.render_format(fields, slim, NOW) == listing.render_format(fields, full, NOW), code
 
 
 def test_state_codes_match_the_model() -> None:
-    assert gqueue.STATE_CODES == {state.value: state.short for state in JobState}
+    assert listing.STATE_CODES == {state.value: state.short for state in JobState}
 
 
 def test_running_row_shows_elapsed_time_and_node() -> None:
     start = (NOW - timedelta(hours=1, minutes=2, seconds=3)).isoformat()
-    row = gqueue.job_row(job(start_time=start, node="node01"), NOW)
+    row = listing.job_row(job(start_time=start, node="node01"), NOW)
     assert row == ["17", "gpu", "train", "alice", "R", "1:02:03", "2", "node01"]
 
 
@@ -183,30 +180,30 @@ def test_array_body_is_canonical_and_bad_arrays_name_their_line(in_tmp: Path) ->
     ({"display_id": "123456_[100000-100010:2,100012]"}, "123456_[100000-100010:2,100012]"),
 ])
 def test_job_label_folds_pending_tasks(fields: dict[str, Any], label: str) -> None:
-    assert gqueue.job_label(job(**fields)) == label
+    assert listing.job_label(job(**fields)) == label
 
 
 def test_pending_row_shows_zero_time_and_reason() -> None:
-    row = gqueue.job_row(job(state="PENDING", reason="Resources"), NOW)
+    row = listing.job_row(job(state="PENDING", reason="Resources"), NOW)
     assert row[4:] == ["PD", "0:00", "2", "(Resources)"]
 
 
 def test_ended_row_shows_its_run_time_not_time_since_start() -> None:
-    row = gqueue.job_row(job(state="TIMEOUT", node="n1", start_time="2026-11-22T10:00:00.5+00:00",
+    row = listing.job_row(job(state="TIMEOUT", node="n1", start_time="2026-11-22T10:00:00.5+00:00",
                              end_time="2026-11-22T10:01:30.5+00:00"), NOW)
     assert row[4:] == ["TO", "1:30", "2", "n1"]
 
 
 def test_cancelled_while_pending_has_no_node_and_zero_time() -> None:
-    assert gqueue.job_row(job(state="CANCELLED"), NOW)[4:] == ["CA", "0:00", "2", ""]
+    assert listing.job_row(job(state="CANCELLED"), NOW)[4:] == ["CA", "0:00", "2", ""]
 
 
 def test_unknown_state_shows_two_letters() -> None:
-    assert gqueue.short_state("REQUEUED") == "RE"
+    assert listing.short_state("REQUEUED") == "RE"
 
 
 def test_start_time_without_zone_is_utc() -> None:
-    assert gqueue.elapsed_seconds(job(start_time="2026-11-22T11:59:00"), NOW) == 60
+    assert listing.elapsed_seconds(job(start_time="2026-11-22T11:59:00"), NOW) == 60
 
 
 @pytest.mark.parametrize(
@@ -216,17 +213,17 @@ def test_start_time_without_zone_is_utc() -> None:
         ("pd", ["PENDING"]),
         ("R,PD,r", ["RUNNING", "PENDING"]),
         ("completed, CA ,to,F", ["COMPLETED", "CANCELLED", "TIMEOUT", "FAILED"]),
-        ("all", list(gqueue.STATE_CODES)),
+        ("all", list(listing.STATE_CODES)),
     ],
 )
 def test_parse_states(text: str | None, states: list[str] | None) -> None:
-    assert gqueue.parse_states(text) == states
+    assert listing.parse_states(text) == states
 
 
 @pytest.mark.parametrize(("text", "match"), [("XX", "unknown job state 'XX'"), (" , ", "at least one")])
 def test_parse_states_refuses(text: str, match: str) -> None:
     with pytest.raises(UsageError, match=match):
-        gqueue.parse_states(text)
+        listing.parse_states(text)
 
 
 @pytest.mark.parametrize(
@@ -241,7 +238,7 @@ def test_parse_states_refuses(text: str, match: str) -> None:
     ],
 )
 def test_jobs_path(kwargs: dict[str, Any], path: str) -> None:
-    assert gqueue.jobs_path(**kwargs) == path
+    assert listing.jobs_path(**kwargs) == path
 
 
 # -- tables ---------------------------------------------------------------------------
@@ -282,10 +279,10 @@ def test_fit_widths_takes_from_the_widest_first() -> None:
 
 def test_print_table_to_a_pipe_is_plain_text() -> None:
     out = io.StringIO()
-    print_table(gqueue.HEADERS, [gqueue.job_row(job(state="PENDING", name="[red]x"), NOW)],
-                right_aligned=gqueue.RIGHT_ALIGNED, shrinkable=gqueue.SHRINKABLE, out=out)
+    print_table(listing.HEADERS, [listing.job_row(job(state="PENDING", name="[red]x"), NOW)],
+                right_aligned=listing.RIGHT_ALIGNED, shrinkable=listing.SHRINKABLE, out=out)
     header, row = out.getvalue().splitlines()
-    assert header.split() == list(gqueue.HEADERS)
+    assert header.split() == list(listing.HEADERS)
     assert row.split() == ["17", "gpu", "[red]x", "alice", "PD", "0:00", "2", "(None)"]
 
 
@@ -296,12 +293,12 @@ class Terminal(io.StringIO):
 
 def test_a_terminal_gets_rich_tables_unless_they_are_long() -> None:
     """rich draws a few rows nicely; a queue of thousands is printed plain at once."""
-    from gpusched.cli.common import RICH_MAX_ROWS
+    from gpusched.cli.output import RICH_MAX_ROWS
 
     row = ["17", "gpu", "train", "alice", "PD", "0:00", "2", "(Priority)"]
     short, long = Terminal(), Terminal()
-    print_table(gqueue.HEADERS, [row], out=short)
-    print_table(gqueue.HEADERS, [row] * (RICH_MAX_ROWS + 1), out=long)
+    print_table(listing.HEADERS, [row], out=short)
+    print_table(listing.HEADERS, [row] * (RICH_MAX_ROWS + 1), out=long)
     assert "\x1b[" in short.getvalue()  # rich's bold header
     lines = long.getvalue().splitlines()
     assert "\x1b[" not in long.getvalue() and len(lines) == RICH_MAX_ROWS + 2
@@ -334,7 +331,7 @@ def test_explain_lines_for_a_pending_array_and_an_ended_job() -> None:
         "blockers": [{"reason": "JobArrayTaskLimit", "detail": "2 task(s) run"}],
         "would_start": [],
     }
-    assert gqueue.explain_lines(answer) == [
+    assert listing.explain_lines(answer) == [
         "Job 12_[3-9%2] (train, user alice, partition gpu) is pending, reason JobArrayTaskLimit.",
         "Priority 0.1235, 3rd of 11 pending jobs.",
         "What holds it back, most fundamental first:",
@@ -343,11 +340,11 @@ def test_explain_lines_for_a_pending_array_and_an_ended_job() -> None:
     starting = {**answer, "reason": "None", "blockers": [], "position": 12,
                 "would_start": [{"node": "n2", "gpu_uuids": [], "array_task_id": 3},
                                 {"node": "n1", "gpu_uuids": [], "array_task_id": 4}]}
-    assert gqueue.explain_lines(starting)[1:] == [
+    assert listing.explain_lines(starting)[1:] == [
         "Priority 0.1235, 12th of 11 pending jobs.",
         "2 of its tasks would start at the next pass, on n1, n2."]
     ended = {"job": job(state="COMPLETED"), "reason": "None", "blockers": [], "would_start": []}
-    assert gqueue.explain_lines(ended) == [
+    assert listing.explain_lines(ended) == [
         "Job 17 (train, user alice, partition gpu) is COMPLETED: nothing holds it back."]
 
 
@@ -376,7 +373,7 @@ def test_resource_directives_name_their_line(in_tmp: Path) -> None:
 
 def test_a_multi_node_job_shows_all_its_nodes() -> None:
     start = (NOW - timedelta(seconds=5)).isoformat()
-    row = gqueue.job_row(job(start_time=start, node="gpu01", node_names=["gpu01", "gpu02", "gpu03"]), NOW)
+    row = listing.job_row(job(start_time=start, node="gpu01", node_names=["gpu01", "gpu02", "gpu03"]), NOW)
     assert row[-1] == "gpu[01-03]"
 
 
@@ -394,7 +391,7 @@ def test_requeue_flags_and_the_mig_warning(in_tmp: Path) -> None:
 def test_gqueue_format_codes_widths_and_literal_text() -> None:
     from datetime import datetime, timezone
 
-    from gpusched.cli.gqueue import parse_format, render_format
+    from gpusched.cli.listing import parse_format, render_format
 
     job = {"job_id": 7, "display_id": "7", "partition": "gpu", "name": "train-long-name",
            "user": "alice", "state": "PENDING", "reason": "Resources", "gpus": 4, "nodes": 2,

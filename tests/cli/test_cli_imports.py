@@ -51,3 +51,19 @@ def test_running_a_cli_parses_without_pydantic_or_rich(call: str) -> None:
     # coercion takes over (~75 ms); rich is only for tables on a terminal.
     names = imported_modules(f"from gpusched.cli import gsubmit, gqueue, gcancel; {call}")
     assert heavy_in(names, (*HEAVY, "pydantic", "pydantic_core", "rich")) == []
+
+
+def test_a_bare_gqueue_does_not_load_typer() -> None:
+    """``gqueue`` without arguments lists the queue without the command-line framework
+    (here it cannot reach a controller, and says so)."""
+    env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c",
+         "import sys; from gpusched.cli import console; sys.exit(console.bare_gqueue())"],
+        capture_output=True, text=True, env=env, timeout=60)
+    names = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+             if line.startswith("import time:")}
+    assert "gpusched.cli.listing" in names, result.stderr[-2000:]
+    assert heavy_in(names, (*HEAVY, "typer", "click", "rich", "pydantic")) == []
+    assert result.returncode == 1 and "gqueue: error: cannot reach the gpusched controller" \
+        in result.stderr

@@ -94,6 +94,18 @@ def test_output_patterns_name_user_and_node(cluster: Cluster) -> None:
     assert (cluster.work / f"named-{ended['user']}-node01-{job}.log").read_text() == "hi\n"
 
 
+def test_a_bare_gqueue_prints_what_gqueue_with_options_does(cluster: Cluster) -> None:
+    """A bare ``gqueue`` takes its own quick path (no typer): the same lines."""
+    held = [cluster.submit("-J", name, "--hold", "--wrap", "true") for name in ("a", "bb")]
+    for job in held:  # once a pass has given their reason, nothing changes between reads
+        wait_for(lambda: cluster.job(job)["reason"] == "JobHeldUser", what="JobHeldUser")
+    bare = cluster.run("gqueue")
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout == cluster.run("gqueue", "-t", "PD,R").stdout
+    assert [line.split()[0] for line in bare.stdout.splitlines()[1:]] == [str(j) for j in held]
+    cluster.run("gcancel", *map(str, held))
+
+
 def test_field_table_matches_job_objects(cluster: Cluster) -> None:
     """``?fields=`` answers a table whose cells equal the full JOB objects' fields, for a
     running job (node, GPUs) and a held one, and server-side filters select as gqueue's."""

@@ -1,0 +1,338 @@
+"""The queue as gqueue shows it: rows, tables and squeue's format codes.
+
+Kept free of typer: a bare ``gqueue`` lists the queue without loading the command-line
+framework (see ``gpusched.cli.console``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+from urllib.parse import urlencode
+
+from gpusched.cli.client import ApiClient
+from gpusched.cli.output import print_table
+from gpusched.core.hostlist import compress_hostlist
+from gpusched.core.timefmt import format_duration
+from gpusched.errors import GpuschedError, UsageError
+
+HEADERS = ("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
+RIGHT_ALIGNED = frozenset({0, 5, 6})
+START_HEADERS = ("JOBID", "PARTITION", "NAME", "USER", "ST", "START_TIME", "NODES",
+                 "NODELIST(REASON)")
+# Names may be cut to fit 80 columns; ids, states and times never are.
+SHRINKABLE = frozenset({1, 2, 3, 7})
+# squeue's codes for gpusched.core.model.JobState, copied rather than imported: the
+# model module builds a dozen dataclasses (~8 ms) that a queue listing never uses.
+# tests/cli/test_cli_format.py checks the copy against JobState.
+STATE_CODES = {
+    "PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD",
+    "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO",
+}
+_BY_CODE = {code: name for name, code in STATE_CODES.items()}
+NEVER_RAN = format_duration(0)
+
+def show(path: str, as_json: bool = False, start: bool = False, noheader: bool = False,
+         fields: list[Field] | None = None) -> None:
+    """Print the jobs of ``GET path``: JSON, a --format, the --start table or the queue."""
+    with ApiClient() as client:
+        answer = client.request("GET", path)
+    jobs = job_objects(answer)
+    if fields is not None and not as_json:
+        now = datetime.now(timezone.utc)
+        if not noheader:
+            print(render_format(fields, None, now))
+        for job in jobs:
+            print(render_format(fields, job, now))
+        return
+    if as_json:
+        print(json.dumps({"jobs": jobs}, indent=2))
+        return
+    now = datetime.now(timezone.utc)
+    if start:
+        print_table(START_HEADERS, [start_row(job) for job in jobs], right_aligned=frozenset({0, 6}),
+                    shrinkable=frozenset({1, 2, 3, 7}), show_header=not noheader)
+        return
+    rows = [job_row(job, now) for job in jobs]
+    print_table(
+        HEADERS, rows, right_aligned=RIGHT_ALIGNED, shrinkable=SHRINKABLE,
+        show_header=not noheader,
+    )
+
+
+def job_objects(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The jobs of a ``GET /v1/jobs`` answer, whether JOB objects or a table of fields."""
+    if "rows" in answer:
+        names = answer.get("fields") or []
+        return [dict(zip(names, row)) for row in answer["rows"]]
+    return list(answer.get("jobs", []))
+
+
+def parse_states(text: str | None, flag: str = "--states",
+                 allowed: tuple[str, ...] | None = None, why: str = "") -> list[str] | None:
+    """State names from a state list: squeue's short codes or full names (``all``: every
+    state, or every ``allowed`` one); None for no list. A state outside ``allowed`` is
+    an error that says ``why``."""
+    if text is None:
+        return None
+    names: list[str] = []
+    for word in (part.strip().upper() for part in text.split(",")):
+        if not word:
+            continue
+        if word == "ALL":
+            return list(allowed or STATE_CODES)
+        state = _BY_CODE.get(word) or (word if word in STATE_CODES else None)
+        if state is None:
+            known = ", ".join(f"{code}/{name}" for name, code in STATE_CODES.items())
+            raise UsageError(f"{flag}: unknown job state {word!r}; known: {known}")
+        if allowed is not None and state not in allowed:
+            raise UsageError(f"invalid {flag} {word!r}: {why}")
+        if state not in names:
+            names.append(state)
+    if not names:
+        raise UsageError(f"{flag}: give at least one job state")
+    return names
+
+
+def jobs_path(*, user: str | None, states: Iterable[str] | None, show_all: bool,
+              ids: Iterable[int] | None = None, partition: str | None = None,
+              account: str | None = None, name: str | None = None,
+              fields: Iterable[str] | None = None) -> str:
+    """The ``GET /v1/jobs`` path for these filters (comma lists), asking for only
+    ``fields`` of each job when given."""
+    query: dict[str, str] = {}
+    for key, text in (("partition", partition), ("account", account), ("name", name)):
+        if text is not None:
+            words = [w.strip() for w in text.split(",") if w.strip()]
+            if not words:
+                raise UsageError(f"--{key}: give at least one name")
+            query[key] = ",".join(words)
+    if fields is not None:
+        query["fields"] = ",".join(fields)
+    if ids is not None:
+        query["ids"] = ",".join(map(str, ids))
+    state_list = list(states) if states is not None else None
+    # Asking for states by name includes ended ones, as squeue -t CD does.
+    if show_all or state_list is not None:
+        query["all"] = "1"
+    if user:
+        query["user"] = user
+    if state_list is not None:
+        query["state"] = ",".join(state_list)
+    return "/v1/jobs" + (f"?{urlencode(query, safe=',')}" if query else "")
+
+
+def job_row(job: Mapping[str, Any], now: datetime) -> list[str]:
+    """One squeue-style row for a JOB object of the API."""
+    state = str(job.get("state", ""))
+    return [
+        job_label(job),
+        str(job.get("partition") or ""),
+        str(job.get("name") or ""),
+        str(job.get("user") or ""),
+        short_state(state),
+        # Most of a long queue never started: skip the time arithmetic for those.
+        format_duration(elapsed_seconds(job, now)) if job.get("start_time") else NEVER_RAN,
+        str(job.get("gpus", 0)),
+        node_or_reason(job),
+    ]
+
+
+def job_label(job: Mapping[str, Any], width: int = 24) -> str:
+    """The JOBID cell: the job id, ``12_3`` for an array task, ``12_[4-99%8]`` for the
+    tasks of an array still pending (a long task list cut at a comma to fit ``width``)."""
+    label = str(job.get("display_id") or job.get("job_id", ""))
+    if len(label) <= width or not label.endswith("]"):
+        return label
+    head, _, tasks = label[:-1].partition("[")
+    tasks, percent, cap = tasks.partition("%")
+    tail = f"...{percent}{cap}]"
+    room = width - len(head) - 1 - len(tail)
+    cut = tasks[:room + 1].rpartition(",")[0] if room > 0 else ""
+    return f"{head}[{cut},{tail}" if cut else label
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def explain_lines(answer: Mapping[str, Any]) -> list[str]:
+    """``gqueue --explain``: the answer of ``GET /v1/jobs/{id}/explain`` in sentences."""
+    job = answer.get("job") or {}
+    label = job_label(job, width=10**6)
+    head = f"Job {label} ({job.get('name')}, user {job.get('user')}, partition {job.get('partition')})"
+    state = job.get("state")
+    if state != "PENDING":
+        where = f" on {job['node']}" if state == "RUNNING" and job.get("node") else ""
+        return [f"{head} is {state}{where}: nothing holds it back."]
+    lines = [f"{head} is pending, reason {answer.get('reason')}.",
+             f"Priority {answer.get('priority', 0):.4g}, {_ordinal(int(answer.get('position', 0)))} "
+             f"of {answer.get('queue_length')} pending jobs."]
+    starts = answer.get("would_start") or []
+    if starts:
+        tasks = [s["array_task_id"] for s in starts if s.get("array_task_id") is not None]
+        what = f"{len(tasks)} of its tasks" if tasks else "It"
+        nodes = ", ".join(sorted({str(s["node"]) for s in starts}))
+        lines.append(f"{what} would start at the next pass, on {nodes}.")
+    blockers = answer.get("blockers") or []
+    if blockers:
+        lines.append("What holds it back, most fundamental first:")
+        lines.extend(f"  {i}. {b['reason']}: {b['detail']}" for i, b in enumerate(blockers, 1))
+    return lines
+
+
+def start_row(job: Mapping[str, Any]) -> list[str]:
+    """One ``gqueue --start`` row: the expected start in local time, or N/A."""
+    expected = _parse_time(job.get("expected_start"))
+    when = expected.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if expected else "N/A"
+    return [job_label(job), str(job.get("partition") or ""), str(job.get("name") or ""),
+            str(job.get("user") or ""), short_state(str(job.get("state", ""))), when,
+            str(job.get("nodes") or 1), node_or_reason(job)]
+
+
+def short_state(state: str) -> str:
+    """squeue's two-letter state code; an unknown state shows its first two letters."""
+    return STATE_CODES.get(state, state[:2])
+
+
+def elapsed_seconds(job: Mapping[str, Any], now: datetime) -> float:
+    """Run time so far (running) or in all (ended); 0 for a job that never started."""
+    start = _parse_time(job.get("start_time"))
+    if start is None:
+        return 0.0
+    end = _parse_time(job.get("end_time")) or now
+    return max(0.0, (end - start).total_seconds())
+
+
+def node_or_reason(job: Mapping[str, Any]) -> str:
+    """The NODELIST(REASON) cell: ``(Reason)`` while pending, else the node."""
+    if job.get("state") == "PENDING":
+        return f"({job.get('reason') or 'None'})"
+    names = job.get("node_names")
+    return compress_hostlist(names) if names else str(job.get("node") or "")
+
+
+def _parse_time(value: object) -> datetime | None:
+    """An ISO 8601 time of the API; a time without zone is taken as UTC."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise GpuschedError(f"the controller sent a malformed time {value!r}") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+# -- -o/--format ---------------------------------------------------------------------
+
+class Field(NamedTuple):
+    """One piece of a format: literal text, or a field code with its width."""
+
+    code: str  # "" for literal text
+    width: int | None
+    right: bool
+    text: str = ""
+
+
+# The JOB fields the plain table and --start show.
+TABLE_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
+                "gpus", "start_time", "end_time", "node", "node_names")
+START_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
+                "expected_start", "nodes", "node", "node_names")
+# The JOB fields each format code reads (beyond state, which every line's code may use).
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "i": ("job_id", "display_id"), "A": ("job_id",), "P": ("partition",), "j": ("name",),
+    "u": ("user",), "a": ("account",), "q": ("qos",), "t": (), "T": (),
+    "M": ("start_time", "end_time"), "l": ("time_limit",), "D": ("nodes",),
+    "b": ("gpus", "nodes", "gpu_types"), "C": ("cpus",), "m": ("mem_mb",),
+    "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
+    "S": ("start_time", "expected_start"), "V": ("submit_time",), "e": ("end_time",), "Q": (),
+}
+_FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
+    "i": ("JOBID", lambda j, now: job_label(j, width=10**6)),
+    "A": ("JOBID", lambda j, now: str(j.get("job_id", ""))),
+    "P": ("PARTITION", lambda j, now: str(j.get("partition") or "")),
+    "j": ("NAME", lambda j, now: str(j.get("name") or "")),
+    "u": ("USER", lambda j, now: str(j.get("user") or "")),
+    "a": ("ACCOUNT", lambda j, now: str(j.get("account") or "")),
+    "q": ("QOS", lambda j, now: str(j.get("qos") or "")),
+    "t": ("ST", lambda j, now: short_state(str(j.get("state", "")))),
+    "T": ("STATE", lambda j, now: str(j.get("state", ""))),
+    "M": ("TIME", lambda j, now: format_duration(elapsed_seconds(j, now))),
+    "l": ("TIME_LIMIT", lambda j, now: format_duration(j["time_limit"])
+          if j.get("time_limit") else "UNLIMITED"),
+    "D": ("NODES", lambda j, now: str(j.get("nodes") or 1)),
+    "b": ("TRES_PER_NODE", lambda j, now: _gres(j)),
+    "C": ("CPUS", lambda j, now: str(j.get("cpus") or 0)),
+    "m": ("MIN_MEMORY", lambda j, now: f"{j.get('mem_mb') or 0}M"),
+    "R": ("NODELIST(REASON)", lambda j, now: node_or_reason(j)),
+    "r": ("REASON", lambda j, now: str(j.get("reason") or "None")),
+    "N": ("NODELIST", lambda j, now: "" if j.get("state") == "PENDING" else node_or_reason(j)),
+    "S": ("START_TIME", lambda j, now: _local(j.get("start_time") or j.get("expected_start"))),
+    "V": ("SUBMIT_TIME", lambda j, now: _local(j.get("submit_time"))),
+    "e": ("END_TIME", lambda j, now: _local(j.get("end_time"))),
+    "Q": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
+}
+_CODE = re.compile(r"%(\.?)(\d*)([A-Za-z%])")
+
+
+def _gres(job: Mapping[str, Any]) -> str:
+    gpus = int(job.get("gpus") or 0) // max(1, int(job.get("nodes") or 1))
+    if not gpus:
+        return "N/A"
+    kinds = job.get("gpu_types") or []
+    return f"gres/gpu:{kinds[0]}:{gpus}" if len(kinds) == 1 else f"gres/gpu:{gpus}"
+
+
+def _local(value: object) -> str:
+    when = _parse_time(value)
+    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if when else "N/A"
+
+
+def parse_format(text: str) -> list[Field]:
+    """squeue's ``-o`` format: ``%[.][width]code`` pieces and literal text; ``.`` right-
+    justifies. An unknown code is a usage error naming it."""
+    fields: list[Field] = []
+    at = 0
+    for match in _CODE.finditer(text):
+        if match.start() > at:
+            fields.append(Field("", None, False, text[at:match.start()]))
+        dot, width, code = match.groups()
+        if code == "%":
+            fields.append(Field("", None, False, "%"))
+        elif code not in _FIELDS:
+            known = "".join(sorted(_FIELDS))
+            raise UsageError(f"invalid --format: unknown field %{code} (known: {known})")
+        else:
+            fields.append(Field(code, int(width) if width else None, bool(dot)))
+        at = match.end()
+    if at < len(text):
+        fields.append(Field("", None, False, text[at:]))
+    if not any(f.code for f in fields):
+        raise UsageError(f"invalid --format {text!r}: no field codes such as %i or %j")
+    return fields
+
+
+def format_fields(fields: list[Field]) -> tuple[str, ...]:
+    """The JOB fields a parsed format reads."""
+    return tuple(dict.fromkeys(["state"] + [n for f in fields if f.code for n in _NEEDS[f.code]]))
+
+
+def render_format(fields: list[Field], job: Mapping[str, Any] | None, now: datetime) -> str:
+    """One line: the header (``job`` None) or a job's fields, cut and padded as asked."""
+    out = []
+    for field in fields:
+        if not field.code:
+            out.append(field.text)
+            continue
+        header, value_of = _FIELDS[field.code]
+        value = header if job is None else value_of(job, now)
+        if field.width is not None:
+            value = value[:field.width]
+            value = value.rjust(field.width) if field.right else value.ljust(field.width)
+        out.append(value)
+    return "".join(out).rstrip()
