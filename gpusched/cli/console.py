@@ -37,6 +37,7 @@ def gsubmit() -> NoReturn:
 
 def gqueue() -> NoReturn:
     """``gqueue``."""
+    # The shell asking for completions (common.completion_variable) needs typer too.
     if len(sys.argv) > 1 or "_GQUEUE_COMPLETE" in os.environ:
         _run("gqueue")
     _leave(bare_gqueue())

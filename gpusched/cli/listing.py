@@ -35,6 +35,7 @@ STATE_CODES = {
 _BY_CODE = {code: name for name, code in STATE_CODES.items()}
 NEVER_RAN = format_duration(0)
 
+
 def show(path: str, as_json: bool = False, start: bool = False, noheader: bool = False,
          fields: list[Field] | None = None) -> None:
     """Print the jobs of ``GET path``: JSON, a --format, the --start table or the queue."""

@@ -26,6 +26,8 @@ from gpusched.core.shapes import is_mig_profile
 from gpusched.core.topology import choose_gpus
 
 INF = math.inf
+
+
 def kind_matches(kind: str, is_slice: bool, wanted: tuple[str, ...]) -> bool:
     """Whether a unit of ``kind`` satisfies a request for one of ``wanted``.
 
