@@ -15,13 +15,13 @@ import typer
 
 from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, run_cli
-from gpusched.cli.output import print_warning
 from gpusched.cli.directives import Directive, read_directive_lines
-from gpusched.core.arrays import ArrayError, parse_array
+from gpusched.cli.output import print_warning
+from gpusched.core.arrays import parse_array
 from gpusched.core.hostlist import HostlistError, expand_hostlist
-from gpusched.core.shapes import ShapeError, is_mig_profile, parse_gpus, parse_gres, parse_memory
-from gpusched.core.signals import SignalError, WarnSignal, parse_warn_signal
-from gpusched.core.timefmt import TimeFormatError, parse_begin, parse_time_limit
+from gpusched.core.shapes import is_mig_profile, parse_gpus, parse_gres, parse_memory
+from gpusched.core.signals import WarnSignal, parse_warn_signal
+from gpusched.core.timefmt import parse_begin, parse_time_limit
 from gpusched.errors import UsageError
 
 PROG = "gsubmit"
@@ -399,13 +399,17 @@ def resolve_submission(ctx: typer.Context) -> Submission:
     else:
         raise UsageError("nothing to submit: give a batch SCRIPT or --wrap CMD")
     values, origins = merge_directives(ctx, directives)
+
+    def option(key: str, parse: Callable[[str], Any], flag: str = "") -> Any:
+        return _option(values, origins, key, parse, flag)
+
     default_name = Path(script_path).name if script_path is not None else "wrap"
     return Submission(
         script=text,
         args=tuple(ctx.params["args"] or ()),
         name=values["job_name"] or default_name,
         **_shape(values, origins),
-        time_limit=_parse_time(values["time_limit"], origins.get("time_limit")),
+        time_limit=option("time_limit", _time_value, "--time"),
         partition=values["partition"],
         account=values["account"],
         qos=values["qos"],
@@ -415,11 +419,11 @@ def resolve_submission(ctx: typer.Context) -> Submission:
         chdir=values["chdir"],
         ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
                       for name, why in IGNORED.items() if values[name] is not None),
-        export=_check_export(values["export"], origins.get("export")),
-        begin_time=_parse_begin(values["begin"], origins.get("begin")),
-        dependency=_check_dependency(values["dependency"], origins.get("dependency")),
-        array=_parse_array(values["array"], origins.get("array")),
-        warn_signal=_parse_warn_signal(values["warn_signal"], origins.get("warn_signal")),
+        export=option("export", _checked_export),
+        begin_time=option("begin", _begin_value),
+        dependency=option("dependency", _checked_dependency, "--dependency"),
+        array=option("array", lambda text: parse_array(text).text(), "--array"),
+        warn_signal=option("warn_signal", parse_warn_signal),
         output=values["output"],
         error=values["error"],
         parsable=bool(values["parsable"]),
@@ -536,16 +540,49 @@ def _given(ctx: ParsedArgs, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
-def _parse_time(text: str | None, origin: str | None) -> int | str | None:
-    """Seconds of a --time value, ``"UNLIMITED"``, or None when unset."""
+def _option(values: dict[str, Any], origins: dict[str, str], key: str,
+            parse: Callable[[str], Any], flag: str = "") -> Any:
+    """``parse`` of option ``key``'s value, or None when it is unset. A refusal (the
+    parsers' errors are ValueErrors) is a usage error saying where the value came from
+    (a directive line or input variable), then ``flag`` when the parser's message does
+    not name it."""
+    text = values[key]
     if text is None:
         return None
     try:
-        seconds = parse_time_limit(text)
-        return UNLIMITED if seconds is None else seconds
-    except TimeFormatError as err:
-        prefix = f"{origin}: " if origin else ""
-        raise UsageError(f"{prefix}--time: {err}") from None
+        return parse(text)
+    except (ValueError, UsageError) as err:
+        message = err.message if isinstance(err, UsageError) else str(err)
+        where = "".join(f"{part}: " for part in (origins.get(key), flag) if part)
+        raise UsageError(f"{where}{message}") from None
+
+
+def _time_value(text: str) -> int | str:
+    """Seconds of a --time value, or ``"UNLIMITED"``."""
+    seconds = parse_time_limit(text)
+    return UNLIMITED if seconds is None else seconds
+
+
+def _begin_value(text: str) -> str:
+    """The --begin time as ISO 8601 in the local zone."""
+    from datetime import datetime
+
+    return parse_begin(text, datetime.now().astimezone()).isoformat()
+
+
+def _checked_dependency(text: str) -> str:
+    """The --dependency value, checked here so that a bad one is never sent."""
+    # Imported here: the dependency module pulls in the whole job model (~8 ms).
+    from gpusched.core.dependency import parse_dependency
+
+    parse_dependency(text)
+    return text
+
+
+def _checked_export(text: str) -> str:
+    """The --export value, checked without reading the environment yet."""
+    exported(text, {})
+    return text
 
 
 def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
@@ -559,11 +596,7 @@ def _shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
         raise UsageError("give only one of --mem, --mem-per-gpu and --mem-per-cpu")
 
     def parse(key: str, parser: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return parser(values[key], *args)
-        except (ShapeError, HostlistError) as err:
-            origin = origins.get(key)
-            raise UsageError(f"{origin}: {err}" if origin else str(err)) from None
+        return _option(values, origins, key, lambda text: parser(text, *args))
 
     nodelist = tuple(parse("nodelist", _hosts, "--nodelist")) if values["nodelist"] else ()
     exclude = tuple(parse("exclude", _hosts, "--exclude")) if values["exclude"] else ()
@@ -619,54 +652,6 @@ def _hosts(text: str, flag: str) -> list[str]:
         raise HostlistError(f"invalid {flag} {text!r}: {err}") from None
 
 
-def _parse_array(text: str | None, origin: str | None) -> str | None:
-    """The --array value in canonical form; None when unset."""
-    if text is None:
-        return None
-    try:
-        return parse_array(text).text()
-    except ArrayError as err:
-        prefix = f"{origin}: " if origin else ""
-        raise UsageError(f"{prefix}--array: {err}") from None
-
-
-def _check_dependency(text: str | None, origin: str | None) -> str | None:
-    """The --dependency value, checked here so that a bad one is never sent."""
-    if text is not None:
-        # Imported here: the dependency module pulls in the whole job model (~8 ms).
-        from gpusched.core.dependency import DependencyError, parse_dependency
-
-        try:
-            parse_dependency(text)
-        except DependencyError as err:
-            raise UsageError(f"{origin}: --dependency: {err}" if origin
-                             else f"--dependency: {err}") from None
-    return text
-
-
-def _parse_warn_signal(text: str | None, origin: str | None) -> WarnSignal | None:
-    """The --signal value; None when unset."""
-    if text is None:
-        return None
-    try:
-        return parse_warn_signal(text)
-    except SignalError as err:
-        raise UsageError(f"{origin}: {err}" if origin else str(err)) from None
-
-
-def _parse_begin(text: str | None, origin: str | None) -> str | None:
-    """The --begin time as ISO 8601 in the local zone; None when unset."""
-    if text is None:
-        return None
-    from datetime import datetime
-
-    try:
-        return parse_begin(text, datetime.now().astimezone()).isoformat()
-    except TimeFormatError as err:
-        prefix = f"{origin}: " if origin else ""
-        raise UsageError(f"{prefix}{err}") from None
-
-
 def job_dir(chdir: str | None) -> str:
     """The absolute directory the job runs in: ``--chdir`` (relative to here) or here."""
     if chdir is None:
@@ -676,17 +661,6 @@ def job_dir(chdir: str | None) -> str:
 
 
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _check_export(text: str | None, origin: str | None) -> str | None:
-    """Validate --export without reading the environment yet."""
-    if text is None:
-        return None
-    try:
-        exported(text, {})
-    except UsageError as err:
-        raise UsageError(f"{origin}: {err.message}" if origin else err.message) from None
-    return text
 
 
 def exported(text: str | None, environment: Mapping[str, str]) -> dict[str, str]:
