@@ -152,6 +152,22 @@ def test_listings_ask_for_every_field_they_show(full: dict[str, Any]) -> None:
         assert listing.render_format(fields, slim, NOW) == listing.render_format(fields, full, NOW), code
 
 
+def test_queue_columns_are_the_same_from_a_table_and_from_job_objects() -> None:
+    """gqueue builds its table column by column from the API's ``fields``/``rows``
+    answer; the --json answer's JOB objects must give the very same table."""
+    objects = {"jobs": FULL_JOBS + [job(job_id=9, display_id="9_[" + ",".join(map(str, range(1, 40, 2))) + "]")]}
+    fields = list(listing.TABLE_FIELDS)
+    table = {"fields": fields, "rows": [[j.get(name) for name in fields] for j in objects["jobs"]]}
+    by_table = listing.queue_columns(listing.job_columns(table, listing.TABLE_FIELDS), NOW)
+    by_objects = listing.queue_columns(listing.job_columns(objects, listing.TABLE_FIELDS), NOW)
+    assert by_table == by_objects
+    assert [list(row) for row in zip(*by_table)] == [listing.job_row(j, NOW) for j in objects["jobs"]]
+    assert by_table[0][1:] == ["40_[3-9%2]", "17", "9_[1,3,5,7,9,11,13,...]"]
+    assert by_table[7][:3] == ["node[01-02]", "(Priority)", "node03"]
+    empty = listing.job_columns({"fields": fields, "rows": []}, listing.TABLE_FIELDS)
+    assert listing.queue_columns(empty, NOW) == [[] for _ in listing.HEADERS]
+
+
 def test_state_codes_match_the_model() -> None:
     assert listing.STATE_CODES == {state.value: state.short for state in JobState}
 
