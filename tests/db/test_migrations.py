@@ -8,7 +8,7 @@ from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, pool
+from sqlalchemy import create_engine, inspect, pool, text
 
 from gpusched.db.migrate import current, downgrade, upgrade
 from gpusched.db.models import Base
@@ -39,6 +39,31 @@ def test_upgrade_head_from_empty_matches_models(postgres: ScratchPostgres) -> No
     assert current(url) is not None
     assert _tables(url) == set(Base.metadata.tables) | {"alembic_version"}
     assert _diff(url) == []
+
+
+def _storage_options(url: str, table: str) -> list[str]:
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return list(conn.scalar(text("SELECT coalesce(reloptions, '{}') FROM pg_class "
+                                         "WHERE relname = :t"), {"t": table}))
+    finally:
+        engine.dispose()
+
+
+def test_jobs_table_storage_parameters(postgres: ScratchPostgres) -> None:
+    """Alembic does not compare storage parameters: check revision 0011's against the
+    models'."""
+    migrated = postgres.empty_database()
+    upgrade(migrated)
+    created = postgres.empty_database()
+    engine = create_engine(created, poolclass=pool.NullPool)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    assert _storage_options(migrated, "jobs") == _storage_options(created, "jobs") == [
+        "toast_tuple_target=128"]
+    downgrade(migrated, "0010")
+    assert _storage_options(migrated, "jobs") == []
 
 
 def test_downgrade_base_removes_everything_and_upgrade_again(postgres: ScratchPostgres) -> None:

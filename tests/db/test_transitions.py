@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -141,3 +141,21 @@ def test_invalid_submissions_store_nothing(sessions: sessionmaker[Session],
         jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE)
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(Job)) == 0
+
+
+def test_a_jobs_environment_is_stored_out_of_the_row(sessions: sessionmaker[Session]) -> None:
+    """A job's row stays small however large its environment (revision 0011): the pass
+    and the queue listing scan and update rows of a hundred-odd bytes. This environment
+    compresses to well under 2 kB, so without the setting it would stay in the row."""
+    environment = {f"VAR_{i}": f"/opt/site/{i:04d}/lib:/usr/local/{i * 7919 % 10007}/bin"
+                   for i in range(60)}
+    job_id = _submit(sessions, environment=environment)
+    with sessions() as s:
+        stored, out_of_line = s.execute(text(
+            "SELECT pg_column_size(environment), pg_relation_size(c.reltoastrelid) "
+            "FROM jobs, pg_class c WHERE c.relname = 'jobs' AND jobs.id = :id"),
+            {"id": job_id}).one()
+        job = s.get(Job, job_id)
+        assert job is not None and job.environment == environment
+    assert len(str(environment)) > 3000 and stored < 2000
+    assert out_of_line > 0
