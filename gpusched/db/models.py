@@ -146,8 +146,9 @@ class Job(Base):
         ),
         Index("ix_jobs_array_job_id", "array_job_id",
               postgresql_where=text("array_job_id IS NOT NULL")),
-        # The environment and script go out of line once a row passes 128 bytes, so
-        # scans of the queue and each pass's updates touch small rows (revision 0011).
+        # A row long enough to be compressed (a large environment) is shrunk to 128
+        # bytes, not 2 kB: scans of the queue and each pass's updates touch small rows
+        # (revision 0011).
         {"postgresql_with": {"toast_tuple_target": "128"}},
     )
 

@@ -144,8 +144,8 @@ def test_invalid_submissions_store_nothing(sessions: sessionmaker[Session],
 
 
 def test_a_jobs_environment_is_stored_out_of_the_row(sessions: sessionmaker[Session]) -> None:
-    """A job's row stays small however large its environment (revision 0011): the pass
-    and the queue listing scan and update rows of a hundred-odd bytes. This environment
+    """A job with a large environment keeps a small row (revision 0011): the pass and
+    the queue listing scan and update rows of a hundred-odd bytes. This environment
     compresses to well under 2 kB, so without the setting it would stay in the row."""
     environment = {f"VAR_{i}": f"/opt/site/{i:04d}/lib:/usr/local/{i * 7919 % 10007}/bin"
                    for i in range(60)}

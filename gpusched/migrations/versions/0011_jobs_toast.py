@@ -1,11 +1,12 @@
-"""Keep the jobs table's rows small: a job's environment and script, the bulk of each
-row and read only when it is launched or shown, are stored out of line (TOAST) as soon
-as a row passes 128 bytes, instead of only past 2 kB.
+"""Keep the jobs table's rows small: once a row is long enough for PostgreSQL to
+compress it (over about 2 kB, as a job with a login shell's environment is), its
+environment and script are moved out of line (TOAST) until the row is under 128 bytes,
+instead of stopping at 2 kB, which leaves a compressed environment in the row.
 
 The scheduling pass and the queue listing scan every pending job and update its reason
-each pass; with the environment inline (often 1 to 3 kB) those scans and updates touch
-ten to thirty times more pages. Rows written before this revision keep their layout
-until they are next written (``VACUUM FULL jobs`` rewrites them all at once).
+each pass; with the environment inline those scans and updates touch ten times more
+pages. Rows of under 2 kB are stored as before. Rows written before this revision keep
+their layout until they are next written (``VACUUM FULL jobs`` rewrites them all).
 
 Revision ID: 0011
 Revises: 0010
