@@ -13,7 +13,7 @@ from gpusched.core.topology import LINK_KINDS
 from gpusched.db.engine import rowcount
 from gpusched.db.health import may_requeue
 from gpusched.db.jobs import job_placements
-from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
+from gpusched.db.models import Allocation, Gpu, GpuLink, Job, JobScript, Node
 from gpusched.errors import NotFound, UsageError
 
 OUTCOME_STATES = {
@@ -118,11 +118,14 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
     to_launch = [j for j in jobs if j.launched_at is None and j.cancel_requested_at is None]
     cancels = [j.id for j in jobs if j.cancel_requested_at is not None and j.id not in signalled]
     placed = job_placements(session, [(j.id, j.node_id) for j in to_launch])
+    payloads = {p.id: p for p in session.scalars(select(JobScript).where(
+        JobScript.id.in_({j.script_id for j in to_launch})))} if to_launch else {}
     launches = [
         {
             "job_id": j.id, "name": j.name, "user": j.user_name, "uid": j.uid, "gid": j.gid,
-            "script": j.script, "args": list(j.args), "work_dir": j.work_dir,
-            "environment": dict(j.environment), "output": j.output, "error": j.error,
+            "script": payloads[j.script_id].script, "args": list(payloads[j.script_id].args),
+            "work_dir": j.work_dir, "environment": dict(payloads[j.script_id].environment),
+            "output": j.output, "error": j.error,
             "time_limit": j.time_limit, "node": node.name,
             "warn_signal": j.warn_signal, "warn_seconds": j.warn_seconds,
             "warn_batch_only": j.warn_batch_only,

@@ -19,7 +19,7 @@ from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS
 from gpusched.core.timefmt import format_duration
 from gpusched.db.engine import rowcount
-from gpusched.db.models import AccountUser, Allocation, Gpu, Job, Node, Partition, Qos
+from gpusched.db.models import AccountUser, Allocation, Gpu, Job, JobScript, Node, Partition, Qos
 from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
 
 MAX_NAME = 200
@@ -348,8 +348,8 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     job = Job(
         name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
         account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
-        gpus=gpus, time_limit=time_limit, script=script, args=args, work_dir=work_dir,
-        environment=env, output=output, error=error, gpu_types=list(kinds), nodes=nodes,
+        gpus=gpus, time_limit=time_limit, work_dir=work_dir,
+        payload=JobScript(script=script, args=args, environment=env), output=output, error=error, gpu_types=list(kinds), nodes=nodes,
         cpus=cpus, mem_mb=mem_mb, requeue=requeue, nodelist=nodelist, exclude_nodes=exclude,
         warn_signal=warn_number, warn_seconds=warn_seconds, warn_batch_only=warn_batch_only,
         exclusive=exclusive,
@@ -664,7 +664,9 @@ def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -
         body[field] = values[0] if make is None else make(*values)
     body.update(node=node, gpu_uuids=uuids)
     if private:
-        body.update(script=job.script, args=list(job.args), environment=dict(job.environment))
+        payload = job.payload
+        body.update(script=payload.script, args=list(payload.args),
+                    environment=dict(payload.environment))
     return body
 
 

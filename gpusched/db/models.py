@@ -20,7 +20,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from gpusched.core.topology import LINK_KINDS
 
@@ -131,6 +131,18 @@ class GpuLink(Base):
     nvlinks: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
+class JobScript(Base):
+    """What a job runs: its batch script, the script's arguments and the environment it
+    starts with. One per submission; the tasks of an array share it."""
+
+    __tablename__ = "job_scripts"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    script: Mapped[str] = mapped_column(Text)
+    args: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    environment: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'"))
+
+
 class Job(Base):
     """A batch job: its request, its state and its outcome."""
 
@@ -173,10 +185,12 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     signal: Mapped[int | None] = mapped_column(Integer)
     error_message: Mapped[str | None] = mapped_column(Text)
-    script: Mapped[str] = mapped_column(Text)
-    args: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    # What the job runs (script, arguments, environment), kept apart from the row: the
+    # pass and the queue read every pending row, and only a launch reads these. The
+    # tasks of an array share their record's.
+    script_id: Mapped[int] = mapped_column(ForeignKey("job_scripts.id"))
+    payload: Mapped[JobScript] = relationship(lazy="select")
     work_dir: Mapped[str] = mapped_column(Text)
-    environment: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'"))
     output: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))

@@ -196,8 +196,8 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0) -> tuple[Snapsh
 
 # What a task split off an array's record takes from it (the rest is the task's own).
 _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos", "begin_time",
-                "dependency", "gpus", "time_limit", "submit_time", "script", "args", "work_dir",
-                "environment", "output", "error", "array_job_id", "array_spec",
+                "dependency", "gpus", "time_limit", "submit_time", "script_id", "work_dir",
+                "output", "error", "array_job_id", "array_spec",
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
                 "admin_priority", "exclusive")

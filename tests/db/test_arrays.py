@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
 from gpusched.db import agents, jobs
-from gpusched.db.models import Allocation, Job, Node
+from gpusched.db.models import Allocation, Job, JobScript, Node
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import UsageError
 from tests.db.test_transitions import ALICE, _submit, sessions  # noqa: F401  (a fixture)
@@ -52,6 +52,11 @@ def test_tasks_split_off_the_record_as_they_start(sessions: sessionmaker[Session
         launches = agents.pending_work(s, s.scalars(select(Node)).one(), set())["launches"]
         assert [(w["array_job_id"], w["array_task_id"], w["array_spec"]) for w in launches] == [
             (array, 0, "0-2"), (array, 1, "0-2")]
+        # The tasks run the record's script, stored once for the whole array.
+        assert [(w["script"], w["environment"]) for w in launches] == [("#!/bin/sh\n", {})] * 2
+        assert set(s.scalars(select(Job.script_id).where(Job.array_job_id == array))) == {
+            s.get(Job, array).script_id}  # type: ignore[union-attr]
+        assert s.scalar(select(func.count()).select_from(JobScript)) == 1
         assert [jobs.get_job(s, i, ALICE)["display_id"] for i in task_ids] == [
             f"{array}_0", f"{array}_1"]
     _end(sessions, rows[1][0])

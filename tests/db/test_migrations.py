@@ -66,6 +66,38 @@ def test_jobs_table_storage_parameters(postgres: ScratchPostgres) -> None:
     assert _storage_options(migrated, "jobs") == []
 
 
+def test_job_scripts_move_out_of_jobs_and_back(postgres: ScratchPostgres) -> None:
+    """Revision 0012 moves each job's script, arguments and environment to job_scripts
+    (the script keeping the job's number) and back on downgrade; new scripts are
+    numbered after the moved ones."""
+    url = postgres.empty_database()
+    upgrade(url, "0011")
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO partitions (name) VALUES ('gpu')"))
+            conn.execute(text(
+                "INSERT INTO jobs (id, name, uid, gid, user_name, partition, script, args, "
+                "work_dir, environment) VALUES (41, 'a', 1, 1, 'u', 'gpu', 'echo a', "
+                "'{x,y}', '/w', '{\"A\": \"1\"}'), (42, 'b', 1, 1, 'u', 'gpu', 'echo b', "
+                "'{}', '/w', '{}')"))
+        upgrade(url)
+        with engine.begin() as conn:
+            assert conn.execute(text(
+                "SELECT j.id, j.script_id, s.script, s.args, s.environment FROM jobs j "
+                "JOIN job_scripts s ON s.id = j.script_id ORDER BY j.id")).all() == [
+                (41, 41, "echo a", ["x", "y"], {"A": "1"}), (42, 42, "echo b", [], {})]
+            assert conn.scalar(text("INSERT INTO job_scripts (script) VALUES ('c') "
+                                    "RETURNING id")) == 43
+        downgrade(url, "0011")
+        with engine.begin() as conn:
+            assert conn.execute(text(
+                "SELECT id, script, args, environment FROM jobs ORDER BY id")).all() == [
+                (41, "echo a", ["x", "y"], {"A": "1"}), (42, "echo b", [], {})]
+    finally:
+        engine.dispose()
+
+
 def test_downgrade_base_removes_everything_and_upgrade_again(postgres: ScratchPostgres) -> None:
     url = postgres.empty_database()
     upgrade(url)

@@ -143,19 +143,20 @@ def test_invalid_submissions_store_nothing(sessions: sessionmaker[Session],
         assert s.scalar(select(func.count()).select_from(Job)) == 0
 
 
-def test_a_jobs_environment_is_stored_out_of_the_row(sessions: sessionmaker[Session]) -> None:
-    """A job with a large environment keeps a small row (revision 0011): the pass and
-    the queue listing scan and update rows of a hundred-odd bytes. This environment
-    compresses to well under 2 kB, so without the setting it would stay in the row."""
+def test_a_jobs_script_and_environment_live_outside_its_row(
+        sessions: sessionmaker[Session]) -> None:
+    """The pass and the queue listing read every pending row: a large environment and
+    script do not make it larger (revision 0012), yet the job's owner sees both."""
     environment = {f"VAR_{i}": f"/opt/site/{i:04d}/lib:/usr/local/{i * 7919 % 10007}/bin"
                    for i in range(60)}
-    job_id = _submit(sessions, environment=environment)
+    script = "#!/bin/sh\n" + "".join(f"echo step {i} $VAR_{i}\n" for i in range(60))
+    small = _submit(sessions)
+    large = _submit(sessions, environment=environment, script=script, args=["a", "b"])
     with sessions() as s:
-        stored, out_of_line = s.execute(text(
-            "SELECT pg_column_size(environment), pg_relation_size(c.reltoastrelid) "
-            "FROM jobs, pg_class c WHERE c.relname = 'jobs' AND jobs.id = :id"),
-            {"id": job_id}).one()
-        job = s.get(Job, job_id)
-        assert job is not None and job.environment == environment
-    assert len(str(environment)) > 3000 and stored < 2000
-    assert out_of_line > 0
+        sizes = dict(s.execute(text("SELECT id, pg_column_size(jobs.*) FROM jobs")).all())
+        shown = jobs.get_job(s, large, ALICE)
+        hidden = jobs.get_job(s, large, BOB)
+    assert len(str(environment)) + len(script) > 4000
+    assert sizes[large] == sizes[small] < 500
+    assert (shown["environment"], shown["script"], shown["args"]) == (environment, script, ["a", "b"])
+    assert not {"environment", "script", "args"} & set(hidden)
