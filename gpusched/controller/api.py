@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import gpusched
 from gpusched.adminconfig import parse_admin_config
 from gpusched.controller.events import Events, notify_in
-from gpusched.controller.http import Request, Router
+from gpusched.controller.http import Answer, EncodedJson, Request, Router
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
@@ -224,9 +224,13 @@ class Api:
                      "start": datetime.fromtimestamp(when, UTC).isoformat() if when else None,
                      "reason": reason}
 
-    def list_jobs(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """The queue."""
+    def list_jobs(self, request: Request) -> Answer:
+        """The queue; a table of fields PostgreSQL can write is sent as it wrote it."""
         with self.sessions() as session:
+            if request.query.get("fields"):
+                table = jobs.job_table_json(session, request.query)
+                if table is not None:
+                    return 200, EncodedJson(table)
             return 200, jobs.list_jobs(session, request.query)
 
     def get_job(self, request: Request) -> tuple[int, dict[str, Any]]:

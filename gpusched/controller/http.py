@@ -48,7 +48,15 @@ class Request:
     params: dict[str, str] = field(default_factory=dict)
 
 
-Handler = Callable[[Request], tuple[int, dict[str, Any]]]
+@dataclass(frozen=True)
+class EncodedJson:
+    """An answer already written as JSON (by the database), sent as it is."""
+
+    payload: bytes
+
+
+Answer = tuple[int, dict[str, Any] | EncodedJson]
+Handler = Callable[[Request], Answer]
 
 
 class Router:
@@ -62,7 +70,7 @@ class Router:
         regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
         self._routes.append((method, re.compile(f"^{regex}$"), handler))
 
-    def dispatch(self, request: Request) -> tuple[int, dict[str, Any]]:
+    def dispatch(self, request: Request) -> Answer:
         """Run the matching handler; errors become status codes with a JSON body."""
         allowed = False
         for method, regex, handler in self._routes:
@@ -100,14 +108,15 @@ class _ConnectionHandler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         status, body = self._run()
-        payload = json.dumps(body, separators=(",", ":")).encode()
+        payload = body.payload if isinstance(body, EncodedJson) else json.dumps(
+            body, separators=(",", ":")).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
 
-    def _run(self) -> tuple[int, dict[str, Any]]:
+    def _run(self) -> Answer:
         try:
             url = urlsplit(self.path)
             request = Request(

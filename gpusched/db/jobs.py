@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pwd
 import signal
 from collections.abc import Callable, Iterable, Sequence
@@ -9,7 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import Float, Text, case, cast, func, or_, select, text, update
+from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import ArrayError, ArraySpec, iter_tasks, parse_array, remove
@@ -681,30 +684,86 @@ def parse_fields(text: str) -> tuple[str, ...]:
     return fields
 
 
-def list_jobs(session: Session, query: dict[str, str]) -> dict[str, Any]:
-    """The queue (or, with ``all``, every job), filtered as ``GET /v1/jobs`` describes:
-    ``{"jobs": [JOB, ...]}``, or with ``fields`` a table of just those JOB fields,
-    ``{"fields": [...], "rows": [[...], ...]}``."""
-    fields = parse_fields(query["fields"]) if query.get("fields") else _ALL_FIELDS
-    names = list(dict.fromkeys(["id", "node_id"] + [
-        c for f in fields if f in JOB_FIELDS for c in JOB_FIELDS[f][0]]))
-    stmt = select(*(getattr(Job, c) for c in names)).order_by(Job.id)
+def _iso_sql(column: Any) -> ColumnElement[str]:
+    """``_iso`` in SQL: what ``datetime.isoformat()`` writes for the session's time zone
+    (microseconds only when there are some); NULL stays NULL."""
+    micro = case((func.extract("microseconds", column) % 1000000 == 0, ""),
+                 else_=func.to_char(column, ".US"))
+    return (func.to_char(column, 'YYYY-MM-DD"T"HH24:MI:SS') + micro
+            + func.to_char(column, "TZH:TZM"))
+
+
+def _text(column: Any) -> ColumnElement[str]:
+    return cast(column, Text)
+
+
+# JOB fields PostgreSQL can write as JSON exactly as job_json does (same values, same
+# strings): a table of only these is built by the database as one JSON text.
+# (Floats are left out: PostgreSQL writes 5.0 as 5.)
+SQL_FIELDS: dict[str, Any] = {  # column expressions
+    **{field: getattr(Job, columns[0]) for field, (columns, make) in JOB_FIELDS.items()
+       if make is None and not isinstance(getattr(Job, columns[0]).type, Float)},
+    **{field: _iso_sql(getattr(Job, columns[0])) for field, (columns, make) in JOB_FIELDS.items()
+       if make is _iso},
+    "gpu_types": Job.gpu_types,
+    "display_id": case(
+        (Job.array_job_id.is_(None), _text(Job.id)),
+        (Job.array_tasks.is_not(None),
+         _text(Job.array_job_id) + "_[" + Job.array_tasks
+         + func.coalesce("%" + _text(Job.array_max_running), "") + "]"),
+        else_=_text(Job.array_job_id) + "_" + _text(Job.array_task_id)),
+    "node": Node.name,
+}
+
+
+def _list_filters(query: dict[str, str]) -> list[ColumnElement[bool]]:
+    """The WHERE conditions of ``GET /v1/jobs``'s query parameters."""
+    where: list[ColumnElement[bool]] = []
     if query.get("state"):
-        stmt = stmt.where(Job.state.in_([s.strip().upper() for s in query["state"].split(",")]))
+        where.append(Job.state.in_([s.strip().upper() for s in query["state"].split(",")]))
     elif query.get("all") not in ("1", "true", "yes"):
-        stmt = stmt.where(Job.state.in_(["PENDING", "RUNNING"]))
+        where.append(Job.state.in_(["PENDING", "RUNNING"]))
     for key, column in (("user", Job.user_name), ("partition", Job.partition),
                         ("account", Job.account), ("name", Job.name)):
         if query.get(key):
-            stmt = stmt.where(column.in_([w.strip() for w in query[key].split(",")]))
+            where.append(column.in_([w.strip() for w in query[key].split(",")]))
     if query.get("ids"):
         try:
             ids = [int(i) for i in query["ids"].split(",")]
         except ValueError:
             raise UsageError(f"ids: expected job ids separated by commas, got {query['ids']!r}") from None
-        stmt = stmt.where(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
+        where.append(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
+    return where
+
+
+def job_table_json(session: Session, query: dict[str, str]) -> bytes | None:
+    """``GET /v1/jobs?fields=...`` as the JSON text of its answer, built by PostgreSQL
+    (no Python object per job: a queue of 10,000 is a few milliseconds of the
+    database's time); None when a field asked for is not among ``SQL_FIELDS``."""
+    fields = parse_fields(query["fields"])
+    if not set(fields) <= SQL_FIELDS.keys():
+        return None
+    row = func.json_build_array(*(SQL_FIELDS[f] for f in fields))
+    stmt = (select(_text(func.coalesce(func.json_agg(aggregate_order_by(row, Job.id)),
+                                       text("'[]'::json"))))
+            .select_from(Job).outerjoin(Node, Node.id == Job.node_id)
+            .where(*_list_filters(query)))
+    rows = session.connection().execute(stmt).scalar_one()
+    head = json.dumps({"fields": list(fields)}, separators=(",", ":"))[:-1]
+    return f'{head},"rows":{rows}}}'.encode()
+
+
+def list_jobs(session: Session, query: dict[str, str]) -> dict[str, Any]:
+    """The queue (or, with ``all``, every job), filtered as ``GET /v1/jobs`` describes:
+    ``{"jobs": [JOB, ...]}``, or with ``fields`` a table of just those JOB fields,
+    ``{"fields": [...], "rows": [[...], ...]}`` (see also ``job_table_json``)."""
+    fields = parse_fields(query["fields"]) if query.get("fields") else _ALL_FIELDS
+    names = list(dict.fromkeys(["id", "node_id"] + [
+        c for f in fields if f in JOB_FIELDS for c in JOB_FIELDS[f][0]]))
+    stmt = select(*(getattr(Job, c) for c in names)).order_by(Job.id).where(
+        *_list_filters(query))
     # The driver's own tuples, not ORM objects or even Core rows, turned into the answer
-    # column by column: a queue of thousands is listed in tens of milliseconds.
+    # column by column.
     result = session.connection().execute(stmt)
     found = result.cursor.fetchall()
     result.close()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.core.model import Policy
@@ -120,3 +121,38 @@ def test_a_bad_array_stores_nothing(sessions: sessionmaker[Session], bad: object
         _submit(sessions, array=bad)
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(Job)) == 0
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Kolkata"])
+def test_the_database_writes_job_tables_exactly_as_python_does(
+        sessions: sessionmaker[Session], zone: str) -> None:
+    """``GET /v1/jobs?fields=`` is written by PostgreSQL when it can be: for every such
+    field, over pending, running, array and ended jobs, times with and without
+    microseconds, in any session time zone, it must equal the Python-built table."""
+    array = _submit(sessions, gpus=1, array="0-4%3")
+    plain = _submit(sessions, name="quote\"and\\back slash é ☃", gpus=0, nodes=1)
+    _pass(sessions)
+    ended = _submit(sessions, gpus=0)
+    _pass(sessions)
+    with sessions() as s, s.begin():
+        s.execute(text("UPDATE jobs SET state = 'COMPLETED', end_time = date_trunc('second', "
+                       "now()) + interval '2 seconds', exit_code = 0 WHERE id = :id"), {"id": ended})
+    fields = ",".join(sorted(jobs.SQL_FIELDS))
+    queries = [{}, {"all": "1"}, {"state": "RUNNING"}, {"ids": str(array)},
+               {"user": "nobody"}, {"ids": f"{plain},{ended}", "all": "1"}]
+    with sessions() as s:
+        s.execute(text(f"SET TIME ZONE '{zone}'"))
+        for query in queries:
+            built = jobs.job_table_json(s, {**query, "fields": fields})
+            assert built is not None
+            python = json.loads(json.dumps(jobs.list_jobs(s, {**query, "fields": fields})))
+            assert json.loads(built) == python, query
+        everything = json.loads(jobs.job_table_json(s, {"all": "1", "fields": fields}) or b"")
+    rows = [dict(zip(everything["fields"], row)) for row in everything["rows"]]
+    assert len(rows) == 5 and {r["state"] for r in rows} == {"PENDING", "RUNNING", "COMPLETED"}
+    assert {r["display_id"] for r in rows if r["array_job_id"]} == {
+        f"{array}_0", f"{array}_1", f"{array}_[2-4%3]"}
+    assert any(r["end_time"] and "." not in r["end_time"] for r in rows)  # whole seconds
+    assert any(r["start_time"] and "." in r["start_time"] for r in rows)
+    assert any(r["node"] == "n1" for r in rows)
+    assert jobs.job_table_json(s, {"fields": "job_id,gpu_uuids"}) is None
