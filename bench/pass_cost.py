@@ -1,6 +1,6 @@
 """Controller-side cost of a submit and of a scheduling pass; prints ``name: value`` lines.
 
-    .venv/bin/python bench/pass_cost.py [--pending 200] [--passes 20]
+    .venv/bin/python bench/pass_cost.py [--pending 200] [--passes 20] [--env-bytes 0]
 
 In process, against a throwaway PostgreSQL: one node of 8 GPUs, ``--pending`` submitted
 1-GPU jobs (8 start in the first pass), then repeated passes over the rest; then the
@@ -11,6 +11,7 @@ same with one more submission, a 10,000-task array (``--array 0-9999%8``), in th
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from pathlib import Path
@@ -26,12 +27,28 @@ from gpusched.db.partitions import sync_partitions  # noqa: E402
 from tests.pg import ScratchPostgres  # noqa: E402
 
 
+def make_environment(size: int) -> dict[str, str]:
+    """About ``size`` bytes of variables that compress as a real environment's do
+    (paths, ids), the same each run."""
+    rng = random.Random(size)
+    environment: dict[str, str] = {}
+    while sum(len(k) + len(v) + 6 for k, v in environment.items()) < size:
+        parts = [f"/opt/{rng.choice(['cuda', 'nccl', 'conda', 'site'])}/{rng.randrange(10**6):06d}"
+                 for _ in range(rng.randrange(1, 6))]
+        environment[f"VAR_{len(environment)}"] = ":".join(parts)
+    return environment
+
+
 def main() -> None:
     """Time submits and passes."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--pending", type=int, default=200)
     parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--env-bytes", type=int, default=0,
+                        help="give each job an environment of about this size (a login "
+                        "shell's is 2-10 kB)")
     opts = parser.parse_args()
+    environment = make_environment(opts.env_bytes)
     pg = ScratchPostgres()
     try:
         url = pg.fresh_database()
@@ -44,8 +61,8 @@ def main() -> None:
         started = time.perf_counter()
         for _ in range(opts.pending):
             with sessions() as s, s.begin():
-                jobs.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp"},
-                                jobs.Identity(0, 0))
+                jobs.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp",
+                                    "environment": environment}, jobs.Identity(0, 0))
         submit_ms = (time.perf_counter() - started) / opts.pending * 1000
         loop = SchedulerLoop(sessions, Events(), psycopg_dsn(url))
         loop.run_pass()
