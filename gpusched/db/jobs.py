@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Float, Text, case, cast, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import aggregate_order_by
-from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.arrays import ArrayError, ArraySpec, iter_tasks, parse_array, remove
 from gpusched.core.capacity import kind_matches
@@ -351,8 +351,9 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     job = Job(
         name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
         account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
-        gpus=gpus, time_limit=time_limit, work_dir=work_dir,
-        payload=JobScript(script=script, args=args, environment=env), output=output, error=error, gpu_types=list(kinds), nodes=nodes,
+        gpus=gpus, time_limit=time_limit, work_dir=work_dir, output=output, error=error,
+        payload=JobScript(script=script, args=args, environment=env),
+        gpu_types=list(kinds), nodes=nodes,
         cpus=cpus, mem_mb=mem_mb, requeue=requeue, nodelist=nodelist, exclude_nodes=exclude,
         warn_signal=warn_number, warn_seconds=warn_seconds, warn_batch_only=warn_batch_only,
         exclusive=exclusive,

@@ -158,10 +158,6 @@ class Job(Base):
         ),
         Index("ix_jobs_array_job_id", "array_job_id",
               postgresql_where=text("array_job_id IS NOT NULL")),
-        # A row long enough to be compressed (a large environment) is shrunk to 128
-        # bytes, not 2 kB: scans of the queue and each pass's updates touch small rows
-        # (revision 0011).
-        {"postgresql_with": {"toast_tuple_target": "128"}},
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)

@@ -41,37 +41,12 @@ def test_upgrade_head_from_empty_matches_models(postgres: ScratchPostgres) -> No
     assert _diff(url) == []
 
 
-def _storage_options(url: str, table: str) -> list[str]:
-    engine = create_engine(url, poolclass=pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            return list(conn.scalar(text("SELECT coalesce(reloptions, '{}') FROM pg_class "
-                                         "WHERE relname = :t"), {"t": table}))
-    finally:
-        engine.dispose()
-
-
-def test_jobs_table_storage_parameters(postgres: ScratchPostgres) -> None:
-    """Alembic does not compare storage parameters: check revision 0011's against the
-    models'."""
-    migrated = postgres.empty_database()
-    upgrade(migrated)
-    created = postgres.empty_database()
-    engine = create_engine(created, poolclass=pool.NullPool)
-    Base.metadata.create_all(engine)
-    engine.dispose()
-    assert _storage_options(migrated, "jobs") == _storage_options(created, "jobs") == [
-        "toast_tuple_target=128"]
-    downgrade(migrated, "0010")
-    assert _storage_options(migrated, "jobs") == []
-
-
 def test_job_scripts_move_out_of_jobs_and_back(postgres: ScratchPostgres) -> None:
-    """Revision 0012 moves each job's script, arguments and environment to job_scripts
+    """Revision 0011 moves each job's script, arguments and environment to job_scripts
     (the script keeping the job's number) and back on downgrade; new scripts are
     numbered after the moved ones."""
     url = postgres.empty_database()
-    upgrade(url, "0011")
+    upgrade(url, "0010")
     engine = create_engine(url, poolclass=pool.NullPool)
     try:
         with engine.begin() as conn:
@@ -89,7 +64,7 @@ def test_job_scripts_move_out_of_jobs_and_back(postgres: ScratchPostgres) -> Non
                 (41, 41, "echo a", ["x", "y"], {"A": "1"}), (42, 42, "echo b", [], {})]
             assert conn.scalar(text("INSERT INTO job_scripts (script) VALUES ('c') "
                                     "RETURNING id")) == 43
-        downgrade(url, "0011")
+        downgrade(url, "0010")
         with engine.begin() as conn:
             assert conn.execute(text(
                 "SELECT id, script, args, environment FROM jobs ORDER BY id")).all() == [

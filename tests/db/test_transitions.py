@@ -146,7 +146,7 @@ def test_invalid_submissions_store_nothing(sessions: sessionmaker[Session],
 def test_a_jobs_script_and_environment_live_outside_its_row(
         sessions: sessionmaker[Session]) -> None:
     """The pass and the queue listing read every pending row: a large environment and
-    script do not make it larger (revision 0012), yet the job's owner sees both."""
+    script do not make it larger (revision 0011), yet the job's owner sees both."""
     environment = {f"VAR_{i}": f"/opt/site/{i:04d}/lib:/usr/local/{i * 7919 % 10007}/bin"
                    for i in range(60)}
     script = "#!/bin/sh\n" + "".join(f"echo step {i} $VAR_{i}\n" for i in range(60))

@@ -7,8 +7,8 @@ updates many of them; without the script and environment (often one to several k
 those rows are a few hundred bytes. Existing jobs keep their own scripts, numbered as
 the jobs are.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-11-25 12:00:00
 """
 
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0012"
-down_revision: str | None = "0011"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
