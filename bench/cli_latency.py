@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 
-from tests.e2e.cluster import BIN, Cluster  # noqa: E402
-from tests.pg import ScratchPostgres  # noqa: E402
+from tests.e2e.cluster import BIN, Cluster, scratch_cluster  # noqa: E402
 
 GAP = 0.3
 
@@ -70,36 +69,27 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=11)
     args = parser.parse_args()
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "gpusched")], check=True)
-    pg = ScratchPostgres()
-    try:
-        url = pg.fresh_database()
-        cluster = Cluster(url, schedule_interval=5.0)
-        try:
-            cluster.up()
-            fill(cluster, url, args.queue)
-            time.sleep(2)  # the first passes over the new queue
-            submits = [timed(cluster, "gsubmit", "--parsable", "--wrap", "true")[0]
-                       for _ in range(args.trials)]
-            queues = []
-            for _ in range(args.trials):
-                took, out = timed(cluster, "gqueue")
-                queues.append(took)
-            lines = out.count("\n") - 1
-            waiting = cluster.api("GET", "/v1/jobs?state=PENDING&fields=job_id")["rows"]
-            cancels = [timed(cluster, "gcancel", str(job_id))[0]
-                       for (job_id,) in waiting[:args.trials]]
-            stats = cluster.api("GET", "/v1/ping")["scheduler"]
-            print(f"queue_jobs: {args.queue + 1}")
-            print(f"gqueue_lines: {lines}")
-            print(f"gsubmit_wrap_ms: {statistics.median(submits):.0f}")
-            print(f"gqueue_ms: {statistics.median(queues):.0f}")
-            print(f"gcancel_ms: {statistics.median(cancels):.0f}")
-            print(f"pass_ms: {stats['last_seconds'] * 1000:.0f}")
-            print(f"pass_pending: {stats['last_pending']}")
-        finally:
-            cluster.close()
-    finally:
-        pg.close()
+    with scratch_cluster(schedule_interval=5.0) as (cluster, url):
+        fill(cluster, url, args.queue)
+        time.sleep(2)  # the first passes over the new queue
+        submits = [timed(cluster, "gsubmit", "--parsable", "--wrap", "true")[0]
+                   for _ in range(args.trials)]
+        queues = []
+        for _ in range(args.trials):
+            took, out = timed(cluster, "gqueue")
+            queues.append(took)
+        lines = out.count("\n") - 1
+        waiting = cluster.api("GET", "/v1/jobs?state=PENDING&fields=job_id")["rows"]
+        cancels = [timed(cluster, "gcancel", str(job_id))[0]
+                   for (job_id,) in waiting[:args.trials]]
+        stats = cluster.api("GET", "/v1/ping")["scheduler"]
+    print(f"queue_jobs: {args.queue + 1}")
+    print(f"gqueue_lines: {lines}")
+    print(f"gsubmit_wrap_ms: {statistics.median(submits):.0f}")
+    print(f"gqueue_ms: {statistics.median(queues):.0f}")
+    print(f"gcancel_ms: {statistics.median(cancels):.0f}")
+    print(f"pass_ms: {stats['last_seconds'] * 1000:.0f}")
+    print(f"pass_pending: {stats['last_pending']}")
 
 
 if __name__ == "__main__":

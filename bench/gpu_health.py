@@ -27,9 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.cluster import Cluster, wait_for  # noqa: E402
+from tests.e2e.cluster import Cluster, scratch_cluster, wait_for  # noqa: E402
 from tests.nvml_fixture import FakeNvml, build_fake_nvml  # noqa: E402
-from tests.pg import ScratchPostgres  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -49,32 +48,24 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
     lib = build_fake_nvml(work / "lib")
-    pg = ScratchPostgres()
-    try:
-        fake = FakeNvml(lib, "dgx_a100_8.json", work / "faults")
-        cluster = Cluster(pg.fresh_database(), nvml=fake.variables(),
-                          agent_toml="[agent.health]\ninterval = 10\n")
-        try:
-            cluster.up()
-            uuids = [g["uuid"] for g in fake.inventory["gpus"]]
-            time.sleep(1.0)  # the health loop is waiting for events
-            took = []
-            for index in range(min(args.rounds, len(uuids))):
-                began = time.monotonic()
-                fake.inject(f"xid {index} 79")
-                wait_for(lambda: uuids[index] in unhealthy(cluster), timeout=30)
-                took.append((time.monotonic() - began) * 1000)
-            print(f"xid_to_excluded_ms_median: {statistics.median(took):.0f}")
-            print(f"xid_to_excluded_ms_max: {max(took):.0f}")
-            pid = cluster.procs["agent"].pid
-            before, start = cpu_seconds(pid), time.monotonic()
-            time.sleep(args.idle)
-            used = cpu_seconds(pid) - before
-            print(f"agent_idle_cpu_percent: {100 * used / (time.monotonic() - start):.2f}")
-        finally:
-            cluster.close()
-    finally:
-        pg.close()
+    fake = FakeNvml(lib, "dgx_a100_8.json", work / "faults")
+    with scratch_cluster(nvml=fake.variables(),
+                         agent_toml="[agent.health]\ninterval = 10\n") as (cluster, _):
+        uuids = [g["uuid"] for g in fake.inventory["gpus"]]
+        time.sleep(1.0)  # the health loop is waiting for events
+        took = []
+        for index in range(min(args.rounds, len(uuids))):
+            began = time.monotonic()
+            fake.inject(f"xid {index} 79")
+            wait_for(lambda: uuids[index] in unhealthy(cluster), timeout=30)
+            took.append((time.monotonic() - began) * 1000)
+        print(f"xid_to_excluded_ms_median: {statistics.median(took):.0f}")
+        print(f"xid_to_excluded_ms_max: {max(took):.0f}")
+        pid = cluster.procs["agent"].pid
+        before, start = cpu_seconds(pid), time.monotonic()
+        time.sleep(args.idle)
+        used = cpu_seconds(pid) - before
+        print(f"agent_idle_cpu_percent: {100 * used / (time.monotonic() - start):.2f}")
 
 
 if __name__ == "__main__":

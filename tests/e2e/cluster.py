@@ -10,11 +10,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gpusched.cli.client import ApiClient
+from tests.pg import ScratchPostgres
 
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -215,3 +217,20 @@ nodes = ["{node}"]
             return job if job["state"] in states else None
         return wait_for(reached, timeout, f"job {job_id} in {states}",
                         seen=lambda: (self.job(job_id), self.logs()))
+
+
+@contextmanager
+def scratch_cluster(**options: Any) -> Iterator[tuple[Cluster, str]]:
+    """A cluster (``Cluster``'s ``options``) up on a PostgreSQL of its own, and the
+    database's URL; both are stopped and removed on leaving (the benches' set-up)."""
+    pg = ScratchPostgres()
+    try:
+        url = pg.fresh_database()
+        cluster = Cluster(url, **options)
+        try:
+            cluster.up()
+            yield cluster, url
+        finally:
+            cluster.close()
+    finally:
+        pg.close()
