@@ -136,7 +136,9 @@ def test_the_database_writes_job_tables_exactly_as_python_does(
     _pass(sessions)
     with sessions() as s, s.begin():
         s.execute(text("UPDATE jobs SET state = 'COMPLETED', end_time = date_trunc('second', "
-                       "now()) + interval '2 seconds', exit_code = 0 WHERE id = :id"), {"id": ended})
+                       "now()) + interval '2 seconds', exit_code = 0, error_message = :message "
+                       "WHERE id = :id"),
+                  {"id": ended, "message": "line one\nline\ttwo \x01\x1f \\ \" \u2028 \U0001f600"})
     fields = ",".join(sorted(jobs.SQL_FIELDS))
     queries = [{}, {"all": "1"}, {"state": "RUNNING"}, {"ids": str(array)},
                {"user": "nobody"}, {"ids": f"{plain},{ended}", "all": "1"}]
@@ -155,4 +157,5 @@ def test_the_database_writes_job_tables_exactly_as_python_does(
     assert any(r["end_time"] and "." not in r["end_time"] for r in rows)  # whole seconds
     assert any(r["start_time"] and "." in r["start_time"] for r in rows)
     assert any(r["node"] == "n1" for r in rows)
+    assert any(r["error_message"] and "\U0001f600" in r["error_message"] for r in rows)
     assert jobs.job_table_json(s, {"fields": "job_id,gpu_uuids"}) is None
