@@ -14,7 +14,7 @@ from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
 from gpusched.db import agents, jobs
 from gpusched.db.engine import make_engine, make_sessionmaker
-from gpusched.db.models import Allocation, Job, Node
+from gpusched.db.models import Allocation, Job, JobScript, Node
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import Conflict, PermissionDenied, UsageError
@@ -141,6 +141,7 @@ def test_invalid_submissions_store_nothing(sessions: sessionmaker[Session],
         jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE)
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(Job)) == 0
+        assert s.scalar(select(func.count()).select_from(JobScript)) == 0
 
 
 def test_a_jobs_script_and_environment_live_outside_its_row(
