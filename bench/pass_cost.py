@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpusched.config import PartitionConfig  # noqa: E402
 from gpusched.controller.events import Events  # noqa: E402
 from gpusched.controller.scheduler import SchedulerLoop  # noqa: E402
-from gpusched.db import agents, jobs  # noqa: E402
+from gpusched.db import agents, jobs, submit  # noqa: E402
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn  # noqa: E402
 from gpusched.db.partitions import sync_partitions  # noqa: E402
 from tests.pg import ScratchPostgres  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> None:
         started = time.perf_counter()
         for _ in range(opts.pending):
             with sessions() as s, s.begin():
-                jobs.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp",
+                submit.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp",
                                     "environment": environment}, jobs.Identity(0, 0))
         submit_ms = (time.perf_counter() - started) / opts.pending * 1000
         loop = SchedulerLoop(sessions, Events(), psycopg_dsn(url))
@@ -72,7 +72,7 @@ def main() -> None:
         pass_ms = (time.perf_counter() - started) / opts.passes * 1000
         started = time.perf_counter()
         with sessions() as s, s.begin():
-            jobs.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp",
+            submit.submit_job(s, {"script": "#!/bin/sh\n", "gpus": 1, "work_dir": "/tmp",
                                 "array": "0-9999%8"}, jobs.Identity(0, 0))
         array_submit_ms = (time.perf_counter() - started) * 1000
         started = time.perf_counter()

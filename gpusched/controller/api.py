@@ -20,7 +20,7 @@ from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
 from gpusched.core.plan import job_priorities, plan
-from gpusched.db import accounting, agents, health, jobs
+from gpusched.db import accounting, agents, health, jobs, submit
 from gpusched.db.admin import apply_config, plan_changes
 from gpusched.db.models import Allocation, Gpu, Node, Partition
 from gpusched.db.schedule import load_snapshot
@@ -190,7 +190,7 @@ class Api:
     def submit(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Store a new PENDING job and wake the scheduler."""
         with self.sessions() as session, session.begin():
-            job = jobs.submit_job(session, request.body, self.who(request))
+            job = submit.submit_job(session, request.body, self.who(request))
             notify_in(session, "sched")
             job_id = job.id
         self.events.wake_scheduler()
@@ -201,7 +201,7 @@ class Api:
         storing nothing (gsubmit --test-only): the job is added, planned, rolled back."""
         session = self.sessions()
         try:
-            job = jobs.submit_job(session, request.body, self.who(request))
+            job = submit.submit_job(session, request.body, self.who(request))
             session.flush()
             job_id, partition, gpus = job.id, job.partition, job.gpus
             snapshot, _ = load_snapshot(session, self.policy.preempt_grace)
@@ -458,7 +458,7 @@ class Api:
         """Change a pending job's time limit (its owner may lower it), partition, QOS or
         priority, or a running job's time limit (its agent applies it)."""
         job_id, who = _job_id(request), self.who(request)
-        return self._change_job(request, job_id, True, lambda session: jobs.update_job(
+        return self._change_job(request, job_id, True, lambda session: submit.update_job(
             session, job_id, who, request.body)[1])
 
     def requeue(self, request: Request) -> tuple[int, dict[str, Any]]:

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, jobs
+from gpusched.db import agents, jobs, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
@@ -35,7 +35,7 @@ def node_sessions(db_url: str, gpus: list[dict[str, Any]]) -> Iterator[sessionma
 def start_on(sessions: sessionmaker[Session], uuids: tuple[str, ...], **body: object) -> int:
     """Submit a job as ALICE and start it on ``uuids`` of ``n1``, as a pass would."""
     with sessions() as s, s.begin():
-        job_id = jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE).id
+        job_id = submit.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE).id
     with sessions() as s, s.begin():
         snapshot, node_ids = load_snapshot(s)
         apply_plan(s, snapshot, Plan(starts=(Start(job_id, "n1", uuids),)), node_ids)

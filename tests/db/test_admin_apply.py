@@ -86,7 +86,8 @@ def test_accounts_alone_keep_the_users_of_remaining_accounts(sessions: sessionma
 
 
 def _submit(sessions: sessionmaker[Session], user: str, **body: object) -> tuple[str | None, str | None]:
-    from gpusched.db.jobs import Identity, submit_job
+    from gpusched.db.jobs import Identity
+    from gpusched.db.submit import submit_job
 
     with sessions() as s, s.begin():
         job = submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body},
@@ -150,7 +151,8 @@ def test_usage_accrues_from_running_jobs_and_feeds_the_snapshot(sessions: sessio
 
 
 def _submit_id(sessions: sessionmaker[Session], user: str, **body: object) -> int:
-    from gpusched.db.jobs import Identity, submit_job
+    from gpusched.db.jobs import Identity
+    from gpusched.db.submit import submit_job
 
     with sessions() as s, s.begin():
         return submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body},

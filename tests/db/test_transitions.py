@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, jobs
+from gpusched.db import agents, jobs, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Allocation, Job, JobScript, Node
 from gpusched.db.partitions import sync_partitions
@@ -39,7 +39,7 @@ def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
 
 def _submit(sessions: sessionmaker[Session], who: jobs.Identity = ALICE, **body: object) -> int:
     with sessions() as s, s.begin():
-        return jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, who).id
+        return submit.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, who).id
 
 
 def _schedule(sessions: sessionmaker[Session], plan: Plan) -> set[str]:
@@ -138,7 +138,7 @@ def test_time_limit_defaults(sessions: sessionmaker[Session], partition: str,
 def test_invalid_submissions_store_nothing(sessions: sessionmaker[Session],
                                            body: dict[str, object]) -> None:
     with pytest.raises(UsageError), sessions() as s, s.begin():
-        jobs.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE)
+        submit.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body}, ALICE)
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(Job)) == 0
         assert s.scalar(select(func.count()).select_from(JobScript)) == 0
