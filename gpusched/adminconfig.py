@@ -47,6 +47,8 @@ class AccountSpec:
     name: str
     parent: str
     shares: int = 1
+    qos: tuple[str, ...] | None = None  # the QOS its users may use; None: its parent's
+    default_qos: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class UserSpec:
     accounts: tuple[str, ...]
     default_account: str
     shares: int = 1
+    qos: tuple[str, ...] | None = None  # the QOS they may use; None: their account's
+    default_qos: str | None = None
+    max_submit_jobs: int | None = None  # jobs pending or running at once, per association
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class QosSpec:
     grp_gpus: int | None = None  # GPUs all jobs of one account may hold at once
     max_wall: int | None = None
     preempt: tuple[str, ...] = ()
+    max_submit_jobs_per_user: int | None = None  # jobs of one user pending or running
 
 
 @dataclass(frozen=True)
@@ -129,14 +135,27 @@ def _partition(r: TableReader) -> PartitionSpec:
     return spec
 
 
+def _qos_access(r: TableReader) -> tuple[tuple[str, ...] | None, str | None]:
+    """``qos = [...]`` and ``default_qos``: the default must be one of the list."""
+    allowed = _names(r, "qos")
+    if allowed is not None and not allowed:
+        raise r.fail("qos", "a non-empty list of QOS names")
+    default = r.get("default_qos", str, None, "a QOS name")
+    if default is not None and allowed is not None and default not in allowed:
+        raise r.fail("default_qos", f"one of the QOS of qos = {list(allowed)}")
+    return allowed, default
+
+
 def _account(r: TableReader) -> AccountSpec:
-    r.check_keys({"name", "parent", "shares"})
+    r.check_keys({"name", "parent", "shares", "qos", "default_qos"})
     shares = _count(r, "shares", 1, "a number of shares (0 or more)")
-    return AccountSpec(r.name("name"), r.name("parent", ROOT_ACCOUNT), shares or 0)
+    return AccountSpec(r.name("name"), r.name("parent", ROOT_ACCOUNT), shares or 0,
+                       *_qos_access(r))
 
 
 def _user(r: TableReader) -> UserSpec:
-    r.check_keys({"name", "accounts", "default_account", "shares"})
+    r.check_keys({"name", "accounts", "default_account", "shares", "qos", "default_qos",
+                  "max_submit_jobs"})
     accounts = _names(r, "accounts")
     if not accounts:
         raise r.fail("accounts", "a non-empty list of account names")
@@ -144,12 +163,14 @@ def _user(r: TableReader) -> UserSpec:
     if default not in accounts:
         raise r.fail("default_account", f"one of the user's accounts {list(accounts)}")
     shares = _count(r, "shares", 1, "a number of shares (0 or more)")
-    return UserSpec(r.name("name"), accounts, default, shares or 0)
+    return UserSpec(r.name("name"), accounts, default, shares or 0, *_qos_access(r),
+                    max_submit_jobs=_count(r, "max_submit_jobs", None,
+                                           "a number of jobs (0 or more)"))
 
 
 def _qos(r: TableReader) -> QosSpec:
     r.check_keys({"name", "priority", "max_gpus_per_user", "max_jobs_per_user", "grp_gpus",
-                  "max_wall", "preempt"})
+                  "max_wall", "preempt", "max_submit_jobs_per_user"})
     return QosSpec(
         name=r.name("name"),
         priority=_count(r, "priority", 0, "a priority (0 or more)") or 0,
@@ -158,6 +179,8 @@ def _qos(r: TableReader) -> QosSpec:
         grp_gpus=_count(r, "grp_gpus", None, "a number of GPUs (0 or more)"),
         max_wall=r.time_limit("max_wall"),
         preempt=_names(r, "preempt", []) or (),
+        max_submit_jobs_per_user=_count(r, "max_submit_jobs_per_user", None,
+                                        "a number of jobs (0 or more)"),
     )
 
 
@@ -257,6 +280,13 @@ def _check_whole(where: str, config: AdminConfig) -> None:
                 if name not in accounts:
                     raise ConfigError(f"{where}: user {user.name!r}: account {name!r} is not declared")
     qos_names = {q.name for q in config.qos or ()}
+    if config.qos is not None:
+        for kind, items in (("account", config.accounts or ()), ("user", config.users or ())):
+            for item in items:
+                for name in (*(item.qos or ()), *([item.default_qos] if item.default_qos else [])):
+                    if name not in qos_names:
+                        raise ConfigError(f"{where}: {kind} {item.name!r}: QOS {name!r} is not "
+                                          "declared")
     for qos in config.qos or ():
         for target in qos.preempt:
             if target not in qos_names or target == qos.name:

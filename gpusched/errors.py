@@ -56,6 +56,14 @@ class Conflict(GpuschedError):
     code = "conflict"
 
 
+class LimitReached(GpuschedError):
+    """A limit the site set would be passed (MaxSubmitJobs, a connection cap)."""
+
+    exit_code = 1
+    http_status = 429
+    code = "limit"
+
+
 class Unavailable(GpuschedError):
     """A service (controller, database) cannot be reached."""
 
@@ -65,7 +73,8 @@ class Unavailable(GpuschedError):
 
 
 _BY_CODE = {cls.code: cls for cls in (GpuschedError, UsageError, ConfigError, NotFound,
-                                     PermissionDenied, Conflict, Unavailable)}
+                                     PermissionDenied, Conflict, LimitReached,
+                                     Unavailable)}
 
 
 def from_code(code: str, message: str) -> GpuschedError:

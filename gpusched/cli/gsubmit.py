@@ -351,6 +351,7 @@ def gsubmit(
         if value is not None:  # what sbatch tells the job it asked for
             environment[f"SLURM_{name}"] = environment[f"GPUSCHED_{name}"] = str(value)
     body = submission_body(submission, work_dir=job_dir(submission.chdir), environment=environment)
+    body["umask"] = current_umask()  # the job creates its files as this shell would
     if test_only:
         from datetime import datetime
 
@@ -479,6 +480,13 @@ def merge_directives(
                 values[name] = parsed.params[name]
                 origins[name] = f"line {directive.line}: {directive.prefix}"
     return values, origins
+
+
+def current_umask() -> int:
+    """This process's umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def submission_body(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from datetime import UTC, datetime
 from collections.abc import Callable
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -16,6 +17,7 @@ import gpusched
 from gpusched.adminconfig import parse_admin_config
 from gpusched.controller.events import Events, notify_in
 from gpusched.controller.http import Answer, EncodedJson, Request, Router
+from gpusched.core.bounds import BoundError, parse_id_list, parse_job_id
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
@@ -24,16 +26,16 @@ from gpusched.db import accounting, agents, health, jobs, submit
 from gpusched.db.admin import apply_config, plan_changes
 from gpusched.db.models import Allocation, Gpu, Node, Partition
 from gpusched.db.schedule import load_snapshot
-from gpusched.errors import PermissionDenied, UsageError
+from gpusched.errors import NotFound, PermissionDenied, UsageError
 
 MAX_POLL_WAIT = 60.0
 
 
-def _ids(text: str) -> set[int]:
+def _ids(text: str, field: str = "ids") -> set[int]:
     try:
-        return {int(i) for i in text.split(",") if i}
-    except ValueError:
-        raise UsageError(f"ids: expected job ids separated by commas, got {text!r}") from None
+        return set(parse_id_list(field, text))
+    except BoundError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _words(text: str | None) -> list[str] | None:
@@ -50,10 +52,12 @@ def _epoch(query: dict[str, str], key: str) -> datetime | None:
 
 
 def _job_id(request: Request) -> int:
-    try:
-        return int(request.params["job_id"])
-    except ValueError:
-        raise UsageError(f"invalid job id: {request.params['job_id']!r}") from None
+    """The job id of the path; one that no job can have is not found."""
+    job_id = parse_job_id(request.params["job_id"])
+    if job_id is None:
+        shown = request.params["job_id"][:40]
+        raise NotFound(f"invalid job id specified: {shown!r}")
+    return job_id
 
 
 class Api:
@@ -62,8 +66,10 @@ class Api:
     def __init__(self, sessions: sessionmaker[Session], events: Events,
                  is_leader: Callable[[], bool],
                  pass_stats: Callable[[], dict[str, Any]] = dict,
-                 policy: Policy | None = None, idle: tuple[float, float] = (1.0, 3600.0)) -> None:
+                 policy: Policy | None = None, idle: tuple[float, float] = (1.0, 3600.0),
+                 max_submit_jobs: int | None = None) -> None:
         self.policy = policy or Policy()
+        self.max_submit_jobs = max_submit_jobs  # per user, but for admins; None: no limit
         self.idle_percent, self.idle_after = idle  # see ControllerConfig
         self.sessions = sessions
         self.events = events
@@ -190,7 +196,8 @@ class Api:
     def submit(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Store a new PENDING job and wake the scheduler."""
         with self.sessions() as session, session.begin():
-            job = submit.submit_job(session, request.body, self.who(request))
+            job = submit.submit_job(session, request.body, self.who(request),
+                                    self.max_submit_jobs)
             notify_in(session, "sched")
             job_id = job.id
         self.events.wake_scheduler()
@@ -201,7 +208,8 @@ class Api:
         storing nothing (gsubmit --test-only): the job is added, planned, rolled back."""
         session = self.sessions()
         try:
-            job = submit.submit_job(session, request.body, self.who(request))
+            job = submit.submit_job(session, request.body, self.who(request),
+                                    self.max_submit_jobs)
             session.flush()
             job_id, partition, gpus = job.id, job.partition, job.gpus
             snapshot, _ = load_snapshot(session, self.policy.preempt_grace)
@@ -367,8 +375,9 @@ class Api:
         self._require_agent(request)
         node_name = request.query.get("node", "")
         try:
-            wait = min(float(request.query.get("wait", "0")), MAX_POLL_WAIT)
-            signalled = {int(i) for i in request.query.get("signalled", "").split(",") if i}
+            wait = float(request.query.get("wait", "0"))
+            wait = min(wait, MAX_POLL_WAIT) if math.isfinite(wait) else 0.0
+            signalled = _ids(request.query.get("signalled", ""), "signalled")
         except ValueError:
             raise UsageError("wait: expected seconds; signalled: expected job ids") from None
         seen = self.events.node_generation(node_name)

@@ -30,6 +30,9 @@ class Dependency:
 
 
 KINDS = ("afterok", "afternotok", "afterany", "singleton")
+MAX_DEPENDENCY_IDS = 1000  # distinct jobs one dependency may name
+MAX_DEPENDENCY_TEXT = 64 * 1024  # characters, before parsing
+_MAX_ID = 2**63 - 1  # jobs.id is a BIGINT
 
 
 class Verdict(Enum):
@@ -41,14 +44,21 @@ class Verdict(Enum):
 
 
 def parse_dependency(text: str) -> tuple[Dependency, ...]:
-    """Clauses of a ``--dependency`` value such as ``afterok:12:13,singleton``."""
+    """Clauses of a ``--dependency`` value such as ``afterok:12:13,singleton``.
+
+    A job named twice in a clause counts once; a dependency names at most
+    MAX_DEPENDENCY_IDS distinct jobs (every pass judges each of them)."""
+    if len(text) > MAX_DEPENDENCY_TEXT:
+        raise DependencyError(f"invalid dependency: {len(text)} characters, more than the "
+                              f"{MAX_DEPENDENCY_TEXT} allowed")
     clauses: list[Dependency] = []
+    named: set[int] = set()
     for raw in text.split(","):
         if not raw.strip():
             raise DependencyError(f"invalid dependency {text!r}: an empty item")
         kind, _, rest = raw.strip().partition(":")
         if kind not in KINDS:
-            raise DependencyError(f"invalid dependency {raw.strip()!r}: expected one of "
+            raise DependencyError(f"invalid dependency {raw.strip()[:80]!r}: expected one of "
                                   f"{', '.join(KINDS)}")
         if kind == "singleton":
             if rest:
@@ -56,9 +66,17 @@ def parse_dependency(text: str) -> tuple[Dependency, ...]:
             clauses.append(Dependency(kind))
             continue
         ids = rest.split(":") if rest else []
-        if not ids or not all(i.isascii() and i.isdigit() and int(i) > 0 for i in ids):
-            raise DependencyError(f"invalid dependency {raw.strip()!r}: expected {kind}:ID[:ID...]")
-        clauses.append(Dependency(kind, tuple(int(i) for i in ids)))
+        if not ids or not all(i.isascii() and i.isdigit() and len(i) <= 19
+                              and 0 < int(i) <= _MAX_ID for i in ids):
+            shown = raw.strip() if len(raw) <= 80 else raw.strip()[:77] + "..."
+            raise DependencyError(f"invalid dependency {shown!r}: expected {kind}:ID[:ID...] "
+                                  f"with job ids from 1 to {_MAX_ID}")
+        unique = tuple(dict.fromkeys(int(i) for i in ids))
+        named.update(unique)
+        if len(named) > MAX_DEPENDENCY_IDS:
+            raise DependencyError(f"invalid dependency: it names more than "
+                                  f"{MAX_DEPENDENCY_IDS} jobs")
+        clauses.append(Dependency(kind, unique))
     return tuple(clauses)
 
 

@@ -19,6 +19,20 @@ _SPECIFIER = re.compile(r"%(%|(\d*)([jxuNAa]))")
 _NUMERIC = frozenset("jAa")
 
 
+MAX_PAD_WIDTH = 10  # digits a %<width>j may pad to; Slurm's own patterns use one or two
+
+
+def output_pattern_error(pattern: str) -> str | None:
+    """Why an output pattern cannot be taken at submit, or None: a zero-pad width over
+    MAX_PAD_WIDTH (it would make the node's agent build a huge file name)."""
+    for match in _SPECIFIER.finditer(pattern):
+        width = match.group(2)
+        if width and (len(width) > 2 or int(width) > MAX_PAD_WIDTH):
+            return (f"the width of %{width}{match.group(3)} is more than {MAX_PAD_WIDTH} "
+                    "digits")
+    return None
+
+
 def expand_output_pattern(pattern: str, job_id: int, name: str, user: str,
                           array_job_id: int | None = None,
                           array_task_id: int | None = None, node: str = "") -> str:

@@ -63,20 +63,35 @@ def _current(session: Session, model: Any, key: str, columns: list[str]) -> dict
             for r in session.scalars(select(model))}
 
 
+def _list(names: tuple[str, ...] | None) -> list[str] | None:
+    return None if names is None else list(names)
+
+
+_ACCOUNT_COLUMNS = ["parent", "shares", "qos", "default_qos"]
+_USER_COLUMNS = ["shares", "is_default", "qos", "default_qos", "max_submit_jobs"]
+_QOS_COLUMNS = ["priority", "max_gpus_per_user", "max_jobs_per_user", "grp_gpus", "max_wall",
+                "preempt", "max_submit_jobs_per_user"]
+
+
 def desired_state(config: AdminConfig) -> dict[str, dict[str, Row]]:
     """The rows each kind of the configuration asks for, keyed by name."""
     state: dict[str, dict[str, Row]] = {}
     if config.partitions is not None:
         state["partition"] = {p.name: _partition_row(p) for p in config.partitions}
     if config.accounts is not None:
-        state["account"] = {a.name: {"parent": a.parent, "shares": a.shares} for a in config.accounts}
+        state["account"] = {a.name: {"parent": a.parent, "shares": a.shares,
+                                     "qos": _list(a.qos), "default_qos": a.default_qos}
+                            for a in config.accounts}
     if config.users is not None:
-        state["user"] = {f"{u.name}@{a}": {"shares": u.shares, "is_default": a == u.default_account}
+        state["user"] = {f"{u.name}@{a}": {"shares": u.shares, "is_default": a == u.default_account,
+                                           "qos": _list(u.qos), "default_qos": u.default_qos,
+                                           "max_submit_jobs": u.max_submit_jobs}
                          for u in config.users for a in u.accounts}
     if config.qos is not None:
         state["qos"] = {q.name: {"priority": q.priority, "max_gpus_per_user": q.max_gpus_per_user,
                                  "max_jobs_per_user": q.max_jobs_per_user, "grp_gpus": q.grp_gpus,
-                                 "max_wall": q.max_wall, "preempt": list(q.preempt)}
+                                 "max_wall": q.max_wall, "preempt": list(q.preempt),
+                                 "max_submit_jobs_per_user": q.max_submit_jobs_per_user}
                         for q in config.qos}
     if config.billing is not None:
         state["billing"] = {t: {"weight": w} for t, w in config.billing.items()}
@@ -91,14 +106,12 @@ def current_state(session: Session, kinds: set[str]) -> dict[str, dict[str, Row]
             PartitionSpec("x"))))
     if "account" in kinds:
         state["account"] = {k: v for k, v in _current(session, Account, "name",
-                                                      ["parent", "shares"]).items() if k != ROOT_ACCOUNT}
+                                                      _ACCOUNT_COLUMNS).items() if k != ROOT_ACCOUNT}
     if "user" in kinds:
-        state["user"] = {f"{u.user_name}@{u.account}": {"shares": u.shares, "is_default": u.is_default}
+        state["user"] = {f"{u.user_name}@{u.account}": {c: getattr(u, c) for c in _USER_COLUMNS}
                          for u in session.scalars(select(AccountUser))}
     if "qos" in kinds:
-        state["qos"] = _current(session, Qos, "name", ["priority", "max_gpus_per_user",
-                                                       "max_jobs_per_user", "grp_gpus", "max_wall",
-                                                       "preempt"])
+        state["qos"] = _current(session, Qos, "name", _QOS_COLUMNS)
     if "billing" in kinds:
         state["billing"] = {b.gpu_type: {"weight": b.weight} for b in session.scalars(select(GpuBilling))}
     return state
@@ -112,6 +125,7 @@ def plan_changes(session: Session, config: AdminConfig) -> list[str]:
         kept = current_state(session, {"user"})["user"]
         desired["user"] = {k: v for k, v in kept.items() if k.split("@", 1)[1] in desired["account"]}
     current = current_state(session, set(desired))
+    _check_qos_names(session, desired)
     lines: list[str] = []
     for kind, rows in desired.items():
         lines += _diff_rows(kind, current[kind], rows)
@@ -122,6 +136,18 @@ def plan_changes(session: Session, config: AdminConfig) -> list[str]:
         else:
             lines += [f"- {kind} {name}" for name in gone]
     return lines
+
+
+def _check_qos_names(session: Session, desired: dict[str, dict[str, Row]]) -> None:
+    """Every QOS an account or user may use exists: declared in this apply, or stored
+    when this apply declares none."""
+    known = set(desired["qos"]) if "qos" in desired else set(session.scalars(select(Qos.name)))
+    for kind in ("account", "user"):
+        for name, row in desired.get(kind, {}).items():
+            for qos in (*(row["qos"] or ()), *([row["default_qos"]] if row["default_qos"] else [])):
+                if qos not in known:
+                    shown = name.split("@", 1)[0]
+                    raise ConfigError(f"{kind} {shown!r}: QOS {qos!r} does not exist")
 
 
 def apply_config(session: Session, config: AdminConfig) -> list[str]:
@@ -167,7 +193,8 @@ def _replace_accounts(session: Session, config: AdminConfig) -> None:
         if not ready:  # validation rules this out; never loop forever on a bad tree
             raise ConfigError(f"accounts without a path to root: {sorted(pending)}")
         for account in ready:
-            values = {"parent": account.parent, "shares": account.shares}
+            values = {"parent": account.parent, "shares": account.shares,
+                      "qos": _list(account.qos), "default_qos": account.default_qos}
             session.execute(insert(Account).values(name=account.name, **values)
                             .on_conflict_do_update(index_elements=[Account.name], set_=values))
             placed.add(account.name)

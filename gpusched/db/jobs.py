@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.arrays import ArrayError, iter_tasks, parse_array, remove
+from gpusched.core.bounds import BoundError, parse_id_list
 from gpusched.db.engine import rowcount
 from gpusched.db.models import Allocation, Gpu, Job, Node
 from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
@@ -329,9 +330,9 @@ def _list_filters(query: dict[str, str]) -> list[ColumnElement[bool]]:
             where.append(column.in_([w.strip() for w in query[key].split(",")]))
     if query.get("ids"):
         try:
-            ids = [int(i) for i in query["ids"].split(",")]
-        except ValueError:
-            raise UsageError(f"ids: expected job ids separated by commas, got {query['ids']!r}") from None
+            ids = parse_id_list("ids", query["ids"])
+        except BoundError as exc:
+            raise UsageError(str(exc)) from None
         where.append(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
     return where
 

@@ -152,6 +152,7 @@ class Job(Base):
         CheckConstraint("gpus >= 0", name="gpus"),
         CheckConstraint("hold IN ('user', 'admin')", name="hold"),
         CheckConstraint("nodes >= 1", name="nodes"),
+        CheckConstraint("umask BETWEEN 0 AND 511", name="umask"),
         Index(
             "ix_jobs_active", "state", "submit_time",
             postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
@@ -189,6 +190,7 @@ class Job(Base):
     work_dir: Mapped[str] = mapped_column(Text)
     output: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    umask: Mapped[int | None] = mapped_column(Integer)  # the submitter's; None: 0022
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
     launched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -274,6 +276,10 @@ class Account(Base):
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     parent: Mapped[str | None] = mapped_column(ForeignKey("accounts.name", ondelete="RESTRICT"))
     shares: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    # The QOS its users may use and their default, unless a user has their own; None:
+    # as its parent's (the cluster's default QOS at the root).
+    qos: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    default_qos: Mapped[str | None] = mapped_column(Text)
 
 
 class AccountUser(Base):
@@ -287,6 +293,9 @@ class AccountUser(Base):
                                          primary_key=True)
     shares: Mapped[int] = mapped_column(Integer, server_default=text("1"))
     is_default: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    qos: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # None: the account's
+    default_qos: Mapped[str | None] = mapped_column(Text)
+    max_submit_jobs: Mapped[int | None] = mapped_column(Integer)  # pending + running
 
 
 class Qos(Base):
@@ -301,6 +310,7 @@ class Qos(Base):
     grp_gpus: Mapped[int | None] = mapped_column(Integer)
     max_wall: Mapped[int | None] = mapped_column(Integer)
     preempt: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    max_submit_jobs_per_user: Mapped[int | None] = mapped_column(Integer)
 
 
 class GpuBilling(Base):

@@ -12,18 +12,33 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
+from gpusched.core import bounds, outputs
+from gpusched.core.arrays import ArrayError, ArraySpec, parse_array, task_bounds
+from gpusched.core.bounds import BoundError
 from gpusched.core.capacity import kind_matches
 from gpusched.core.dependency import DependencyError, parse_dependency
 from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS
 from gpusched.core.timefmt import format_duration
+from gpusched.db.associations import check_submit_limits, choose_qos, qos_access
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.models import AccountUser, Gpu, Job, JobScript, Node, Partition, Qos
 from gpusched.errors import Conflict, PermissionDenied, UsageError
 
-MAX_NAME = 200
+MAX_NAME = bounds.MAX_NAME
+# The fields of POST /v1/jobs (docs/api.md); any other is refused.
+SUBMIT_FIELDS = frozenset({
+    "script", "args", "name", "gpus", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
+    "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
+    "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
+    "error", "umask"})
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _field(body: dict[str, Any], key: str, kind: type, default: Any, expected: str) -> Any:
@@ -31,8 +46,39 @@ def _field(body: dict[str, Any], key: str, kind: type, default: Any, expected: s
     if value is None:
         return default
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise UsageError(f"{key}: expected {expected}, got {value!r}")
+        raise UsageError(f"{key}: expected {expected}, got {_shown(value)}")
     return value
+
+
+def _int_field(body: dict[str, Any], key: str, default: int, low: int, high: int,
+               expected: str) -> int:
+    """An integer field from ``low`` to ``high``."""
+    value = _field(body, key, int, default, expected)
+    try:
+        return bounds.check_int(key, value, low, high, expected)
+    except BoundError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _text_field(body: dict[str, Any], key: str, max_chars: int, expected: str) -> str | None:
+    """An optional one-line printable text of at most ``max_chars`` characters."""
+    value = _field(body, key, str, None, expected)
+    if value is None:
+        return None
+    try:
+        return bounds.check_text(key, value, max_chars)
+    except BoundError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _path_field(body: dict[str, Any], key: str, expected: str) -> str | None:
+    value = _field(body, key, str, None, expected)
+    if value is None:
+        return None
+    try:
+        return bounds.check_path(key, value)
+    except BoundError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _choose_partition(session: Session, name: str | None) -> Partition:
@@ -78,17 +124,11 @@ def _choose_account(session: Session, user: str, requested: str | None, part: Pa
     return requested
 
 
-def _choose_qos(session: Session, requested: str | None, time_limit: int | None) -> str | None:
-    """The job's QOS: the named one, else 'normal' when it exists, else none."""
-    if requested is None:
-        return "normal" if session.get(Qos, "normal") is not None else None
-    qos = session.get(Qos, requested)
-    if qos is None:
-        raise UsageError(f"invalid qos specification: {requested}")
-    if qos.max_wall is not None and (time_limit is None or time_limit > qos.max_wall):
+def _check_max_wall(qos: Qos | None, time_limit: int | None) -> None:
+    if qos is not None and qos.max_wall is not None and (
+            time_limit is None or time_limit > qos.max_wall):
         raise UsageError(f"time limit {format_duration(time_limit)} exceeds the MaxWall "
                          f"{format_duration(qos.max_wall)} of QOS {qos.name}")
-    return qos.name
 
 
 def _dependency(session: Session, text: str | None) -> str | None:
@@ -112,13 +152,13 @@ def _begin_time(value: object) -> datetime | None:
         return None
     expected = "an ISO 8601 time with a zone, such as 2026-12-24T18:30:00+00:00"
     if not isinstance(value, str):
-        raise UsageError(f"begin_time: expected {expected}, got {value!r}")
+        raise UsageError(f"begin_time: expected {expected}, got {_shown(value)}")
     try:
-        begin = datetime.fromisoformat(value)
+        begin = datetime.fromisoformat(value) if len(value) <= 64 else None
     except ValueError:
-        raise UsageError(f"begin_time: expected {expected}, got {value!r}") from None
-    if begin.tzinfo is None:
-        raise UsageError(f"begin_time: expected {expected}, got {value!r}")
+        begin = None
+    if begin is None or begin.tzinfo is None:
+        raise UsageError(f"begin_time: expected {expected}, got {_shown(value)}")
     return begin
 
 
@@ -168,9 +208,14 @@ def _check_fits(session: Session, part: Partition, per_node: int, kinds: tuple[s
 
 def _names_of(body: dict[str, Any], key: str) -> list[str]:
     names = _field(body, key, list, [], "a list of node names")
+    if len(names) > bounds.MAX_LIST:
+        raise UsageError(f"{key}: more than {bounds.MAX_LIST} node names")
     if not all(isinstance(n, str) and n for n in names):
         raise UsageError(f"{key}: expected a list of node names")
-    return list(dict.fromkeys(names))
+    try:
+        return list(dict.fromkeys(bounds.check_text(key, n, bounds.MAX_WORD) for n in names))
+    except BoundError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _node_choice(session: Session, body: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -213,19 +258,16 @@ def _warn_signal(body: dict[str, Any]) -> tuple[int | None, int | None, bool]:
 def _shape(body: dict[str, Any], gpus: int) -> tuple[tuple[str, ...], int, int, int]:
     """GPU types, nodes, and CPUs and memory per node, validated."""
     types = _field(body, "gpu_types", list, [], "a list of GPU types or MIG profiles")
-    if not all(isinstance(t, str) for t in types):
-        raise UsageError("gpu_types: expected a list of GPU types or MIG profiles")
+    if len(types) > 64 or not all(isinstance(t, str) and len(t) <= bounds.MAX_WORD
+                                  for t in types):
+        raise UsageError("gpu_types: expected a list of at most 64 GPU types or MIG profiles")
     try:
         kinds = parse_kinds("|".join(types), "gpu_types", repr(types)) if types else ()
     except ShapeError as exc:
         raise UsageError(str(exc)) from None
-    nodes = _field(body, "nodes", int, 1, "a number of nodes (1 or more)")
-    cpus = _field(body, "cpus", int, 0, "CPUs per node (0 or more)")
-    mem_mb = _field(body, "mem_mb", int, 0, "MiB of memory per node (0 or more)")
-    if nodes < 1:
-        raise UsageError(f"nodes: expected a number of nodes (1 or more), got {nodes}")
-    if cpus < 0 or mem_mb < 0:
-        raise UsageError("cpus, mem_mb: expected 0 or more")
+    nodes = _int_field(body, "nodes", 1, 1, bounds.MAX_NODES, "a number of nodes")
+    cpus = _int_field(body, "cpus", 0, 0, bounds.MAX_CPUS, "CPUs per node")
+    mem_mb = _int_field(body, "mem_mb", 0, 0, bounds.MAX_MEM_MB, "MiB of memory per node")
     if gpus % nodes:
         raise UsageError(f"gpus: {gpus} GPUs cannot be spread evenly over {nodes} nodes")
     if kinds and gpus == 0:
@@ -242,9 +284,10 @@ def _validate_time(part: Partition, limit: int | str | None) -> int | None:
                              f"{format_duration(part.max_time)} of partition {part.name}")
         return None
     if not isinstance(limit, int) or isinstance(limit, bool):
-        raise UsageError(f"time_limit: expected seconds or \"UNLIMITED\", got {limit!r}")
-    if limit <= 0:
-        raise UsageError(f"time_limit: expected a positive number of seconds, got {limit}")
+        raise UsageError(f"time_limit: expected seconds or \"UNLIMITED\", got {_shown(limit)}")
+    if not 0 < limit <= bounds.MAX_TIME_LIMIT:
+        raise UsageError(f"time_limit: expected seconds from 1 to {bounds.MAX_TIME_LIMIT}, "
+                         f"got {limit}")
     if part.max_time is not None and limit > part.max_time:
         raise UsageError(
             f"time limit {format_duration(limit)} exceeds the MaxTime "
@@ -253,8 +296,8 @@ def _validate_time(part: Partition, limit: int | str | None) -> int | None:
     return limit
 
 
-def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
-    """Validate a submission and store it PENDING; nothing is stored if it is invalid."""
+def _request_text(body: dict[str, Any]) -> tuple[str, list[str], dict[str, str]]:
+    """The script, its arguments and the environment, within their bounds."""
     script = _field(body, "script", str, None, "the batch script text")
     if script is None or not script.startswith("#!"):
         raise UsageError("This does not look like a batch script: the first line must start "
@@ -262,27 +305,55 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
     args = _field(body, "args", list, [], "a list of strings")
     if not all(isinstance(a, str) for a in args):
         raise UsageError("args: expected a list of strings")
-    gpus = _field(body, "gpus", int, 0, "a whole number of GPUs (0 or more)")
-    if gpus < 0:
-        raise UsageError(f"gpus: expected a whole number of GPUs (0 or more), got {gpus}")
-    name = _field(body, "name", str, "job", "a job name")
-    if not name or len(name) > MAX_NAME or any(c in name for c in "\n\r\t"):
-        raise UsageError(f"name: expected 1 to {MAX_NAME} characters without tabs or newlines")
-    work_dir = _field(body, "work_dir", str, None, "an absolute directory path")
-    if not work_dir or not work_dir.startswith("/"):
-        raise UsageError(f"work_dir: expected an absolute directory path, got {work_dir!r}")
     env = _field(body, "environment", dict, {}, "an object of strings")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise UsageError("environment: expected an object mapping names to strings")
-    output = _field(body, "output", str, None, "a file name pattern")
-    error = _field(body, "error", str, None, "a file name pattern")
+    try:
+        return bounds.check_script(script), bounds.check_args(args), bounds.check_environment(env)
+    except BoundError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _output_pattern(body: dict[str, Any], key: str) -> str | None:
+    """An output file pattern (``%j`` and friends), within its bounds."""
+    pattern = _path_field(body, key, "a file name pattern")
+    if pattern is not None:
+        problem = outputs.output_pattern_error(pattern)
+        if problem is not None:
+            raise UsageError(f"{key}: {problem}")
+    return pattern
+
+
+def submit_job(session: Session, body: dict[str, Any], who: Identity,
+               max_submit_jobs: int | None = None) -> Job:
+    """Validate a submission and store it PENDING; nothing is stored if it is invalid.
+
+    Every field is checked against its bounds before anything is looked up; the user's
+    QOS access and submit limits (``max_submit_jobs``: the cluster's default per user)
+    last, under a per-user lock, so that concurrent submissions cannot pass a limit.
+    """
+    unknown = sorted(set(body) - SUBMIT_FIELDS)
+    if unknown:
+        raise UsageError(f"unknown field {_shown(unknown[0])} in the submission")
+    script, args, env = _request_text(body)
+    gpus = _int_field(body, "gpus", 0, 0, bounds.MAX_GPUS, "a whole number of GPUs")
+    name = _text_field(body, "name", MAX_NAME, "a job name") or "job"
+    work_dir = _path_field(body, "work_dir", "an absolute directory path")
+    if not work_dir or not work_dir.startswith("/"):
+        raise UsageError(f"work_dir: expected an absolute directory path, got {_shown(work_dir)}")
+    output, error = _output_pattern(body, "output"), _output_pattern(body, "error")
+    umask = _int_field(body, "umask", 0, 0, 0o777, "a file mode creation mask") \
+        if body.get("umask") is not None else None
+    array = _array(_field(body, "array", str, None, "task ids such as 0-99 or 1,3,5-9%4"))
+    requested_part = _text_field(body, "partition", bounds.PATH_MAX, "a partition name")
+    requested = _text_field(body, "account", bounds.MAX_WORD, "an account")
+    requested_qos = _text_field(body, "qos", bounds.MAX_WORD, "a QOS name")
     nodelist, exclude = _node_choice(session, body)
     warn_number, warn_seconds, warn_batch_only = _warn_signal(body)
     if nodelist and body.get("nodes") is None:
         body = {**body, "nodes": len(nodelist)}
     kinds, nodes, cpus, mem_mb = _shape(body, gpus)
     user = who.user
-    requested = _field(body, "account", str, None, "an account")
 
     def in_partition(name: str | None) -> tuple[Partition, int | None, str | None]:
         part = _choose_partition(session, name)
@@ -293,19 +364,22 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity) -> Job:
         _check_fits(session, part, gpus // nodes, kinds, nodes, cpus, mem_mb, nodelist, exclude)
         return part, time_limit, _choose_account(session, user, requested, part)
 
-    part, time_limit, account = _first_partition(
-        _field(body, "partition", str, None, "a partition name"), in_partition)
+    part, time_limit, account = _first_partition(requested_part, in_partition)
     begin = _begin_time(body.get("begin_time"))
     dependency = _dependency(session, _field(body, "dependency", str, None, "a dependency"))
     hold = "user" if _field(body, "hold", bool, False, "true or false") else None
     exclusive = _field(body, "exclusive", bool, False, "true or false")
     requeue = _field(body, "requeue", bool, None, "true, false or null")
-    qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), time_limit)
-    array = _array(_field(body, "array", str, None, "task ids such as 0-99 or 1,3,5-9%4"))
+    qos = choose_qos(session, requested_qos, qos_access(session, user, account, who.is_admin))
+    _check_max_wall(qos, time_limit)
+    check_submit_limits(session, who.uid, user, account, qos,
+                        1 if array is None else task_bounds(array.tasks)[0], max_submit_jobs,
+                        who.is_admin)
     job = Job(
         name=name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
-        account=account, qos=qos, hold=hold, begin_time=begin, dependency=dependency,
-        gpus=gpus, time_limit=time_limit, work_dir=work_dir, output=output, error=error,
+        account=account, qos=None if qos is None else qos.name, hold=hold, begin_time=begin,
+        dependency=dependency, gpus=gpus, time_limit=time_limit, work_dir=work_dir,
+        output=output, error=error, umask=umask,
         payload=JobScript(script=script, args=args, environment=env),
         gpu_types=list(kinds), nodes=nodes,
         cpus=cpus, mem_mb=mem_mb, requeue=requeue, nodelist=nodelist, exclude_nodes=exclude,
@@ -343,9 +417,14 @@ def _first_partition(text: str | None, check: Callable[[str | None], T]) -> T:
     raise UsageError(f"no partition of {text} takes the job ({'; '.join(errors)})")
 
 
+MAX_ARRAY_TEXT = 10_000  # characters of an --array value
+
+
 def _array(text: str | None) -> ArraySpec | None:
     if text is None:
         return None
+    if len(text) > MAX_ARRAY_TEXT:
+        raise UsageError(f"array: {len(text)} characters, more than the {MAX_ARRAY_TEXT} allowed")
     try:
         return parse_array(text)
     except ArrayError as exc:
@@ -389,10 +468,13 @@ def update_job(session: Session, job_id: int, who: Identity,
     if "partition" in body:
         _check_fits(session, part, job.gpus // max(1, job.nodes), tuple(job.gpu_types),
                     job.nodes, job.cpus, job.mem_mb, job.nodelist, job.exclude_nodes)
-    qos = _choose_qos(session, _field(body, "qos", str, None, "a QOS name"), limit) \
-        if "qos" in body else job.qos
-    if qos is not None and "qos" not in body:
-        _choose_qos(session, qos, limit)  # the MaxWall of the QOS it keeps
+    if "qos" in body:  # administrators only (above): any QOS that exists
+        kept = choose_qos(session, _text_field(body, "qos", bounds.MAX_WORD, "a QOS name"),
+                          qos_access(session, job.user_name, job.account, True))
+    else:
+        kept = session.get(Qos, job.qos) if job.qos is not None else None
+    _check_max_wall(kept, limit)  # of the QOS it gets, or keeps
+    qos = None if kept is None else kept.name
     priority = _priority(body) if "priority" in body else job.admin_priority
     values: dict[str, Any] = {"time_limit": limit, "partition": part.name, "qos": qos,
                               "admin_priority": priority}

@@ -29,7 +29,7 @@ from gpusched.core.timefmt import format_duration, parse_begin, parse_time_limit
 clause = st.one_of(
     st.just(Dependency("singleton")),
     st.builds(Dependency, st.sampled_from(["afterok", "afternotok", "afterany"]),
-              st.lists(st.integers(1, 10**9), min_size=1, max_size=4).map(tuple)))
+              st.lists(st.integers(1, 10**9), min_size=1, max_size=4, unique=True).map(tuple)))
 
 
 @given(st.lists(clause, min_size=1, max_size=4))
@@ -171,3 +171,9 @@ def test_bad_values_in_directives(listener: socket.socket, capsys: pytest.Captur
     assert code == 2, err
     assert f"line {blank + 2}: #SBATCH" in err and named(text, flag, err), err
     assert_nothing_sent(listener)
+
+
+@given(st.lists(st.integers(1, 10**9), min_size=1, max_size=6))
+def test_a_job_named_twice_in_a_dependency_counts_once(ids: list[int]) -> None:
+    (parsed,) = parse_dependency("afterany" + "".join(f":{i}" for i in ids + ids))
+    assert parsed.job_ids == tuple(dict.fromkeys(ids))

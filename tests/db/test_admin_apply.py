@@ -33,8 +33,9 @@ def test_apply_the_examples_then_nothing_changes(sessions: sessionmaker[Session]
     config = load_admin_config([ETC / "partitions.toml", ETC / "accounts.toml"])
     changes = _apply(sessions, config)
     assert "+ partition gpu (nodes [" in changes[0]
-    assert "+ account physics (parent root, shares 60)" in changes
-    assert "+ user alice@theory (shares 1, is_default True)" in changes
+    assert ("+ account physics (parent root, shares 60, qos [normal,scavenger], default_qos "
+            "normal)") in changes
+    assert "+ user alice@theory (shares 1, is_default True, max_submit_jobs 1000)" in changes
     assert "+ billing h100-80gb (weight 2.0)" in changes
     with sessions() as s:
         assert plan_changes(s, config) == []

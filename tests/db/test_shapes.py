@@ -77,7 +77,7 @@ def test_typed_requests_go_to_their_type_and_reservations_are_stored(
     ({"gpus": 0, "gpu_types": ["l4"]}, "a GPU type needs a number of GPUs"),
     ({"gpus": 1, "gpu_types": ["Not A Type"]}, "is not a GPU type"),
     ({"gpus": 1, "nodes": 0}, "nodes: expected a number of nodes"),
-    ({"gpus": 1, "mem_mb": -1}, "expected 0 or more"),
+    ({"gpus": 1, "mem_mb": -1}, "mem_mb: expected MiB of memory per node from 0 to"),
 ])
 def test_impossible_shapes_are_refused_and_nothing_stored(
         sessions: sessionmaker[Session], body: dict[str, object], words: str) -> None:
