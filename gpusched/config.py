@@ -71,6 +71,9 @@ class ControllerConfig:
     # flagged idle (shown, not acted on).
     idle_percent: float = 1.0
     idle_after: float = 3600.0
+    # Jobs one user may have pending or running at once (each array task counts), unless
+    # an association or QOS sets its own; administrators are not held to it. None: none.
+    max_submit_jobs_per_user: int | None = 10_000
 
 
 @dataclass(frozen=True)
@@ -213,9 +216,18 @@ def _path(r: TableReader, key: str, default: Path) -> Path:
     return Path(value)
 
 
+def _submit_limit(r: TableReader) -> int | None:
+    expected = "a number of jobs (1 or more; 0 for no limit)"
+    value = r.get("max_submit_jobs_per_user", int, ControllerConfig.max_submit_jobs_per_user,
+                  expected)
+    if value is not None and value < 0:
+        raise r.fail("max_submit_jobs_per_user", expected)
+    return value or None
+
+
 def _controller(r: TableReader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout",
-                  "gpu_resume_after", "idle_percent", "idle_after"})
+                  "gpu_resume_after", "idle_percent", "idle_after", "max_submit_jobs_per_user"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
@@ -228,6 +240,7 @@ def _controller(r: TableReader) -> ControllerConfig:
                                     allow_zero=True),
         idle_percent=r.positive("idle_percent", ControllerConfig.idle_percent, allow_zero=True),
         idle_after=r.positive("idle_after", ControllerConfig.idle_after),
+        max_submit_jobs_per_user=_submit_limit(r),
     )
 
 

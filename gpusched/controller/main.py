@@ -52,7 +52,8 @@ class Controller:
                                        config.scheduler.pass_budget or None)
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
-                  (config.controller.idle_percent, config.controller.idle_after))
+                  (config.controller.idle_percent, config.controller.idle_after),
+                  config.controller.max_submit_jobs_per_user)
         self.server = UnixHttpServer(config.controller.socket, api.router(),
                                      config.controller.socket_mode)
         self.periodic = BackgroundScheduler(daemon=True)

@@ -155,6 +155,10 @@ def test_unknown_top_level_table(tmp_path: Path) -> None:
         ("[[partitions]]\nname = \"gpu\"\nnodes = \"gpu01\"\n", "partitions[0].nodes", "list of node names"),
         ("[database]\nurl = 5\n", "database.url", "SQLAlchemy URL"),
         ("agent = 3\n", "agent", "a table"),
+        ("[controller]\nmax_submit_jobs_per_user = -1\n", "controller.max_submit_jobs_per_user",
+         "a number of jobs"),
+        ("[controller]\nmax_submit_jobs_per_user = 1.5\n", "controller.max_submit_jobs_per_user",
+         "a number of jobs"),
     ],
 )
 def test_wrong_type(tmp_path: Path, text: str, key: str, expected: str) -> None:
@@ -433,3 +437,9 @@ def test_pass_budget(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, "[scheduler]\npass_budget = 0.5\n")).scheduler.pass_budget == 0.5
     assert load_config(write(tmp_path, "")).scheduler.pass_budget == 2.0
     assert "scheduler.pass_budget" in load_error(write(tmp_path, "[scheduler]\npass_budget = -1\n"))
+
+
+def test_a_submit_limit_of_zero_means_none(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "[controller]\nmax_submit_jobs_per_user = 0\n")
+                       ).controller.max_submit_jobs_per_user is None
+    assert load_config(None).controller.max_submit_jobs_per_user == 10_000
