@@ -60,6 +60,17 @@ def _job_id(request: Request) -> int:
     return job_id
 
 
+class _CheckedRouter(Router):
+    """Refuses a path or query value with a NUL before any handler sees it: no text the
+    database stores or compares may hold one."""
+
+    def dispatch(self, request: Request) -> Answer:
+        for key, value in (*request.query.items(), ("path", request.path)):
+            if "\0" in key or "\0" in value:
+                raise UsageError(f"{key[:40]!r}: contains a NUL character")
+        return super().dispatch(request)
+
+
 class Api:
     """Binds the routes to a session factory and the wake-up hub."""
 
@@ -79,7 +90,7 @@ class Api:
 
     def router(self) -> Router:
         """All routes of docs/api.md."""
-        r = Router()
+        r = _CheckedRouter()
         r.add("GET", "/v1/ping", self.ping)
         r.add("POST", "/v1/jobs", self.submit)
         r.add("POST", "/v1/jobs/test", self.test_submit)
