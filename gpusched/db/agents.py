@@ -25,6 +25,18 @@ OUTCOME_STATES = {
 }
 
 
+LAUNCH_FAILED_REASON = "LaunchFailed"
+MAX_ERROR_TEXT = 2000  # characters of an agent's error message kept with the job
+
+
+def _error_text(error: object) -> str | None:
+    """An agent's error message as stored: text, cut to MAX_ERROR_TEXT characters."""
+    if error is None:
+        return None
+    text = str(error).replace("\0", "")
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT - 3] + "..."
+
+
 def _node(session: Session, name: str) -> Node:
     node = session.scalars(select(Node).where(Node.name == name)).first()
     if node is None:
@@ -198,7 +210,9 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
     else:
         values = {"state": OUTCOME_STATES[outcome], "end_time": ended,
                   "exit_code": body.get("exit_code"), "signal": body.get("signal"),
-                  "error_message": body.get("error")}
+                  "error_message": _error_text(body.get("error"))}
+        if outcome == "launch_failed":  # nothing of it ran: say so where users look
+            values["reason"] = LAUNCH_FAILED_REASON
         if job is not None and job.preempted_at is not None:
             values.update(state="CANCELLED",
                           error_message=f"preempted by job {job.preempted_by}")

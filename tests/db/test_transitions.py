@@ -48,6 +48,20 @@ def _schedule(sessions: sessionmaker[Session], plan: Plan) -> set[str]:
         return apply_plan(s, snapshot, plan, node_ids)
 
 
+def test_a_failed_launch_ends_the_job_with_its_reason(sessions: sessionmaker[Session]) -> None:
+    job_id = _submit(sessions, gpus=1)
+    _schedule(sessions, Plan(starts=(Start(job_id, "n1", ("GPU-0",)),)))
+    with sessions() as s, s.begin():
+        assert agents.record_end(s, job_id, {
+            "node": "n1", "outcome": "launch_failed",
+            "error": "this node does not run jobs as uid 0\0" + "x" * 5000})
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and (job.state, job.reason) == ("FAILED", "LaunchFailed")
+        assert job.error_message is not None and len(job.error_message) == 2000
+        assert job.error_message.startswith("this node does not run jobs as uid 0x")
+
+
 def _state(sessions: sessionmaker[Session], job_id: int) -> str:
     with sessions() as s:
         return s.get(Job, job_id).state  # type: ignore[union-attr]
