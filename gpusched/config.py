@@ -97,6 +97,11 @@ class AgentConfig:
     ignore_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     max_temperature: float = 90.0
     health_interval: float = 10.0
+    # Jobs of a uid below this are refused (0 lets root's jobs run).
+    min_job_uid: int = 1
+    # Whom the agent trusts to serve the controller's socket besides root and itself:
+    # a user name or uid, or None.
+    controller_user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -367,8 +372,17 @@ def _static_links(r: TableReader) -> tuple[tuple[int, int, str, int], ...]:
 
 
 def _agent(r: TableReader) -> AgentConfig:
-    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health"})
+    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health",
+                  "min_job_uid", "controller_user"})
     defaults = AgentConfig()
+    min_job_uid = r.get("min_job_uid", int, defaults.min_job_uid, "a uid from 0 to 4294967294")
+    if isinstance(min_job_uid, bool) or not 0 <= min_job_uid <= 4294967294:
+        raise r.fail("min_job_uid", "a uid from 0 to 4294967294")
+    controller_user = r.get("controller_user", (str, int), None, "a user name or uid")
+    if isinstance(controller_user, bool) or (
+            isinstance(controller_user, int) and not 0 <= controller_user <= 4294967294) or (
+            isinstance(controller_user, str) and not 0 < len(controller_user) <= 64):
+        raise r.fail("controller_user", "a user name or uid")
     node_name = r.name("node_name", defaults.node_name)
     gpus = r.sub("gpus")
     gpus.check_keys({"source", "count", "static", "links", "rediscover_interval"})
@@ -384,6 +398,8 @@ def _agent(r: TableReader) -> AgentConfig:
         static_gpus=_static_gpus(gpus, node_name),
         static_links=_static_links(gpus),
         block=r.get("block", str, None, "a topology block name"),
+        min_job_uid=min_job_uid,
+        controller_user=None if controller_user is None else str(controller_user),
         rediscover_interval=gpus.positive("rediscover_interval", defaults.rediscover_interval),
         **_health(r.sub("health"), defaults),
     )

@@ -61,7 +61,8 @@ class JobEnd:
     error: str | None
 
 
-def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> dict[str, Any]:
+def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str,
+               min_uid: int = 1) -> dict[str, Any]:
     """Turn a LAUNCH object of ``/agent/v1/work`` into a supervisor spec.
 
     The environment is the submit environment plus the job's variables, each under
@@ -69,7 +70,8 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
     ``*_JOB_GPUS`` are the comma-joined GPU UUIDs (Slurm puts indexes in
     ``SLURM_JOB_GPUS``; UUIDs cannot be misread under another device order), empty
     when the job has no GPUs. ``argv[0]`` is a placeholder that ``launch()`` replaces
-    with the path of the script file.
+    with the path of the script file. ``min_uid`` travels in the spec for the
+    supervisor, which refuses a job below it too; ``umask`` is the submitter's.
     """
     job_id = int(launch["job_id"])
     name, user, work_dir = str(launch["name"]), str(launch["user"]), str(launch["work_dir"])
@@ -107,7 +109,18 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str) -> 
         "time_limit": launch.get("time_limit"), "kill_grace": float(kill_grace),
         "warn_signal": launch.get("warn_signal"), "warn_seconds": launch.get("warn_seconds"),
         "warn_batch_only": bool(launch.get("warn_batch_only")),
+        "umask": _umask(launch.get("umask")), "min_uid": int(min_uid),
     }
+
+
+DEFAULT_UMASK = 0o022
+
+
+def _umask(value: Any) -> int:
+    """The job's umask: the submitter's, or 022 for a job stored without one."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777:
+        return value
+    return DEFAULT_UMASK
 
 
 def array_variables(array_job: int, task: int, spec: str) -> dict[str, str]:
@@ -175,11 +188,16 @@ class Launcher:
         except FileExistsError:
             return False
         os.chmod(jobdir, 0o711)  # mkdir's mode went through the umask
-        spec = dict(spec, job_id=int(job_id))
-        script = jobdir / "script"
-        _write_script(script, script_text, spec)
-        spec["argv"] = [str(script), *spec["argv"][1:]]
-        write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600)
+        try:
+            spec = dict(spec, job_id=int(job_id))
+            script = jobdir / "script"
+            _write_script(script, script_text, spec)
+            spec["argv"] = [str(script), *spec["argv"][1:]]
+            write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600)
+        except Exception as exc:  # noqa: BLE001 - a bad job fails itself, never the agent
+            _write_status(jobdir, "launch_failed", None, f"cannot prepare the job: {exc!r}")
+            self._wake()
+            return True
         try:
             pid = self._spawn_supervisor(jobdir)
             pidfd = os.pidfd_open(pid)
@@ -323,7 +341,12 @@ class Launcher:
             procs.reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
             # Nothing else will ever stop the job now; Slurm kills a step whose
             # slurmstepd is gone the same way.
-            procs.kill_process_group(int(info["job_pid"]), int(info["supervisor_starttime"]))
+            spec = _read_json(jobdir / "spec.json") or {}
+            starttime = info.get("job_starttime")
+            if "uid" in spec:
+                procs.kill_process_group(int(info["job_pid"]),
+                                         None if starttime is None else int(starttime),
+                                         int(spec["uid"]), int(info["supervisor_starttime"]))
         if (jobdir / "status.json").exists():
             return  # it did write it after all, just before dying
         log.warning("job %s: %s", jobdir.name, SUPERVISOR_LOST)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import signal
 import threading
 import time
@@ -15,11 +16,11 @@ from urllib.parse import urlencode
 
 from gpusched.agent.health import Fault, HealthMonitor
 from gpusched.agent.inventory import node_inventory
-from gpusched.agent.nvml import NvmlUnavailable
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
+from gpusched.agent.nvml import NvmlUnavailable
 from gpusched.cli.client import ApiClient
 from gpusched.config import Config
-from gpusched.errors import GpuschedError, NotFound, Unavailable
+from gpusched.errors import ConfigError, GpuschedError, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
@@ -53,6 +54,12 @@ class Agent:
         self._monitor: HealthMonitor | None = None
         self._delivered: dict[int, int] = {}  # job id -> the signal request last sent
         self._limits: dict[int, int] = {}  # job id -> the time-limit change last applied
+        self.trusted_server_uids = trusted_server_uids(self.config.controller_user)
+
+    def _client(self) -> ApiClient:
+        """A connection to the controller that talks only to a trusted server: root,
+        this agent's own uid, or the configured controller user."""
+        return ApiClient(self.socket_path, trusted_server_uids=self.trusted_server_uids)
 
     def inventory(self) -> dict[str, Any]:
         """What this agent registers (gpusched.agent.inventory)."""
@@ -70,7 +77,7 @@ class Agent:
         watcher.start()
         if self.config.gpu_source != "static":
             threading.Thread(target=self._health_loop, name="health", daemon=True).start()
-        with ApiClient(self.socket_path) as client:
+        with self._client() as client:
             self._serve(client)
 
     def stop(self) -> None:
@@ -118,7 +125,7 @@ class Agent:
 
     def _health_loop(self) -> None:
         """Watch the GPUs through NVML and report failing ones (gpusched.agent.health)."""
-        with ApiClient(self.socket_path) as client:
+        with self._client() as client:
             def report(faults: list[Fault]) -> None:
                 client.request("POST", "/agent/v1/health", {
                     "node": self.node,
@@ -138,7 +145,7 @@ class Agent:
 
     def _inventory_loop(self) -> None:
         """Register again when the GPUs change: one vanishes, MIG is reconfigured."""
-        with ApiClient(self.socket_path) as client:
+        with self._client() as client:
             while not self._stop.wait(self.config.rediscover_interval):
                 try:
                     body = self.inventory()
@@ -192,15 +199,34 @@ class Agent:
             # controller recorded that run's end, or it would not have requeued the job.
             self.launcher.mark_reported(job_id)
         self._runs[job_id] = run
-        if os.geteuid() != 0 and launch["uid"] != os.geteuid():
+        try:
+            refusal = self._refusal(launch)
+            if refusal is None:
+                spec = build_spec(launch, self.config.kill_grace, self.node,
+                                  self.config.min_job_uid)
+                if self.launcher.launch(job_id, spec, launch["script"]):
+                    log.info("launched job %d for %s", job_id, launch["user"])
+        except Exception as exc:  # noqa: BLE001 - whatever a job holds, it fails that job
+            log.warning("job %s: launch failed: %r", job_id, exc)
+            refusal = f"the agent on {self.node} could not launch the job: {exc!r}"
+        if refusal is not None:
             self._queue_end(JobEnd(job_id, "launch_failed", None, None, None, time.time(),
-                                   f"the agent on {self.node} runs as uid {os.geteuid()} and "
-                                   f"cannot run jobs of uid {launch['uid']}"))
+                                   refusal))
             return
-        spec = build_spec(launch, self.config.kill_grace, self.node)
-        if self.launcher.launch(job_id, spec, launch["script"]):
-            log.info("launched job %d for %s", job_id, launch["user"])
         client.request("POST", f"/agent/v1/jobs/{job_id}/launched", {"node": self.node})
+
+    def _refusal(self, launch: dict[str, Any]) -> str | None:
+        """Why this node will not run the job, or None."""
+        uid = launch["uid"]
+        if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
+            return f"the job's uid {uid!r} is not a uid"
+        if uid < self.config.min_job_uid:
+            return (f"the agent on {self.node} runs no job of uid {uid}: its min_job_uid "
+                    f"is {self.config.min_job_uid}")
+        if os.geteuid() != 0 and uid != os.geteuid():
+            return (f"the agent on {self.node} runs as uid {os.geteuid()} and cannot run "
+                    f"jobs of uid {uid}")
+        return None
 
     def _queue_end(self, end: JobEnd) -> None:
         with self._lock:
@@ -208,7 +234,7 @@ class Agent:
 
     def _report_loop(self) -> None:
         backoff = 0.05
-        with ApiClient(self.socket_path) as client:
+        with self._client() as client:
             while not self._stop.is_set():
                 ended = self.launcher.wait_ended(timeout=0.5)  # unreported ends stay on disk
                 with self._lock:
@@ -238,6 +264,21 @@ class Agent:
         self._limits.pop(end.job_id, None)
         self.signalled.discard(end.job_id)
         log.info("job %d ended: %s", end.job_id, end.outcome)
+
+
+def trusted_server_uids(controller_user: str | None) -> frozenset[int]:
+    """The uids that may serve the controller socket: root, ours, the controller's."""
+    uids = {0, os.geteuid()}
+    if controller_user is not None:
+        if controller_user.isdigit():
+            uids.add(int(controller_user))
+        else:
+            try:
+                uids.add(pwd.getpwnam(controller_user).pw_uid)
+            except KeyError:
+                raise ConfigError(f"agent.controller_user: no user {controller_user!r} "
+                                  "on this node") from None
+    return frozenset(uids)
 
 
 def _hardware(body: dict[str, Any]) -> object:

@@ -94,19 +94,60 @@ def reap_if_child(pid: int, starttime: int) -> None:
         os.close(pidfd)
 
 
-def kill_process_group(pgid: int, not_before: int) -> None:
-    """SIGKILL process group pgid if a member started no earlier than not_before.
+def kill_process_group(pgid: int, leader_starttime: int | None, uid: int,
+                       not_before: int) -> int:
+    """SIGKILL what is left of a job's process group; return how many were signalled.
 
-    The start time check keeps an unrelated group that reused the id out of harm's way.
+    ``pgid`` is the job's first process (a session leader), started at
+    ``leader_starttime``. The kernel hands out no pid still used as a group id, so:
+    while a process ``pgid`` lives that started at another time, the group is a
+    stranger's that reused the number and nothing is touched; while the leader
+    lives, the whole group is the job's. With the leader gone, each member of
+    ``uid`` started no earlier than ``not_before`` is signalled through a pidfd
+    opened and checked first, so no process that reused a pid meanwhile is hit, and
+    no process of another user ever is.
     """
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    members: list[tuple[int, int]] = []  # (pid, starttime)
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
-            _, pgrp, started = proc_stat(pid)
+            _, pgrp, started = proc_stat(name)
+            if pgrp == pgid:
+                members.append((int(name), started))
         except (OSError, ValueError, IndexError):
             continue
-        if pgrp == pgid and started >= not_before:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
+    leader = next((started for pid, started in members if pid == pgid), None)
+    if leader is not None:
+        if leader_starttime is None or leader != leader_starttime:
+            return 0
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return 0
+        return len(members)
+    signalled = 0
+    for pid, started in members:
+        if started < not_before or proc_uid(pid) != uid:
+            continue
+        pidfd = open_pidfd(pid, started)
+        if pidfd is None:
+            continue
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            signalled += 1
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+    return signalled
+
+
+def proc_uid(pid: int) -> int | None:
+    """The real uid of a process, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

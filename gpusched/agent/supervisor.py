@@ -9,7 +9,8 @@ upgrading underneath it.
 Files in JOBDIR:
   spec.json        (input) what to run, as whom, where, for how long
   supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked
-  supervisor.json  {"supervisor_pid", "supervisor_starttime", "job_pid", "start_time"}
+  supervisor.json  {"supervisor_pid", "supervisor_starttime", "job_pid", "job_starttime",
+                    "start_time"}
   status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error"}
 
 Outcomes: completed, failed, cancelled (SIGTERM to the supervisor), timeout,
@@ -42,8 +43,9 @@ class LaunchError(Exception):
 _LOCK_FD = 3  # where a supervisor keeps its supervisor.lock (as the launcher hands it)
 
 
-def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o644) -> None:
-    """Write JSON so readers see the old file or the whole new one, even after a crash."""
+def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o600) -> None:
+    """Write JSON so readers see the old file or the whole new one, even after a crash.
+    Readable by the writer alone unless ``mode`` says otherwise."""
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
@@ -67,11 +69,22 @@ def proc_starttime(pid: int | str) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[19])
 
 
+def _starttime_or_none(pid: int) -> int | None:
+    try:
+        return proc_starttime(pid)
+    except (OSError, ValueError, IndexError):
+        return None  # already gone (and unreaped: the group id is still ours)
+
+
 # ---------------------------------------------------------------- the job child
 
 
 def _drop_privileges(spec: dict[str, Any]) -> None:
     uid, gid, user = spec["uid"], spec["gid"], spec["user"]
+    min_uid = int(spec.get("min_uid", 1))
+    if uid < min_uid:
+        raise LaunchError(f"refusing to run a job as uid {uid}: this node runs no job of a "
+                          f"uid below {min_uid} (its agent's min_job_uid)")
     if os.geteuid() == 0:
         if uid == 0:
             return
@@ -93,7 +106,7 @@ def _open_outputs(spec: dict[str, Any]) -> tuple[int, int]:
     error = None
     for path in dict.fromkeys([spec["stdout"], spec["stderr"]]):
         try:
-            fds[path] = os.open(path, _OUTPUT_FLAGS, 0o644)
+            fds[path] = os.open(path, _OUTPUT_FLAGS, 0o666)  # less the job's umask
         except OSError as exc:
             error = error or f"cannot open output file {path}: {exc.strerror}"
     if error is not None:
@@ -119,6 +132,8 @@ def _exec_job(spec: dict[str, Any]) -> None:
     """
     os.setsid()  # own process group: the whole job can be signalled at once
     _drop_privileges(spec)
+    # The submitter's umask, as their shell had it: private output stays private.
+    os.umask(int(spec.get("umask", 0o022)) & 0o777)
     out_fd, err_fd = _open_outputs(spec)
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
@@ -206,6 +221,7 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "supervisor_starttime": proc_starttime("self"),
             "job_pid": self.job_pid,
+            "job_starttime": _starttime_or_none(self.job_pid),
             "start_time": self.start_time,
         })
         chunks = []

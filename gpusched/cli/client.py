@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -46,9 +47,14 @@ class ApiClient:
     thread that must not wait behind another its own instance.
     """
 
-    def __init__(self, socket_path: str | Path | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, socket_path: str | Path | None = None, timeout: float = 30.0,
+                 trusted_server_uids: frozenset[int] | None = None) -> None:
         self.socket_path = Path(socket_path) if socket_path is not None else default_socket_path()
         self.timeout = timeout
+        # When set, a connection whose server process (SO_PEERCRED) runs as another uid
+        # is dropped before a byte is sent: whoever could bind the socket path first
+        # must not hand a root agent its work.
+        self.trusted_server_uids = trusted_server_uids
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
         self._lock = threading.Lock()
@@ -146,6 +152,14 @@ class ApiClient:
                 f"cannot reach the gpusched controller at {self.socket_path}: {reason}; "
                 "is it running? (start a local cluster with 'gpusched up')"
             ) from None
+        if self.trusted_server_uids is not None:
+            server_uid = _peer_uid(sock)
+            if server_uid not in self.trusted_server_uids:
+                sock.close()
+                trusted = ", ".join(str(u) for u in sorted(self.trusted_server_uids))
+                raise Unavailable(
+                    f"refusing the gpusched controller socket {self.socket_path}: it is served "
+                    f"by uid {server_uid}, not by a trusted uid ({trusted})")
         self._sock = sock
         self._buffer.clear()
         return sock
@@ -244,6 +258,12 @@ class ApiClient:
     def _protocol_error(self, what: str) -> GpuschedError:
         self.close()
         return GpuschedError(f"bad answer from the gpusched controller at {self.socket_path}: {what}")
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:

@@ -47,7 +47,11 @@ def expand_output_pattern(pattern: str, job_id: int, name: str, user: str,
             return "%"
         width, letter = match.group(2), match.group(3)
         value = values[letter]
-        # Slurm ignores the width for non-numeric values.
-        return value.zfill(int(width)) if width and letter in _NUMERIC else value
+        # Slurm ignores the width for non-numeric values. A width submit would have
+        # refused (the database may hold anything) pads no further than MAX_PAD_WIDTH:
+        # this runs in the node's root agent.
+        if not width or letter not in _NUMERIC:
+            return value
+        return value.zfill(MAX_PAD_WIDTH if len(width) > 2 else min(int(width), MAX_PAD_WIDTH))
 
     return _SPECIFIER.sub(replace, pattern)

@@ -136,7 +136,7 @@ def make_job(jobs_dir: Path, work_dir: Path) -> Iterator[MakeJob]:
             "job_id": job_id, "uid": 0, "gid": 0, "user": "root",
             "argv": [str(script), *(args or [])], "cwd": str(work_dir),
             "env": {"PATH": "/usr/bin:/bin"}, "stdout": out, "stderr": out,
-            "time_limit": None, "kill_grace": 0.5,
+            "time_limit": None, "kill_grace": 0.5, "min_uid": 0,
         }
         full.update(spec)
         (jobdir / "spec.json").write_text(json.dumps(full))

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpusched.agent.launcher import SUPERVISOR_LOST, JobEnd, Launcher, build_spec
 
 WaitFor = Callable[..., Any]
@@ -36,7 +38,7 @@ def start(launcher: Launcher, directory: Path, script: str, job_id: int = 7,
           **overrides: Any) -> dict[str, Any]:
     """Build the spec for a job running script and launch it; return the spec."""
     launch = launch_object(directory, job_id, script="#!/bin/sh\n" + script + "\n", **overrides)
-    spec = build_spec(launch, kill_grace=0.3, node_name="node01")
+    spec = build_spec(launch, kill_grace=0.3, node_name="node01", min_uid=0)
     assert launcher.launch(job_id, spec, launch["script"])
     return spec
 
@@ -165,6 +167,47 @@ def test_script_and_job_dir_permissions(launcher: Launcher, jobs_dir: Path, work
     assert (jobdir / "spec.json").stat().st_mode & 0o077 == 0
     assert json.loads((jobdir / "spec.json").read_text())["argv"][0] == str(jobdir / "script")
     wait_end(launcher, 7, wait_for)
+    for name in ("status.json", "supervisor.json", "supervisor.lock", "supervisor.log"):
+        if (jobdir / name).exists():
+            assert (jobdir / name).stat().st_mode & 0o077 == 0, name
+    assert (jobdir / "status.json").exists() and (jobdir / "supervisor.json").exists()
+
+
+def test_job_of_a_uid_below_the_minimum_never_runs(
+        launcher: Launcher, work_dir: Path, wait_for: WaitFor) -> None:
+    marker = work_dir / "ran"
+    launch = launch_object(work_dir, 7, script=f"#!/bin/sh\ntouch {marker}\n")
+    # The supervisor checks again what the agent checked: a spec below its min_uid
+    # (root's job under the default of 1) fails at launch.
+    assert launcher.launch(7, build_spec(launch, kill_grace=0.3, node_name="n"), launch["script"])
+    end = wait_end(launcher, 7, wait_for)
+    assert end.outcome == "launch_failed"
+    assert "uid 0" in (end.error or "") and "min_job_uid" in (end.error or "")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("umask", "expected"), [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)])
+def test_job_runs_with_the_submitters_umask(
+        launcher: Launcher, test_user: pwd.struct_passwd, user_dir: Path, wait_for: WaitFor,
+        umask: int, expected: int) -> None:
+    spec = start(launcher, user_dir, "umask; touch made", user=test_user.pw_name,
+                 uid=test_user.pw_uid, gid=test_user.pw_gid, umask=umask)
+    assert wait_end(launcher, 7, wait_for).outcome == "completed"
+    assert Path(spec["stdout"]).read_text().strip() == f"{umask:04o}"
+    assert Path(spec["stdout"]).stat().st_mode & 0o777 == expected
+    assert (user_dir / "made").stat().st_mode & 0o777 == expected
+
+
+def test_a_job_that_cannot_be_prepared_fails_alone(
+        launcher: Launcher, work_dir: Path, wait_for: WaitFor) -> None:
+    launch = launch_object(work_dir, 7)
+    spec = build_spec(launch, kill_grace=0.3, node_name="n", min_uid=0)
+    spec["env"] = {"BAD": object()}  # cannot be written as JSON
+    assert launcher.launch(7, spec, launch["script"])
+    end = wait_end(launcher, 7, wait_for)
+    assert end.outcome == "launch_failed" and "cannot prepare the job" in (end.error or "")
+    start(launcher, work_dir, "exit 0", job_id=8)
+    assert wait_end(launcher, 8, wait_for).outcome == "completed"
 
 
 def test_cancel_ends_the_job_and_its_process_group(

@@ -42,9 +42,11 @@ class Cluster:
     def __init__(self, database_url: str, gpus: int = 4, node: str = "node01",
                  kill_grace: float = 1.0, poll_wait: float = 5.0,
                  nvml: dict[str, str] | None = None, agent_toml: str = "",
-                 gpus_toml: str = "", schedule_interval: float = 2.0) -> None:
+                 gpus_toml: str = "", schedule_interval: float = 2.0,
+                 min_job_uid: int = 0) -> None:
         """``nvml``: the fake NVML library's environment (tests.nvml_fixture): the agent
-        then discovers its GPUs through NVML instead of ``gpus`` static ones."""
+        then discovers its GPUs through NVML instead of ``gpus`` static ones.
+        ``min_job_uid`` is 0 because the tests submit as root."""
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-e2e-"))
         os.chmod(self.root, 0o755)
         self.socket = self.root / "c.sock"
@@ -61,6 +63,7 @@ socket = "{self.socket}"
 schedule_interval = {schedule_interval}
 [agent]
 node_name = "{node}"
+min_job_uid = {min_job_uid}
 state_dir = "{self.agent_state}"
 poll_wait = {poll_wait}
 kill_grace = {kill_grace}

@@ -70,6 +70,8 @@ def test_example_loads_with_the_values_written_in_it() -> None:
         ),
         block="rack1",
         static_links=((0, 1, "NVLINK", 12),),
+        min_job_uid=1,
+        controller_user="gpusched",
     )
     assert config.partitions == (
         PartitionConfig("gpu", ("*",), default=True, max_time=2 * 86400, default_time=3600),
@@ -159,6 +161,11 @@ def test_unknown_top_level_table(tmp_path: Path) -> None:
          "a number of jobs"),
         ("[controller]\nmax_submit_jobs_per_user = 1.5\n", "controller.max_submit_jobs_per_user",
          "a number of jobs"),
+        ("[agent]\nmin_job_uid = -1\n", "agent.min_job_uid", "a uid from 0"),
+        ("[agent]\nmin_job_uid = true\n", "agent.min_job_uid", "a uid from 0"),
+        ("[agent]\nmin_job_uid = 4294967295\n", "agent.min_job_uid", "a uid from 0"),
+        ("[agent]\ncontroller_user = \"\"\n", "agent.controller_user", "a user name or uid"),
+        ("[agent]\ncontroller_user = -3\n", "agent.controller_user", "a user name or uid"),
     ],
 )
 def test_wrong_type(tmp_path: Path, text: str, key: str, expected: str) -> None:

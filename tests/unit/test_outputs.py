@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, NO_TASK, expand_output_pattern
+from gpusched.core.outputs import (
+    DEFAULT_OUTPUT_PATTERN,
+    MAX_PAD_WIDTH,
+    NO_TASK,
+    expand_output_pattern,
+    output_pattern_error,
+)
 
 
 @pytest.mark.parametrize(("pattern", "expected"), [
@@ -60,3 +66,17 @@ def test_node_name() -> None:
     assert expand_output_pattern("%N-%x-%u-%j.out", 7, "train", "alice", node="gpu03") == \
         "gpu03-train-alice-7.out"
     assert expand_output_pattern("%5N.out", 7, "t", "a", node="gpu03") == "gpu03.out"
+
+
+@pytest.mark.parametrize("width", ["11", "999999999", "99999999999999999999", "0" * 50 + "5"])
+def test_expand_never_pads_past_the_bound(width: str) -> None:
+    # The database may hold what submit refuses; the agent expanding it must neither
+    # raise (OverflowError) nor build a huge name.
+    expanded = expand_output_pattern(f"/tmp/%{width}j.out", 17, "n", "u")
+    assert expanded == "/tmp/" + "17".zfill(MAX_PAD_WIDTH) + ".out"
+
+
+def test_expand_keeps_widths_within_the_bound() -> None:
+    assert expand_output_pattern(f"%{MAX_PAD_WIDTH}j", 3, "n", "u") == "3".zfill(MAX_PAD_WIDTH)
+    assert output_pattern_error(f"%{MAX_PAD_WIDTH}j") is None
+    assert output_pattern_error(f"%{MAX_PAD_WIDTH + 1}j") is not None
