@@ -74,6 +74,12 @@ class ControllerConfig:
     # Jobs one user may have pending or running at once (each array task counts), unless
     # an association or QOS sets its own; administrators are not held to it. None: none.
     max_submit_jobs_per_user: int | None = 10_000
+    # The API server: seconds a client may take to send a whole request (and to read an
+    # answer); open connections of ordinary users in all, and of any one of them. Root's
+    # and the controller's own user's connections (agents, administrators) are not capped.
+    idle_timeout: float = 30.0
+    max_connections: int = 256
+    max_connections_per_user: int = 32
 
 
 @dataclass(frozen=True)
@@ -232,7 +238,8 @@ def _submit_limit(r: TableReader) -> int | None:
 
 def _controller(r: TableReader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout",
-                  "gpu_resume_after", "idle_percent", "idle_after", "max_submit_jobs_per_user"})
+                  "gpu_resume_after", "idle_percent", "idle_after", "max_submit_jobs_per_user",
+                  "idle_timeout", "max_connections", "max_connections_per_user"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
@@ -246,7 +253,18 @@ def _controller(r: TableReader) -> ControllerConfig:
         idle_percent=r.positive("idle_percent", ControllerConfig.idle_percent, allow_zero=True),
         idle_after=r.positive("idle_after", ControllerConfig.idle_after),
         max_submit_jobs_per_user=_submit_limit(r),
+        idle_timeout=r.positive("idle_timeout", ControllerConfig.idle_timeout),
+        max_connections=_connection_cap(r, "max_connections", ControllerConfig.max_connections),
+        max_connections_per_user=_connection_cap(r, "max_connections_per_user",
+                                                 ControllerConfig.max_connections_per_user),
     )
+
+
+def _connection_cap(r: TableReader, key: str, default: int) -> int:
+    value = r.get(key, int, default, "a number of connections from 1 to 100000")
+    if not 1 <= value <= 100_000:
+        raise r.fail(key, "a number of connections from 1 to 100000")
+    return int(value)
 
 
 def _scheduler(r: TableReader) -> SchedulerConfig:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 from gpusched.config import Config
 from gpusched.controller.api import Api
 from gpusched.controller.events import Events
-from gpusched.controller.http import UnixHttpServer
+from gpusched.controller.http import ServerLimits, UnixHttpServer
 from gpusched.controller.scheduler import SchedulerLoop
 from gpusched.db import agents, health
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
@@ -54,8 +54,11 @@ class Controller:
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
                   (config.controller.idle_percent, config.controller.idle_after),
                   config.controller.max_submit_jobs_per_user)
+        limits = ServerLimits(idle_timeout=config.controller.idle_timeout,
+                              max_connections=config.controller.max_connections,
+                              max_connections_per_user=config.controller.max_connections_per_user)
         self.server = UnixHttpServer(config.controller.socket, api.router(),
-                                     config.controller.socket_mode)
+                                     config.controller.socket_mode, limits)
         self.periodic = BackgroundScheduler(daemon=True)
         self.periodic.add_job(self.events.wake_scheduler, "interval",
                               seconds=config.controller.schedule_interval, id="backstop-pass")
