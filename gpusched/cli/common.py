@@ -18,7 +18,6 @@ from gpusched.cli.output import collect_rarely, print_error, reader_gone
 from gpusched.errors import GpuschedError, UsageError
 
 
-
 def new_app(help_text: str) -> typer.Typer:
     """A typer app set up for one-line errors: no rich panels, no pretty tracebacks."""
     return typer.Typer(

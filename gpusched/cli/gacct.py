@@ -14,6 +14,7 @@ import typer
 from gpusched.cli.common import new_app, run_cli
 from gpusched.cli.listing import parse_states
 from gpusched.cli.output import print_table
+from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import TimeFormatError, format_duration, parse_when
 from gpusched.errors import UsageError
 
@@ -131,7 +132,7 @@ def _report(answer: dict[str, Any], as_json: bool, plot: Path | None) -> None:
     if as_json:
         typer.echo(json.dumps(answer, indent=2))
         return
-    typer.echo(f"GPU usage from {answer['start']} to {answer['end']}")
+    typer.echo(terminal_safe(f"GPU usage from {answer['start']} to {answer['end']}"))
     table = [[r["account"] or "-", r["user"], str(r["jobs"]), _hours(r["gpu_hours"]),
               _hours(r["billed_gpu_hours"])] for r in rows]
     total = [sum(r[k] for r in rows) for k in ("jobs", "gpu_hours", "billed_gpu_hours")]

@@ -10,6 +10,7 @@ import typer
 
 from gpusched.cli.common import new_app, run_cli
 from gpusched.cli.gcancel import parse_job_ids, post_for_each
+from gpusched.core.terminal import terminal_safe
 from gpusched.errors import NotFound, UsageError
 
 PROG = "gcontrol"
@@ -90,9 +91,14 @@ def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
     answer = _request("POST", f"/v1/jobs/{job_id}/update", body)
     fixed = answer.get("admin_priority")
     limit = answer["time_limit"]
-    typer.echo(f"job {job_id}: partition {answer['partition']}, QOS {answer['qos'] or '-'}, "
-               f"time limit {limit if limit is not None else 'UNLIMITED'} s"
-               + (f", priority {fixed:g}" if fixed is not None else ""))
+    _echo(f"job {job_id}: partition {answer['partition']}, QOS {answer['qos'] or '-'}, "
+          f"time limit {limit if limit is not None else 'UNLIMITED'} s"
+          + (f", priority {fixed:g}" if fixed is not None else ""))
+
+
+def _echo(line: str) -> None:
+    """Print a line that holds stored values, escaped (see gpusched.core.terminal)."""
+    typer.echo(terminal_safe(line))
 
 
 def _priority(text: str) -> float | None:
@@ -118,14 +124,14 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
 
 def _print(record: dict[str, Any], as_json: bool) -> None:
     """KEY=VALUE pairs, a few to a line, lines after the first indented (scontrol's
-    layout); or JSON."""
+    layout), every pair escaped; or JSON (whose escapes keep it exact)."""
     if as_json:
         typer.echo(json.dumps(record, indent=2))
         return
     line = ""
     first = True
     for key, value in record.items():
-        pair = f"{_key(key)}={_value(value)}"
+        pair = terminal_safe(f"{_key(key)}={_value(value)}")
         if line and len(line) + 1 + len(pair) > 78:
             typer.echo(line)
             line, first = "", False
@@ -242,7 +248,7 @@ def _need_reason(reason: str | None) -> str:
 def drain_node(name: Annotated[str, typer.Argument(metavar="NODE")], reason: Reason = None) -> None:
     """No new jobs on the node; running ones go on. Example: gcontrol drain node gpu07 --reason 'bad fan'"""
     answer = _request("POST", f"/v1/nodes/{name}/drain", {"reason": _need_reason(reason)})
-    typer.echo(f"node {answer['node']} drained: {answer['reason']}")
+    _echo(f"node {answer['node']} drained: {answer['reason']}")
 
 
 @resume_app.command("node")
@@ -252,7 +258,7 @@ def resume_node(name: Annotated[str, typer.Argument(metavar="NODE")]) -> None:
     Example: gcontrol resume node node01
     """
     answer = _request("POST", f"/v1/nodes/{name}/resume")
-    typer.echo(f"node {answer['node']} is {answer['state']}")
+    _echo(f"node {answer['node']} is {answer['state']}")
 
 
 @drain_app.command("gpu")
@@ -264,7 +270,7 @@ def drain_gpu(target: GpuTarget, reason: Reason = None) -> None:
     node, index = _gpu_target(target)
     answer = _request("POST", "/v1/gpus/drain",
                       {"node": node, "index": index, "reason": _need_reason(reason)})
-    typer.echo(f"GPU {node}:{index} ({answer['uuid']}) drained")
+    _echo(f"GPU {node}:{index} ({answer['uuid']}) drained")
 
 
 @resume_app.command("gpu")
@@ -275,7 +281,7 @@ def resume_gpu(target: GpuTarget) -> None:
     """
     node, index = _gpu_target(target)
     answer = _request("POST", "/v1/gpus/resume", {"node": node, "index": index})
-    typer.echo(f"GPU {node}:{index} ({answer['uuid']}) is back in service")
+    _echo(f"GPU {node}:{index} ({answer['uuid']}) is back in service")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpusched.cli.common import new_app, run_cli
+from gpusched.core.terminal import terminal_safe
 
 app = new_app("gpusched: a batch scheduler for GPU clusters.")
 db_app = new_app("Database schema management.")
@@ -98,17 +99,18 @@ def agent_inventory(ctx: typer.Context, config: ConfigOption = None,
     if as_json:
         _print_json(body)
         return
-    typer.echo(f"node {body['node']}: {len(body['gpus'])} GPUs and MIG slices from {body['source']}"
-               + (f" (driver {body['driver']})" if body["driver"] else "")
-               + f", {body['cpus']} CPUs, {body['memory_mb']} MiB")
+    typer.echo(terminal_safe(
+        f"node {body['node']}: {len(body['gpus'])} GPUs and MIG slices from {body['source']}"
+        + (f" (driver {body['driver']})" if body["driver"] else "")
+        + f", {body['cpus']} CPUs, {body['memory_mb']} MiB"))
     rows = [[str(g["index"]), g["uuid"], g["type"], g["mig_profile"] or "",
              "" if g["parent"] is None else str(g["parent"]), str(g["memory_mb"]),
              g["pci_bus_id"], g["name"]] for g in body["gpus"]]
     print_table(["INDEX", "UUID", "TYPE", "MIG", "PARENT", "MEMORY_MB", "PCI_BUS_ID", "NAME"],
                 rows, right_aligned=frozenset({0, 5}), shrinkable=frozenset({7}))
     for link in body["links"]:
-        typer.echo(f"link {link['a']}-{link['b']}: {link['kind']}"
-                   + (f" x{link['nvlinks']}" if link["nvlinks"] else ""))
+        typer.echo(terminal_safe(f"link {link['a']}-{link['b']}: {link['kind']}"
+                                 + (f" x{link['nvlinks']}" if link["nvlinks"] else "")))
 
 
 @db_app.command("upgrade")
@@ -199,7 +201,7 @@ def admin_apply(
         answer = client.request("POST", "/v1/admin/apply", json.loads(json.dumps(body, default=str)))
     changes = answer["changes"]
     for line in changes:
-        typer.echo(line)
+        typer.echo(terminal_safe(line))
     if not changes:
         typer.echo("no changes")
     elif dry_run:

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 from gpusched.cli.client import ApiClient
 from gpusched.cli.output import print_columns, print_table
 from gpusched.core.hostlist import compress_hostlist
+from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import format_duration
 from gpusched.errors import GpuschedError, UsageError
 
@@ -34,6 +35,7 @@ STATE_CODES = {
 }
 _BY_CODE = {code: name for name, code in STATE_CODES.items()}
 NEVER_RAN = format_duration(0)
+LAUNCH_FAILED = "LaunchFailed"  # gpusched.db.agents.LAUNCH_FAILED_REASON
 
 
 def show(path: str, as_json: bool = False, start: bool = False, noheader: bool = False,
@@ -181,7 +183,12 @@ def _ordinal(n: int) -> str:
 
 
 def explain_lines(answer: Mapping[str, Any]) -> list[str]:
-    """``gqueue --explain``: the answer of ``GET /v1/jobs/{id}/explain`` in sentences."""
+    """``gqueue --explain``: the answer of ``GET /v1/jobs/{id}/explain`` in sentences,
+    escaped (names, reasons and details come from what users stored)."""
+    return [terminal_safe(line) for line in _explain_lines(answer)]
+
+
+def _explain_lines(answer: Mapping[str, Any]) -> list[str]:
     job = answer.get("job") or {}
     label = job_label(job, width=10**6)
     head = f"Job {label} ({job.get('name')}, user {job.get('user')}, partition {job.get('partition')})"
@@ -239,8 +246,13 @@ def node_or_reason(job: Mapping[str, Any]) -> str:
 
 
 def _node_or_reason(state: object, reason: object, node: object, names: list[str] | None) -> str:
-    if state == "PENDING":
+    # A job whose launch failed never ran on its node: why it ended says more.
+    if state == "PENDING" or reason == LAUNCH_FAILED:
         return f"({reason or 'None'})"
+    return _node_list(node, names)
+
+
+def _node_list(node: object, names: list[str] | None) -> str:
     return compress_hostlist(names) if names else str(node or "")
 
 
@@ -299,7 +311,8 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "m": ("MIN_MEMORY", lambda j, now: f"{j.get('mem_mb') or 0}M"),
     "R": ("NODELIST(REASON)", lambda j, now: node_or_reason(j)),
     "r": ("REASON", lambda j, now: str(j.get("reason") or "None")),
-    "N": ("NODELIST", lambda j, now: "" if j.get("state") == "PENDING" else node_or_reason(j)),
+    "N": ("NODELIST", lambda j, now: "" if j.get("state") == "PENDING"
+          else _node_list(j.get("node"), j.get("node_names"))),
     "S": ("START_TIME", lambda j, now: _local(j.get("start_time") or j.get("expected_start"))),
     "V": ("SUBMIT_TIME", lambda j, now: _local(j.get("submit_time"))),
     "e": ("END_TIME", lambda j, now: _local(j.get("end_time"))),
@@ -351,14 +364,15 @@ def format_fields(fields: list[Field]) -> tuple[str, ...]:
 
 
 def render_format(fields: list[Field], job: Mapping[str, Any] | None, now: datetime) -> str:
-    """One line: the header (``job`` None) or a job's fields, cut and padded as asked."""
+    """One line: the header (``job`` None) or a job's fields, escaped (see
+    ``gpusched.core.terminal``), cut and padded as asked."""
     out = []
     for field in fields:
         if not field.code:
             out.append(field.text)
             continue
         header, value_of = _FIELDS[field.code]
-        value = header if job is None else value_of(job, now)
+        value = header if job is None else terminal_safe(value_of(job, now))
         if field.width is not None:
             value = value[:field.width]
             value = value.rjust(field.width) if field.right else value.ljust(field.width)

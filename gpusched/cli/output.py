@@ -1,7 +1,10 @@
 """Output for the user commands, kept free of typer: one-line errors and warnings, and
 tables (plain aligned text, or drawn by rich on a terminal).
 
-``rich`` is loaded only to draw a short table on a terminal.
+Whatever reaches the terminal through here has its unprintable characters escaped
+(``gpusched.core.terminal``): a stored value cannot move the cursor, set the window
+title or reorder the text around it. ``rich`` is loaded only to draw a short table on a
+terminal.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Literal, TextIO
+
+from gpusched.core.terminal import terminal_safe, terminal_safe_cells
 
 PLAIN_WIDTH = 80
 TRUNCATED = "+"  # sacct's mark for a cut field; plain ASCII survives any locale
@@ -33,13 +38,22 @@ def reader_gone() -> int:
 
 def print_warning(prog: str, message: str) -> None:
     """Print ``prog: warning: message`` as one line on stderr."""
-    print(f"{prog}: warning: {message}", file=sys.stderr)
+    print(f"{prog}: warning: {one_line(message)}", file=sys.stderr)
 
 
 def print_error(prog: str, message: str) -> None:
-    """Print ``prog: error: message`` as exactly one line on stderr."""
-    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    print(f"{prog}: error: {one_line}", file=sys.stderr)
+    """Print ``prog: error: message`` as exactly one line on stderr (messages of the
+    controller may quote what a user stored: they are escaped like any value)."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+
+
+def one_line(message: str) -> str:
+    """A message's lines joined by spaces, every unprintable character left escaped.
+
+    Only newlines join lines: a CR, a line separator (U+2028) or any other control
+    within a line is shown as its escape, not taken as a line break."""
+    return terminal_safe(" ".join(
+        part for part in (raw.strip(" \t\r") for raw in message.split("\n")) if part))
 
 
 def print_table(
@@ -70,14 +84,12 @@ def print_columns(
     header), the shape a long queue is built in."""
     stream = sys.stdout if out is None else out
     count = len(columns[0]) if columns else 0
+    headers, columns = _safe(headers, columns)
     if count <= RICH_MAX_ROWS and stream.isatty():
         _print_rich_table(headers, list(zip(*columns)), right_aligned, shrinkable,
                           show_header, stream)
         return
-    lines = format_plain_columns(
-        headers, columns, right_aligned=right_aligned, shrinkable=shrinkable,
-        show_header=show_header,
-    )
+    lines = _plain_lines(headers, columns, right_aligned, shrinkable, show_header, PLAIN_WIDTH)
     if lines:
         stream.write("\n".join(lines) + "\n")
 
@@ -111,6 +123,25 @@ def format_plain_columns(
     width: int = PLAIN_WIDTH,
 ) -> list[str]:
     """``format_plain_table`` for a table given column by column."""
+    headers, columns = _safe(headers, columns)
+    return _plain_lines(headers, columns, right_aligned, shrinkable, show_header, width)
+
+
+def _safe(headers: Sequence[str], columns: Sequence[Sequence[str]]
+          ) -> tuple[list[str], list[Sequence[str]]]:
+    """Headers and cells with their unprintable characters escaped, so that widths are
+    measured on what is shown."""
+    return [terminal_safe(h) for h in headers], [terminal_safe_cells(c) for c in columns]
+
+
+def _plain_lines(
+    headers: Sequence[str],
+    columns: Sequence[Sequence[str]],
+    right_aligned: frozenset[int],
+    shrinkable: frozenset[int],
+    show_header: bool,
+    width: int,
+) -> list[str]:
     count = len(columns[0]) if columns else 0
     if not count and not show_header:
         return []
@@ -186,5 +217,6 @@ def _print_rich_table(
         table.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis", width=widths[i])
     for row in rows:
         # Text(), not str: a job name like "[red]x" must not be read as rich markup.
+        # (The cells were escaped by the caller: Text() leaves ESC and C1 as they are.)
         table.add_row(*(Text(cell) for cell in row))
     console.print(table)
