@@ -2,30 +2,38 @@
 
 Layout of the state directory (see ``paths.local_state_dir``)::
 
-    gpusched.toml     the generated configuration the daemons run with
-    pgdata/  pg/      embedded PostgreSQL data and its socket directory
+    gpusched.toml     the generated configuration the daemons run with (0600)
+    pgdata/  pg/      embedded PostgreSQL data and its socket directory (both 0700)
+    pg-socket-dir     where the socket directory is instead, when pg/ is too long a path
+    postgres.log      the embedded PostgreSQL's log (0600)
     controller.sock   the API socket the CLIs find with no flags
     agent/            the agent's state (one directory per running job)
-    logs/             controller.log, agent.log
+    logs/             controller.log, agent.log (0600)
     controller.pid  agent.pid
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
+import pwd
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpusched.errors import Unavailable
 from gpusched.paths import SOCKET_NAME, local_state_dir
+
+if TYPE_CHECKING:
+    from gpusched.db.embedded import EmbeddedPostgres
 
 DATABASE = "gpusched"
 READY_TIMEOUT = 60.0
@@ -51,13 +59,9 @@ class LocalCluster:
         return self.state_dir / "logs"
 
     @property
-    def pg_socket_dir(self) -> Path:
-        """The PostgreSQL socket directory, moved to /tmp if the state path is too long."""
-        preferred = self.state_dir / "pg"
-        if len(str(preferred)) + 16 <= _SOCKET_MAX:
-            return preferred
-        digest = hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"gpusched-pg-{digest}"
+    def pg_socket_record(self) -> Path:
+        """Names the socket directory made in /tmp when the state path is too long."""
+        return self.state_dir / "pg-socket-dir"
 
     def pidfile(self, daemon: str) -> Path:
         return self.state_dir / f"{daemon}.pid"
@@ -74,10 +78,105 @@ class LocalCluster:
         return pid
 
 
-def _embedded(cluster: LocalCluster):  # type: ignore[no-untyped-def]
+def _embedded(cluster: LocalCluster, socket_dir: Path | None = None) -> EmbeddedPostgres:
     from gpusched.db.embedded import EmbeddedPostgres
 
-    return EmbeddedPostgres(cluster.state_dir / "pgdata", cluster.pg_socket_dir)
+    return EmbeddedPostgres(cluster.state_dir / "pgdata", socket_dir)
+
+
+def _socket_dir_fits(path: Path) -> bool:
+    return len(str(path)) + 16 <= _SOCKET_MAX
+
+
+def _recorded_socket_dir(cluster: LocalCluster, owner: pwd.struct_passwd) -> Path | None:
+    """The socket directory named in ``pg-socket-dir`` if it is still fit to use."""
+    from gpusched.db.embedded import directory_is_private
+
+    try:
+        fd = os.open(cluster.pg_socket_record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        text = f.read(4096).decode(errors="replace").strip()
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None
+    path = Path(text)
+    if (path.parent != Path(tempfile.gettempdir()) or not path.name.startswith("gpusched-pg-")
+            or not _socket_dir_fits(path)):
+        return None
+    return path if directory_is_private(path, owner) else None
+
+
+def pg_socket_dir(cluster: LocalCluster, owner: pwd.struct_passwd) -> Path:
+    """The PostgreSQL socket directory, owned by ``owner`` and 0700.
+
+    ``pg/`` in the state directory; when that path is too long for a Unix socket, a
+    directory with an unguessable name in the temporary directory, made once and named
+    in ``pg-socket-dir``. One that has gone or is no longer private is replaced."""
+    from gpusched.db.embedded import private_directory, write_private_file
+
+    preferred = cluster.state_dir / "pg"
+    if _socket_dir_fits(preferred):
+        return preferred
+    recorded = _recorded_socket_dir(cluster, owner)
+    if recorded is not None:
+        return recorded
+    made = Path(tempfile.mkdtemp(prefix="gpusched-pg-"))
+    if not _socket_dir_fits(made):
+        os.rmdir(made)
+        raise Unavailable(f"the state directory {cluster.state_dir} and the temporary "
+                          f"directory {made.parent} are too long a path for PostgreSQL's socket")
+    private_directory(made, owner, "PostgreSQL socket directory", just_made=True)
+    write_private_file(cluster.pg_socket_record, f"{made}\n", pwd.getpwuid(os.geteuid()))
+    return made
+
+
+def start_database(cluster: LocalCluster, say: Callable[[str], None]) -> str:
+    """Start the embedded PostgreSQL, or bring a running one up to date; return its URL.
+
+    A cluster that an older gpusched set up (trust authentication, an open socket) gets
+    the owner-only pg_hba.conf and pg_ident.conf; a running server is reloaded, or
+    restarted where its socket is not the private one."""
+    from gpusched.db.embedded import server_user
+
+    owner = server_user()
+    pg = _embedded(cluster, pg_socket_dir(cluster, owner))
+    fresh = not pg.initialised()
+    pg.init()
+    secured = not fresh and pg.secure_access()
+    if not pg.running():
+        pg.start()
+        note = ("; it now accepts only its owner and root (peer authentication)"
+                if secured else "")
+        say(f"started PostgreSQL ({'new' if fresh else 'existing'} data in {pg.data_dir}){note}")
+    elif not pg.serving_privately():
+        pg.stop()
+        pg.start()
+        say(f"restarted PostgreSQL so that only its owner and root may connect "
+            f"(peer authentication, socket directory {pg.socket_dir} 0700)")
+    elif secured:
+        pg.reload()
+        say("PostgreSQL now accepts only its owner and root (peer authentication); "
+            "its configuration was reloaded")
+    pg.create_database(DATABASE)
+    return pg.url(DATABASE)
+
+
+def _configured_database_url(cluster: LocalCluster) -> str | None:
+    try:
+        with open(cluster.config_file, "rb") as f:
+            url = tomllib.load(f).get("database", {}).get("url")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+def _private_fd(path: Path, flags: int) -> int:
+    """Open ``path`` for writing, created 0600 and made 0600; a link is never followed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
 
 
 def _write_config(cluster: LocalCluster, database_url: str, gpus: int) -> None:
@@ -104,12 +203,13 @@ count = {gpus}
 name = "gpu"
 default = true
 """
-    cluster.config_file.write_text(text)
+    with os.fdopen(_private_fd(cluster.config_file, os.O_TRUNC), "w") as f:
+        f.write(text)
 
 
 def _spawn(cluster: LocalCluster, daemon: str) -> int:
-    cluster.logs.mkdir(parents=True, exist_ok=True)
-    log = open(cluster.logs / f"{daemon}.log", "ab")
+    cluster.logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log = _private_fd(cluster.logs / f"{daemon}.log", os.O_APPEND)
     proc = subprocess.Popen(
         # -P and cwd="/": the caller's directory may hold something named "gpusched"
         # (the state directory itself, for one) that must not shadow the package.
@@ -117,7 +217,7 @@ def _spawn(cluster: LocalCluster, daemon: str) -> int:
          "--config", str(cluster.config_file)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/",
     )
-    log.close()
+    os.close(log)
     cluster.pidfile(daemon).write_text(str(proc.pid))
     return proc.pid
 
@@ -170,14 +270,12 @@ def _start_missing(gpus: int, database_url: str | None, say: Callable[[str], Non
         os.chmod(cluster.state_dir, 0o755)  # the PostgreSQL user must reach pgdata
     database_url = database_url or os.environ.get("GPUSCHED_DATABASE_URL")
     if database_url is None:
-        pg = _embedded(cluster)
-        fresh = not pg.initialised()
-        pg.init()
-        if not pg.running():
-            pg.start()
-            say(f"started PostgreSQL ({'new' if fresh else 'existing'} data in {pg.data_dir})")
-        pg.create_database(DATABASE)
-        database_url = pg.url(DATABASE)
+        database_url = start_database(cluster, say)
+        if (cluster.pid("controller") is not None
+                and _configured_database_url(cluster) not in (None, database_url)):
+            # The database moved (to a private socket directory): the controller must
+            # start again with the new URL. Jobs keep running under their supervisors.
+            _terminate(cluster, "controller", say)
     from gpusched.db.migrate import upgrade
 
     upgrade(database_url)
@@ -218,7 +316,7 @@ def down(say: Callable[[str], None]) -> None:
     _terminate(cluster, "agent", say)
     _terminate(cluster, "controller", say)
     if (cluster.state_dir / "pgdata").exists():
-        pg = _embedded(cluster)
+        pg = _embedded(cluster)  # stopping needs only the data directory
         if pg.running():
             pg.stop()
             say("stopped PostgreSQL")
