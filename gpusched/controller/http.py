@@ -7,6 +7,7 @@ time to send a request (the idle timeout), and the size of what it sends (wire.p
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -123,7 +124,19 @@ class UnixHttpServer(socketserver.UnixStreamServer):
         super().__init__(str(self.path), socketserver.BaseRequestHandler)
         os.chmod(self.path, mode)
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept one connection; out of file descriptors, pause instead of spinning."""
+        try:
+            return self.socket.accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._complaints.report(logging.WARNING, -1, "descriptors",
+                                        "cannot accept a connection: %s", exc.strerror)
+                time.sleep(0.1)
+            raise
+
     def process_request(self, request: Any, client_address: Any) -> None:
+        """Admit the connection to a worker, or answer 503 and close it."""
         sock: socket.socket = request
         try:
             raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
@@ -144,6 +157,7 @@ class UnixHttpServer(socketserver.UnixStreamServer):
         _refuse(sock, refusal)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
+        """A fault of the server's own while accepting: to the log, with its traceback."""
         log.exception("error accepting a connection")
 
     def server_close(self) -> None:

@@ -4,6 +4,7 @@ body is read, silent clients are cut off, and connections are capped per uid at 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -362,3 +363,33 @@ def test_a_bug_in_a_handler_is_a_500_and_the_connection_stays_usable(
         with pytest.raises(Exception, match="internal error in the controller"):
             client.request("GET", "/broken")
         assert client.request("GET", "/v1/ping")["ok"]
+
+
+def test_running_out_of_descriptors_pauses_the_accept_loop(
+        tmp_path: Path, handlers: Handlers, caplog: pytest.LogCaptureFixture) -> None:
+    """accept() failing with EMFILE leaves the socket readable: the loop must not spin."""
+    caplog.set_level(logging.WARNING, logger="gpusched.controller.http")
+    with serving(tmp_path, handlers) as server:
+        listening = server.socket
+        calls: list[float] = []
+
+        class Exhausted:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(listening, name)
+
+            def accept(self) -> Any:
+                calls.append(time.monotonic())
+                raise OSError(errno.EMFILE, "Too many open files")
+
+        server.socket = Exhausted()  # type: ignore[assignment]
+        with connect(server) as sock:
+            wait_for(lambda: len(calls) >= 2, ANSWER_WITHIN, "accept tried again")
+            time.sleep(0.5)  # a spinning loop would try thousands of times meanwhile
+            tried = len(calls)
+            server.socket = listening
+            send(sock, b"GET /v1/ping HTTP/1.1\r\nConnection: close\r\n\r\n")
+            (status, _, body), = answers(read_to_close(sock))
+    assert tried <= 10, tried
+    assert status == 200 and body["ok"]
+    warnings = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert len(warnings) == 1, warnings
