@@ -112,11 +112,15 @@ class ApiClient:
         """Send ``message`` on the (possibly new) connection and read the answer."""
         sock = self._connection()
         sock.settimeout(timeout)
+        cut_off = False
         try:
             try:
                 sock.sendall(message)
             except (BrokenPipeError, ConnectionResetError):
-                raise _ConnectionLost() from None
+                # The server may have refused the request (too large, too many
+                # connections) and closed before taking it all: read its reason, if it
+                # sent one; with none, the connection was lost.
+                cut_off = True
             status, headers = self._read_head(sock)
             data = self._read_body(sock, headers)
         except TimeoutError:
@@ -133,7 +137,7 @@ class ApiClient:
                 f"lost the connection to the gpusched controller at {self.socket_path}: "
                 f"{err.strerror or err}"
             ) from None
-        if headers.get("connection", "").lower() == "close":
+        if cut_off or headers.get("connection", "").lower() == "close":
             self.close()
         return status, data
 

@@ -20,7 +20,7 @@ import pytest
 from gpusched.cli.client import ApiClient
 from gpusched.controller.http import Request, Router, ServerLimits, UnixHttpServer
 from gpusched.controller.wire import MAX_BODY, MAX_HEADERS, MAX_REQUEST_LINE
-from gpusched.errors import Unavailable
+from gpusched.errors import GpuschedError, Unavailable
 from tests.e2e.cluster import wait_for
 
 ANSWER_WITHIN = 5.0  # seconds a test waits for an answer it expects
@@ -393,3 +393,15 @@ def test_running_out_of_descriptors_pauses_the_accept_loop(
     assert status == 200 and body["ok"]
     warnings = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
     assert len(warnings) == 1, warnings
+
+
+def test_the_client_reports_the_servers_reason_for_cutting_a_body_off(
+        server: UnixHttpServer, handlers: Handlers) -> None:
+    # The server answers a too-large body at once and closes; the client, still
+    # sending, must show that answer, not a lost connection.
+    with ApiClient(server.server_address, timeout=ANSWER_WITHIN) as client:
+        with pytest.raises(GpuschedError) as caught:
+            client.request("POST", "/echo", {"blob": "x" * (MAX_BODY + 1024 * 1024)})
+    assert "closed the connection" not in caught.value.message
+    assert "request body too large" in caught.value.message
+    assert handlers.bodies == []
