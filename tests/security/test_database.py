@@ -4,6 +4,7 @@ older gpusched are closed by the next ``gpusched up``."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
@@ -126,13 +127,14 @@ def _run_pg(*argv: str | Path) -> None:
                    extra_groups=[], cwd="/", timeout=120)
 
 
-def _older_gpusched_cluster(state: Path, *, running: bool, private_socket: bool = False
-                            ) -> EmbeddedPostgres:
+def _older_gpusched_cluster(state: Path, *, running: bool, private_socket: bool = False,
+                            sock: Path | None = None) -> EmbeddedPostgres:
     """A cluster as ``gpusched up`` set it up before: initdb --auth=trust, socket directory
     0755, socket 0777 (or, with ``private_socket``, both 0700 but still trust)."""
     owner = ensure_system_user()
-    data, sock, log = state / "pgdata", state / "pg", state / "postgres.log"
-    state.mkdir(mode=0o755)
+    data, log = state / "pgdata", state / "postgres.log"
+    sock = sock or state / "pg"
+    state.mkdir(mode=0o755, exist_ok=True)
     for path in (data, sock):
         path.mkdir(mode=0o700 if private_socket or path == data else 0o755)
         os.chmod(path, 0o700 if private_socket or path == data else 0o755)
@@ -238,6 +240,51 @@ def test_gpusched_up_closes_an_older_cluster_and_keeps_its_files_private(
     finally:
         subprocess.run([str(BIN / "gpusched"), "down"], env=env, cwd="/", capture_output=True,
                        timeout=120)
+
+
+def test_up_moves_a_database_from_the_guessable_tmp_directory_and_restarts_the_controller(
+        attackers: tuple[LocalUser, LocalUser], scratch_root: Path) -> None:
+    mallory, _ = attackers
+    # Too long for pg/.s.PGSQL.5432, short enough for controller.sock (88 characters).
+    state = scratch_root / ("s" * (78 - len(str(scratch_root)))) / "gpusched"
+    state.mkdir(parents=True)
+    os.chmod(state.parent, 0o755)
+    digest = hashlib.sha1(str(state).encode()).hexdigest()[:12]
+    guessable = Path(tempfile.gettempdir()) / f"gpusched-pg-{digest}"  # the older layout
+    old = _older_gpusched_cluster(state, running=True, sock=guessable)
+    old.create_database("gpusched")
+    env = {**os.environ, "XDG_STATE_HOME": str(state.parent)}
+    env.pop("GPUSCHED_SOCKET", None)
+
+    def run(*argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / argv[0]), *argv[1:]], env={**env, **extra}, cwd="/",
+                              capture_output=True, text=True, timeout=180)
+
+    try:
+        # The controller and agent of before, on the database in the guessable directory.
+        before = run("gpusched", "up", "--gpus", "1", GPUSCHED_DATABASE_URL=old.url("gpusched"))
+        assert before.returncode == 0, before.stderr
+        assert f"host={guessable}&" in (state / "gpusched.toml").read_text()
+
+        after = run("gpusched", "up", "--gpus", "1")
+        assert after.returncode == 0, after.stderr
+        sock = Path((state / "pg-socket-dir").read_text().strip())
+        assert sock != guessable and sock.name.startswith("gpusched-pg-")
+        assert after.stdout.splitlines()[:3] == [
+            "restarted PostgreSQL so that only its owner and root may connect "
+            f"(peer authentication, socket directory {sock} 0700)",
+            "stopped the controller", f"started the controller (socket {state / 'controller.sock'})",
+        ], after.stdout
+        assert f"host={sock}&" in (state / "gpusched.toml").read_text()
+        _assert_owner_only(EmbeddedPostgres(state / "pgdata", sock), mallory)
+        queue = run("gqueue")
+        assert queue.returncode == 0, queue.stderr
+    finally:
+        run("gpusched", "down")
+        shutil.rmtree(guessable, ignore_errors=True)
+        record = state / "pg-socket-dir"
+        if record.exists():
+            shutil.rmtree(record.read_text().strip(), ignore_errors=True)
 
 
 def test_the_log_of_a_private_server_is_not_readable_by_others(
