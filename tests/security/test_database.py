@@ -287,6 +287,46 @@ def test_up_moves_a_database_from_the_guessable_tmp_directory_and_restarts_the_c
             shutil.rmtree(record.read_text().strip(), ignore_errors=True)
 
 
+START_OWN_SERVER = """\
+import sys
+from pathlib import Path
+from gpusched.db.embedded import EmbeddedPostgres
+root = Path(sys.argv[1])
+pg = EmbeddedPostgres(root / "data", root / "sock")
+pg.init()
+pg.start({"fsync": "off"})
+"""
+
+
+def test_a_server_started_by_an_ordinary_user_admits_that_user_and_root_only(
+        attackers: tuple[LocalUser, LocalUser], scratch_root: Path) -> None:
+    developer, alice = attackers
+    os.chown(scratch_root, developer.uid, developer.gid)
+    started = run_as(developer, [sys.executable, "-c", START_OWN_SERVER, str(scratch_root)],
+                     cwd="/", timeout=120)
+    pg = EmbeddedPostgres(scratch_root / "data", scratch_root / "sock")
+    try:
+        assert started.returncode == 0, started.stderr
+        for path in (pg.data_dir, pg.socket_dir, pg.socket_file):
+            assert (stat.S_IMODE(os.lstat(path).st_mode), os.lstat(path).st_uid) == (
+                0o700, developer.uid), path
+        with psycopg.connect(pg.url().replace("+psycopg", "")) as conn:  # root
+            mapped = conn.execute("SELECT sys_name, pg_username FROM pg_ident_file_mappings "
+                                  "ORDER BY sys_name").fetchall()
+        assert mapped == [(developer.name, "postgres"), ("root", "postgres")]
+        refused = _connect_as(alice, pg)
+        assert refused.returncode == 3 and "Permission denied" in refused.stdout, refused
+        os.chmod(pg.socket_dir, 0o755)
+        os.chmod(pg.socket_file, 0o777)
+        refused = _connect_as(alice, pg)
+        assert 'Peer authentication failed for user "postgres"' in refused.stdout, refused
+        allowed = _connect_as(developer, pg)
+        assert allowed.returncode == 0 and "connected as postgres" in allowed.stdout, allowed
+    finally:
+        run_as(developer, [str(bin_dir() / "pg_ctl"), "-D", str(pg.data_dir), "-m", "immediate",
+                           "-w", "stop"], cwd="/")
+
+
 def test_the_log_of_a_private_server_is_not_readable_by_others(
         attackers: tuple[LocalUser, LocalUser], server: EmbeddedPostgres) -> None:
     mallory, _ = attackers
