@@ -346,6 +346,12 @@ def gsubmit(
         if warning:
             print_warning(PROG, f"{warning}; ignored" if warning in submission.ignored else warning)
     environment = exported(submission.export, os.environ)
+    for name in [n for n, v in environment.items() if not _utf8(n) or not _utf8(v)]:
+        # A byte the shell holds that is no UTF-8 cannot be stored; the job starts
+        # without that variable rather than not at all.
+        del environment[name]
+        print_warning(PROG, f"{name.encode('utf-8', 'backslashreplace').decode()!s}: not "
+                      "valid UTF-8; the job's environment leaves it out")
     for name, value in (("NTASKS", submission.ntasks), ("CPUS_PER_TASK", submission.cpus_per_task),
                         ("NTASKS_PER_NODE", submission.ntasks_per_node)):
         if value is not None:  # what sbatch tells the job it asked for
@@ -693,6 +699,14 @@ def exported(text: str | None, environment: Mapping[str, str]) -> dict[str, str]
         elif name in environment:
             result[name] = environment[name]
     return result
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _current_dir() -> str:

@@ -71,6 +71,17 @@ def check_path(field: str, value: str) -> str:
     return check_text(field, value, PATH_MAX)
 
 
+def check_utf8(field: str, value: str) -> str:
+    """Text that UTF-8 can hold: no lone surrogate (what JSON's ``"\\ud800"`` or an
+    undecodable byte read with ``surrogateescape`` leaves in a str)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BoundError(f"{field}: not valid UTF-8 text (a lone surrogate "
+                         f"{describe(value[exc.start])})") from None
+    return value
+
+
 def check_int(field: str, value: int, low: int, high: int, expected: str) -> int:
     """``low <= value <= high``."""
     if not low <= value <= high:
@@ -85,7 +96,7 @@ def check_script(text: str) -> str:
         raise BoundError(f"script: {size} bytes, more than the {MAX_SCRIPT_BYTES} allowed")
     if "\0" in text:
         raise BoundError("script: contains a NUL character; a batch script is text")
-    return text
+    return check_utf8("script", text)
 
 
 def check_args(args: Iterable[str]) -> list[str]:
@@ -98,6 +109,8 @@ def check_args(args: Iterable[str]) -> list[str]:
         raise BoundError(f"args: {size} bytes, more than the {MAX_ARGS_BYTES} allowed")
     if any("\0" in a for a in found):
         raise BoundError("args: an argument contains a NUL character")
+    for arg in found:
+        check_utf8("args", arg)
     return found
 
 
@@ -114,6 +127,8 @@ def check_environment(env: Mapping[str, str]) -> dict[str, str]:
                              "non-empty, without '=' or NUL)")
         if "\0" in value:
             raise BoundError(f"environment: the value of {name[:40]} contains a NUL character")
+        check_utf8("environment", name)
+        check_utf8(f"environment: the value of {name[:40]}", value)
         size += len(name.encode("utf-8", "surrogatepass")) + len(
             value.encode("utf-8", "surrogatepass")) + 2
     if size > MAX_ENV_BYTES:

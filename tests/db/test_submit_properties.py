@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpusched.config import PartitionConfig
 from gpusched.core import bounds
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.jobs import Identity, get_job
 from gpusched.db.models import Job, JobScript
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.submit import submit_job
-from gpusched.config import PartitionConfig
 from gpusched.errors import UsageError
 
 ALICE = Identity(1000, 1000, "alice")
@@ -29,10 +29,14 @@ HOSTILE_TEXT = st.sampled_from(["\x1b]8;;http://x\x07", "a\x1b[31mb", "\u202egnp
 GOOD: dict[str, st.SearchStrategy[Any]] = {
     "name": st.text(st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl",
                                                         "Zp", "Zs")), min_size=1, max_size=40),
-    "args": st.lists(st.text(st.characters(blacklist_characters="\x00"), max_size=20), max_size=4),
+    "args": st.lists(st.text(st.characters(blacklist_characters="\x00",
+                                           blacklist_categories=("Cs",)), max_size=20),
+                     max_size=4),
     "environment": st.dictionaries(
-        st.text(st.characters(blacklist_characters="=\x00"), min_size=1, max_size=10),
-        st.text(st.characters(blacklist_characters="\x00"), max_size=20), max_size=4),
+        st.text(st.characters(blacklist_characters="=\x00", blacklist_categories=("Cs",)),
+                min_size=1, max_size=10),
+        st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                max_size=20), max_size=4),
     "gpus": st.integers(0, 64),
     "cpus": st.integers(0, bounds.MAX_CPUS),
     "mem_mb": st.integers(0, bounds.MAX_MEM_MB),
@@ -43,8 +47,10 @@ GOOD: dict[str, st.SearchStrategy[Any]] = {
 }
 BAD: dict[str, st.SearchStrategy[Any]] = {
     "name": HOSTILE_TEXT | st.just("x" * 201) | st.just(""),
-    "args": st.just(["a\x00b"]) | st.just(["x"] * (bounds.MAX_ARGS + 1)) | st.just([1]),
-    "environment": st.just({"A=B": "c"}) | st.just({"A": "\x00"}) | st.just({"A": 1}),
+    "args": st.just(["a\x00b"]) | st.just(["x"] * (bounds.MAX_ARGS + 1)) | st.just([1])
+    | st.just(["\ud800"]),
+    "environment": st.just({"A=B": "c"}) | st.just({"A": "\x00"}) | st.just({"A": 1})
+    | st.just({"A": "x\udcff"}) | st.just({"\udc80": "x"}),
     "gpus": st.integers(max_value=-1) | st.integers(min_value=bounds.MAX_GPUS + 1) | st.just(True),
     "cpus": st.integers(max_value=-1) | st.integers(min_value=bounds.MAX_CPUS + 1),
     "mem_mb": st.integers(max_value=-1) | st.integers(min_value=bounds.MAX_MEM_MB + 1),
@@ -54,7 +60,7 @@ BAD: dict[str, st.SearchStrategy[Any]] = {
     "umask": st.integers(max_value=-1) | st.integers(min_value=0o1000) | st.just("022"),
     "dependency": st.just("afterok:" + "9" * 30) | st.just("afterok:1"),  # job 1: none yet
     "work_dir": st.just("relative/dir") | HOSTILE_TEXT.map(lambda t: f"/tmp/{t}"),
-    "script": st.just("no shebang") | st.just("#!/bin/sh\n\x00"),
+    "script": st.just("no shebang") | st.just("#!/bin/sh\n\x00") | st.just("#!/bin/sh\n\ud800"),
     "nodes": st.just(0) | st.integers(min_value=bounds.MAX_NODES + 1),
     "array": st.just("0-" + "9" * 20) | st.just("1," * 6000),
     "smuggled": st.just("an unknown field"),

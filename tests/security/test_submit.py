@@ -141,3 +141,20 @@ def test_nul_characters_in_a_query_are_refused(
                  "/v1/jobs?%00=1"):
         answer = cluster.api_as(mallory.uid, mallory.gid, "GET", path)
         assert "NUL" in answer.get("error", ""), (path, answer)
+
+
+def test_a_variable_that_is_not_utf8_is_left_out_not_fatal(
+        cluster: Cluster, attackers: tuple[LocalUser, LocalUser]) -> None:
+    """A shell may hold bytes that are no UTF-8; the job starts without that variable,
+    and gsubmit says so, instead of the submission failing (or storing garbage)."""
+    mallory, _ = attackers
+    env = {**cluster.env, "GOODVAR": "caf\u00e9", "BADVAR": "x\udcff"}  # the byte 0xff
+    result = run_as(mallory, [str(BIN / "gsubmit"), "--parsable", "-o", "env-%j.txt", "--wrap",
+                              "echo ${GOODVAR}-${BADVAR:-unset}"], env=env, cwd=cluster.work)
+    assert result.returncode == 0, result
+    assert "BADVAR: not valid UTF-8" in result.stderr
+    job_id = int(result.stdout)
+    cluster.wait_state(job_id, "COMPLETED", timeout=30)
+    out = cluster.work / f"env-{job_id}.txt"
+    wait_for(out.exists, what="the job's output")
+    assert out.read_text() == "caf\u00e9-unset\n"

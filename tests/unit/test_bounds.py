@@ -8,7 +8,11 @@ from hypothesis import strategies as st
 
 from gpusched.core import bounds
 from gpusched.core.bounds import BoundError
-from gpusched.core.dependency import MAX_DEPENDENCY_IDS, DependencyError, parse_dependency
+from gpusched.core.dependency import (
+    MAX_DEPENDENCY_IDS,
+    DependencyError,
+    parse_dependency,
+)
 
 HOSTILE = ["\x1b]0;pwned\x07", "a\x1b[2Jb", "evil\u202etxt.sh", "x\u2066y", "\x85", "a\nb",
            "a\rb", "zero\u200bwidth", "\x00", "\ud800"]
@@ -65,6 +69,18 @@ def test_environment_and_arguments_are_bounded() -> None:
         bounds.check_script("#!/bin/sh\n" + "#" * 4 * 1024 * 1024)
     with pytest.raises(BoundError, match="NUL"):
         bounds.check_script("#!/bin/sh\n\x00")
+    # A lone surrogate (JSON "\ud800", or a byte decoded with surrogateescape) cannot
+    # be stored as text: refused, naming where.
+    with pytest.raises(BoundError, match="script: not valid UTF-8 text .* U\\+D800"):
+        bounds.check_script("#!/bin/sh\n\ud800")
+    with pytest.raises(BoundError, match="args: not valid UTF-8"):
+        bounds.check_args(["ok", "\udcff"])
+    with pytest.raises(BoundError, match="the value of LANG: not valid UTF-8"):
+        bounds.check_environment({"LANG": "C\udc80"})
+    with pytest.raises(BoundError, match="environment: not valid UTF-8"):
+        bounds.check_environment({"\udc80": "x"})
+    assert bounds.check_environment({"NAME": "caf\u00e9 \U0001f600"}) == {
+        "NAME": "caf\u00e9 \U0001f600"}
 
 
 @pytest.mark.parametrize("text", ["9223372036854775808", "0", "-1", "1" * 4300, "１２", "1e3", "x"])
