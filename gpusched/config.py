@@ -181,7 +181,7 @@ class TableReader:
                 raise ConfigError(f"{self.source}: {self.prefix}{key}: unknown key; expected one "
                                   f"of {', '.join(sorted(allowed))}")
 
-    def get(self, key: str, kind: type, default: Any, expected: str) -> Any:
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any, expected: str) -> Any:
         if key not in self.table:
             return default
         value = self.table[key]
