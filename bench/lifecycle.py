@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 
 
 def _client():  # type: ignore[no-untyped-def]
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
 
     return ApiClient()
 

@@ -239,7 +239,7 @@ def _wait(what: str, check: Callable[[], bool], cluster: LocalCluster, daemon: s
 
 
 def _api(cluster: LocalCluster, path: str) -> dict | None:  # type: ignore[type-arg]
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
     from gpusched.errors import GpuschedError
 
     try:

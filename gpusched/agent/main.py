@@ -18,7 +18,7 @@ from gpusched.agent.health import Fault, HealthMonitor
 from gpusched.agent.inventory import node_inventory
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.agent.nvml import NvmlUnavailable
-from gpusched.cli.client import ApiClient
+from gpusched.client import ApiClient
 from gpusched.config import Config
 from gpusched.errors import ConfigError, GpuschedError, NotFound, Unavailable
 

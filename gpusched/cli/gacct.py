@@ -64,7 +64,7 @@ def gacct(
     Examples: gacct; gacct -S now-7days -u alice; gacct --report -S 2026-11-01 -E 2026-12-01
     --plot usage.png
     """
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
 
     now = datetime.now(timezone.utc).astimezone()
     start = _when(starttime, "--starttime", now)

@@ -8,10 +8,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, only_me, run_cli
 from gpusched.cli.listing import parse_states
 from gpusched.cli.output import print_error
+from gpusched.client import ApiClient
 from gpusched.core import signals
 from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.errors import GpuschedError, Unavailable, UsageError

@@ -155,7 +155,7 @@ def _value(value: Any) -> str:
 
 
 def _request(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
 
     with ApiClient() as client:
         return client.request(method, path, body)

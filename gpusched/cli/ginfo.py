@@ -132,7 +132,7 @@ def ginfo(
 
     Examples: ginfo; ginfo -N; ginfo --json
     """
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
 
     with ApiClient() as client:
         nodes_answer = client.request("GET", "/v1/nodes")

@@ -189,7 +189,7 @@ def admin_apply(
     import json
 
     from gpusched.adminconfig import parse_admin_config
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
     from gpusched.config import read_toml
 
     loaded = [(str(path), read_toml(path)) for path in files]
@@ -221,8 +221,8 @@ def prio(
 
     Examples: gpusched prio; gpusched prio 17 18 --json
     """
-    from gpusched.cli.client import ApiClient
     from gpusched.cli.output import print_table
+    from gpusched.client import ApiClient
 
     query = f"?ids={','.join(map(str, jobs))}" if jobs else ""
     with ApiClient() as client:
@@ -244,8 +244,8 @@ def share(as_json: JsonOption = False) -> None:
 
     Examples: gpusched share; gpusched share --json
     """
-    from gpusched.cli.client import ApiClient
     from gpusched.cli.output import print_table
+    from gpusched.client import ApiClient
 
     with ApiClient() as client:
         answer = client.request("GET", "/v1/share")
@@ -285,7 +285,7 @@ def demo(
     import os
     import time
 
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
     from gpusched.errors import Unavailable
 
     with ApiClient() as client:

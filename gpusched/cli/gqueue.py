@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, only_me, run_cli
 from gpusched.cli.listing import (
     START_FIELDS,
@@ -22,6 +21,7 @@ from gpusched.cli.listing import (
     parse_states,
     show,
 )
+from gpusched.client import ApiClient
 from gpusched.errors import UsageError
 
 PROG = "gqueue"

@@ -13,10 +13,10 @@ from typing import Annotated, Any, Optional, Protocol
 
 import typer
 
-from gpusched.cli.client import ApiClient
 from gpusched.cli.common import new_app, run_cli
 from gpusched.cli.directives import Directive, read_directive_lines
 from gpusched.cli.output import print_warning
+from gpusched.client import ApiClient
 from gpusched.core.arrays import parse_array
 from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.core.shapes import is_mig_profile, parse_gpus, parse_gres, parse_memory

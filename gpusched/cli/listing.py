@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
-from gpusched.cli.client import ApiClient
 from gpusched.cli.output import print_columns, print_table
+from gpusched.client import ApiClient
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import format_duration

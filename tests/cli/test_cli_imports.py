@@ -6,6 +6,7 @@ bench/lifecycle.py.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +68,15 @@ def test_a_bare_gqueue_does_not_load_typer() -> None:
     assert heavy_in(names, (*HEAVY, "typer", "click", "rich", "pydantic")) == []
     assert result.returncode == 1 and "gqueue: error: cannot reach the gpusched controller" \
         in result.stderr
+
+
+def test_the_agent_does_not_import_the_cli_package() -> None:
+    """The agent reaches the controller through gpusched.client, never through the CLIs."""
+    code = ("import json, sys; import gpusched.agent.main; "
+            "print(json.dumps(sorted(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    names = set(json.loads(result.stdout))
+    assert "gpusched.agent.main" in names and "gpusched.client" in names
+    assert sorted(n for n in names if n == "gpusched.cli" or n.startswith("gpusched.cli.")) == []

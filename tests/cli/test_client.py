@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.cli.client import ApiClient
+from gpusched.client import ApiClient
 from gpusched.errors import (
     Conflict,
     GpuschedError,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.cli.client import ApiClient
+from gpusched.client import ApiClient
 from gpusched.controller.http import Request, Router, ServerLimits, UnixHttpServer
 from gpusched.controller.wire import MAX_BODY, MAX_HEADERS, MAX_REQUEST_LINE
 from gpusched.errors import GpuschedError, Unavailable

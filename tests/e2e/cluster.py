@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpusched.cli.client import ApiClient
+from gpusched.client import ApiClient
 from tests.pg import ScratchPostgres
 
 BIN = Path(sys.executable).parent

@@ -73,7 +73,7 @@ def test_up_submit_down(state_home: Path) -> None:
 def test_up_foreground_stays_attached_and_ctrl_c_stops_the_cluster(state_home: Path) -> None:
     import signal
 
-    from gpusched.cli.client import ApiClient
+    from gpusched.client import ApiClient
 
     env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
     env.pop("GPUSCHED_SOCKET", None)

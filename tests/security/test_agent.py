@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from gpusched.cli.client import ApiClient
+from gpusched.client import ApiClient
 from gpusched.errors import Unavailable
 from tests.e2e.cluster import BIN, Cluster, wait_for
 from tests.security.conftest import LocalUser, run_as
