@@ -10,7 +10,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import gpusched
@@ -22,9 +21,10 @@ from gpusched.core.explain import NotPending, explain
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.model import Policy
 from gpusched.core.plan import job_priorities, plan
-from gpusched.db import accounting, agents, health, jobs, submit
+from gpusched.db import accounting, agents, health, job_views, jobs, submit
 from gpusched.db.admin import apply_config, plan_changes
-from gpusched.db.models import Allocation, Gpu, Node, Partition
+from gpusched.db.nodes import node_listing, node_named
+from gpusched.db.partitions import partition_listing
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import NotFound, PermissionDenied, UsageError
 
@@ -147,12 +147,12 @@ class Api:
         """Everything that keeps a pending job from starting, ranked, in words."""
         job_id = _job_id(request)
         with self.sessions() as session:
-            job = jobs.get_job(session, job_id, self.who(request))
+            job = job_views.get_job(session, job_id, self.who(request))
             snapshot, _ = load_snapshot(session, self.policy.preempt_grace) if job["state"] == "PENDING" else (None, None)
             try:
                 why = explain(snapshot, time.time(), self.policy, job_id) if snapshot else None
             except NotPending:  # it started or ended since it was read
-                job, why = jobs.get_job(session, job_id, self.who(request)), None
+                job, why = job_views.get_job(session, job_id, self.who(request)), None
         if why is None:
             return 200, {"job": job, "reason": job["reason"], "blockers": [], "would_start": []}
         return 200, {
@@ -247,15 +247,15 @@ class Api:
         """The queue; a table of fields PostgreSQL can write is sent as it wrote it."""
         with self.sessions() as session:
             if request.query.get("fields"):
-                table = jobs.job_table_json(session, request.query)
+                table = job_views.job_table_json(session, request.query)
                 if table is not None:
                     return 200, EncodedJson(table)
-            return 200, jobs.list_jobs(session, request.query)
+            return 200, job_views.list_jobs(session, request.query)
 
     def get_job(self, request: Request) -> tuple[int, dict[str, Any]]:
         """One job."""
         with self.sessions() as session:
-            return 200, jobs.get_job(session, _job_id(request), self.who(request))
+            return 200, job_views.get_job(session, _job_id(request), self.who(request))
 
     def cancel(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Cancel a pending job at once, or ask the node's agent to stop a running one."""
@@ -281,7 +281,7 @@ class Api:
         if schedule:
             self.events.wake_scheduler()
         with self.sessions() as session:
-            return 200, jobs.get_job(session, job_id, self.who(request))
+            return 200, job_views.get_job(session, job_id, self.who(request))
 
     def signal(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Send a signal to a running job without ending it (gcancel --signal)."""
@@ -315,31 +315,12 @@ class Api:
             notify_in(session, "sched")
         self.events.wake_scheduler()
         with self.sessions() as session:
-            return 200, jobs.get_job(session, job_id, self.who(request))
+            return 200, job_views.get_job(session, job_id, self.who(request))
 
     def nodes(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Nodes with their GPUs and which job holds each."""
         with self.sessions() as session:
-            holders = dict(session.execute(select(Allocation.gpu_id, Allocation.job_id)
-                                           .where(Allocation.released_at.is_(None))).all())
-            gpus: dict[int, list[dict[str, Any]]] = {}
-            rows = list(session.scalars(select(Gpu).where(Gpu.present).order_by(Gpu.index)))
-            index_of = {g.id: g.index for g in rows}
-            for g in rows:
-                gpus.setdefault(g.node_id, []).append({
-                    "parent": index_of.get(g.parent_id) if g.parent_id is not None else None,
-                    "index": g.index, "uuid": g.uuid, "name": g.name, "memory_mb": g.memory_mb,
-                    "type": g.gpu_type, "mig_profile": g.mig_profile,
-                    "healthy": g.healthy, "health_reason": g.health_reason,
-                    "unhealthy_at": g.unhealthy_at.isoformat() if g.unhealthy_at else None,
-                    "util": g.util, "mem_used_mb": g.mem_used_mb, "temperature": g.temperature,
-                    "power_mw": g.power_mw,
-                    "job_id": holders.get(g.id)})
-            return 200, {"nodes": [
-                {"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
-                 "last_seen": n.last_seen.isoformat() if n.last_seen else None,
-                 "gpus": gpus.get(n.id, [])}
-                for n in session.scalars(select(Node).order_by(Node.name))]}
+            return 200, {"nodes": node_listing(session)}
 
     def accounting(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Finished and running jobs with what they used (docs/api.md)."""
@@ -363,14 +344,7 @@ class Api:
     def partitions(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Partitions with their nodes ("*" expanded to every node) and limits."""
         with self.sessions() as session:
-            every = list(session.scalars(select(Node.name).order_by(Node.name)))
-            return 200, {"partitions": [
-                {"name": p.name, "state": p.state, "default": p.is_default,
-                 "nodes": every if p.nodes == ["*"] else list(p.nodes),
-                 "max_time": p.max_time, "default_time": p.default_time,
-                 "priority_tier": p.priority_tier, "max_gpus_per_job": p.max_gpus_per_job,
-                 "requeue": p.requeue}
-                for p in session.scalars(select(Partition).order_by(Partition.name))]}
+            return 200, {"partitions": partition_listing(session)}
 
     def register(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An agent announces its node and GPUs."""
@@ -403,7 +377,7 @@ class Api:
             return 200, work
         self.events.wait_node(node_name, seen, wait)
         with self.sessions() as session:
-            node = session.scalars(select(Node).where(Node.name == node_name)).one()
+            node = node_named(session, node_name)
             return 200, agents.pending_work(session, node, signalled)
 
     def launched(self, request: Request) -> tuple[int, dict[str, Any]]:

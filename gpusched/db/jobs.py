@@ -1,22 +1,20 @@
-"""Job operations for users: cancel, hold, signal, requeue, list; each a guarded UPDATE."""
+"""Job operations for users: cancel, hold, signal, requeue, each a guarded UPDATE; who
+may act on a job; where started jobs run. The JOB object they answer with is built in
+``db/job_views.py``."""
 
 from __future__ import annotations
 
-import json
 import pwd
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Float, Text, case, cast, func, or_, select, text, update
-from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.arrays import ArrayError, iter_tasks, parse_array, remove
-from gpusched.core.bounds import BoundError, parse_id_list
 from gpusched.db.engine import rowcount
 from gpusched.db.models import Allocation, Gpu, Job, Node
 from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
@@ -58,12 +56,6 @@ def set_hold(session: Session, job_id: int, who: Identity, hold: bool) -> Job:
     if not changed:
         raise Conflict(f"job {job_id} is {job.state}: only pending jobs can be held or released")
     return job
-
-
-def _warn_json(number: int | None, seconds: int | None, batch_only: bool) -> dict[str, Any] | None:
-    if number is None:
-        return None
-    return {"signal": number, "seconds": seconds, "batch_only": batch_only}
 
 
 def _owned_job(session: Session, job_id: int, who: Identity, verb: str) -> Job:
@@ -192,219 +184,3 @@ def job_placements(session: Session, jobs: Iterable[tuple[int, int | None]]
         if at == latest[job_id]:
             placed[job_id][1].append(uuid)
     return placed
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-def display_id(job_id: int, array_job: int | None, task: int | None, tasks: str | None,
-               cap: int | None) -> str:
-    """How squeue names a job: ``17``, an array task ``12_3``, pending tasks ``12_[4-9%2]``."""
-    if array_job is None:
-        return str(job_id)
-    if tasks is not None:
-        return f"{array_job}_[{tasks}{'' if cap is None else f'%{cap}'}]"
-    return f"{array_job}_{task}"
-
-
-Field = tuple[tuple[str, ...], Callable[..., Any] | None]
-
-
-def _avg(total: float, count: int) -> float | None:
-    return total / count if count else None
-
-
-def _same(column: str) -> Field:
-    return (column,), None
-
-
-def _when(column: str) -> Field:
-    return (column,), _iso
-
-
-# The JOB object's fields (docs/api.md): the Job columns each reads, and the function
-# making it from their values (None: the one column as it is). "node" and "gpu_uuids"
-# come from the job's placement instead.
-JOB_FIELDS: dict[str, Field] = {
-    "job_id": _same("id"), "name": _same("name"), "user": _same("user_name"),
-    "uid": _same("uid"), "partition": _same("partition"), "account": _same("account"),
-    "qos": _same("qos"), "state": _same("state"), "reason": _same("reason"),
-    "gpus": _same("gpus"), "time_limit": _same("time_limit"), "hold": _same("hold"),
-    "begin_time": _when("begin_time"), "dependency": _same("dependency"),
-    "submit_time": _when("submit_time"), "start_time": _when("start_time"),
-    "end_time": _when("end_time"), "exit_code": _same("exit_code"),
-    "signal": _same("signal"), "error_message": _same("error_message"),
-    "work_dir": _same("work_dir"), "output": _same("output"), "error": _same("error"),
-    "array_job_id": _same("array_job_id"), "array_task_id": _same("array_task_id"),
-    "array_tasks": _same("array_tasks"), "array_max_running": _same("array_max_running"),
-    "gpu_types": (("gpu_types",), list),
-    "nodes": _same("nodes"), "cpus": _same("cpus"), "mem_mb": _same("mem_mb"),
-    "start_kind": _same("start_kind"), "expected_start": _when("expected_start"),
-    "node_names": _same("node_names"), "restarts": _same("restarts"),
-    "nodelist": _same("nodelist"), "exclude": _same("exclude_nodes"),
-    "warn_signal": (("warn_signal", "warn_seconds", "warn_batch_only"), _warn_json),
-    "admin_priority": _same("admin_priority"), "exclusive": _same("exclusive"),
-    "preempted_by": _same("preempted_by"), "requeue": _same("requeue"),
-    "gpu_failure": _same("gpu_failure"),
-    "gpu_util_avg": (("util_sum", "util_samples"), _avg),
-    "gpu_util_peak": _same("util_peak"),
-    "gpu_mem_avg_mb": (("mem_sum_mb", "util_samples"), _avg),
-    "gpu_mem_peak_mb": _same("mem_peak_mb"), "gpu_samples": _same("util_samples"),
-    "idle": _same("idle"), "idle_since": _when("idle_since"),
-    "display_id": (("id", "array_job_id", "array_task_id", "array_tasks", "array_max_running"),
-                   display_id),
-}
-PLACEMENT_FIELDS = ("node", "gpu_uuids")
-_ALL_FIELDS = tuple(JOB_FIELDS) + PLACEMENT_FIELDS
-
-
-def job_json(job: Job, placement: tuple[str, list[str]] | None, private: bool) -> dict[str, Any]:
-    """The API's JOB object (docs/api.md); ``private`` adds script, args and environment."""
-    node, uuids = placement if placement else (None, [])
-    body: dict[str, Any] = {}
-    for field, (columns, make) in JOB_FIELDS.items():
-        values = [getattr(job, c) for c in columns]
-        body[field] = values[0] if make is None else make(*values)
-    body.update(node=node, gpu_uuids=uuids)
-    if private:
-        payload = job.payload
-        body.update(script=payload.script, args=list(payload.args),
-                    environment=dict(payload.environment))
-    return body
-
-
-def parse_fields(text: str) -> tuple[str, ...]:
-    """``?fields=job_id,state,...``: JOB field names, checked; a usage error names an
-    unknown one."""
-    fields = tuple(dict.fromkeys(f.strip() for f in text.split(",") if f.strip()))
-    unknown = [f for f in fields if f not in _ALL_FIELDS]
-    if unknown or not fields:
-        raise UsageError(f"fields: unknown JOB field {unknown[0]!r}" if unknown
-                         else "fields: name at least one JOB field")
-    return fields
-
-
-def _iso_sql(column: Any) -> ColumnElement[str]:
-    """``_iso`` in SQL: what ``datetime.isoformat()`` writes for the session's time zone
-    (microseconds only when there are some); NULL stays NULL."""
-    micro = case((func.extract("microseconds", column) % 1000000 == 0, ""),
-                 else_=func.to_char(column, ".US"))
-    return (func.to_char(column, 'YYYY-MM-DD"T"HH24:MI:SS') + micro
-            + func.to_char(column, "TZH:TZM"))
-
-
-def _text(column: Any) -> ColumnElement[str]:
-    return cast(column, Text)
-
-
-# JOB fields PostgreSQL can write as JSON exactly as job_json does (same values, same
-# strings): a table of only these is built by the database as one JSON text.
-# (Floats are left out: PostgreSQL writes 5.0 as 5.)
-SQL_FIELDS: dict[str, Any] = {  # column expressions
-    **{field: getattr(Job, columns[0]) for field, (columns, make) in JOB_FIELDS.items()
-       if make is None and not isinstance(getattr(Job, columns[0]).type, Float)},
-    **{field: _iso_sql(getattr(Job, columns[0])) for field, (columns, make) in JOB_FIELDS.items()
-       if make is _iso},
-    "gpu_types": Job.gpu_types,
-    "display_id": case(
-        (Job.array_job_id.is_(None), _text(Job.id)),
-        (Job.array_tasks.is_not(None),
-         _text(Job.array_job_id) + "_[" + Job.array_tasks
-         + func.coalesce("%" + _text(Job.array_max_running), "") + "]"),
-        else_=_text(Job.array_job_id) + "_" + _text(Job.array_task_id)),
-    "node": Node.name,
-}
-
-
-def _list_filters(query: dict[str, str]) -> list[ColumnElement[bool]]:
-    """The WHERE conditions of ``GET /v1/jobs``'s query parameters."""
-    where: list[ColumnElement[bool]] = []
-    if query.get("state"):
-        where.append(Job.state.in_([s.strip().upper() for s in query["state"].split(",")]))
-    elif query.get("all") not in ("1", "true", "yes"):
-        where.append(Job.state.in_(["PENDING", "RUNNING"]))
-    for key, column in (("user", Job.user_name), ("partition", Job.partition),
-                        ("account", Job.account), ("name", Job.name)):
-        if query.get(key):
-            where.append(column.in_([w.strip() for w in query[key].split(",")]))
-    if query.get("ids"):
-        try:
-            ids = parse_id_list("ids", query["ids"])
-        except BoundError as exc:
-            raise UsageError(str(exc)) from None
-        where.append(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
-    return where
-
-
-def job_table_json(session: Session, query: dict[str, str]) -> bytes | None:
-    """``GET /v1/jobs?fields=...`` as the JSON text of its answer, built by PostgreSQL
-    (no Python object per job: a queue of 10,000 takes the database about 20 ms); None
-    when a field asked for is not among ``SQL_FIELDS``."""
-    fields = parse_fields(query["fields"])
-    if not set(fields) <= SQL_FIELDS.keys():
-        return None
-    row = func.json_build_array(*(SQL_FIELDS[f] for f in fields))
-    stmt = (select(_text(func.coalesce(func.json_agg(aggregate_order_by(row, Job.id)),
-                                       text("'[]'::json"))))
-            .select_from(Job).outerjoin(Node, Node.id == Job.node_id)
-            .where(*_list_filters(query)))
-    rows = session.connection().execute(stmt).scalar_one()
-    head = json.dumps({"fields": list(fields)}, separators=(",", ":"))[:-1]
-    return f'{head},"rows":{rows}}}'.encode()
-
-
-def list_jobs(session: Session, query: dict[str, str]) -> dict[str, Any]:
-    """The queue (or, with ``all``, every job), filtered as ``GET /v1/jobs`` describes:
-    ``{"jobs": [JOB, ...]}``, or with ``fields`` a table of just those JOB fields,
-    ``{"fields": [...], "rows": [[...], ...]}`` (see also ``job_table_json``)."""
-    fields = parse_fields(query["fields"]) if query.get("fields") else _ALL_FIELDS
-    names = list(dict.fromkeys(["id", "node_id"] + [
-        c for f in fields if f in JOB_FIELDS for c in JOB_FIELDS[f][0]]))
-    stmt = select(*(getattr(Job, c) for c in names)).order_by(Job.id).where(
-        *_list_filters(query))
-    # The driver's own tuples, not ORM objects or even Core rows, turned into the answer
-    # column by column.
-    result = session.connection().execute(stmt)
-    found = result.cursor.fetchall()
-    result.close()
-    started = [(row[0], row[1]) for row in found if row[1] is not None]  # id, node_id
-    if "gpu_uuids" in fields:
-        placed = job_placements(session, started)
-    elif "node" in fields:
-        placed = _node_names(session, started)
-    else:
-        placed = {}
-    values = dict(zip(names, zip(*found))) if found else {name: () for name in names}
-    columns: list[Sequence[Any]] = []
-    for field in fields:
-        if field in PLACEMENT_FIELDS:
-            at = 0 if field == "node" else 1
-            columns.append([placed[i][at] if i in placed else (None, [])[at] for i in values["id"]])
-            continue
-        reads, make = JOB_FIELDS[field]
-        columns.append(values[reads[0]] if make is None else
-                       list(map(make, *(values[c] for c in reads))))
-    rows = list(zip(*columns))
-    if query.get("fields"):
-        return {"fields": list(fields), "rows": rows}
-    return {"jobs": [dict(zip(fields, row)) for row in rows]}
-
-
-def _node_names(session: Session, started: list[tuple[int, int]]
-                ) -> dict[int, tuple[str, list[str]]]:
-    """The node of each started job (job id, node id), without its GPUs."""
-    if not started:
-        return {}
-    names = dict(session.execute(select(Node.id, Node.name).where(
-        Node.id.in_({node_id for _, node_id in started}))).all())
-    return {job_id: (names[node_id], []) for job_id, node_id in started}
-
-
-def get_job(session: Session, job_id: int, who: Identity) -> dict[str, Any]:
-    """One JOB object; its owner and admins also see the script and environment."""
-    job = session.get(Job, job_id)
-    if job is None:
-        raise NotFound(f"invalid job id specified: {job_id}")
-    private = who.is_admin or who.uid == job.uid
-    return job_json(job, job_placements(session, [(job.id, job.node_id)]).get(job_id), private)

@@ -1,13 +1,15 @@
-"""Partitions as configured, mirrored into the database."""
+"""Partitions as configured, mirrored into the database, and as the API lists them."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from gpusched.config import PartitionConfig
-from gpusched.db.models import Partition
+from gpusched.db.models import Node, Partition
 
 
 def seed_partitions(session: Session, configured: tuple[PartitionConfig, ...]) -> bool:
@@ -35,3 +37,15 @@ def sync_partitions(session: Session, configured: tuple[PartitionConfig, ...]) -
                         .on_conflict_do_update(index_elements=[Partition.name], set_=values))
     session.execute(update(Partition).where(Partition.name.not_in([p.name for p in configured]))
                     .values(state="INACTIVE", is_default=False))
+
+
+def partition_listing(session: Session) -> list[dict[str, Any]]:
+    """Every partition with its nodes ("*" expanded to every node) and limits, by name
+    (``GET /v1/partitions``)."""
+    every = list(session.scalars(select(Node.name).order_by(Node.name)))
+    return [{"name": p.name, "state": p.state, "default": p.is_default,
+             "nodes": every if p.nodes == ["*"] else list(p.nodes),
+             "max_time": p.max_time, "default_time": p.default_time,
+             "priority_tier": p.priority_tier, "max_gpus_per_job": p.max_gpus_per_job,
+             "requeue": p.requeue}
+            for p in session.scalars(select(Partition).order_by(Partition.name))]

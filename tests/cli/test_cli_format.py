@@ -137,7 +137,7 @@ FULL_JOBS = [
 def test_listings_ask_for_every_field_they_show(full: dict[str, Any]) -> None:
     """gqueue asks the controller for only some fields: each view must look the same
     from those alone as from the whole JOB object, and every field must exist there."""
-    from gpusched.db.jobs import JOB_FIELDS, PLACEMENT_FIELDS
+    from gpusched.db.job_views import JOB_FIELDS, PLACEMENT_FIELDS
 
     def only(fields: tuple[str, ...]) -> dict[str, Any]:
         assert set(fields) <= set(JOB_FIELDS) | set(PLACEMENT_FIELDS)

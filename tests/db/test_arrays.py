@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
-from gpusched.db import agents, jobs
+from gpusched.db import agents, job_views, jobs
 from gpusched.db.models import Allocation, Job, JobScript, Node
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import UsageError
@@ -40,7 +40,7 @@ def _end(sessions: sessionmaker[Session], job_id: int, outcome: str = "completed
 def test_tasks_split_off_the_record_as_they_start(sessions: sessionmaker[Session]) -> None:
     array = _submit(sessions, gpus=1, array="0-2")
     with sessions() as s:
-        record = jobs.get_job(s, array, ALICE)
+        record = job_views.get_job(s, array, ALICE)
     assert (record["array_job_id"], record["array_tasks"], record["display_id"]) == (
         array, "0-2", f"{array}_[0-2]")
     assert _pass(sessions) == {"n1"}  # two GPUs: tasks 0 and 1 start
@@ -58,7 +58,7 @@ def test_tasks_split_off_the_record_as_they_start(sessions: sessionmaker[Session
         assert set(s.scalars(select(Job.script_id).where(Job.array_job_id == array))) == {
             s.get(Job, array).script_id}  # type: ignore[union-attr]
         assert s.scalar(select(func.count()).select_from(JobScript)) == 1
-        assert [jobs.get_job(s, i, ALICE)["display_id"] for i in task_ids] == [
+        assert [job_views.get_job(s, i, ALICE)["display_id"] for i in task_ids] == [
             f"{array}_0", f"{array}_1"]
     _end(sessions, rows[1][0])
     _pass(sessions)  # the last task: the record itself becomes it
@@ -139,17 +139,17 @@ def test_the_database_writes_job_tables_exactly_as_python_does(
                        "now()) + interval '2 seconds', exit_code = 0, error_message = :message "
                        "WHERE id = :id"),
                   {"id": ended, "message": "line one\nline\ttwo \x01\x1f \\ \" \u2028 \U0001f600"})
-    fields = ",".join(sorted(jobs.SQL_FIELDS))
+    fields = ",".join(sorted(job_views.SQL_FIELDS))
     queries = [{}, {"all": "1"}, {"state": "RUNNING"}, {"ids": str(array)},
                {"user": "nobody"}, {"ids": f"{plain},{ended}", "all": "1"}]
     with sessions() as s:
         s.execute(text(f"SET TIME ZONE '{zone}'"))
         for query in queries:
-            built = jobs.job_table_json(s, {**query, "fields": fields})
+            built = job_views.job_table_json(s, {**query, "fields": fields})
             assert built is not None
-            python = json.loads(json.dumps(jobs.list_jobs(s, {**query, "fields": fields})))
+            python = json.loads(json.dumps(job_views.list_jobs(s, {**query, "fields": fields})))
             assert json.loads(built) == python, query
-        everything = json.loads(jobs.job_table_json(s, {"all": "1", "fields": fields}) or b"")
+        everything = json.loads(job_views.job_table_json(s, {"all": "1", "fields": fields}) or b"")
     rows = [dict(zip(everything["fields"], row)) for row in everything["rows"]]
     assert len(rows) == 5 and {r["state"] for r in rows} == {"PENDING", "RUNNING", "COMPLETED"}
     assert {r["display_id"] for r in rows if r["array_job_id"]} == {
@@ -158,4 +158,4 @@ def test_the_database_writes_job_tables_exactly_as_python_does(
     assert any(r["start_time"] and "." in r["start_time"] for r in rows)
     assert any(r["node"] == "n1" for r in rows)
     assert any(r["error_message"] and "\U0001f600" in r["error_message"] for r in rows)
-    assert jobs.job_table_json(s, {"fields": "job_id,gpu_uuids"}) is None
+    assert job_views.job_table_json(s, {"fields": "job_id,gpu_uuids"}) is None

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpusched.db import agents, health, jobs
+from gpusched.db import agents, health, job_views
 from gpusched.db.models import Gpu, Job, Partition
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import NotFound, UsageError
@@ -146,7 +146,7 @@ def test_samples_roll_up_into_the_jobs_holding_the_gpus(sessions: sessionmaker[S
     with sessions() as s:
         job = s.get(Job, job_id)
         assert job is not None and job.util_samples == 2
-        body = jobs.job_json(job, None, False)
+        body = job_views.job_json(job, None, False)
         assert (body["gpu_util_avg"], body["gpu_util_peak"]) == (75.0, 100)
         assert (body["gpu_mem_avg_mb"], body["gpu_mem_peak_mb"]) == (7500.0, 10000)
         sliced = s.get(Job, on_slice)
@@ -165,7 +165,7 @@ def test_a_job_idle_long_enough_is_flagged_and_work_clears_it(
                   .values(idle_since=datetime.now(UTC) - timedelta(seconds=1)))
     assert _sample(sessions, idle_after=0.2, GPU_0=1) == [job_id]
     with sessions() as s:
-        assert jobs.job_json(s.get(Job, job_id), None, False)["idle"] is True  # type: ignore[arg-type]
+        assert job_views.job_json(s.get(Job, job_id), None, False)["idle"] is True  # type: ignore[arg-type]
     _sample(sessions, idle_after=0.2, GPU_0=60)
     with sessions() as s:
         job = s.get(Job, job_id)

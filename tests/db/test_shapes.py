@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
-from gpusched.db import agents, jobs
+from gpusched.db import agents, job_views, jobs
 from gpusched.db.models import Allocation, Job, Node
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import UsageError
@@ -44,7 +44,7 @@ def test_a_multi_node_job_holds_gpus_on_each_node_and_runs_on_the_first(
         nodes = {n.name: n for n in s.scalars(select(Node))}
         assert [w["job_id"] for w in agents.pending_work(s, nodes["n1"], set())["launches"]] == [job_id]
         assert agents.pending_work(s, nodes["n2"], set())["launches"] == []
-        assert jobs.get_job(s, job_id, ALICE)["start_kind"] == "immediate"
+        assert job_views.get_job(s, job_id, ALICE)["start_kind"] == "immediate"
 
 
 def test_typed_requests_go_to_their_type_and_reservations_are_stored(
@@ -54,9 +54,9 @@ def test_typed_requests_go_to_their_type_and_reservations_are_stored(
     after = _submit(sessions, gpus=2, gpu_types=["h100"], time_limit=600)
     _pass(sessions)
     with sessions() as s:
-        first = jobs.get_job(s, h100, ALICE)
+        first = job_views.get_job(s, h100, ALICE)
         assert first["node"] == "n2" and first["gpu_uuids"] == ["H-0", "H-1"]
-        waiting = jobs.get_job(s, after, ALICE)
+        waiting = job_views.get_job(s, after, ALICE)
         assert waiting["reason"] == "Resources" and waiting["expected_start"] is not None
         assert waiting["gpu_types"] == ["h100"]
     with sessions() as s, s.begin():
@@ -65,7 +65,7 @@ def test_typed_requests_go_to_their_type_and_reservations_are_stored(
         assert agents.record_end(s, h100, {"node": "n2", "outcome": "cancelled"})
     _pass(sessions)
     with sessions() as s:
-        assert jobs.get_job(s, after, ALICE)["expected_start"] is None  # it started
+        assert job_views.get_job(s, after, ALICE)["expected_start"] is None  # it started
 
 
 @pytest.mark.parametrize(("body", "words"), [
@@ -104,7 +104,7 @@ def test_registered_links_and_mig_slices_steer_placement(sessions: sessionmaker[
     three = _submit(sessions, gpus=3, gpu_types=["a100"])  # GPU 4 is in MIG mode: only 2 left
     _pass(sessions)
     with sessions() as s:
-        got = {j: jobs.get_job(s, j, ALICE) for j in (pair, mig, three)}
+        got = {j: job_views.get_job(s, j, ALICE) for j in (pair, mig, three)}
     assert set(got[pair]["gpu_uuids"]) in ({"A-0", "A-2"}, {"A-1", "A-3"})  # an NVLinked pair
     assert got[mig]["gpu_uuids"] == ["MIG-0", "MIG-1"]
     assert (got[three]["state"], got[three]["reason"]) == ("PENDING", "Resources")

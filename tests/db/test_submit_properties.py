@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpusched.config import PartitionConfig
 from gpusched.core import bounds
 from gpusched.db.engine import make_engine, make_sessionmaker
-from gpusched.db.jobs import Identity, get_job
+from gpusched.db.job_views import get_job
+from gpusched.db.jobs import Identity
 from gpusched.db.models import Job, JobScript
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.submit import submit_job

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, jobs, submit
+from gpusched.db import agents, job_views, jobs, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Allocation, Job, JobScript, Node
 from gpusched.db.partitions import sync_partitions
@@ -169,8 +169,8 @@ def test_a_jobs_script_and_environment_live_outside_its_row(
     large = _submit(sessions, environment=environment, script=script, args=["a", "b"])
     with sessions() as s:
         sizes = dict(s.execute(text("SELECT id, pg_column_size(jobs.*) FROM jobs")).all())
-        shown = jobs.get_job(s, large, ALICE)
-        hidden = jobs.get_job(s, large, BOB)
+        shown = job_views.get_job(s, large, ALICE)
+        hidden = job_views.get_job(s, large, BOB)
     assert len(str(environment)) + len(script) > 4000
     assert sizes[large] == sizes[small] < 500
     assert (shown["environment"], shown["script"], shown["args"]) == (environment, script, ["a", "b"])

@@ -1,0 +1,39 @@
+"""Nodes and their GPUs as the API lists them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpusched.db.models import Allocation, Gpu, Node
+
+
+def node_named(session: Session, name: str) -> Node:
+    """The node called ``name`` (it must exist)."""
+    return session.scalars(select(Node).where(Node.name == name)).one()
+
+
+def node_listing(session: Session) -> list[dict[str, Any]]:
+    """Every node with its present GPUs (MIG slices naming their parent's index) and the
+    job holding each, by node name (``GET /v1/nodes``)."""
+    holders = dict(session.execute(select(Allocation.gpu_id, Allocation.job_id)
+                                   .where(Allocation.released_at.is_(None))).all())
+    gpus: dict[int, list[dict[str, Any]]] = {}
+    rows = list(session.scalars(select(Gpu).where(Gpu.present).order_by(Gpu.index)))
+    index_of = {g.id: g.index for g in rows}
+    for g in rows:
+        gpus.setdefault(g.node_id, []).append({
+            "parent": index_of.get(g.parent_id) if g.parent_id is not None else None,
+            "index": g.index, "uuid": g.uuid, "name": g.name, "memory_mb": g.memory_mb,
+            "type": g.gpu_type, "mig_profile": g.mig_profile,
+            "healthy": g.healthy, "health_reason": g.health_reason,
+            "unhealthy_at": g.unhealthy_at.isoformat() if g.unhealthy_at else None,
+            "util": g.util, "mem_used_mb": g.mem_used_mb, "temperature": g.temperature,
+            "power_mw": g.power_mw,
+            "job_id": holders.get(g.id)})
+    return [{"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
+             "last_seen": n.last_seen.isoformat() if n.last_seen else None,
+             "gpus": gpus.get(n.id, [])}
+            for n in session.scalars(select(Node).order_by(Node.name))]
