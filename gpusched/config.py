@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpusched.auth.settings import AuthConfig, parse_auth
 from gpusched.core.model import Policy
 from gpusched.core.priority import PriorityWeights
 from gpusched.core.shapes import is_gpu_kind, is_mig_profile
@@ -27,6 +28,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 # GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form of MIG devices.
 _GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+)$")
+_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
 
@@ -80,6 +82,8 @@ class ControllerConfig:
     idle_timeout: float = 30.0
     max_connections: int = 256
     max_connections_per_user: int = 32
+    # Members of this group (and root) are administrators, as proved by their credential.
+    admin_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     partitions: tuple[PartitionConfig, ...] = (PartitionConfig("gpu", default=True),)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     source: str = "<defaults>"
 
     def default_partition(self) -> PartitionConfig:
@@ -239,7 +244,7 @@ def _submit_limit(r: TableReader) -> int | None:
 def _controller(r: TableReader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout",
                   "gpu_resume_after", "idle_percent", "idle_after", "max_submit_jobs_per_user",
-                  "idle_timeout", "max_connections", "max_connections_per_user"})
+                  "idle_timeout", "max_connections", "max_connections_per_user", "admin_group"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
@@ -257,7 +262,16 @@ def _controller(r: TableReader) -> ControllerConfig:
         max_connections=_connection_cap(r, "max_connections", ControllerConfig.max_connections),
         max_connections_per_user=_connection_cap(r, "max_connections_per_user",
                                                  ControllerConfig.max_connections_per_user),
+        admin_group=_group_name(r, "admin_group"),
     )
+
+
+def _group_name(r: TableReader, key: str) -> str | None:
+    expected = "a group name (letters, digits, '_', '.', '-'; at most 64)"
+    value = r.get(key, str, None, expected)
+    if value is not None and not _GROUP.match(value):
+        raise r.fail(key, expected)
+    return None if value is None else str(value)
 
 
 def _connection_cap(r: TableReader, key: str, default: int) -> int:
@@ -470,7 +484,7 @@ def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:
 def parse_config(data: Mapping[str, Any], source: str) -> Config:
     """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
     top = TableReader(source, data, "")
-    top.check_keys({"database", "controller", "agent", "partitions", "scheduler"})
+    top.check_keys({"database", "controller", "agent", "partitions", "scheduler", "auth"})
     database = top.sub("database")
     database.check_keys({"url"})
     url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
@@ -487,6 +501,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
         scheduler=_scheduler(top.sub("scheduler")),
         agent=agent,
         partitions=_partitions(source, data.get("partitions")),
+        auth=parse_auth(top.sub("auth")),
         source=source,
     )
 

@@ -48,6 +48,14 @@ class PermissionDenied(GpuschedError):
     code = "forbidden"
 
 
+class AuthError(GpuschedError):
+    """A credential is missing, malformed, forged, replayed or expired."""
+
+    exit_code = 1
+    http_status = 401
+    code = "auth"
+
+
 class Conflict(GpuschedError):
     """The object is not in a state that allows the operation."""
 
@@ -73,7 +81,7 @@ class Unavailable(GpuschedError):
 
 
 _BY_CODE = {cls.code: cls for cls in (GpuschedError, UsageError, ConfigError, NotFound,
-                                     PermissionDenied, Conflict, LimitReached,
+                                     PermissionDenied, AuthError, Conflict, LimitReached,
                                      Unavailable)}
 
 
