@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from gpusched.cli.auth import auth_app, authd
 from gpusched.cli.common import new_app, run_cli
 from gpusched.core.terminal import terminal_safe
 
@@ -17,6 +18,7 @@ db_app = new_app("Database schema management.")
 app.add_typer(db_app, name="db")
 admin_app = new_app("Cluster administration: partitions, accounts, QOS.")
 app.add_typer(admin_app, name="admin")
+app.add_typer(auth_app, name="auth")
 
 ConfigOption = Annotated[
     Optional[Path],
@@ -61,6 +63,7 @@ def controller(config: ConfigOption = None,
 
 agent_app = new_app("The node agent.")
 app.add_typer(agent_app, name="agent")
+app.command("authd")(authd)
 
 
 @agent_app.callback(invoke_without_command=True)
