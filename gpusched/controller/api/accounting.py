@@ -1,0 +1,74 @@
+"""What jobs used and what it does to priority: ``/v1/accounting`` (gacct), the
+fair-share tree (``/v1/share``) and pending jobs' priority factors (``/v1/priority``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from gpusched.controller.api.common import ApiContext, epoch_param, id_set, word_list
+from gpusched.controller.http import Request, Router
+from gpusched.core.fairshare import FairShareTree
+from gpusched.core.plan import job_priorities
+from gpusched.db import accounting
+from gpusched.db.schedule import load_snapshot
+from gpusched.errors import UsageError
+
+
+class AccountingRoutes:
+    """Anyone may read the records, the shares and the priorities."""
+
+    def __init__(self, context: ApiContext) -> None:
+        self.context = context
+
+    def add_to(self, r: Router) -> None:
+        """Register the accounting, share and priority routes."""
+        r.add("GET", "/v1/accounting", self.accounting)
+        r.add("GET", "/v1/accounting/report", self.accounting_report)
+        r.add("GET", "/v1/priority", self.priority)
+        r.add("GET", "/v1/share", self.share)
+
+    def accounting(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Finished and running jobs with what they used (docs/api.md)."""
+        q = request.query
+        with self.context.sessions() as session:
+            return 200, {"jobs": accounting.job_records(
+                session, word_list(q.get("user")), word_list(q.get("account")),
+                [s.upper() for s in word_list(q.get("state")) or []] or None,
+                sorted(id_set(q["ids"])) if q.get("ids") else None,
+                epoch_param(q, "start"), epoch_param(q, "end"))}
+
+    def accounting_report(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """GPU-hours per account and user within a window (``start``, ``end``: epoch s)."""
+        start, end = epoch_param(request.query, "start"), epoch_param(request.query, "end")
+        if start is None or end is None or end <= start:
+            raise UsageError("start, end: expected a window, start before end (epoch seconds)")
+        with self.context.sessions() as session:
+            return 200, {"start": start.isoformat(), "end": end.isoformat(),
+                         "rows": accounting.usage_report(session, start, end)}
+
+    def priority(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Pending jobs' priority factors, highest first (``?ids=`` to choose jobs)."""
+        policy = self.context.policy
+        wanted = id_set(request.query.get("ids", ""))
+        with self.context.sessions() as session:
+            snapshot, _ = load_snapshot(session, policy.preempt_grace)
+        owners = {j.job_id: (j.user, j.account) for j in snapshot.pending}
+        rows = [
+            {"job_id": b.job_id, "user": owners[b.job_id][0], "account": owners[b.job_id][1],
+             "priority": b.total, "age": b.age, "fairshare": b.fairshare,
+             "job_size": b.job_size, "partition": b.partition, "qos": b.qos}
+            for b in job_priorities(snapshot, time.time(), policy)
+            if not wanted or b.job_id in wanted
+        ]
+        return 200, {"jobs": rows, "weights": asdict(policy.weights)}
+
+    def share(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The fair-share tree with shares, usage and factors, depth first."""
+        policy = self.context.policy
+        with self.context.sessions() as session:
+            snapshot, _ = load_snapshot(session, policy.preempt_grace)
+        tree = FairShareTree(snapshot.accounts, snapshot.user_shares)
+        rows = tree.report(snapshot.usage, policy.fairshare)
+        return 200, {"method": policy.fairshare, "rows": [asdict(r) for r in rows]}
