@@ -245,3 +245,29 @@ def test_a_socket_not_served_by_root_is_not_trusted(
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         shutil.rmtree(spot, ignore_errors=True)
+
+
+def test_a_key_change_reaches_authd_on_sighup_and_both_keys_verify_meanwhile() -> None:
+    other = make_site()
+    proc = start_authd(other)
+    try:
+        old_master = read_master_key(other.master)
+        before, unused = AuthdClient(other.socket).token(), AuthdClient(other.socket).token()
+        new_master_file = other.dir / "master.key.new"
+        assert gpusched("auth", "keygen", "-o", str(new_master_file)).returncode == 0
+        done = gpusched("auth", "derive", "--host", "login1", "--key-file", str(new_master_file),
+                        "-o", str(other.host_key), "--force")
+        assert done.returncode == 0, done.stderr
+        new_master = read_master_key(new_master_file)
+        proc.send_signal(signal.SIGHUP)
+        after = wait_for(lambda: (t := AuthdClient(other.socket).token()).split(":")[1]
+                         == new_master.key_id and t, what="a token of the new key")
+        during = KeyVerifier(new_master, previous=old_master)
+        assert during.verify(before, time.time()).uid == 0
+        assert during.verify(after, time.time()).uid == 0
+        # once the previous key is no longer configured, its tokens are refused
+        with pytest.raises(AuthError, match=f"unknown key \\(key id {old_master.key_id}\\)"):
+            KeyVerifier(new_master).verify(unused, time.time())
+    finally:
+        stop(proc)
+        shutil.rmtree(other.dir, ignore_errors=True)
