@@ -1,7 +1,8 @@
 """Wake-ups: the scheduler on submit/cancel/job end, agents' long polls on new work.
 
 Within one controller process a wake is a threading primitive; across replicas the
-same wake travels as a PostgreSQL NOTIFY sent inside the transaction that caused it.
+same wake travels as a PostgreSQL NOTIFY sent inside the transaction that caused it
+(db/notify.py); this module relays those it hears into the process.
 """
 
 from __future__ import annotations
@@ -11,18 +12,10 @@ import threading
 import time
 
 import psycopg
-from sqlalchemy import text
-from sqlalchemy.orm import Session
+
+from gpusched.db.notify import open_listener, received
 
 log = logging.getLogger(__name__)
-CHANNEL = "gpusched"
-
-
-def notify_in(session: Session, *payloads: str) -> None:
-    """Queue NOTIFYs that PostgreSQL delivers when ``session`` commits."""
-    for payload in payloads:
-        session.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": payload})
-
 
 class Events:
     """The controller's wake-up hub."""
@@ -74,11 +67,10 @@ class Events:
     def _listen(self, dsn: str) -> None:
         while not self._stop.is_set():
             try:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                with open_listener(dsn) as conn:
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0):
-                            self.dispatch(note.payload)
+                        for payload in received(conn, 1.0):
+                            self.dispatch(payload)
             except psycopg.Error as exc:
                 log.warning("notification listener lost its connection: %s", exc)
                 self._stop.wait(1.0)

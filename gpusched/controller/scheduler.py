@@ -1,4 +1,5 @@
-"""The leader-only scheduling loop: a Postgres advisory lock decides who schedules."""
+"""The leader-only scheduling loop: passes run while this controller holds leadership
+(db/leadership.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ import threading
 import time
 from dataclasses import dataclass
 
-import psycopg
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpusched.controller.events import Events, notify_in
+from gpusched.controller.events import Events
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
+from gpusched.db.leadership import Leadership
+from gpusched.db.notify import notify_in
 from gpusched.db.schedule import apply_plan, load_snapshot
 
 log = logging.getLogger(__name__)
-LEADER_LOCK_KEY = 0x67707573  # "gpus"
 STANDBY_RETRY = 1.0
 # After a wake-up, gather the events of the next few milliseconds into the same pass: a
 # burst of job ends or submits then costs one pass, not one each. After a long pass the
@@ -38,52 +39,6 @@ class PassStats:
     total_started: int = 0
 
 
-class Leadership:
-    """Holds the advisory lock on its own connection; losing it means stepping down."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self._conn: psycopg.Connection | None = None
-
-    def try_acquire(self) -> bool:
-        """Take the lock if free; True while we hold it."""
-        if self.held():
-            return True
-        try:
-            conn = psycopg.connect(self.dsn, autocommit=True)
-        except psycopg.Error as exc:
-            log.warning("cannot reach the database for leadership: %s", exc)
-            return False
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_KEY,)).fetchone()
-        if row and row[0]:
-            self._conn = conn
-            log.info("became the scheduling leader")
-            return True
-        conn.close()
-        return False
-
-    def held(self) -> bool:
-        """True if our lock connection is still alive (a dead one releases the lock)."""
-        if self._conn is None:
-            return False
-        try:
-            self._conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            log.warning("lost the leadership connection; stepping down")
-            self.release()
-            return False
-
-    def release(self) -> None:
-        """Give up leadership (closing the connection frees the lock)."""
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except psycopg.Error:
-                pass
-            self._conn = None
-
-
 class SchedulerLoop:
     """Runs passes when woken (submit, cancel, job end) and on the periodic backstop."""
 
@@ -102,7 +57,7 @@ class SchedulerLoop:
     @property
     def is_leader(self) -> bool:
         """True while this controller holds the scheduling lock."""
-        return self.leadership._conn is not None
+        return self.leadership.is_held
 
     def start(self) -> None:
         """Start the loop thread."""

@@ -6,10 +6,10 @@ from typing import Any
 
 from gpusched.adminconfig import parse_admin_config
 from gpusched.controller.api.common import ApiContext
-from gpusched.controller.events import notify_in
 from gpusched.controller.http import Request, Router
 from gpusched.db import health
 from gpusched.db.admin import apply_config, plan_changes
+from gpusched.db.notify import notify_in
 from gpusched.errors import UsageError
 
 

@@ -6,10 +6,10 @@ import math
 from typing import Any
 
 from gpusched.controller.api.common import ApiContext, id_set, path_job_id
-from gpusched.controller.events import notify_in
 from gpusched.controller.http import Request, Router
 from gpusched.db import agents, health
 from gpusched.db.nodes import node_named
+from gpusched.db.notify import notify_in
 from gpusched.errors import UsageError
 
 MAX_POLL_WAIT = 60.0

@@ -11,11 +11,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from gpusched.controller.api.common import ApiContext, caller_identity, path_job_id
-from gpusched.controller.events import notify_in
 from gpusched.controller.http import Answer, EncodedJson, Request, Router
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.plan import plan
 from gpusched.db import job_views, jobs, submit
+from gpusched.db.notify import notify_in
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import UsageError
 

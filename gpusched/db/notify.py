@@ -1,0 +1,39 @@
+"""Wake-ups between controller replicas: PostgreSQL NOTIFY on one channel.
+
+A NOTIFY is sent inside the transaction that caused it, so other replicas hear of a
+change only once it is committed. Payloads are ``sched`` (run a scheduling pass) and
+``node:NAME`` (the agent of NAME has work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+CHANNEL = "gpusched"
+
+
+def notify_in(session: Session, *payloads: str) -> None:
+    """Queue NOTIFYs that PostgreSQL delivers when ``session`` commits."""
+    for payload in payloads:
+        session.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": payload})
+
+
+def open_listener(dsn: str) -> psycopg.Connection:
+    """A connection of its own listening on the channel (raises ``psycopg.Error``)."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        conn.execute(f"LISTEN {CHANNEL}")
+    except psycopg.Error:
+        conn.close()
+        raise
+    return conn
+
+
+def received(conn: psycopg.Connection, timeout: float) -> Iterator[str]:
+    """The payloads that arrive on ``conn`` within ``timeout`` seconds."""
+    for note in conn.notifies(timeout=timeout):
+        yield note.payload
