@@ -1,0 +1,319 @@
+"""What the controller and a node's agent send each other about jobs: the launch order
+(an element of ``launches`` in ``GET /agent/v1/work``), the end report (``POST
+/agent/v1/jobs/{id}/ended``) and the per-node command, each parsed once into a frozen
+message by the side that receives it.
+
+The agent runs as root, so an order is bounded field by field before any of it is used;
+a bad order fails its job, never the agent. The bounds are those of the data, not the
+submit policy: an output pattern that submit would refuse still launches (its padding
+is capped when it is expanded), as the agent must run what an older controller stored.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusched.core import bounds
+from gpusched.core.arrays import MAX_TASK_ID, MAX_TASKS, ArrayError, runs
+from gpusched.core.signals import MAX_WARN_SECONDS
+from gpusched.errors import UsageError
+from gpusched.messages.fields import (
+    MAX_UID,
+    Body,
+    as_object,
+    bounded,
+    flag,
+    integer,
+    one_of,
+    optional_integer,
+    path,
+    refuse_unknown,
+    required_integer,
+    required_text,
+    shown,
+    string_map,
+    strings,
+    typed,
+    words,
+)
+
+MAX_SIGNAL = signal.NSIG - 1
+MAX_ARRAY_SPEC = 8 * MAX_TASKS  # characters of a canonical task list ("0-9,12,15-99:3")
+MAX_ERROR_TEXT = 2000  # characters of an agent's error message kept with the job
+MAX_ERROR_INPUT = 64 * 1024  # characters of one an end report may bring (then cut)
+MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second Python can show
+# How a job ended, as its supervisor (or the agent, for a launch it refused) tells it.
+OUTCOMES = ("completed", "failed", "launch_failed", "cancelled", "timeout")
+COMMAND_KINDS = ("launch", "cancel", "signal", "limit")
+
+LAUNCH_FIELDS = frozenset({
+    "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
+    "environment", "output", "error", "umask", "time_limit", "warn_signal", "warn_seconds",
+    "warn_batch_only", "gpu_uuids", "node_names", "array_job_id", "array_task_id",
+    "array_spec"})
+END_FIELDS = frozenset({"node", "outcome", "exit_code", "signal", "end_time", "error"})
+COMMAND_FIELDS = frozenset({"kind", "node", "job_id", "run", "seq", "payload"})
+
+
+@dataclass(frozen=True)
+class LaunchOrder:
+    """Start one run of a job on this node: everything its supervisor needs.
+
+    ``run`` counts the job's restarts (``restarts`` on the wire): a requeued job comes
+    back under the same id as a new run. ``node_names`` are all the job's nodes (empty:
+    this one alone); ``output``/``error`` are patterns relative to ``work_dir``.
+    """
+
+    job_id: int
+    node: str
+    name: str
+    user: str
+    uid: int
+    gid: int
+    script: str
+    work_dir: str
+    run: int = 0
+    args: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)
+    output: str | None = None
+    error: str | None = None
+    umask: int | None = None
+    time_limit: int | None = None
+    warn_signal: int | None = None
+    warn_seconds: int | None = None
+    warn_batch_only: bool = False
+    gpu_uuids: tuple[str, ...] = ()
+    node_names: tuple[str, ...] = ()
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_spec: str | None = None
+
+    @classmethod
+    def parse(cls, raw: object) -> LaunchOrder:
+        """Check every field's type and bounds; the first fault is a UsageError."""
+        body = as_object(raw, "the launch order")
+        refuse_unknown(body, LAUNCH_FIELDS, "the launch order")
+        work_dir = path(body, "work_dir", "an absolute directory path")
+        if not work_dir or not work_dir.startswith("/"):
+            raise UsageError(f"work_dir: expected an absolute directory path, got "
+                             f"{shown(work_dir)}")
+        script = typed(body, "script", str, None, "the batch script text")
+        if script is None:
+            raise UsageError("script: expected the batch script text, got nothing")
+        return cls(
+            job_id=required_integer(body, "job_id", 1, bounds.MAX_JOB_ID, "a job id"),
+            run=integer(body, "restarts", 0, 0, bounds.MAX_INT32, "a restart count"),
+            node=required_text(body, "node", bounds.MAX_WORD, "the node name"),
+            name=required_text(body, "name", bounds.MAX_NAME, "a job name"),
+            user=required_text(body, "user", bounds.MAX_WORD, "a user name"),
+            uid=required_integer(body, "uid", 0, MAX_UID, "a uid"),
+            gid=required_integer(body, "gid", 0, MAX_UID, "a gid"),
+            script=bounded(bounds.check_script, script), work_dir=work_dir,
+            args=tuple(bounded(bounds.check_args, strings(body, "args"))),
+            environment=bounded(bounds.check_environment, string_map(body, "environment")),
+            output=path(body, "output", "a file name pattern"),
+            error=path(body, "error", "a file name pattern"),
+            umask=optional_integer(body, "umask", 0, 0o777, "a file mode creation mask"),
+            time_limit=optional_integer(body, "time_limit", 0, bounds.MAX_TIME_LIMIT,
+                                        "seconds"),
+            warn_signal=optional_integer(body, "warn_signal", 1, MAX_SIGNAL, "a signal number"),
+            warn_seconds=optional_integer(body, "warn_seconds", 0, MAX_WARN_SECONDS,
+                                          "seconds before the time limit"),
+            warn_batch_only=flag(body, "warn_batch_only"),
+            gpu_uuids=words(body, "gpu_uuids", bounds.MAX_GPUS, "GPU UUIDs"),
+            node_names=words(body, "node_names", bounds.MAX_NODES, "node names"),
+            array_job_id=optional_integer(body, "array_job_id", 1, bounds.MAX_JOB_ID,
+                                          "a job id"),
+            array_task_id=optional_integer(body, "array_task_id", 0, MAX_TASK_ID,
+                                           "an array task id"),
+            array_spec=_array_spec(typed(body, "array_spec", str, None, "array task ids")))
+
+    def to_json(self) -> dict[str, Any]:
+        """The order as ``GET /agent/v1/work`` carries it."""
+        return {
+            "job_id": self.job_id, "restarts": self.run, "node": self.node, "name": self.name,
+            "user": self.user, "uid": self.uid, "gid": self.gid, "script": self.script,
+            "args": list(self.args), "work_dir": self.work_dir,
+            "environment": dict(self.environment), "output": self.output,
+            "error": self.error, "umask": self.umask, "time_limit": self.time_limit,
+            "warn_signal": self.warn_signal, "warn_seconds": self.warn_seconds,
+            "warn_batch_only": self.warn_batch_only, "gpu_uuids": list(self.gpu_uuids),
+            "node_names": list(self.node_names), "array_job_id": self.array_job_id,
+            "array_task_id": self.array_task_id, "array_spec": self.array_spec,
+        }
+
+
+def launch_job_of(raw: object) -> tuple[int, int] | None:
+    """The job id and run a launch order names, read leniently so that an order that
+    does not parse can still fail its job; None when it names no job."""
+    if not isinstance(raw, dict):
+        return None
+    job_id, run = raw.get("job_id"), raw.get("restarts")
+    if not isinstance(job_id, int) or isinstance(job_id, bool) \
+            or not 1 <= job_id <= bounds.MAX_JOB_ID:
+        return None
+    if not isinstance(run, int) or isinstance(run, bool) or not 0 <= run <= bounds.MAX_INT32:
+        run = 0
+    return job_id, run
+
+
+def _array_spec(value: str | None) -> str | None:
+    """A canonical list of array task ids, such as ``0-9,12,15-99:3``."""
+    if value is None:
+        return None
+    if not value or len(value) > MAX_ARRAY_SPEC:
+        raise UsageError(f"array_spec: expected 1 to {MAX_ARRAY_SPEC} characters of task "
+                         f"ids, got {len(value)}")
+    try:
+        runs(value)
+    except ArrayError as exc:
+        raise UsageError(f"array_spec: {exc}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How one run of a job ended on ``node``, as its agent reports it.
+
+    ``end_time`` is in seconds since the epoch (None: when the report arrives);
+    ``exit_code`` is set when the job exited, ``signal`` when a signal killed it;
+    ``error`` is kept to MAX_ERROR_TEXT characters of UTF-8 text without NUL.
+    """
+
+    node: str
+    outcome: str
+    exit_code: int | None = None
+    signal: int | None = None
+    end_time: float | None = None
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, raw: object) -> JobEnd:
+        """Check every field's type and bounds; the first fault is a UsageError."""
+        body = as_object(raw, "the job end")
+        refuse_unknown(body, END_FIELDS, "the job end")
+        outcome = one_of(body, "outcome", OUTCOMES)
+        return cls(
+            node=required_text(body, "node", bounds.MAX_WORD, "the node name"),
+            outcome=outcome,
+            exit_code=optional_integer(body, "exit_code", 0, 255, "an exit status"),
+            signal=optional_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"),
+            end_time=_epoch(body.get("end_time")),
+            error=_error(typed(body, "error", str, None, "an error message")))
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``POST /agent/v1/jobs/{id}/ended`` takes it."""
+        return {"node": self.node, "outcome": self.outcome, "exit_code": self.exit_code,
+                "signal": self.signal, "end_time": self.end_time, "error": self.error}
+
+
+def error_text(error: str | None) -> str | None:
+    """An error message as a job end may carry it: at most MAX_ERROR_TEXT characters of
+    UTF-8 text without NUL (what the agent sends, whatever a supervisor wrote)."""
+    if error is None:
+        return None
+    text = error.replace("\0", "").encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT - 3] + "..."
+
+
+def _error(value: str | None) -> str | None:
+    """The error as kept: up to MAX_ERROR_INPUT characters are taken and cut down by
+    error_text, so that an agent whose message runs long still gets its end recorded."""
+    if value is not None and len(value) > MAX_ERROR_INPUT:
+        raise UsageError(f"error: expected at most {MAX_ERROR_INPUT} characters, got "
+                         f"{len(value)}")
+    return error_text(value)
+
+
+def _epoch(value: object) -> float | None:
+    """Seconds since the epoch, from 0 to MAX_EPOCH, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 0 <= value <= MAX_EPOCH:  # NaN and infinities fail this too
+        raise UsageError(f"end_time: expected seconds since the epoch from 0 to {MAX_EPOCH}, "
+                         f"got {shown(value)}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SignalJob:
+    """The payload of a ``signal`` command: the signal to send the job."""
+
+    signal: int
+
+
+@dataclass(frozen=True)
+class LimitJob:
+    """The payload of a ``limit`` command: the job's new time limit (None: none)."""
+
+    time_limit: int | None
+
+
+Payload = LaunchOrder | SignalJob | LimitJob | None
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """One thing a node must do for one run of a job, in the order of ``seq``: launch it
+    (the payload is the LaunchOrder), cancel it (no payload), signal it, or change its
+    time limit. A command for a run the node no longer holds is stale and done nothing
+    with."""
+
+    kind: str
+    node: str
+    job_id: int
+    run: int
+    seq: int
+    payload: Payload = None
+
+    @classmethod
+    def parse(cls, raw: object) -> NodeCommand:
+        """Check every field's type and bounds, the payload's by kind; the first fault
+        is a UsageError."""
+        body = as_object(raw, "the node command")
+        refuse_unknown(body, COMMAND_FIELDS, "the node command")
+        kind = one_of(body, "kind", COMMAND_KINDS)
+        node = required_text(body, "node", bounds.MAX_WORD, "the node name")
+        job_id = required_integer(body, "job_id", 1, bounds.MAX_JOB_ID, "a job id")
+        run = required_integer(body, "run", 0, bounds.MAX_INT32, "a restart count")
+        seq = required_integer(body, "seq", 1, bounds.MAX_JOB_ID, "a command number")
+        payload = as_object({} if body.get("payload") is None else body["payload"], "payload")
+        command = cls(kind, node, job_id, run, seq, _payload(kind, payload))
+        order = command.payload
+        if isinstance(order, LaunchOrder) and (order.job_id, order.run, order.node) != (
+                job_id, run, node):
+            raise UsageError(f"payload: the launch order is for job {order.job_id} run "
+                             f"{order.run} on {order.node}, not job {job_id} run {run} on "
+                             f"{node}")
+        return command
+
+    def to_json(self) -> dict[str, Any]:
+        """The command as it travels to its node."""
+        payload: dict[str, Any]
+        if isinstance(self.payload, LaunchOrder):
+            payload = self.payload.to_json()
+        elif isinstance(self.payload, SignalJob):
+            payload = {"signal": self.payload.signal}
+        elif isinstance(self.payload, LimitJob):
+            payload = {"time_limit": self.payload.time_limit}
+        else:
+            payload = {}
+        return {"kind": self.kind, "node": self.node, "job_id": self.job_id, "run": self.run,
+                "seq": self.seq, "payload": payload}
+
+
+def _payload(kind: str, body: Body) -> Payload:
+    """The payload a command of ``kind`` carries."""
+    if kind == "launch":
+        return LaunchOrder.parse(body)
+    if kind == "cancel":
+        refuse_unknown(body, (), "a cancel command")
+        return None
+    if kind == "signal":
+        refuse_unknown(body, ("signal",), "a signal command")
+        return SignalJob(required_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"))
+    refuse_unknown(body, ("time_limit",), "a limit command")
+    return LimitJob(optional_integer(body, "time_limit", 0, bounds.MAX_TIME_LIMIT, "seconds"))
