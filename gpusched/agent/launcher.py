@@ -37,11 +37,13 @@ from gpusched.agent.supervisor import LIMIT_FILE, LIMIT_SIGNAL, write_json_atomi
 from gpusched.core.arrays import runs, task_bounds
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
+from gpusched.messages import LaunchOrder
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_LOST = "job supervisor lost"
 SCRIPT_PLACEHOLDER = "script"  # argv[0] of a built spec, until launch() writes the file
+DEFAULT_UMASK = 0o022  # for a job stored without its submitter's umask
 
 
 class _SupervisorNotFound(Exception):
@@ -61,9 +63,9 @@ class JobEnd:
     error: str | None
 
 
-def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str,
+def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
                min_uid: int = 1) -> dict[str, Any]:
-    """Turn a LAUNCH object of ``/agent/v1/work`` into a supervisor spec.
+    """Turn a launch order of ``/agent/v1/work`` into a supervisor spec.
 
     The environment is the submit environment plus the job's variables, each under
     ``GPUSCHED_*`` and Slurm's ``SLURM_*`` name. ``CUDA_VISIBLE_DEVICES`` and
@@ -73,11 +75,10 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str,
     with the path of the script file. ``min_uid`` travels in the spec for the
     supervisor, which refuses a job below it too; ``umask`` is the submitter's.
     """
-    job_id = int(launch["job_id"])
-    name, user, work_dir = str(launch["name"]), str(launch["user"]), str(launch["work_dir"])
-    gpus = ",".join(launch.get("gpu_uuids") or [])
-    env = {str(k): str(v) for k, v in (launch.get("environment") or {}).items()}
-    nodes = [str(n) for n in launch.get("node_names") or [node_name]]
+    job_id, name, user, work_dir = order.job_id, order.name, order.user, order.work_dir
+    gpus = ",".join(order.gpu_uuids)
+    env = dict(order.environment)
+    nodes = list(order.node_names) or [node_name]
     job_vars = {"JOB_ID": str(job_id), "JOB_NAME": name, "JOB_GPUS": gpus,
                 "JOB_NODELIST": compress_hostlist(nodes), "JOB_NUM_NODES": str(len(nodes)),
                 "SUBMIT_DIR": work_dir}
@@ -85,11 +86,10 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str,
         env[f"GPUSCHED_{key}"] = value
         env[f"SLURM_{key}"] = value
     env["SLURM_JOBID"] = str(job_id)
-    env["GPUSCHED_RESTART_COUNT"] = env["SLURM_RESTART_COUNT"] = str(launch.get("restarts") or 0)
-    array_job, task = launch.get("array_job_id"), launch.get("array_task_id")
+    env["GPUSCHED_RESTART_COUNT"] = env["SLURM_RESTART_COUNT"] = str(order.run)
+    array_job, task = order.array_job_id, order.array_task_id
     if array_job is not None and task is not None:
-        for key, value in array_variables(int(array_job), int(task),
-                                          str(launch.get("array_spec") or task)).items():
+        for key, value in array_variables(array_job, task, order.array_spec or str(task)).items():
             env[f"GPUSCHED_{key}"] = value
             env[f"SLURM_{key}"] = value
     env["CUDA_VISIBLE_DEVICES"] = gpus
@@ -97,30 +97,20 @@ def build_spec(launch: Mapping[str, Any], kill_grace: float, node_name: str,
 
     def output_path(pattern: str) -> str:
         return os.path.join(work_dir, expand_output_pattern(
-            pattern, job_id, name, user, array_job, None if task is None else int(task),
-            node_name))
+            pattern, job_id, name, user, array_job, task, node_name))
 
-    stdout = output_path(launch.get("output") or DEFAULT_OUTPUT_PATTERN)
-    stderr = output_path(launch["error"]) if launch.get("error") else stdout
+    stdout = output_path(order.output or DEFAULT_OUTPUT_PATTERN)
+    stderr = output_path(order.error) if order.error else stdout
     return {
-        "job_id": job_id, "uid": int(launch["uid"]), "gid": int(launch["gid"]), "user": user,
-        "argv": [SCRIPT_PLACEHOLDER, *(str(a) for a in launch.get("args") or [])],
+        "job_id": job_id, "uid": order.uid, "gid": order.gid, "user": user,
+        "argv": [SCRIPT_PLACEHOLDER, *order.args],
         "cwd": work_dir, "env": env, "stdout": stdout, "stderr": stderr,
-        "time_limit": launch.get("time_limit"), "kill_grace": float(kill_grace),
-        "warn_signal": launch.get("warn_signal"), "warn_seconds": launch.get("warn_seconds"),
-        "warn_batch_only": bool(launch.get("warn_batch_only")),
-        "umask": _umask(launch.get("umask")), "min_uid": int(min_uid),
+        "time_limit": order.time_limit, "kill_grace": float(kill_grace),
+        "warn_signal": order.warn_signal, "warn_seconds": order.warn_seconds,
+        "warn_batch_only": order.warn_batch_only,
+        "umask": DEFAULT_UMASK if order.umask is None else order.umask,
+        "min_uid": int(min_uid),
     }
-
-
-DEFAULT_UMASK = 0o022
-
-
-def _umask(value: Any) -> int:
-    """The job's umask: the submitter's, or 022 for a job stored without one."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o777:
-        return value
-    return DEFAULT_UMASK
 
 
 def array_variables(array_job: int, task: int, spec: str) -> dict[str, str]:

@@ -20,7 +20,15 @@ from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.agent.nvml import NvmlUnavailable
 from gpusched.client import ApiClient
 from gpusched.config import Config
-from gpusched.errors import ConfigError, GpuschedError, NotFound, Unavailable
+from gpusched.errors import (
+    ConfigError,
+    GpuschedError,
+    NotFound,
+    Unavailable,
+    UsageError,
+)
+from gpusched.messages import JobEnd as EndReport
+from gpusched.messages import LaunchOrder, error_text, launch_job_of
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
@@ -188,9 +196,14 @@ class Agent:
     def _known(self, job_id: int) -> bool:
         return (self.launcher.jobs_dir / str(job_id)).exists()
 
-    def _launch(self, client: ApiClient, launch: dict[str, Any]) -> None:
-        job_id = launch["job_id"]
-        run = int(launch.get("restarts") or 0)
+    def _launch(self, client: ApiClient, launch: object) -> None:
+        """Launch one order of the work poll; an order this node cannot run, or one that
+        does not parse, fails its job (LaunchFailed, with the reason)."""
+        named = launch_job_of(launch)
+        if named is None:
+            log.warning("ignoring a launch order that names no job: %.200r", launch)
+            return
+        job_id, run = named
         if (job_id, run) in self._reported:
             return
         previous = self._runs.get(job_id)
@@ -200,12 +213,16 @@ class Agent:
             self.launcher.mark_reported(job_id)
         self._runs[job_id] = run
         try:
-            refusal = self._refusal(launch)
+            order = LaunchOrder.parse(launch)
+            refusal = self._refusal(order)
             if refusal is None:
-                spec = build_spec(launch, self.config.kill_grace, self.node,
+                spec = build_spec(order, self.config.kill_grace, self.node,
                                   self.config.min_job_uid)
-                if self.launcher.launch(job_id, spec, launch["script"]):
-                    log.info("launched job %d for %s", job_id, launch["user"])
+                if self.launcher.launch(job_id, spec, order.script):
+                    log.info("launched job %d for %s", job_id, order.user)
+        except UsageError as exc:
+            log.warning("job %s: refused a malformed launch order: %s", job_id, exc.message)
+            refusal = f"the agent on {self.node} refused the launch order: {exc.message}"
         except Exception as exc:  # noqa: BLE001 - whatever a job holds, it fails that job
             log.warning("job %s: launch failed: %r", job_id, exc)
             refusal = f"the agent on {self.node} could not launch the job: {exc!r}"
@@ -215,11 +232,9 @@ class Agent:
             return
         client.request("POST", f"/agent/v1/jobs/{job_id}/launched", {"node": self.node})
 
-    def _refusal(self, launch: dict[str, Any]) -> str | None:
+    def _refusal(self, order: LaunchOrder) -> str | None:
         """Why this node will not run the job, or None."""
-        uid = launch["uid"]
-        if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
-            return f"the job's uid {uid!r} is not a uid"
+        uid = order.uid
         if uid < self.config.min_job_uid:
             return (f"the agent on {self.node} runs no job of uid {uid}: its min_job_uid "
                     f"is {self.config.min_job_uid}")
@@ -254,9 +269,10 @@ class Agent:
                     backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _report(self, client: ApiClient, end: JobEnd, synthetic: bool) -> None:
-        body = {"node": self.node, "outcome": end.outcome, "exit_code": end.exit_code,
-                "signal": end.signal, "end_time": end.end_time, "error": end.error}
-        client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", body)
+        report = EndReport(node=self.node, outcome=end.outcome, exit_code=end.exit_code,
+                           signal=end.signal, end_time=end.end_time,
+                           error=error_text(end.error))
+        client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", report.to_json())
         if not synthetic:
             self.launcher.mark_reported(end.job_id)
         self._reported.append((end.job_id, self._runs.pop(end.job_id, 0)))

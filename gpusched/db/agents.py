@@ -15,7 +15,9 @@ from gpusched.db.health import may_requeue
 from gpusched.db.jobs import job_placements
 from gpusched.db.models import Allocation, Gpu, GpuLink, Job, JobScript, Node
 from gpusched.errors import NotFound, UsageError
+from gpusched.messages import JobEnd, LaunchOrder
 
+# The state each outcome of gpusched.messages.OUTCOMES ends a job in.
 OUTCOME_STATES = {
     "completed": "COMPLETED",
     "failed": "FAILED",
@@ -26,15 +28,6 @@ OUTCOME_STATES = {
 
 
 LAUNCH_FAILED_REASON = "LaunchFailed"
-MAX_ERROR_TEXT = 2000  # characters of an agent's error message kept with the job
-
-
-def _error_text(error: object) -> str | None:
-    """An agent's error message as stored: text, cut to MAX_ERROR_TEXT characters."""
-    if error is None:
-        return None
-    text = str(error).replace("\0", "")
-    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT - 3] + "..."
 
 
 def _node(session: Session, name: str) -> Node:
@@ -133,18 +126,18 @@ def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str,
     payloads = {p.id: p for p in session.scalars(select(JobScript).where(
         JobScript.id.in_({j.script_id for j in to_launch})))} if to_launch else {}
     launches = [
-        {
-            "job_id": j.id, "name": j.name, "user": j.user_name, "uid": j.uid, "gid": j.gid,
-            "script": payloads[j.script_id].script, "args": list(payloads[j.script_id].args),
-            "work_dir": j.work_dir, "environment": dict(payloads[j.script_id].environment),
-            "output": j.output, "error": j.error, "umask": j.umask,
-            "time_limit": j.time_limit, "node": node.name,
-            "warn_signal": j.warn_signal, "warn_seconds": j.warn_seconds,
-            "warn_batch_only": j.warn_batch_only,
-            "gpu_uuids": placed.get(j.id, (node.name, []))[1],
-            "array_job_id": j.array_job_id, "array_task_id": j.array_task_id,
-            "array_spec": j.array_spec, "restarts": j.restarts, "node_names": j.node_names,
-        }
+        LaunchOrder(
+            job_id=j.id, run=j.restarts, node=node.name, name=j.name, user=j.user_name,
+            uid=j.uid, gid=j.gid, script=payloads[j.script_id].script,
+            args=tuple(payloads[j.script_id].args), work_dir=j.work_dir,
+            environment=dict(payloads[j.script_id].environment), output=j.output,
+            error=j.error, umask=j.umask, time_limit=j.time_limit,
+            warn_signal=j.warn_signal, warn_seconds=j.warn_seconds,
+            warn_batch_only=bool(j.warn_batch_only),
+            gpu_uuids=tuple(placed.get(j.id, (node.name, []))[1]),
+            node_names=tuple(j.node_names or ()), array_job_id=j.array_job_id,
+            array_task_id=j.array_task_id, array_spec=j.array_spec,
+        ).to_json()
         for j in to_launch
     ]
     # Time limits changed after launch: the agent applies each seq it has not seen.
@@ -180,13 +173,13 @@ def mark_launched(session: Session, job_id: int, node_name: str) -> bool:
 
 
 def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
-    """Record how a job ended and release its GPUs; False if already recorded."""
-    outcome = body.get("outcome")
-    if outcome not in OUTCOME_STATES:
-        raise UsageError(f"outcome: expected one of {sorted(OUTCOME_STATES)}, got {outcome!r}")
-    node = _node(session, str(body.get("node")))
-    end_time = body.get("end_time")
-    ended = (datetime.fromtimestamp(end_time, UTC) if isinstance(end_time, int | float)
+    """Record how a job ended and release its GPUs; False if already recorded.
+
+    ``body`` is a JobEnd report (gpusched.messages), refused whole when any field is
+    out of its bounds."""
+    end = JobEnd.parse(body)
+    node = _node(session, end.node)
+    ended = (datetime.fromtimestamp(end.end_time, UTC) if end.end_time is not None
              else datetime.now(UTC))
     job = session.get(Job, job_id)
     failure = job.gpu_failure if job is not None else None
@@ -198,8 +191,8 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
             "error_message": f"requeued: {failure}", "node_names": None, "start_kind": None,
             "restarts": Job.restarts + 1}
     elif failure is not None:
-        values = {"state": "FAILED", "end_time": ended, "exit_code": body.get("exit_code"),
-                  "signal": body.get("signal"), "error_message": failure}
+        values = {"state": "FAILED", "end_time": ended, "exit_code": end.exit_code,
+                  "signal": end.signal, "error_message": failure}
     elif job is not None and job.preempted_at is not None and job.preempt_mode == "requeue":
         # Preempted to requeue: back in the queue with its submit time, one restart more.
         values = {
@@ -208,10 +201,10 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
             "preempt_mode": None, "node_names": None, "start_kind": None,
             "restarts": Job.restarts + 1}
     else:
-        values = {"state": OUTCOME_STATES[outcome], "end_time": ended,
-                  "exit_code": body.get("exit_code"), "signal": body.get("signal"),
-                  "error_message": _error_text(body.get("error"))}
-        if outcome == "launch_failed":  # nothing of it ran: say so where users look
+        values = {"state": OUTCOME_STATES[end.outcome], "end_time": ended,
+                  "exit_code": end.exit_code, "signal": end.signal,
+                  "error_message": end.error}
+        if end.outcome == "launch_failed":  # nothing of it ran: say so where users look
             values["reason"] = LAUNCH_FAILED_REASON
         if job is not None and job.preempted_at is not None:
             values.update(state="CANCELLED",

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpusched.agent.launcher import SUPERVISOR_LOST, JobEnd, Launcher, build_spec
+from gpusched.messages import LaunchOrder
 
 WaitFor = Callable[..., Any]
 Gone = Callable[[int], bool]
@@ -34,11 +35,16 @@ def launch_object(directory: Path, job_id: int = 7, **overrides: Any) -> dict[st
     return launch
 
 
+def order(directory: Path, job_id: int = 7, **overrides: Any) -> LaunchOrder:
+    """launch_object, parsed as the agent parses it."""
+    return LaunchOrder.parse(launch_object(directory, job_id, **overrides))
+
+
 def start(launcher: Launcher, directory: Path, script: str, job_id: int = 7,
           **overrides: Any) -> dict[str, Any]:
     """Build the spec for a job running script and launch it; return the spec."""
     launch = launch_object(directory, job_id, script="#!/bin/sh\n" + script + "\n", **overrides)
-    spec = build_spec(launch, kill_grace=0.3, node_name="node01", min_uid=0)
+    spec = build_spec(LaunchOrder.parse(launch), kill_grace=0.3, node_name="node01", min_uid=0)
     assert launcher.launch(job_id, spec, launch["script"])
     return spec
 
@@ -65,7 +71,7 @@ def supervisor_info(jobdir: Path, wait_for: WaitFor) -> dict[str, Any]:
 
 
 def test_build_spec_sets_gpu_and_slurm_variables(work_dir: Path) -> None:
-    spec = build_spec(launch_object(work_dir, 42, gpu_uuids=UUIDS, args=["a", "b c"]),
+    spec = build_spec(order(work_dir, 42, gpu_uuids=UUIDS, args=["a", "b c"]),
                       kill_grace=30.0, node_name="node01")
     env = spec["env"]
     gpus = ",".join(UUIDS)
@@ -85,13 +91,13 @@ def test_build_spec_sets_gpu_and_slurm_variables(work_dir: Path) -> None:
 
 
 def test_build_spec_hides_all_gpus_from_a_job_without_gpus(work_dir: Path) -> None:
-    spec = build_spec(launch_object(work_dir), kill_grace=1.0, node_name="n")
+    spec = build_spec(order(work_dir), kill_grace=1.0, node_name="n")
     assert spec["env"]["CUDA_VISIBLE_DEVICES"] == ""
     assert spec["env"]["SLURM_JOB_GPUS"] == ""
 
 
 def test_build_spec_sets_array_variables_and_names(work_dir: Path) -> None:
-    spec = build_spec(launch_object(work_dir, 42, array_job_id=40, array_task_id=20,
+    spec = build_spec(order(work_dir, 42, array_job_id=40, array_task_id=20,
                                     array_spec="0-30:10", output="o-%A_%a-%j"),
                       kill_grace=1.0, node_name="n")
     for prefix in ("GPUSCHED_", "SLURM_"):
@@ -100,28 +106,28 @@ def test_build_spec_sets_array_variables_and_names(work_dir: Path) -> None:
             "ARRAY_JOB_ID": "40", "ARRAY_TASK_ID": "20", "ARRAY_TASK_COUNT": "4",
             "ARRAY_TASK_MIN": "0", "ARRAY_TASK_MAX": "30", "ARRAY_TASK_STEP": "10"}
     assert spec["stdout"] == str(work_dir / "o-40_20-42")
-    listed = build_spec(launch_object(work_dir, 42, array_job_id=40, array_task_id=3,
+    listed = build_spec(order(work_dir, 42, array_job_id=40, array_task_id=3,
                                       array_spec="1,3,5-9"), kill_grace=1.0, node_name="n")
     assert listed["env"]["SLURM_ARRAY_TASK_COUNT"] == "7"
     assert "SLURM_ARRAY_TASK_STEP" not in listed["env"]
-    plain = build_spec(launch_object(work_dir, 42), kill_grace=1.0, node_name="n")
+    plain = build_spec(order(work_dir, 42), kill_grace=1.0, node_name="n")
     assert not any("ARRAY" in key for key in plain["env"])
 
 
 def test_build_spec_names_every_node_of_a_multi_node_job(work_dir: Path) -> None:
-    spec = build_spec(launch_object(work_dir, 42, node_names=["gpu01", "gpu02"]),
+    spec = build_spec(order(work_dir, 42, node_names=["gpu01", "gpu02"]),
                       kill_grace=1.0, node_name="gpu01")
     assert spec["env"]["SLURM_JOB_NODELIST"] == "gpu[01-02]"
     assert spec["env"]["GPUSCHED_JOB_NUM_NODES"] == "2"
-    assert build_spec(launch_object(work_dir, 42), kill_grace=1.0,
+    assert build_spec(order(work_dir, 42), kill_grace=1.0,
                       node_name="n")["env"]["SLURM_JOB_NUM_NODES"] == "1"
 
 
 def test_build_spec_output_paths(work_dir: Path) -> None:
-    default = build_spec(launch_object(work_dir, 5), kill_grace=1.0, node_name="n")
+    default = build_spec(order(work_dir, 5), kill_grace=1.0, node_name="n")
     assert default["stdout"] == default["stderr"] == str(work_dir / "gpusched-5.out")
 
-    split = build_spec(launch_object(work_dir, 5, output="logs/%x-%j.out", error="/abs/%u.err"),
+    split = build_spec(order(work_dir, 5, output="logs/%x-%j.out", error="/abs/%u.err"),
                        kill_grace=1.0, node_name="n")
     assert split["stdout"] == str(work_dir / "logs" / "train-5.out")
     assert split["stderr"] == "/abs/root.err"
@@ -179,7 +185,8 @@ def test_job_of_a_uid_below_the_minimum_never_runs(
     launch = launch_object(work_dir, 7, script=f"#!/bin/sh\ntouch {marker}\n")
     # The supervisor checks again what the agent checked: a spec below its min_uid
     # (root's job under the default of 1) fails at launch.
-    assert launcher.launch(7, build_spec(launch, kill_grace=0.3, node_name="n"), launch["script"])
+    spec = build_spec(LaunchOrder.parse(launch), kill_grace=0.3, node_name="n")
+    assert launcher.launch(7, spec, launch["script"])
     end = wait_end(launcher, 7, wait_for)
     assert end.outcome == "launch_failed"
     assert "uid 0" in (end.error or "") and "min_job_uid" in (end.error or "")
@@ -201,7 +208,7 @@ def test_job_runs_with_the_submitters_umask(
 def test_a_job_that_cannot_be_prepared_fails_alone(
         launcher: Launcher, work_dir: Path, wait_for: WaitFor) -> None:
     launch = launch_object(work_dir, 7)
-    spec = build_spec(launch, kill_grace=0.3, node_name="n", min_uid=0)
+    spec = build_spec(LaunchOrder.parse(launch), kill_grace=0.3, node_name="n", min_uid=0)
     spec["env"] = {"BAD": object()}  # cannot be written as JSON
     assert launcher.launch(7, spec, launch["script"])
     end = wait_end(launcher, 7, wait_for)

@@ -94,6 +94,9 @@ def test_tampered_jobs_fail_alone_and_the_agent_lives(
     for task in tasks:
         ended = cluster.wait_state(task["job_id"], "FAILED", timeout=30)
         assert ended["reason"] == "LaunchFailed", ended
+        record = cluster.api("GET", f"/v1/accounting?ids={task['job_id']}")["jobs"][0]
+        assert "refused the launch order: array_spec: invalid array 'x-y'" \
+            in record["error_message"], record
     _agent_alive(cluster)
     after = _submit(cluster, mallory, "--wrap", "true")
     cluster.wait_state(after, "COMPLETED", timeout=30)
