@@ -24,7 +24,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from gpusched.core.topology import LINK_KINDS
 
-JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 
@@ -159,6 +160,10 @@ class Job(Base):
         ),
         Index("ix_jobs_array_job_id", "array_job_id",
               postgresql_where=text("array_job_id IS NOT NULL")),
+        # A client's key for one submission: sent again after a lost answer or a
+        # controller's failover, it finds the job already made instead of a second one.
+        Index("ix_jobs_submit_key", "uid", "submit_key", unique=True,
+              postgresql_where=text("submit_key IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -227,6 +232,7 @@ class Job(Base):
     expected_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     node_names: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # every node it runs on
     restarts: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # times requeued
+    submit_key: Mapped[str | None] = mapped_column(Text)  # see ix_jobs_submit_key
     # Set while a running job is being stopped to make way for job ``preempted_by``.
     preempted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     preempt_mode: Mapped[str | None] = mapped_column(Text)  # requeue or cancel
@@ -332,3 +338,44 @@ class FairShareUsage(Base):
     account: Mapped[str] = mapped_column(Text, primary_key=True)
     usage: Mapped[float] = mapped_column(Float, server_default=text("0"))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class NodeCommand(Base):
+    """Work for one node's agent: launch, cancel, signal, a new time limit, or kill a
+    run the controller has ended. Stamped with the job's run (its ``restarts`` when the
+    command was made), so nothing meant for an earlier run reaches a later one, and with
+    the leader epoch that made it. Claimed by the agent with ``FOR UPDATE SKIP LOCKED``
+    and done once the agent says so."""
+
+    __tablename__ = "node_commands"
+    __table_args__ = (
+        CheckConstraint(_in("kind", NODE_COMMAND_KINDS), name="kind"),
+        CheckConstraint("run >= 0", name="run"),
+        Index("ix_node_commands_open", "node_id", "id", postgresql_where=text("done_at IS NULL")),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    run: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    kind: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'"))
+    epoch: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Leader(Base):
+    """The one row that says which leadership term is current. A controller that becomes
+    leader takes the next epoch; every transaction that applies a plan or issues node
+    commands checks, holding this row, that its epoch is still the current one, so a
+    deposed leader can never apply anything."""
+
+    __tablename__ = "leader"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    holder: Mapped[str | None] = mapped_column(Text)  # host:pid of the leader
+    since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
