@@ -149,13 +149,14 @@ def db_current(
 
 @app.command()
 def up(
-    gpus: Annotated[int, typer.Option(min=0, help="Demo GPUs for the agent when no NVML GPU is present.")] = 4,
+    gpus: Annotated[int, typer.Option(min=0, max=64, help="Demo GPUs for each agent when no NVML GPU is present.")] = 4,
+    nodes: Annotated[int, typer.Option(min=1, max=64, help="Agents to run, each a node of its own (node1, node2, ...).")] = 1,
     database_url: Annotated[Optional[str], typer.Option(help="Use this PostgreSQL instead of an embedded one.")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")] = False,
 ) -> None:
-    """Start a complete local cluster (PostgreSQL, controller, one agent) and return when ready.
+    """Start a complete local cluster (PostgreSQL, controller, agents) and return when ready.
 
-    Examples: gpusched up; gpusched up && gpusched demo
+    Examples: gpusched up; gpusched up && gpusched demo; gpusched up --nodes 4 --gpus 4
     """
     import signal
     import threading
@@ -168,7 +169,7 @@ def up(
         # and a Ctrl-C during start-up still ends in an orderly 'down'.
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
-    cluster = local.up(gpus, database_url, typer.echo)
+    cluster = local.up(gpus, database_url, typer.echo, nodes)
     typer.echo(f"gpusched is up: state in {cluster.state_dir}, logs in {cluster.logs}")
     typer.echo("Submit a first job:  gsubmit --gpus 1 --wrap 'echo $CUDA_VISIBLE_DEVICES'")
     typer.echo("Watch the queue:     gqueue        Stop everything:  gpusched down")

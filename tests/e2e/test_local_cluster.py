@@ -97,3 +97,34 @@ def test_up_foreground_stays_attached_and_ctrl_c_stops_the_cluster(state_home: P
     assert proc.returncode == 0, err
     assert "stopped the agent" in out and "stopped PostgreSQL" in out
     assert not sock.exists()
+
+
+def test_up_with_several_nodes_runs_a_multi_node_job(state_home: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    env.pop("GPUSCHED_SOCKET", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / args[0]), *args[1:]], env=env, capture_output=True,
+                              text=True, cwd=state_home, timeout=180)
+
+    first = run("gpusched", "up", "--nodes", "4", "--gpus", "2")
+    assert first.returncode == 0, first.stderr
+    for i in range(1, 5):
+        assert f"started the agent of node{i}" in first.stdout, first.stdout
+    info = run("ginfo", "--json")
+    assert info.returncode == 0, info.stderr
+    assert {f"node{i}" for i in range(1, 5)} <= set(info.stdout.replace('"', " ").split())
+    submitted = run("gsubmit", "--parsable", "-N", "2", "--gpus", "4", "--wrap",
+                    "echo $SLURM_JOB_NODELIST $CUDA_VISIBLE_DEVICES")
+    assert submitted.returncode == 0, submitted.stderr
+    out = state_home / f"gpusched-{submitted.stdout.strip()}.out"
+    wait_for(lambda: out.exists() and out.read_text().strip(), what="job output")
+    nodelist = out.read_text().split()[0]
+    assert nodelist.startswith("node") and ("," in nodelist or "[" in nodelist), nodelist
+    config = state_home / "gpusched" / "agents" / "node3.toml"
+    assert oct(config.stat().st_mode & 0o777) == "0o600"
+    stopped = run("gpusched", "down")
+    assert stopped.returncode == 0
+    assert stopped.stdout.count("stopped the agent") == 4, stopped.stdout
+    for i in range(1, 5):
+        assert not (state_home / "gpusched" / f"agent-node{i}.pid").exists()
