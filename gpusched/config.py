@@ -67,7 +67,7 @@ class ControllerConfig:
     socket: Path = Path("/run/gpusched/controller.sock")
     socket_mode: int = 0o666
     schedule_interval: float = 5.0
-    node_timeout: float = 90.0
+    node_timeout: float = 60.0
     gpu_resume_after: float = 0.0  # seconds a failed GPU stays out before it returns; 0: never
     # A running job whose GPUs are at most idle_percent busy for idle_after seconds is
     # flagged idle (shown, not acted on).

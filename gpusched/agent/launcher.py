@@ -61,6 +61,7 @@ class JobEnd:
     start_time: float | None
     end_time: float
     error: str | None
+    run: int = 0  # the job's restarts when this run was launched
 
 
 def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
@@ -72,7 +73,8 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
     ``*_JOB_GPUS`` are the comma-joined GPU UUIDs (Slurm puts indexes in
     ``SLURM_JOB_GPUS``; UUIDs cannot be misread under another device order), empty
     when the job has no GPUs. ``argv[0]`` is a placeholder that ``launch()`` replaces
-    with the path of the script file. ``min_uid`` travels in the spec for the
+    with the path of the script file. ``run`` is the job's restart count, which names
+    this run of it in everything the agent tells the controller. ``min_uid`` travels in the spec for the
     supervisor, which refuses a job below it too; ``umask`` is the submitter's.
     """
     job_id, name, user, work_dir = order.job_id, order.name, order.user, order.work_dir
@@ -102,7 +104,7 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
     stdout = output_path(order.output or DEFAULT_OUTPUT_PATTERN)
     stderr = output_path(order.error) if order.error else stdout
     return {
-        "job_id": job_id, "uid": order.uid, "gid": order.gid, "user": user,
+        "job_id": job_id, "run": order.run, "uid": order.uid, "gid": order.gid, "user": user,
         "argv": [SCRIPT_PLACEHOLDER, *order.args],
         "cwd": work_dir, "env": env, "stdout": stdout, "stderr": stderr,
         "time_limit": order.time_limit, "kill_grace": float(kill_grace),
@@ -279,6 +281,27 @@ class Launcher:
             return sorted(job for job, pidfd in self._pidfds.items()
                           if not procs.pidfd_exited(pidfd))
 
+    def run_of(self, job_id: int) -> int | None:
+        """Which run of the job its directory here holds (its restart count), or None
+        when there is none."""
+        spec = _read_json(self._jobdir(job_id) / "spec.json")
+        return None if spec is None else spec_run(spec)
+
+    def runs(self) -> list[tuple[int, int]]:
+        """(job id, run) of each job whose supervisor is alive."""
+        found = []
+        for job_id in self.running():
+            run = self.run_of(job_id)
+            if run is not None:
+                found.append((job_id, run))
+        return found
+
+    def is_running(self, job_id: int) -> bool:
+        """Whether the job's supervisor is alive here."""
+        with self._lock:
+            pidfd = self._pidfds.get(job_id)
+            return pidfd is not None and not procs.pidfd_exited(pidfd)
+
     def adopt(self) -> list[int]:
         """Watch the live supervisors found in jobs_dir; return the ids of running jobs."""
         with self._launch_lock:
@@ -424,16 +447,27 @@ class Launcher:
                 continue
             status = _read_json(jobdir / "status.json")
             if status is not None:
-                ended.append(_job_end(job_id, status))
+                ended.append(_job_end(job_id, status, self.run_of(job_id) or 0))
         return ended
 
 
-def _job_end(job_id: int, status: Mapping[str, Any]) -> JobEnd:
+def spec_run(spec: Mapping[str, Any]) -> int:
+    """The run a supervisor spec is for: its ``run``, or for a spec written before runs
+    were kept there, the restart count of its environment."""
+    run = spec.get("run")
+    if isinstance(run, int) and not isinstance(run, bool) and run >= 0:
+        return run
+    env = spec.get("env")
+    count = env.get("GPUSCHED_RESTART_COUNT") if isinstance(env, dict) else None
+    return int(count) if isinstance(count, str) and count.isdigit() else 0
+
+
+def _job_end(job_id: int, status: Mapping[str, Any], run: int) -> JobEnd:
     start = status.get("start_time")
     return JobEnd(
         job_id=job_id, outcome=str(status["outcome"]), exit_code=status.get("exit_code"),
         signal=status.get("signal"), start_time=None if start is None else float(start),
-        end_time=float(status["end_time"]), error=status.get("error"),
+        end_time=float(status["end_time"]), error=status.get("error"), run=run,
     )
 
 

@@ -1,4 +1,5 @@
-"""``gpusched agent``: registers the node, claims launches and cancels, reports job ends."""
+"""``gpusched agent``: registers the node (killing runs the controller has ended), does
+the node commands it claims (launch, cancel, signal, limit, kill), reports job ends."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ from gpusched.errors import (
     UsageError,
 )
 from gpusched.messages import JobEnd as EndReport
-from gpusched.messages import LaunchOrder, error_text, launch_job_of
+from gpusched.messages import (
+    LaunchOrder,
+    LimitJob,
+    NodeCommand,
+    SignalJob,
+    error_text,
+    launch_job_of,
+)
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
@@ -47,21 +55,20 @@ class Agent:
         self.node = config.agent.node_name
         self.socket_path = socket_path
         self.launcher = Launcher(self.config.state_dir / "jobs")
-        self.signalled: set[int] = set()
-        # Ends the controller acknowledged. A poll answered just before that could still
-        # carry the job as a launch; its directory is gone, so only this stops a rerun.
-        # (job id, restarts) of runs whose end the controller acknowledged: a requeued job
-        # comes back under the same id with one restart more.
+        # (job id, run) of runs whose end the controller acknowledged. A launch claimed
+        # just before that could still come; the run's directory is gone, so only this
+        # stops a rerun. A requeued job comes back under the same id as its next run.
         self._reported: deque[tuple[int, int]] = deque(maxlen=REMEMBER_REPORTED)
-        self._runs: dict[int, int] = {}  # job id -> restarts of the run launched here
+        # Commands done whose acknowledgement may have been lost: done again as nothing.
+        self._done: deque[int] = deque(maxlen=REMEMBER_REPORTED)
+        # Launches waiting for an earlier run of the same job to end here first.
+        self._deferred: dict[tuple[int, int], NodeCommand] = {}
         self._extra_ends: list[JobEnd] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._register_lock = threading.Lock()
         self._registered: object = None  # the GPUs and links last registered
         self._monitor: HealthMonitor | None = None
-        self._delivered: dict[int, int] = {}  # job id -> the signal request last sent
-        self._limits: dict[int, int] = {}  # job id -> the time-limit change last applied
         self.trusted_server_uids = trusted_server_uids(self.config.controller_user)
 
     def _client(self) -> ApiClient:
@@ -124,12 +131,23 @@ class Agent:
         log.info("agent stopped; running jobs continue under their supervisors")
 
     def _register(self, client: ApiClient, body: dict[str, Any] | None = None) -> None:
+        """Register the node with the runs it holds, and kill at once those the
+        controller has ended (fencing by run) before any new work is taken."""
         with self._register_lock:
             body = body or self.inventory()
-            client.request("POST", "/agent/v1/register", body)
+            answer = client.request("POST", "/agent/v1/register", {
+                **body, "runs": [{"job_id": j, "run": r} for j, r in self.launcher.runs()]})
             self._registered = _hardware(body)
+            for job_id, run in _runs_to_kill(answer.get("kill")):
+                self._kill_run(job_id, run)
         log.info("registered node %s with %d GPUs and slices (%s)", self.node,
                  len(body["gpus"]), body["source"])
+
+    def _kill_run(self, job_id: int, run: int) -> None:
+        """Stop a run the controller has ended, if this node still runs that very run;
+        its supervisor ends it and the end report, for a run long over, is ignored."""
+        if self.launcher.run_of(job_id) == run and self.launcher.cancel(job_id):
+            log.warning("job %d: killing run %d, which the controller has ended", job_id, run)
 
     def _health_loop(self) -> None:
         """Watch the GPUs through NVML and report failing ones (gpusched.agent.health)."""
@@ -164,73 +182,103 @@ class Agent:
                     log.warning("cannot check the GPU inventory: %s", exc)
 
     def _poll(self, client: ApiClient) -> dict[str, Any]:
-        query = {"node": self.node, "wait": self.config.poll_wait,
-                 "signalled": ",".join(str(j) for j in sorted(self.signalled))}
+        # While a launch waits for an earlier run to end here, look again soon.
+        wait = min(self.config.poll_wait, 1.0) if self._deferred else self.config.poll_wait
+        query = {"node": self.node, "wait": wait}
         return client.request("GET", f"/agent/v1/work?{urlencode(query)}",
-                              timeout=self.config.poll_wait + 15)
+                              timeout=wait + 15)
 
     def _handle(self, client: ApiClient, work: dict[str, Any]) -> None:
-        for launch in work.get("launches", []):
-            self._launch(client, launch)
-        for request in work.get("signals", []):
-            job_id, seq = request["job_id"], request["seq"]
-            if self._delivered.get(job_id) != seq:
-                sent = self.launcher.signal(job_id, request["signal"])
-                log.info("signal %d to job %d: %s", request["signal"], job_id,
-                         "sent" if sent else "job not running here")
-                self._delivered[job_id] = seq
-            client.request("POST", f"/agent/v1/jobs/{job_id}/signalled",
-                           {"node": self.node, "seq": seq})
-        for change in work.get("limits", []):
-            job_id, seq = change["job_id"], change["seq"]
-            if self._limits.get(job_id) != seq and self.launcher.set_limit(
-                    job_id, change["time_limit"]):
-                log.info("job %d: time limit now %s s", job_id, change["time_limit"])
-                self._limits[job_id] = seq
-        for job_id in work.get("cancels", []):
-            if not self.launcher.cancel(job_id) and not self._known(job_id):
+        """Do each command of a work answer in order, acknowledging each once done;
+        then the deferred launches whose way is now clear."""
+        for raw in work.get("commands", []):
+            try:
+                command = NodeCommand.parse(raw)
+            except UsageError as exc:
+                seq = self._refuse(raw, exc)
+                if seq is not None:
+                    self._ack(client, seq)
+                continue
+            if self._do(client, command):
+                self._ack(client, command.seq)
+        for key, command in list(self._deferred.items()):
+            if self._launch(client, command):
+                del self._deferred[key]
+                self._ack(client, command.seq)
+
+    def _refuse(self, raw: object, exc: UsageError) -> int | None:
+        """Log a command that does not parse (a launch fails its job); the number to
+        acknowledge it by, so that it does not come back, if it has one."""
+        log.warning("refused a malformed command: %s: %.200r", exc.message, raw)
+        envelope = raw if isinstance(raw, dict) else {}
+        seq, named = envelope.get("seq"), launch_job_of(envelope.get("payload"))
+        if envelope.get("kind") == "launch" and named is not None:
+            self._queue_end(JobEnd(named[0], "launch_failed", None, None, None, time.time(),
+                                   f"the agent on {self.node} refused the launch order: "
+                                   f"{exc.message}", named[1]))
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None
+
+    def _do(self, client: ApiClient, command: NodeCommand) -> bool:
+        """Act on one command; False while a launch must wait (not acknowledged)."""
+        if command.seq in self._done:
+            return True  # done before; only its acknowledgement was lost
+        job_id, run = command.job_id, command.run
+        ours = self.launcher.run_of(job_id) == run
+        if command.kind == "launch":
+            if not self._launch(client, command):
+                self._deferred[(job_id, run)] = command
+                return False
+        elif command.kind in ("cancel", "kill"):
+            if command.kind == "kill":
+                self._kill_run(job_id, run)
+            elif ours:
+                self.launcher.cancel(job_id)
+            elif self._deferred.pop((job_id, run), None) is not None or (
+                    self.launcher.run_of(job_id) is None and (job_id, run) not in self._reported):
                 # Cancelled before it was ever launched here: report that directly.
-                self._queue_end(JobEnd(job_id, "cancelled", None, None, None, time.time(), None))
-            self.signalled.add(job_id)
+                self._queue_end(JobEnd(job_id, "cancelled", None, None, None, time.time(),
+                                       None, run))
+        elif command.kind == "signal" and isinstance(command.payload, SignalJob):
+            sent = ours and self.launcher.signal(job_id, command.payload.signal)
+            log.info("signal %d to job %d: %s", command.payload.signal, job_id,
+                     "sent" if sent else "job not running here")
+        elif command.kind == "limit" and isinstance(command.payload, LimitJob):
+            if ours and self.launcher.set_limit(job_id, command.payload.time_limit):
+                log.info("job %d: time limit now %s s", job_id, command.payload.time_limit)
+        return True
 
-    def _known(self, job_id: int) -> bool:
-        return (self.launcher.jobs_dir / str(job_id)).exists()
+    def _ack(self, client: ApiClient, seq: int) -> None:
+        client.request("POST", f"/agent/v1/commands/{seq}/done", {"node": self.node})
+        self._done.append(seq)
 
-    def _launch(self, client: ApiClient, launch: object) -> None:
-        """Launch one order of the work poll; an order this node cannot run, or one that
-        does not parse, fails its job (LaunchFailed, with the reason)."""
-        named = launch_job_of(launch)
-        if named is None:
-            log.warning("ignoring a launch order that names no job: %.200r", launch)
-            return
-        job_id, run = named
+    def _launch(self, client: ApiClient, command: NodeCommand) -> bool:
+        """Launch one run; an order this node cannot run fails its job (LaunchFailed,
+        with the reason). False while an earlier run of the job is still alive here."""
+        job_id, run = command.job_id, command.run
         if (job_id, run) in self._reported:
-            return
-        previous = self._runs.get(job_id)
-        if previous is not None and previous < run:
-            # Requeued, and back before the reporter thread tidied up its last run: the
-            # controller recorded that run's end, or it would not have requeued the job.
+            return True
+        held = self.launcher.run_of(job_id)
+        if held is not None and held != run:
+            if self.launcher.is_running(job_id):
+                return False  # killed, but not gone yet
+            # Ended: the controller has ended that run too, or it would not launch this one.
             self.launcher.mark_reported(job_id)
-        self._runs[job_id] = run
+        order = command.payload
+        assert isinstance(order, LaunchOrder)
         try:
-            order = LaunchOrder.parse(launch)
             refusal = self._refusal(order)
             if refusal is None:
                 spec = build_spec(order, self.config.kill_grace, self.node,
                                   self.config.min_job_uid)
                 if self.launcher.launch(job_id, spec, order.script):
-                    log.info("launched job %d for %s", job_id, order.user)
-        except UsageError as exc:
-            log.warning("job %s: refused a malformed launch order: %s", job_id, exc.message)
-            refusal = f"the agent on {self.node} refused the launch order: {exc.message}"
+                    log.info("launched job %d (run %d) for %s", job_id, run, order.user)
         except Exception as exc:  # noqa: BLE001 - whatever a job holds, it fails that job
             log.warning("job %s: launch failed: %r", job_id, exc)
             refusal = f"the agent on {self.node} could not launch the job: {exc!r}"
         if refusal is not None:
             self._queue_end(JobEnd(job_id, "launch_failed", None, None, None, time.time(),
-                                   refusal))
-            return
-        client.request("POST", f"/agent/v1/jobs/{job_id}/launched", {"node": self.node})
+                                   refusal, run))
+        return True
 
     def _refusal(self, order: LaunchOrder) -> str | None:
         """Why this node will not run the job, or None."""
@@ -269,17 +317,15 @@ class Agent:
                     backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _report(self, client: ApiClient, end: JobEnd, synthetic: bool) -> None:
-        report = EndReport(node=self.node, outcome=end.outcome, exit_code=end.exit_code,
-                           signal=end.signal, end_time=end.end_time,
+        report = EndReport(node=self.node, run=end.run, outcome=end.outcome,
+                           exit_code=end.exit_code, signal=end.signal, end_time=end.end_time,
                            error=error_text(end.error))
-        client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", report.to_json())
-        if not synthetic:
+        answer = client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", report.to_json())
+        if not synthetic and self.launcher.run_of(end.job_id) == end.run:
             self.launcher.mark_reported(end.job_id)
-        self._reported.append((end.job_id, self._runs.pop(end.job_id, 0)))
-        self._delivered.pop(end.job_id, None)
-        self._limits.pop(end.job_id, None)
-        self.signalled.discard(end.job_id)
-        log.info("job %d ended: %s", end.job_id, end.outcome)
+        self._reported.append((end.job_id, end.run))
+        log.info("job %d run %d ended: %s%s", end.job_id, end.run, end.outcome,
+                 " (a run the controller had ended: ignored)" if answer.get("stale") else "")
 
 
 def trusted_server_uids(controller_user: str | None) -> frozenset[int]:
@@ -295,6 +341,18 @@ def trusted_server_uids(controller_user: str | None) -> frozenset[int]:
                 raise ConfigError(f"agent.controller_user: no user {controller_user!r} "
                                   "on this node") from None
     return frozenset(uids)
+
+
+def _runs_to_kill(raw: object) -> list[tuple[int, int]]:
+    """The (job id, run) pairs of a registration's ``kill``; anything else is skipped."""
+    found = []
+    for item in raw if isinstance(raw, list) else []:
+        pair = (item.get("job_id"), item.get("run")) if isinstance(item, dict) else (None, None)
+        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair):
+            found.append((int(pair[0]), int(pair[1])))  # type: ignore[arg-type]
+        else:
+            log.warning("ignoring a malformed run to kill: %.200r", item)
+    return found
 
 
 def _hardware(body: dict[str, Any]) -> object:

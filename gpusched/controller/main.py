@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from types import FrameType
@@ -19,9 +20,11 @@ from gpusched.controller.api import Api
 from gpusched.controller.events import Events
 from gpusched.controller.http import ServerLimits, UnixHttpServer
 from gpusched.controller.scheduler import SchedulerLoop
-from gpusched.db import agents, health
+from gpusched.db import health, node_failure
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
+from gpusched.db.leadership import NotLeader
 from gpusched.db.migrate import current
+from gpusched.db.notify import notify_in
 from gpusched.db.partitions import seed_partitions
 from gpusched.db.usage import accrue_usage
 from gpusched.errors import Unavailable
@@ -84,13 +87,32 @@ class Controller:
             self.events.wake_scheduler()
 
     def check_nodes(self) -> None:
-        """Mark nodes whose agent went silent DOWN (leader only)."""
-        if not self.scheduler.is_leader:
+        """Nodes whose agent went silent for node_timeout are lost: DOWN, their jobs
+        ended NODE_FAIL or requeued (leader only, in its epoch). A leader gives agents
+        node_timeout from when it took over before it judges them: while no controller
+        led, none could hear them."""
+        leadership, timeout = self.scheduler.leadership, self.config.controller.node_timeout
+        since = leadership.since
+        if not self.scheduler.is_leader or since is None or time.time() - since < timeout:
             return
-        with self.sessions() as session, session.begin():
-            down = agents.mark_stale_nodes_down(session, self.config.controller.node_timeout)
-        for name in down:
-            log.warning("node %s is not responding: marked DOWN", name)
+        try:
+            with self.sessions() as session, session.begin():
+                leadership.hold_epoch(session)
+                lost = node_failure.fail_silent_nodes(session, timeout)
+                if lost.nodes:
+                    notify_in(session, "sched", *(f"node:{n}" for n in sorted(lost.kill_on)))
+        except NotLeader as exc:
+            log.warning("node check refused: %s; stepping down", exc)
+            leadership.release()
+            return
+        for name in lost.nodes:
+            log.warning("node %s is not responding: lost", name)
+        if lost.nodes:
+            log.warning("jobs requeued %s, NODE_FAIL %s, cancelled %s, failed %s",
+                        lost.requeued, lost.node_failed, lost.cancelled, lost.failed)
+            for name in lost.kill_on:
+                self.events.wake_node(name)
+            self.events.wake_scheduler()
 
     def accrue_usage(self) -> None:
         """Bill running jobs' GPU time into fair-share usage, decayed (leader only)."""

@@ -8,12 +8,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.controller.events import Events
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
-from gpusched.db.leadership import Leadership
+from gpusched.db.leadership import Leadership, NotLeader
 from gpusched.db.notify import notify_in
 from gpusched.db.schedule import apply_plan, load_snapshot
 
@@ -83,12 +84,27 @@ class SchedulerLoop:
                 continue
             try:
                 self.run_pass()
+            except NotLeader as exc:
+                log.warning("pass refused: %s; stepping down", exc)
+                self.leadership.release()
+            except DBAPIError as exc:
+                if not exc.connection_invalidated and self.leadership.held():
+                    log.exception("scheduling pass failed; the next one starts over")
+                else:  # the database is gone, or our lock with it: let a standby lead
+                    log.warning("scheduling pass lost the database (%s); stepping down",
+                                exc.orig)
+                    self.leadership.release()
+                self._stop.wait(0.5)
             except Exception:
                 log.exception("scheduling pass failed; the next one starts over")
                 self._stop.wait(0.5)
 
     def run_pass(self) -> set[str]:
-        """One pass: snapshot, plan, apply in one transaction, then wake agents."""
+        """One pass: snapshot, plan, apply in one transaction (refused with NotLeader
+        unless this controller's epoch is still the current one), then wake agents."""
+        epoch = self.leadership.epoch
+        if epoch is None:
+            raise NotLeader("this controller is not the leader")
         started = time.monotonic()
         with self.sessions() as session, session.begin():
             snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace)
@@ -96,7 +112,7 @@ class SchedulerLoop:
             decided = plan(snapshot, time.time(), self.policy, self.resume_after,
                            (lambda: (time.monotonic() - began) / budget) if budget else None)
             self.resume_after = decided.resume_after
-            woken = apply_plan(session, snapshot, decided, node_ids)
+            woken = apply_plan(session, snapshot, decided, node_ids, epoch)
             notify_in(session, *(f"node:{name}" for name in sorted(woken)))
         for name in woken:
             self.events.wake_node(name)

@@ -1,8 +1,9 @@
-"""Agent-facing operations: registration, heartbeats, work to claim, launch and end reports."""
+"""Agent-facing operations: registration, heartbeats and end reports (the work agents
+claim is in db/commands.py; node failure and fencing in db/node_failure.py)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import case, delete, select, update
@@ -10,12 +11,12 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from gpusched.core.topology import LINK_KINDS
+from gpusched.db import commands
 from gpusched.db.engine import rowcount
 from gpusched.db.health import may_requeue
-from gpusched.db.jobs import job_placements
-from gpusched.db.models import Allocation, Gpu, GpuLink, Job, JobScript, Node
+from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
-from gpusched.messages import JobEnd, LaunchOrder
+from gpusched.messages import JobEnd
 
 # The state each outcome of gpusched.messages.OUTCOMES ends a job in.
 OUTCOME_STATES = {
@@ -30,7 +31,7 @@ OUTCOME_STATES = {
 LAUNCH_FAILED_REASON = "LaunchFailed"
 
 
-def _node(session: Session, name: str) -> Node:
+def registered_node(session: Session, name: str) -> Node:
     node = session.scalars(select(Node).where(Node.name == name)).first()
     if node is None:
         raise NotFound(f"unknown node {name!r}: the agent must register first")
@@ -38,7 +39,9 @@ def _node(session: Session, name: str) -> Node:
 
 
 def register_node(session: Session, body: dict[str, Any]) -> Node:
-    """Create or refresh a node and its GPU inventory; the node becomes UP."""
+    """Create or refresh a node and its GPU inventory; the node becomes UP (a drained
+    one stays DRAIN) and is no longer lost; commands it claimed before are handed out
+    again, its agent having started anew."""
     name, gpus, uid = body.get("node"), body.get("gpus"), body.get("uid")
     if not isinstance(name, str) or not name:
         raise UsageError("node: expected the node name")
@@ -52,13 +55,14 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
         raise UsageError("block: expected a topology block name")
     values: dict[str, Any] = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
                               "registered_at": now, "last_seen": now, "cpus": cpus,
-                              "memory_mb": memory_mb, "block": block}
+                              "memory_mb": memory_mb, "block": block, "lost_at": None}
     stmt = insert(Node).values(name=name, **values)
     # A drained node stays drained, whatever its agent does, until an admin resumes it.
     kept = {**values, "state": case((Node.state == "DRAIN", "DRAIN"), else_="UP"),
             "reason": case((Node.state == "DRAIN", Node.reason), else_=None)}
     session.execute(stmt.on_conflict_do_update(index_elements=[Node.name], set_=kept))
-    node = _node(session, name)
+    node = registered_node(session, name)
+    commands.release_claims(session, node.id)
     seen: list[str] = []
     for gpu in gpus:
         if not isinstance(gpu, dict) or not isinstance(gpu.get("uuid"), str):
@@ -105,125 +109,81 @@ def _register_slices_and_links(session: Session, node: Node, gpus: list[dict[str
         session.execute(insert(GpuLink).values(rows).on_conflict_do_nothing())
 
 
-def heartbeat(session: Session, name: str) -> tuple[Node, bool]:
-    """Record that the node's agent is alive; a DOWN node comes back UP (then True)."""
-    node = _node(session, name)
+def heartbeat(session: Session, name: str) -> Node:
+    """Record that the node's agent is alive. A node the controller gave up on (or one
+    DOWN for another reason) must register again first: NotFound says so, and the
+    agent's answer to NotFound is to register."""
+    node = registered_node(session, name)
+    if node.lost_at is not None or node.state == "DOWN":
+        raise NotFound(f"node {name} is {node.state} ({node.reason or 'not registered'}): "
+                       f"the agent must register again")
     node.last_seen = datetime.now(UTC)
-    came_back = node.state == "DOWN"
-    if came_back:
-        node.state, node.reason = "UP", None
-    return node, came_back
+    return node
 
 
-def pending_work(session: Session, node: Node, signalled: set[int]) -> dict[str, Any]:
-    """Launches not yet acknowledged and cancels not yet acted on for ``node``."""
-    jobs = list(session.scalars(
-        select(Job).where(Job.state == "RUNNING", Job.node_id == node.id).order_by(Job.id)
-    ))
-    to_launch = [j for j in jobs if j.launched_at is None and j.cancel_requested_at is None]
-    cancels = [j.id for j in jobs if j.cancel_requested_at is not None and j.id not in signalled]
-    placed = job_placements(session, [(j.id, j.node_id) for j in to_launch])
-    payloads = {p.id: p for p in session.scalars(select(JobScript).where(
-        JobScript.id.in_({j.script_id for j in to_launch})))} if to_launch else {}
-    launches = [
-        LaunchOrder(
-            job_id=j.id, run=j.restarts, node=node.name, name=j.name, user=j.user_name,
-            uid=j.uid, gid=j.gid, script=payloads[j.script_id].script,
-            args=tuple(payloads[j.script_id].args), work_dir=j.work_dir,
-            environment=dict(payloads[j.script_id].environment), output=j.output,
-            error=j.error, umask=j.umask, time_limit=j.time_limit,
-            warn_signal=j.warn_signal, warn_seconds=j.warn_seconds,
-            warn_batch_only=bool(j.warn_batch_only),
-            gpu_uuids=tuple(placed.get(j.id, (node.name, []))[1]),
-            node_names=tuple(j.node_names or ()), array_job_id=j.array_job_id,
-            array_task_id=j.array_task_id, array_spec=j.array_spec,
-        ).to_json()
-        for j in to_launch
-    ]
-    # Time limits changed after launch: the agent applies each seq it has not seen.
-    limits = [{"job_id": j.id, "time_limit": j.time_limit, "seq": j.limit_seq}
-              for j in jobs if j.limit_seq and j.launched_at is not None
-              and j.cancel_requested_at is None]
-    signals = [{"job_id": j.id, "signal": j.signal_pending, "seq": j.signal_seq}
-               for j in jobs if j.signal_pending is not None and j.cancel_requested_at is None
-               and j.launched_at is not None]
-    return {"launches": launches, "cancels": cancels, "signals": signals, "limits": limits}
-
-
-def signal_delivered(session: Session, job_id: int, body: dict[str, Any]) -> bool:
-    """The agent sent the job its pending signal (``seq`` as it was told); False if a
-    newer request came meanwhile, which the next poll carries."""
-    seq = body.get("seq")
-    if not isinstance(seq, int):
-        raise UsageError("seq: expected the signal request's number")
-    node = _node(session, str(body.get("node")))
-    return bool(rowcount(session.execute(
-        update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.signal_seq == seq)
-        .values(signal_pending=None))))
-
-
-def mark_launched(session: Session, job_id: int, node_name: str) -> bool:
-    """Record that the job's supervisor runs; False if it was already recorded."""
-    node = _node(session, node_name)
-    return bool(rowcount(session.execute(
-        update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING",
-                          Job.launched_at.is_(None))
-        .values(launched_at=datetime.now(UTC))
-    )))
+def requeued(error_message: str | None) -> dict[str, Any]:
+    """The columns that put a running job back in the queue with its submit time, as
+    its next run (one restart more)."""
+    return {"state": "PENDING", "reason": "None", "node_id": None, "start_time": None,
+            "launched_at": None, "cancel_requested_at": None, "gpu_failure": None,
+            "preempted_at": None, "preempt_mode": None, "preempted_by": None,
+            "node_names": None, "start_kind": None, "error_message": error_message,
+            "restarts": Job.restarts + 1}
 
 
 def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
-    """Record how a job ended and release its GPUs; False if already recorded.
+    """Record how a job's run ended and release its GPUs; False if already recorded or
+    for a run the controller has ended (see record_run_end)."""
+    return record_run_end(session, job_id, body)[0]
+
+
+def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple[bool, bool]:
+    """Record how a job's run ended and release its GPUs. Returns (changed, stale):
+    not changed if already recorded; stale when the report is for a run that is not
+    the job's current one on that node (the controller ended it: ignored).
 
     ``body`` is a JobEnd report (gpusched.messages), refused whole when any field is
     out of its bounds."""
     end = JobEnd.parse(body)
-    node = _node(session, end.node)
+    node = registered_node(session, end.node)
     ended = (datetime.fromtimestamp(end.end_time, UTC) if end.end_time is not None
              else datetime.now(UTC))
     job = session.get(Job, job_id)
-    failure = job.gpu_failure if job is not None else None
-    if job is not None and failure is not None and may_requeue(session, job):
+    if job is None or (end.run is not None and job.restarts != end.run) \
+            or job.node_id != node.id:
+        return False, True
+    failure = job.gpu_failure
+    if failure is not None and may_requeue(session, job):
         # Its GPU failed: back in the queue with its submit time, one restart more.
-        values: dict[str, Any] = {
-            "state": "PENDING", "reason": "None", "node_id": None, "start_time": None,
-            "launched_at": None, "cancel_requested_at": None, "gpu_failure": None,
-            "error_message": f"requeued: {failure}", "node_names": None, "start_kind": None,
-            "restarts": Job.restarts + 1}
+        values = requeued(f"requeued: {failure}")
     elif failure is not None:
         values = {"state": "FAILED", "end_time": ended, "exit_code": end.exit_code,
                   "signal": end.signal, "error_message": failure}
-    elif job is not None and job.preempted_at is not None and job.preempt_mode == "requeue":
+    elif job.preempted_at is not None and job.preempt_mode == "requeue":
         # Preempted to requeue: back in the queue with its submit time, one restart more.
-        values = {
-            "state": "PENDING", "reason": "None", "node_id": None, "start_time": None,
-            "launched_at": None, "cancel_requested_at": None, "preempted_at": None,
-            "preempt_mode": None, "node_names": None, "start_kind": None,
-            "restarts": Job.restarts + 1}
+        values = requeued(job.error_message)
     else:
         values = {"state": OUTCOME_STATES[end.outcome], "end_time": ended,
                   "exit_code": end.exit_code, "signal": end.signal,
                   "error_message": end.error}
         if end.outcome == "launch_failed":  # nothing of it ran: say so where users look
             values["reason"] = LAUNCH_FAILED_REASON
-        if job is not None and job.preempted_at is not None:
+        if job.preempted_at is not None:
             values.update(state="CANCELLED",
                           error_message=f"preempted by job {job.preempted_by}")
     changed = rowcount(session.execute(
-        update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING")
+        update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING",
+                          Job.restarts == job.restarts)
         .values(**values)
     ))
     if changed:
-        session.execute(update(Allocation).where(Allocation.job_id == job_id,
-                                                 Allocation.released_at.is_(None))
-                        .values(released_at=datetime.now(UTC)))
-    return bool(changed)
+        release_job(session, job_id)
+    return bool(changed), False
 
 
-def mark_stale_nodes_down(session: Session, timeout: float) -> list[str]:
-    """Nodes whose agent has been silent for ``timeout`` seconds go DOWN."""
-    cutoff = datetime.now(UTC) - timedelta(seconds=timeout)
-    return list(session.scalars(
-        update(Node).where(Node.state == "UP", Node.last_seen < cutoff)
-        .values(state="DOWN", reason="Not responding").returning(Node.name)
-    ))
+def release_job(session: Session, job_id: int) -> None:
+    """A run of the job has ended: its GPUs are free and its open commands moot."""
+    session.execute(update(Allocation).where(Allocation.job_id == job_id,
+                                             Allocation.released_at.is_(None))
+                    .values(released_at=datetime.now(UTC)))
+    commands.close_run(session, [job_id])

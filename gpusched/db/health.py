@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from gpusched.db import commands
 from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
 from gpusched.errors import NotFound, UsageError
 
@@ -29,7 +30,8 @@ def report_faults(session: Session, node_name: str, body: dict[str, Any]) -> set
     must now be stopped.
 
     A failing GPU takes its MIG slices with it; a failing slice is only itself. A job
-    holding any of them is asked to stop (``cancel_requested_at``) and remembers why in
+    holding any of them is asked to stop (``cancel_requested_at`` and a ``cancel``
+    command to the node running its batch script) and remembers why in
     ``gpu_failure``; how it ends is decided when its end is recorded.
     """
     faults = _faults(body)
@@ -51,7 +53,9 @@ def report_faults(session: Session, node_name: str, body: dict[str, Any]) -> set
         for job in session.scalars(select(Job).where(Job.id.in_(holders), Job.state == "RUNNING")):
             if job.gpu_failure is None:
                 job.gpu_failure = failure
-            job.cancel_requested_at = job.cancel_requested_at or now
+            if job.cancel_requested_at is None and job.node_id is not None:
+                job.cancel_requested_at = now
+                commands.issue(session, "cancel", [(job.id, job.restarts, job.node_id)])
             stopping.update(job.node_names or [node_name])
     return stopping
 

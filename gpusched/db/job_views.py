@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.bounds import BoundError, parse_id_list
-from gpusched.db.jobs import Identity, job_placements
+from gpusched.db.jobs import Identity
 from gpusched.db.models import Job, Node
+from gpusched.db.placements import job_placements
 from gpusched.errors import NotFound, UsageError
 
 

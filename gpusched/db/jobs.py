@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import ArrayError, iter_tasks, parse_array, remove
+from gpusched.db import commands
 from gpusched.db.engine import rowcount
-from gpusched.db.models import Allocation, Gpu, Job, Node
+from gpusched.db.models import Job, Node
 from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
 
 
@@ -27,6 +28,7 @@ class Identity:
     uid: int
     gid: int
     name: str | None = None  # known already; else looked up from uid
+    admin: bool | None = None  # as the API decided ([controller] admin_group); None: root
 
     @property
     def user(self) -> str:
@@ -40,8 +42,8 @@ class Identity:
 
     @property
     def is_admin(self) -> bool:
-        """Root administers the cluster."""
-        return self.uid == 0
+        """Whether the caller administers the cluster: as the API decided, else root."""
+        return self.uid == 0 if self.admin is None else self.admin
 
 
 def set_hold(session: Session, job_id: int, who: Identity, hold: bool) -> Job:
@@ -79,9 +81,7 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[s
         update(Job).where(ids, Job.state == "PENDING")
         .values(state="CANCELLED", end_time=now, reason="None")
     ))
-    nodes = set(session.scalars(
-        update(Job).where(ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
-        .values(cancel_requested_at=now).returning(Job.node_id)))
+    nodes = stop_running(session, ids, cancel_requested_at=now)
     session.refresh(job)
     if not done and not nodes and session.scalar(
             select(Job.id).where(ids, Job.state == "RUNNING").limit(1)) is None:
@@ -97,10 +97,8 @@ def requeue_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[
     job = _owned_job(session, job_id, who, "requeue")
     now = datetime.now(UTC)
     ids = Job.array_job_id == job_id if job.array_job_id == job.id else Job.id == job_id
-    nodes = set(session.scalars(
-        update(Job).where(ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
-        .values(cancel_requested_at=now, preempted_at=now, preempt_mode="requeue")
-        .returning(Job.node_id)))
+    nodes = stop_running(session, ids, cancel_requested_at=now, preempted_at=now,
+                         preempt_mode="requeue")
     if not nodes:
         raise Conflict(f"job {job_id} is not running ({job.state}): only running jobs are requeued")
     return job, set(session.scalars(select(Node.name).where(Node.id.in_(nodes))))
@@ -113,9 +111,10 @@ def signal_job(session: Session, job_id: int, who: Identity, signum: int) -> tup
         raise UsageError(f"signal: expected a signal number from 1 to {signal.NSIG - 1}")
     job = _owned_job(session, job_id, who, "signal")
     ids = Job.array_job_id == job_id if job.array_job_id == job.id else Job.id == job_id
-    nodes = set(session.scalars(
-        update(Job).where(ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
-        .values(signal_pending=signum, signal_seq=Job.signal_seq + 1).returning(Job.node_id)))
+    running = session.execute(select(Job.id, Job.restarts, Job.node_id).where(
+        ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))).all()
+    commands.issue(session, "signal", _targets(running), {"signal": signum})
+    nodes = {node_id for *_, node_id in running}
     if not nodes:
         raise Conflict(f"job {job_id} is not running ({job.state})")
     return job, set(session.scalars(select(Node.name).where(Node.id.in_(nodes))))
@@ -137,9 +136,7 @@ def cancel_tasks(session: Session, array_id: int, who: Identity, tasks: str
     started = (Job.array_job_id == array_id) & Job.array_task_id.in_(wanted)
     done = rowcount(session.execute(update(Job).where(started, Job.state == "PENDING")
                                     .values(state="CANCELLED", end_time=now, reason="None")))
-    nodes = set(session.scalars(
-        update(Job).where(started, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
-        .values(cancel_requested_at=now).returning(Job.node_id)))
+    nodes = stop_running(session, started, cancel_requested_at=now)
     pending = record.array_tasks
     if pending is not None and wanted & set(iter_tasks(pending)):
         left = remove(pending, wanted)
@@ -160,27 +157,17 @@ def cancel_tasks(session: Session, array_id: int, who: Identity, tasks: str
     return record, names
 
 
-def job_placements(session: Session, jobs: Iterable[tuple[int, int | None]]
-                   ) -> dict[int, tuple[str, list[str]]]:
-    """Node name and GPU UUIDs (in index order) of each started job of ``jobs``, given
-    as (job id, node id) pairs."""
-    started = {job_id: node_id for job_id, node_id in jobs if node_id is not None}
-    if not started:
-        return {}
-    names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(
-        Node.id.in_(set(started.values())))).all())
-    placed: dict[int, tuple[str, list[str]]] = {
-        job_id: (names[node_id], []) for job_id, node_id in started.items()}
-    # A requeued job keeps the allocations of its earlier runs: show its latest run's.
-    latest: dict[int, datetime] = {}
-    rows = session.execute(
-        select(Allocation.job_id, Gpu.uuid, Allocation.allocated_at)
-        .join(Gpu, Gpu.id == Allocation.gpu_id)
-        .where(Allocation.job_id.in_(list(placed))).order_by(Allocation.job_id, Gpu.index)
-    ).all()
-    for job_id, _, at in rows:
-        latest[job_id] = max(at, latest.get(job_id, at))
-    for job_id, uuid, at in rows:
-        if at == latest[job_id]:
-            placed[job_id][1].append(uuid)
-    return placed
+def stop_running(session: Session, which: ColumnElement[bool], **values: Any) -> set[int]:
+    """Ask the running jobs of ``which`` not yet being stopped to stop (setting
+    ``values``, ``cancel_requested_at`` among them): a ``cancel`` command to each one's
+    node, in this transaction. The ids of those nodes."""
+    stopping = session.execute(
+        update(Job).where(which, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
+        .values(**values).returning(Job.id, Job.restarts, Job.node_id)).all()
+    commands.issue(session, "cancel", _targets(stopping))
+    return {node_id for *_, node_id in stopping if node_id is not None}
+
+
+def _targets(rows: Iterable[tuple[int, int, int | None]]) -> list[commands.Target]:
+    """(job, run, node) of the started jobs among ``rows``."""
+    return [(job_id, run, node_id) for job_id, run, node_id in rows if node_id is not None]

@@ -87,6 +87,10 @@ class Node(Base):
     block: Mapped[str | None] = mapped_column(Text)  # topology block (switch, rack)
     registered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_seen: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When the controller gave up on the node (silent for node_timeout) and ended its
+    # jobs: until its agent registers again, reporting what it still runs so that runs
+    # ended meanwhile are killed, it gets no work.
+    lost_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Gpu(Base):
@@ -226,8 +230,6 @@ class Job(Base):
     warn_batch_only: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     # A priority an administrator fixed (gcontrol update job Priority=); None: computed.
     admin_priority: Mapped[float | None] = mapped_column(Float)
-    # Bumped each time a running job's time limit changes, for its agent to apply.
-    limit_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     start_kind: Mapped[str | None] = mapped_column(Text)  # immediate or backfilled
     expected_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     node_names: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # every node it runs on
@@ -249,9 +251,6 @@ class Job(Base):
     mem_peak_mb: Mapped[int | None] = mapped_column(Integer)
     idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     idle: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # flagged idle
-    # gcancel --signal: the signal to deliver, and a counter the agent acknowledges.
-    signal_pending: Mapped[int | None] = mapped_column(Integer)
-    signal_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
 class Allocation(Base):

@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import Table, bindparam, insert, or_, select, text, type_coerce, update
-from sqlalchemy.types import NullType
 from sqlalchemy.orm import Session
+from sqlalchemy.types import NullType
 
 from gpusched.core.arrays import drop_first
 from gpusched.core.dependency import dependency_clauses
-from gpusched.core.topology import link_rank
 from gpusched.core.fairshare import Account as CoreAccount
 from gpusched.core.fairshare import UserShare
 from gpusched.core.model import (
@@ -27,7 +26,10 @@ from gpusched.core.model import (
     Snapshot,
     Start,
 )
+from gpusched.core.topology import link_rank
+from gpusched.db import commands
 from gpusched.db.engine import rowcount
+from gpusched.db.leadership import check_epoch
 from gpusched.db.models import (
     Account,
     AccountUser,
@@ -249,13 +251,19 @@ def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
 
 
 def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
-               node_ids: dict[str, int]) -> set[str]:
-    """Write the plan with guarded UPDATEs; returns the nodes that got jobs to launch.
+               node_ids: dict[str, int], epoch: int | None = None) -> set[str]:
+    """Write the plan with guarded UPDATEs and the node commands it makes (a launch
+    for each started job, a cancel for each job preempted), stamped with ``epoch``;
+    returns the nodes that got commands.
 
+    With an ``epoch`` (the leader's), the leader row is held first and the plan is
+    refused (NotLeader, nothing written) unless that epoch is still the current one.
     A start whose job is no longer PENDING (cancelled since the snapshot) is skipped.
     The partial unique index on allocations turns any double allocation into an error
     that rolls the whole pass back.
     """
+    if epoch is not None:
+        check_epoch(session, epoch)
     now = datetime.now(UTC)
     started: dict[int, Start] = {}
     tasks_of: dict[int, list[Start]] = {}
@@ -280,14 +288,26 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     if allocations:
         session.execute(insert(Allocation), allocations)
     _update_pending(session, snapshot, plan)
+    if started:
+        # Its batch script runs on its first node (the start's node), as Slurm's does.
+        runs = dict(session.execute(select(Job.id, Job.restarts).where(
+            Job.id.in_(list(started)))).all())
+        commands.issue(session, "launch", [
+            (job_id, runs[job_id], node_ids[start.node]) for job_id, start in started.items()],
+            epoch=epoch)
     woken = {start.node for start in started.values()}
     for preemption in plan.preemptions:
-        woken.update(session.scalars(
+        stopping = session.execute(
             update(Job).where(Job.id == preemption.job_id, Job.state == "RUNNING",
                               Job.cancel_requested_at.is_(None))
             .values(cancel_requested_at=now, preempted_at=now, preempt_mode=preemption.mode,
                     preempted_by=preemption.by)
-            .returning(select(Node.name).where(Node.id == Job.node_id).scalar_subquery())))
+            .returning(Job.id, Job.restarts, Job.node_id)).all()
+        targets = [(job_id, run, node_id) for job_id, run, node_id in stopping
+                   if node_id is not None]
+        commands.issue(session, "cancel", targets, epoch=epoch)
+        woken.update(name for name, node_id in node_ids.items()
+                     if node_id in {t[2] for t in targets})
     return woken
 
 

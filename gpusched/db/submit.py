@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from gpusched.core.arrays import task_bounds
 from gpusched.core.capacity import kind_matches
 from gpusched.core.timefmt import format_duration
+from gpusched.db import commands
 from gpusched.db.associations import check_submit_limits, choose_qos, qos_access
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import Identity, _owned_job
@@ -277,12 +278,16 @@ def update_job(session: Session, job_id: int, who: Identity,
     values: dict[str, Any] = {"time_limit": limit, "partition": part.name, "qos": qos,
                               "admin_priority": priority}
     if job.state == "RUNNING":
-        values = {"time_limit": limit, "limit_seq": Job.limit_seq + 1}
+        values = {"time_limit": limit}
     changed = rowcount(session.execute(update(Job).where(Job.id == job_id, Job.state == job.state)
                                        .values(**values)))
     if not changed:
         raise Conflict(f"job {job_id} changed state while it was being updated")
     session.refresh(job)
+    if job.state == "RUNNING" and job.node_id is not None:
+        # Its agent applies it (a launch not yet done carries it already; this is harmless).
+        commands.issue(session, "limit", [(job.id, job.restarts, job.node_id)],
+                       {"time_limit": limit})
     nodes = set(session.scalars(select(Node.name).where(Node.id == job.node_id))) \
         if job.state == "RUNNING" else set()
     return job, nodes

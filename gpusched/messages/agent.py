@@ -46,14 +46,14 @@ MAX_ERROR_INPUT = 64 * 1024  # characters of one an end report may bring (then c
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second Python can show
 # How a job ended, as its supervisor (or the agent, for a launch it refused) tells it.
 OUTCOMES = ("completed", "failed", "launch_failed", "cancelled", "timeout")
-COMMAND_KINDS = ("launch", "cancel", "signal", "limit")
+COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill")
 
 LAUNCH_FIELDS = frozenset({
     "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
     "environment", "output", "error", "umask", "time_limit", "warn_signal", "warn_seconds",
     "warn_batch_only", "gpu_uuids", "node_names", "array_job_id", "array_task_id",
     "array_spec"})
-END_FIELDS = frozenset({"node", "outcome", "exit_code", "signal", "end_time", "error"})
+END_FIELDS = frozenset({"node", "run", "outcome", "exit_code", "signal", "end_time", "error"})
 COMMAND_FIELDS = frozenset({"kind", "node", "job_id", "run", "seq", "payload"})
 
 
@@ -179,7 +179,10 @@ class JobEnd:
 
     ``end_time`` is in seconds since the epoch (None: when the report arrives);
     ``exit_code`` is set when the job exited, ``signal`` when a signal killed it;
-    ``error`` is kept to MAX_ERROR_TEXT characters of UTF-8 text without NUL.
+    ``error`` is kept to MAX_ERROR_TEXT characters of UTF-8 text without NUL. ``run``
+    is the run that ended (the job's ``restarts`` when it was launched); an end for a
+    run that is not the job's current one changes nothing. None (an agent older than
+    node commands) stands for the current run.
     """
 
     node: str
@@ -188,6 +191,7 @@ class JobEnd:
     signal: int | None = None
     end_time: float | None = None
     error: str | None = None
+    run: int | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobEnd:
@@ -201,12 +205,14 @@ class JobEnd:
             exit_code=optional_integer(body, "exit_code", 0, 255, "an exit status"),
             signal=optional_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"),
             end_time=_epoch(body.get("end_time")),
-            error=_error(typed(body, "error", str, None, "an error message")))
+            error=_error(typed(body, "error", str, None, "an error message")),
+            run=optional_integer(body, "run", 0, bounds.MAX_INT32, "a restart count"))
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``POST /agent/v1/jobs/{id}/ended`` takes it."""
-        return {"node": self.node, "outcome": self.outcome, "exit_code": self.exit_code,
-                "signal": self.signal, "end_time": self.end_time, "error": self.error}
+        return {"node": self.node, "run": self.run, "outcome": self.outcome,
+                "exit_code": self.exit_code, "signal": self.signal,
+                "end_time": self.end_time, "error": self.error}
 
 
 def error_text(error: str | None) -> str | None:
@@ -257,10 +263,11 @@ Payload = LaunchOrder | SignalJob | LimitJob | None
 
 @dataclass(frozen=True)
 class NodeCommand:
-    """One thing a node must do for one run of a job, in the order of ``seq``: launch it
-    (the payload is the LaunchOrder), cancel it (no payload), signal it, or change its
-    time limit. A command for a run the node no longer holds is stale and done nothing
-    with."""
+    """One thing a node must do for one run of a job, in the order of ``seq`` (the
+    command's number, which its acknowledgement names): launch it (the payload is the
+    LaunchOrder), cancel it (no payload), signal it, change its time limit, or kill it
+    (no payload: the controller has ended that run). A command for a run the node no
+    longer holds is stale and done nothing with."""
 
     kind: str
     node: str
@@ -309,8 +316,8 @@ def _payload(kind: str, body: Body) -> Payload:
     """The payload a command of ``kind`` carries."""
     if kind == "launch":
         return LaunchOrder.parse(body)
-    if kind == "cancel":
-        refuse_unknown(body, (), "a cancel command")
+    if kind in ("cancel", "kill"):
+        refuse_unknown(body, (), f"a {kind} command")
         return None
     if kind == "signal":
         refuse_unknown(body, ("signal",), "a signal command")

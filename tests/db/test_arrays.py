@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
-from gpusched.db import agents, job_views, jobs
+from gpusched.db import agents, commands, job_views, jobs
 from gpusched.db.models import Allocation, Job, JobScript, Node
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import UsageError
+from gpusched.messages import LaunchOrder
 from tests.db.test_transitions import ALICE, _submit, sessions  # noqa: F401  (a fixture)
 
 
@@ -50,11 +51,13 @@ def test_tasks_split_off_the_record_as_they_start(sessions: sessionmaker[Session
     with sessions() as s:
         task_ids = [r[0] for r in rows[1:]]
         assert sorted(s.scalars(select(Allocation.job_id))) == task_ids
-        launches = agents.pending_work(s, s.scalars(select(Node)).one(), set())["launches"]
-        assert [(w["array_job_id"], w["array_task_id"], w["array_spec"]) for w in launches] == [
-            (array, 0, "0-2"), (array, 1, "0-2")]
+        launches = [c.payload for c in commands.claim(s, s.scalars(select(Node)).one())]
+        assert all(isinstance(w, LaunchOrder) for w in launches)
+        assert [(w.array_job_id, w.array_task_id, w.array_spec) for w in launches  # type: ignore[union-attr]
+                ] == [(array, 0, "0-2"), (array, 1, "0-2")]
         # The tasks run the record's script, stored once for the whole array.
-        assert [(w["script"], w["environment"]) for w in launches] == [("#!/bin/sh\n", {})] * 2
+        assert [(w.script, w.environment) for w in launches  # type: ignore[union-attr]
+                ] == [("#!/bin/sh\n", {})] * 2
         assert set(s.scalars(select(Job.script_id).where(Job.array_job_id == array))) == {
             s.get(Job, array).script_id}  # type: ignore[union-attr]
         assert s.scalar(select(func.count()).select_from(JobScript)) == 1

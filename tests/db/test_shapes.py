@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
-from gpusched.db import agents, job_views, jobs
+from gpusched.db import agents, commands, job_views, jobs
 from gpusched.db.models import Allocation, Job, Node
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import UsageError
@@ -42,8 +42,13 @@ def test_a_multi_node_job_holds_gpus_on_each_node_and_runs_on_the_first(
             Node, Node.id == Allocation.node_id).where(Allocation.job_id == job_id)).all())
         assert [name for name, _ in held] == ["n1", "n1", "n2", "n2"]
         nodes = {n.name: n for n in s.scalars(select(Node))}
-        assert [w["job_id"] for w in agents.pending_work(s, nodes["n1"], set())["launches"]] == [job_id]
-        assert agents.pending_work(s, nodes["n2"], set())["launches"] == []
+    with sessions() as s, s.begin():
+        nodes = {n.name: n for n in s.scalars(select(Node))}
+        # The batch script runs on the first node alone, as Slurm's does.
+        assert [(c.kind, c.job_id) for c in commands.claim(s, nodes["n1"])] == [
+            ("launch", job_id)]
+        assert commands.claim(s, nodes["n2"]) == []
+    with sessions() as s:
         assert job_views.get_job(s, job_id, ALICE)["start_kind"] == "immediate"
 
 

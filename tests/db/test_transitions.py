@@ -12,12 +12,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, job_views, jobs, submit
+from gpusched.db import agents, commands, job_views, jobs, node_failure, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Allocation, Job, JobScript, Node
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
-from gpusched.errors import Conflict, PermissionDenied, UsageError
+from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
 
 ALICE = jobs.Identity(1000, 1000)
 BOB = jobs.Identity(1001, 1001)
@@ -118,22 +118,35 @@ def test_cancel_rules(sessions: sessionmaker[Session]) -> None:
         assert jobs.cancel_job(s, pending, ALICE)[0].state == "CANCELLED"
     with sessions() as s, s.begin(), pytest.raises(Conflict):
         jobs.cancel_job(s, pending, ALICE)
-    with sessions() as s:
-        work = agents.pending_work(s, s.scalars(select(Node)).one(), signalled=set())
-        assert work == {"launches": [], "cancels": [running], "signals": [], "limits": []}
-        assert agents.pending_work(s, s.scalars(select(Node)).one(), {running})["cancels"] == []
+    with sessions() as s, s.begin():
+        work = commands.claim(s, s.scalars(select(Node)).one())
+        assert [(c.kind, c.job_id, c.run) for c in work] == [
+            ("launch", running, 0), ("cancel", running, 0)]
+        for command in work:
+            assert commands.complete(s, s.scalars(select(Node)).one(), command.seq)
+    with sessions() as s, s.begin():
+        assert commands.claim(s, s.scalars(select(Node)).one()) == []  # all done
 
 
-def test_silent_node_goes_down_and_its_next_poll_brings_it_back(
+def test_silent_node_goes_down_and_must_register_again(
         sessions: sessionmaker[Session]) -> None:
     with sessions() as s, s.begin():
-        assert agents.mark_stale_nodes_down(s, timeout=60) == []
+        assert node_failure.fail_silent_nodes(s, timeout=60).nodes == []
         s.execute(update(Node).values(last_seen=datetime.now(UTC) - timedelta(minutes=5)))
     with sessions() as s, s.begin():
-        assert agents.mark_stale_nodes_down(s, timeout=60) == ["n1"]
+        assert node_failure.fail_silent_nodes(s, timeout=60).nodes == ["n1"]
+    with sessions() as s, s.begin(), pytest.raises(NotFound, match="must register again"):
+        agents.heartbeat(s, "n1")
+    with sessions() as s:
+        node = s.scalars(select(Node)).one()
+        assert (node.state, node.reason, node.lost_at is not None) == ("DOWN", "NotResponding",
+                                                                       True)
     with sessions() as s, s.begin():
-        node, came_back = agents.heartbeat(s, "n1")
-        assert came_back and node.state == "UP"
+        agents.register_node(s, {"node": "n1", "uid": 0, "gpus": [
+            {"index": i, "uuid": f"GPU-{i}"} for i in range(2)]})
+    with sessions() as s, s.begin():
+        node = agents.heartbeat(s, "n1")
+        assert (node.state, node.reason, node.lost_at) == ("UP", None, None)
 
 
 @pytest.mark.parametrize(("partition", "limit", "stored"), [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.dbview import open_commands
 
 
 def tasks_of(cluster: Cluster, array: int) -> dict[int | None, dict[str, Any]]:
@@ -52,7 +53,7 @@ def test_filters_choose_the_jobs(cluster: Cluster) -> None:
     assert cluster.job(other)["state"] == "CANCELLED"
 
 
-def test_signal_a_running_job_without_ending_it(cluster: Cluster) -> None:
+def test_signal_a_running_job_without_ending_it(cluster: Cluster, db_url: str) -> None:
     script = cluster.work / "trap.sh"
     script.write_text("#!/bin/sh\ntrap 'echo got USR1' USR1\necho ready\n"
                       "while true; do sleep 0.05; done\n")
@@ -64,8 +65,8 @@ def test_signal_a_running_job_without_ending_it(cluster: Cluster) -> None:
     assert sent.returncode == 0, sent.stderr
     wait_for(lambda: "got USR1" in out.read_text(), what="the signal delivered")
     assert cluster.job(job)["state"] == "RUNNING"
-    wait_for(lambda: cluster.api("GET", "/agent/v1/work?node=node01&wait=0")["signals"] == [],
-             what="the request acknowledged")
+    wait_for(lambda: open_commands(db_url, "signal") == [], what="the signal acknowledged",
+             seen=lambda: open_commands(db_url))
     pending = cluster.submit("--hold", "--wrap", "true")
     refused = cluster.run("gcancel", "-s", "10", str(pending))
     assert refused.returncode == 1

@@ -54,7 +54,7 @@ def test_example_loads_with_the_values_written_in_it() -> None:
         socket=Path("/run/gpusched/controller.sock"),
         socket_mode=0o666,
         schedule_interval=5.0,
-        node_timeout=90.0,
+        node_timeout=60.0,
         admin_group="hpcadmin",
     )
     assert config.agent == AgentConfig(

@@ -168,13 +168,14 @@ def job_ends(draw: st.DrawFn) -> dict[str, Any]:
     _maybe(draw, body, "end_time", st.floats(0, MAX_EPOCH) | st.integers(0, MAX_EPOCH)
            | st.none())
     _maybe(draw, body, "error", st.text(max_size=2 * MAX_ERROR_TEXT) | HOSTILE | st.none())
+    _maybe(draw, body, "run", st.integers(0, bounds.MAX_INT32) | st.none())
     return body
 
 
 @st.composite
 def node_commands(draw: st.DrawFn) -> dict[str, Any]:
     """A node command that must parse."""
-    kind = draw(st.sampled_from(["launch", "cancel", "signal", "limit"]))
+    kind = draw(st.sampled_from(["launch", "cancel", "signal", "limit", "kill"]))
     body: dict[str, Any] = {"kind": kind, "node": draw(WORD),
                             "job_id": draw(st.integers(1, bounds.MAX_JOB_ID)),
                             "run": draw(st.integers(0, bounds.MAX_INT32)),
@@ -399,6 +400,8 @@ def test_an_end_defaults_and_outcomes_match_the_database_states() -> None:
     assert sorted(OUTCOME_STATES) == sorted(OUTCOMES)
     end = JobEnd.parse({"node": "n1", "outcome": "completed", "end_time": 5})
     assert (end.exit_code, end.signal, end.end_time, end.error) == (None, None, 5.0, None)
+    assert end.run is None  # an agent older than node commands: the current run
+    assert JobEnd.parse({"node": "n1", "outcome": "failed", "run": 3}).run == 3
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -416,6 +419,8 @@ def test_an_end_defaults_and_outcomes_match_the_database_states() -> None:
                                             "characters"),
     ({"error": 5}, "error: expected an error message, got 5"),
     ({"start_time": 1.0}, "unknown field 'start_time' in the job end"),
+    ({"run": -1}, "run: expected a restart count from 0 to"),
+    ({"run": "0"}, "run: expected a restart count"),
 ])
 def test_an_end_out_of_bounds_is_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError) as caught:
@@ -441,6 +446,7 @@ def test_each_kind_of_command_carries_its_payload() -> None:
     launch = NodeCommand.parse({**head, "kind": "launch", "payload": ORDER})
     assert launch.payload == LaunchOrder.parse(ORDER)
     assert NodeCommand.parse({**head, "kind": "cancel"}).payload is None
+    assert NodeCommand.parse({**head, "kind": "kill", "payload": {}}).payload is None
     assert NodeCommand.parse({**head, "kind": "signal", "payload": {"signal": 10}}
                              ).payload == SignalJob(10)
     assert NodeCommand.parse({**head, "kind": "limit", "payload": {"time_limit": None}}
@@ -448,7 +454,9 @@ def test_each_kind_of_command_carries_its_payload() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"kind": "reboot"}, "kind: expected one of ['cancel', 'launch', 'limit', 'signal']"),
+    ({"kind": "reboot"}, "kind: expected one of ['cancel', 'kill', 'launch', 'limit', "
+                         "'signal']"),
+    ({"kind": "kill", "payload": {"signal": 9}}, "unknown field 'signal' in a kill command"),
     ({"seq": 0}, "seq: expected a command number from 1 to"),
     ({"run": None}, "run: expected a restart count, got nothing"),
     ({"kind": "launch", "payload": {**ORDER, "job_id": 8}},

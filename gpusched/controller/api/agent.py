@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpusched.controller.api.common import ApiContext, id_set, path_job_id
+from gpusched.controller.api.common import ApiContext, path_job_id
 from gpusched.controller.http import Request, Router
-from gpusched.db import agents, health
-from gpusched.db.nodes import node_named
+from gpusched.core import bounds
+from gpusched.db import agents, commands, health, node_failure
 from gpusched.db.notify import notify_in
 from gpusched.errors import UsageError
 
@@ -25,75 +25,71 @@ class AgentRoutes:
         """Register the agents' routes."""
         r.add("POST", "/agent/v1/register", self.register)
         r.add("GET", "/agent/v1/work", self.work)
-        r.add("POST", "/agent/v1/jobs/{job_id}/launched", self.launched)
+        r.add("POST", "/agent/v1/commands/{command_id}/done", self.done)
         r.add("POST", "/agent/v1/jobs/{job_id}/ended", self.ended)
-        r.add("POST", "/agent/v1/jobs/{job_id}/signalled", self.signalled)
         r.add("POST", "/agent/v1/health", self.health)
         r.add("POST", "/agent/v1/samples", self.samples)
 
     def register(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """An agent announces its node and GPUs."""
+        """An agent announces its node, its GPUs and the runs it holds; it is told which
+        of those runs the controller has ended, to kill before it takes new work."""
         ctx = self.context
         ctx.require_agent(request)
+        runs = node_failure.parse_runs(request.body.get("runs"))
         with ctx.sessions() as session, session.begin():
-            agents.register_node(session, request.body)
+            node = agents.register_node(session, request.body)
+            kill = node_failure.fence_runs(session, node, runs)
             notify_in(session, "sched")
         ctx.events.wake_scheduler()
-        return 200, {"ok": True}
+        return 200, {"ok": True, "kill": [{"job_id": job_id, "run": run} for job_id, run in kill]}
 
     def work(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Long poll: launches and cancels for a node; doubles as its heartbeat."""
+        """Long poll: claim the node's open commands; doubles as its heartbeat."""
         ctx = self.context
         ctx.require_agent(request)
         node_name = request.query.get("node", "")
         try:
             wait = float(request.query.get("wait", "0"))
             wait = min(wait, MAX_POLL_WAIT) if math.isfinite(wait) else 0.0
-            signalled = id_set(request.query.get("signalled", ""), "signalled")
         except ValueError:
-            raise UsageError("wait: expected seconds; signalled: expected job ids") from None
+            raise UsageError("wait: expected seconds") from None
         seen = ctx.events.node_generation(node_name)
-        with ctx.sessions() as session, session.begin():
-            node, came_back = agents.heartbeat(session, node_name)
-            work = agents.pending_work(session, node, signalled)
-            if came_back:
-                notify_in(session, "sched")
-        if came_back:
-            ctx.events.wake_scheduler()
-        if work["launches"] or work["cancels"] or work["signals"] or wait <= 0:
-            return 200, work
-        ctx.events.wait_node(node_name, seen, wait)
-        with ctx.sessions() as session:
-            return 200, agents.pending_work(session, node_named(session, node_name), signalled)
+        claimed = self._claim(node_name)
+        if not claimed and wait > 0:
+            ctx.events.wait_node(node_name, seen, wait)
+            claimed = self._claim(node_name)
+        return 200, {"commands": claimed}
 
-    def launched(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """The agent started the job's supervisor."""
+    def _claim(self, node_name: str) -> list[dict[str, Any]]:
+        with self.context.sessions() as session, session.begin():
+            node = agents.heartbeat(session, node_name)
+            return [command.to_json() for command in commands.claim(session, node)]
+
+    def done(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The agent did one command (for a launch: the job's supervisor runs)."""
         ctx = self.context
         ctx.require_agent(request)
+        raw = request.params.get("command_id", "")
+        if not raw.isdigit() or not 1 <= int(raw) <= bounds.MAX_JOB_ID:
+            raise UsageError(f"command id: expected a number, got {raw[:40]!r}")
         with ctx.sessions() as session, session.begin():
-            changed = agents.mark_launched(session, path_job_id(request),
-                                           str(request.body.get("node")))
+            node = agents.registered_node(session, str(request.body.get("node")))
+            changed = commands.complete(session, node, int(raw))
         return 200, {"ok": True, "changed": changed}
 
     def ended(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """The agent reports a job's end; its GPUs are released and the scheduler woken."""
+        """The agent reports how a run of a job ended; its GPUs are released and the
+        scheduler woken. An end for a run the controller has ended is ``stale``: it
+        changes nothing, and the agent forgets it."""
         ctx = self.context
         ctx.require_agent(request)
         with ctx.sessions() as session, session.begin():
-            changed = agents.record_end(session, path_job_id(request), request.body)
+            changed, stale = agents.record_run_end(session, path_job_id(request), request.body)
             if changed:
                 notify_in(session, "sched")
         if changed:
             ctx.events.wake_scheduler()
-        return 200, {"ok": True, "changed": changed}
-
-    def signalled(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """The agent delivered a job's pending signal."""
-        ctx = self.context
-        ctx.require_agent(request)
-        with ctx.sessions() as session, session.begin():
-            changed = agents.signal_delivered(session, path_job_id(request), request.body)
-        return 200, {"ok": True, "changed": changed}
+        return 200, {"ok": True, "changed": changed, "stale": stale}
 
     def health(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An agent reports failing GPUs or MIG slices: out of service at once, and the

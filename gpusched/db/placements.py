@@ -1,0 +1,37 @@
+"""Where started jobs run: each one's node and the GPUs of its current run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpusched.db.models import Allocation, Gpu, Node
+
+
+def job_placements(session: Session, jobs: Iterable[tuple[int, int | None]]
+                   ) -> dict[int, tuple[str, list[str]]]:
+    """Node name and GPU UUIDs (in index order) of each started job of ``jobs``, given
+    as (job id, node id) pairs."""
+    started = {job_id: node_id for job_id, node_id in jobs if node_id is not None}
+    if not started:
+        return {}
+    names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(
+        Node.id.in_(set(started.values())))).all())
+    placed: dict[int, tuple[str, list[str]]] = {
+        job_id: (names[node_id], []) for job_id, node_id in started.items()}
+    # A requeued job keeps the allocations of its earlier runs: show its latest run's.
+    latest: dict[int, datetime] = {}
+    rows = session.execute(
+        select(Allocation.job_id, Gpu.uuid, Allocation.allocated_at)
+        .join(Gpu, Gpu.id == Allocation.gpu_id)
+        .where(Allocation.job_id.in_(list(placed))).order_by(Allocation.job_id, Gpu.index)
+    ).all()
+    for job_id, _, at in rows:
+        latest[job_id] = max(at, latest.get(job_id, at))
+    for job_id, uuid, at in rows:
+        if at == latest[job_id]:
+            placed[job_id][1].append(uuid)
+    return placed
