@@ -20,7 +20,7 @@ from gpusched.errors import UsageError
 
 PROG = "gacct"
 app = new_app("Accounting of finished and running gpusched jobs, like sacct.")
-STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
 def _when(text: str | None, flag: str, now: datetime) -> datetime | None:

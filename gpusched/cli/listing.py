@@ -31,7 +31,7 @@ SHRINKABLE = frozenset({1, 2, 3, 7})
 # tests/cli/test_cli_format.py checks the copy against JobState.
 STATE_CODES = {
     "PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD",
-    "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO",
+    "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF",
 }
 _BY_CODE = {code: name for name, code in STATE_CODES.items()}
 NEVER_RAN = format_duration(0)

@@ -20,6 +20,8 @@ from gpusched.db.schedule import apply_plan, load_snapshot
 
 log = logging.getLogger(__name__)
 STANDBY_RETRY = 1.0
+LEADERSHIP_CHECK = 1.0  # seconds between looks at whether we still lead, when idle
+BACKSTOP_PASS = 30.0  # seconds after which a leader runs a pass even if never woken
 # After a wake-up, gather the events of the next few milliseconds into the same pass: a
 # burst of job ends or submits then costs one pass, not one each. After a long pass the
 # wait is as long as that pass (up to MAX_COALESCE_SECONDS), so passes woken back to back
@@ -72,16 +74,26 @@ class SchedulerLoop:
         self.leadership.release()
 
     def _run(self) -> None:
+        last_pass = 0.0
         while not self._stop.is_set():
-            if not self.leadership.try_acquire():
-                self._stop.wait(STANDBY_RETRY)
+            if not self.leadership.is_held:
+                if not self.leadership.try_acquire():
+                    self._stop.wait(STANDBY_RETRY)
+                    continue
+                self.resume_after = None
+                self.events.wake_scheduler()  # a new leader schedules at once
+            # Wait in short steps: leadership lost meanwhile (the keeper saw it) is taken
+            # back, or left to a standby, within a second.
+            woken = self.events.scheduler.wait(timeout=LEADERSHIP_CHECK)
+            if not woken and time.monotonic() - last_pass < BACKSTOP_PASS:
                 continue
-            if self.events.scheduler.wait(timeout=30):
+            if woken:
                 self._stop.wait(max(COALESCE_SECONDS,
                                     min(self.stats.last_seconds, MAX_COALESCE_SECONDS)))
             self.events.scheduler.clear()
             if self._stop.is_set() or not self.leadership.held():
                 continue
+            last_pass = time.monotonic()
             try:
                 self.run_pass()
             except NotLeader as exc:

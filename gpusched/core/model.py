@@ -24,6 +24,7 @@ class JobState(StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"  # its node died under it (and it was not requeued)
 
     @property
     def short(self) -> str:
@@ -43,6 +44,7 @@ _SHORT = {
     JobState.FAILED: "F",
     JobState.CANCELLED: "CA",
     JobState.TIMEOUT: "TO",
+    JobState.NODE_FAIL: "NF",
 }
 
 

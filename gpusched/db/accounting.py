@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from gpusched.db.models import Allocation, Gpu, GpuBilling, Job
 
-SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
 def _held(session: Session, job_ids: list[int], start: datetime | None, end: datetime | None,

@@ -65,14 +65,15 @@ def fail_silent_nodes(session: Session, timeout: float) -> LostNodes:
     on_lost = Job.node_id.in_(lost_ids) | Job.node_names.overlap(result.nodes)
     for job in session.scalars(select(Job).where(Job.state == "RUNNING", on_lost)
                                .order_by(Job.id).with_for_update()):
-        dead = names.get(job.node_id or 0) or next(
+        batch_node, run = job.node_id, job.restarts
+        dead = names.get(batch_node or 0) or next(
             n for n in job.node_names or () if n in result.nodes)
         _end_on_lost_node(session, job, dead, now, result)
-        if job.node_id is not None and job.node_id not in lost_ids:
+        if batch_node is not None and batch_node not in lost_ids:
             # A multi-node job lost one of its other nodes: its batch script lives on.
-            commands.issue(session, "kill", [(job.id, job.restarts, job.node_id)])
+            commands.issue(session, "kill", [(job.id, run, batch_node)])
             result.kill_on.update(session.scalars(select(Node.name).where(
-                Node.id == job.node_id)))
+                Node.id == batch_node)))
     return result
 
 
