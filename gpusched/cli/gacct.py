@@ -50,7 +50,7 @@ def gacct(
     endtime: Annotated[Optional[str], typer.Option(
         "--endtime", "-E", help="Jobs started (or ended) by this time (default: now).")] = None,
     state: Annotated[Optional[str], typer.Option(
-        "--state", "-s", help="Only these states: R, CD, F, CA, TO (or their names).")] = None,
+        "--state", "-s", help="Only these states: R, CD, F, CA, TO, NF (or their names).")] = None,
     jobs: Annotated[Optional[str], typer.Option("--jobs", "-j", help="Only these job ids.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     report: Annotated[bool, typer.Option(

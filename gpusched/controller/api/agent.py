@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 from gpusched.controller.api.common import ApiContext, path_job_id
@@ -54,16 +55,23 @@ class AgentRoutes:
         except ValueError:
             raise UsageError("wait: expected seconds") from None
         seen = ctx.events.node_generation(node_name)
-        claimed = self._claim(node_name)
+        claimed, registered = self._claim(node_name, None)
         if not claimed and wait > 0:
             ctx.events.wait_node(node_name, seen, wait)
-            claimed = self._claim(node_name)
+            claimed, _ = self._claim(node_name, registered)
         return 200, {"commands": claimed}
 
-    def _claim(self, node_name: str) -> list[dict[str, Any]]:
+    def _claim(self, node_name: str, registered: datetime | None
+               ) -> tuple[list[dict[str, Any]], datetime | None]:
+        """Claim the node's commands, and say when the node registered. A poll that
+        waited while its node registered again claims nothing: it is an agent's that
+        has been replaced (killed, restarted), and what it claimed would be lost."""
         with self.context.sessions() as session, session.begin():
             node = agents.heartbeat(session, node_name)
-            return [command.to_json() for command in commands.claim(session, node)]
+            if registered is not None and node.registered_at != registered:
+                return [], node.registered_at
+            return ([command.to_json() for command in commands.claim(session, node)],
+                    node.registered_at)
 
     def done(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The agent did one command (for a launch: the job's supervisor runs)."""
