@@ -6,10 +6,9 @@ An error names the file, the key and what was expected. The example
 
 from __future__ import annotations
 
-import math
+import ipaddress
 import re
 import socket
-import tomllib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.auth.settings import AuthConfig, parse_auth
+from gpusched.client.endpoints import Endpoint, endpoints_in
+from gpusched.configfile import TableReader as TableReader  # re-exported
+from gpusched.configfile import read_toml as read_toml
 from gpusched.core.model import Policy
 from gpusched.core.priority import PriorityWeights
 from gpusched.core.shapes import is_gpu_kind, is_mig_profile
-from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.core.topology import LINK_KINDS
 from gpusched.errors import ConfigError
 
@@ -84,6 +85,12 @@ class ControllerConfig:
     max_connections_per_user: int = 32
     # Members of this group (and root) are administrators, as proved by their credential.
     admin_group: str | None = None
+    # TCP addresses the API is also served on (every request there must carry a
+    # credential, [auth]); empty: the Unix socket only.
+    listen: tuple[Endpoint, ...] = ()
+    # The addresses a node's munge credentials may come from, where DNS does not give
+    # them: (node name, (address, ...)) pairs.
+    node_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,9 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     partitions: tuple[PartitionConfig, ...] = (PartitionConfig("gpu", default=True),)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    # Where CLIs and agents reach the controllers over TCP, tried in turn; empty: the
+    # local Unix socket ([controller] socket).
+    controllers: tuple[Endpoint, ...] = ()
     source: str = "<defaults>"
 
     def default_partition(self) -> PartitionConfig:
@@ -170,61 +180,6 @@ def demo_gpus(node_name: str, count: int) -> tuple[StaticGpu, ...]:
     )
 
 
-class TableReader:
-    """Typed access to one TOML table, with errors that name file and key."""
-
-    def __init__(self, source: str, table: Mapping[str, Any], prefix: str) -> None:
-        self.source, self.table, self.prefix = source, table, prefix
-
-    def fail(self, key: str, expected: str) -> ConfigError:
-        value = self.table.get(key)
-        return ConfigError(f"{self.source}: {self.prefix}{key}: expected {expected}, got {value!r}")
-
-    def check_keys(self, allowed: set[str]) -> None:
-        for key in self.table:
-            if key not in allowed:
-                raise ConfigError(f"{self.source}: {self.prefix}{key}: unknown key; expected one "
-                                  f"of {', '.join(sorted(allowed))}")
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any, expected: str) -> Any:
-        if key not in self.table:
-            return default
-        value = self.table[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.fail(key, expected)
-        return value
-
-    def positive(self, key: str, default: float, allow_zero: bool = False) -> float:
-        expected = "0 or more seconds" if allow_zero else "a positive number of seconds"
-        value = self.get(key, float, default, expected)
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            raise self.fail(key, expected)
-        return float(value)
-
-    def time_limit(self, key: str) -> int | None:
-        text = self.get(key, str, None, "a time such as '1-00:00:00' or 'UNLIMITED'")
-        if text is None:
-            return None
-        try:
-            return parse_time_limit(text)
-        except TimeFormatError:
-            raise self.fail(key, "a time such as '1-00:00:00' or 'UNLIMITED'") from None
-
-    def sub(self, key: str) -> TableReader:
-        value = self.table.get(key, {})
-        if not isinstance(value, dict):
-            raise self.fail(key, "a table")
-        return TableReader(self.source, value, f"{self.prefix}{key}.")
-
-    def name(self, key: str, default: str | None = None) -> str:
-        value = self.get(key, str, default, "a name of letters, digits, '_', '.', '-'")
-        if value is None or not _NAME.match(value):
-            raise self.fail(key, "a name of letters, digits, '_', '.', '-'")
-        return str(value)
-
-
 def _path(r: TableReader, key: str, default: Path) -> Path:
     value = r.get(key, str, str(default), "an absolute path")
     if not value.startswith("/"):
@@ -244,7 +199,8 @@ def _submit_limit(r: TableReader) -> int | None:
 def _controller(r: TableReader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout",
                   "gpu_resume_after", "idle_percent", "idle_after", "max_submit_jobs_per_user",
-                  "idle_timeout", "max_connections", "max_connections_per_user", "admin_group"})
+                  "idle_timeout", "max_connections", "max_connections_per_user", "admin_group",
+                  "listen", "node_addresses"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
@@ -263,7 +219,26 @@ def _controller(r: TableReader) -> ControllerConfig:
         max_connections_per_user=_connection_cap(r, "max_connections_per_user",
                                                  ControllerConfig.max_connections_per_user),
         admin_group=_group_name(r, "admin_group"),
+        listen=endpoints_in(r, "listen"),
+        node_addresses=_node_addresses(r.sub("node_addresses")),
     )
+
+
+def _node_addresses(r: TableReader) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    expected = "a list of 1 to 16 IP addresses, such as [\"10.0.0.5\"]"
+    pairs = []
+    for name, values in r.table.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(f"{r.source}: {r.prefix}{name!r:.80}: expected a node name "
+                              "(letters, digits, '_', '.', '-')")
+        if not isinstance(values, list) or not 1 <= len(values) <= 16:
+            raise r.fail(name, expected)
+        try:
+            addresses = tuple(str(ipaddress.ip_address(v)) for v in values)
+        except ValueError:
+            raise r.fail(name, expected) from None
+        pairs.append((name, addresses))
+    return tuple(pairs)
 
 
 def _group_name(r: TableReader, key: str) -> str | None:
@@ -484,7 +459,8 @@ def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:
 def parse_config(data: Mapping[str, Any], source: str) -> Config:
     """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
     top = TableReader(source, data, "")
-    top.check_keys({"database", "controller", "agent", "partitions", "scheduler", "auth"})
+    top.check_keys({"database", "controller", "agent", "partitions", "scheduler", "auth",
+                    "controllers"})
     database = top.sub("database")
     database.check_keys({"url"})
     url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
@@ -495,30 +471,22 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
         raise ConfigError(f"{source}: controller.node_timeout: expected more than agent.poll_wait "
                           f"({agent.poll_wait:g} s), since the agent's poll is its heartbeat; "
                           f"got {controller.node_timeout:g}")
+    auth, controllers = parse_auth(top.sub("auth")), endpoints_in(top, "controllers")
+    for key, used in (("controller.listen", controller.listen), ("controllers", controllers)):
+        if used and auth.method == "none":
+            raise ConfigError(f"{source}: {key}: the API over TCP needs credentials: set [auth] "
+                              "method to 'munge' or 'key' (an unauthenticated network API is "
+                              "never served)")
     return Config(
         database_url=url,
         controller=controller,
         scheduler=_scheduler(top.sub("scheduler")),
         agent=agent,
         partitions=_partitions(source, data.get("partitions")),
-        auth=parse_auth(top.sub("auth")),
+        auth=auth,
+        controllers=controllers,
         source=source,
     )
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; every way it can fail is a ConfigError naming the file."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such configuration file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
 def load_config(path: Path | None) -> Config:

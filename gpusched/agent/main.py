@@ -20,6 +20,7 @@ from gpusched.agent.inventory import node_inventory
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.agent.nvml import NvmlUnavailable
 from gpusched.client import ApiClient
+from gpusched.client.settings import controllers_from, node_credentials
 from gpusched.config import Config
 from gpusched.errors import (
     ConfigError,
@@ -70,10 +71,17 @@ class Agent:
         self._registered: object = None  # the GPUs and links last registered
         self._monitor: HealthMonitor | None = None
         self.trusted_server_uids = trusted_server_uids(self.config.controller_user)
+        # Over TCP: the controllers to fail over between, and this node's credentials.
+        self.controllers = controllers_from(os.environ, config.controllers)
+        self._credentials = (node_credentials(config.auth, self.node)
+                             if self.controllers else None)
 
     def _client(self) -> ApiClient:
-        """A connection to the controller that talks only to a trusted server: root,
-        this agent's own uid, or the configured controller user."""
+        """A connection to the controllers over TCP with this node's credentials, or to
+        the local socket when none are configured: there only to a trusted server (root,
+        this agent's own uid, or the configured controller user)."""
+        if self.controllers:
+            return ApiClient(controllers=self.controllers, credentials=self._credentials)
         return ApiClient(self.socket_path, trusted_server_uids=self.trusted_server_uids)
 
     def inventory(self) -> dict[str, Any]:

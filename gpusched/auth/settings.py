@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpusched.config import TableReader
+    from gpusched.configfile import TableReader
 
 METHODS = ("none", "munge", "key")
 

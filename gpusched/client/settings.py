@@ -1,0 +1,105 @@
+"""Where a client reaches the controllers, and how it proves who it is.
+
+``$GPUSCHED_CONTROLLERS`` (``host:port,host:port``), else the top-level ``controllers``
+list of the configuration file (``$GPUSCHED_CONFIG``, else /etc/gpusched/gpusched.toml
+when it exists and this user may read it); with none, the local Unix socket. Only
+``controllers`` and ``[auth]`` are read from the file, so a CLI never loads the rest of
+the configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpusched.client.endpoints import Endpoint, parse_endpoints
+from gpusched.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpusched.auth.settings import AuthConfig
+
+ENV_CONTROLLERS = "GPUSCHED_CONTROLLERS"
+
+
+def _no_auth() -> AuthConfig:
+    from gpusched.auth.settings import AuthConfig
+
+    return AuthConfig()
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The controllers to try in turn (none: the Unix socket) and the ``[auth]`` settings."""
+
+    controllers: tuple[Endpoint, ...] = ()
+    auth: AuthConfig = field(default_factory=_no_auth)
+    source: str = "<defaults>"
+
+
+def client_settings(environ: Mapping[str, str] | None = None) -> ClientSettings:
+    """The settings of this process's environment and configuration file."""
+    from gpusched.paths import default_config_path
+
+    env = os.environ if environ is None else environ
+    path = default_config_path()
+    if path is not None and not env.get("GPUSCHED_CONFIG") and not os.access(path, os.R_OK):
+        path = None  # the system file of a controller host, for its daemons only
+    controllers: tuple[Endpoint, ...] = ()
+    auth: AuthConfig | None = None
+    source = "<defaults>"
+    if path is not None:
+        from gpusched.auth.settings import parse_auth
+        from gpusched.client.endpoints import endpoints_in
+        from gpusched.configfile import TableReader, read_toml
+
+        source = str(path)
+        top = TableReader(source, read_toml(path), "")
+        controllers = endpoints_in(top, "controllers")
+        auth = parse_auth(top.sub("auth"))
+    if env.get(ENV_CONTROLLERS, "").strip():
+        controllers, source = controllers_from(env, controllers), f"${ENV_CONTROLLERS}"
+    settings = ClientSettings(controllers, auth or _no_auth(), source)
+    if controllers and settings.auth.method == "none":
+        where = f"in {path}" if path is not None else (
+            "in a configuration file ($GPUSCHED_CONFIG or /etc/gpusched/gpusched.toml)")
+        raise ConfigError(f"{source}: controllers over TCP need credentials: set [auth] "
+                          f"method to 'munge' or 'key' {where}")
+    return settings
+
+
+def controllers_from(environ: Mapping[str, str],
+                     configured: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
+    """``$GPUSCHED_CONTROLLERS`` when set, else the configured list."""
+    listed = environ.get(ENV_CONTROLLERS, "").strip()
+    if not listed:
+        return configured
+    try:
+        return parse_endpoints(e.strip() for e in listed.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_CONTROLLERS}: {exc}") from None
+
+
+def node_credentials(auth: AuthConfig, node: str) -> Callable[[], str]:
+    """What makes the agent of ``node``'s credentials, checked now: a key method host key
+    must be this node's, and readable."""
+    from gpusched.auth.backends import credential_source
+    from gpusched.errors import AuthError, Unavailable
+
+    source = credential_source(auth)
+    if source is None:
+        raise ConfigError("controllers: an agent reaches the controllers over TCP with node "
+                          "credentials: set [auth] method to 'munge' or 'key'")
+
+    def make() -> str:
+        return source.authorization(node=node)
+
+    try:
+        make()
+    except (ValueError, AuthError) as exc:
+        raise ConfigError(f"[auth]: cannot make the credentials of node {node}: "
+                          f"{getattr(exc, 'message', exc)}") from None
+    except Unavailable:
+        pass  # munged may come up later: each request tries again
+    return make
