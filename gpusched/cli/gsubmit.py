@@ -370,6 +370,9 @@ def gsubmit(
         print(f"gsubmit: Job {answer['job_id']} to start at {when} using {answer['gpus']} GPUs"
               f"{where} in partition {answer['partition']}", file=sys.stderr)
         return
+    # One key per invocation: should the answer be lost (a controller dies, the client
+    # fails over), sending it again gives the same job, never a second one.
+    body["submit_key"] = os.urandom(16).hex()
     with ApiClient() as client:
         answer = client.request("POST", "/v1/jobs", body)
     job_id = answer.get("job_id")

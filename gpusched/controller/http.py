@@ -1,8 +1,10 @@
-"""An HTTP/1.1 JSON server on a Unix socket that knows who is calling.
+"""An HTTP/1.1 JSON server that knows who is calling: on the Unix socket the kernel
+says (``SO_PEERCRED``); on TCP every request proves it with a credential in its
+``Authorization`` header (gpusched.auth), or is answered 401 and its connection closed.
 
-Each accepted socket's caller comes straight from the kernel (``SO_PEERCRED``). What a
-client may hold is bounded: connections in all and per uid (checked at accept), the
-time to send a request (the idle timeout), and the size of what it sends (wire.py).
+What a client may hold is bounded (admission.py): connections in all, per uid on the
+Unix socket, per remote address at accept on TCP and per uid once a request proved it;
+the time to send a request (the idle timeout) and the size of what it sends (wire.py).
 """
 
 from __future__ import annotations
@@ -11,19 +13,23 @@ import errno
 import json
 import logging
 import os
-import queue
 import re
 import socket
 import socketserver
 import struct
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
+from gpusched.controller.admission import (
+    Complaints,
+    OpenConnections,
+    ServerLimits,
+    Workers,
+)
 from gpusched.controller.wire import (
     RECV_BYTES,
     ClientFault,
@@ -33,7 +39,14 @@ from gpusched.controller.wire import (
     encode_answer,
     send_nowait,
 )
-from gpusched.errors import GpuschedError, Unavailable, UsageError
+from gpusched.errors import ConfigError, GpuschedError, Unavailable, UsageError
+
+if TYPE_CHECKING:
+    from gpusched.auth.credential import Identity
+    from gpusched.client.endpoints import Endpoint
+
+__all__ = ["Caller", "EncodedJson", "HttpService", "Request", "Router", "ServerLimits",
+           "TcpHttpServer", "UnixHttpServer", "error_body"]
 
 log = logging.getLogger(__name__)
 _PEERCRED = struct.Struct("3i")
@@ -41,11 +54,23 @@ _PEERCRED = struct.Struct("3i")
 
 @dataclass(frozen=True)
 class Caller:
-    """The process on the other end of the socket, as the kernel reports it."""
+    """Who sent a request: on the Unix socket the process the kernel reports; on TCP
+    the user (or node agent) its credential proves.
+
+    ``pid``: 0 when not known (TCP). ``host``: None on the Unix socket; on TCP the host
+    the credential proves (the key method's host name, munge's origin address).
+    ``node``: the node a node credential proves (TCP only)."""
 
     pid: int
     uid: int
     gid: int
+    host: str | None = None
+    node: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        """Whether the request came over TCP."""
+        return self.host is not None
 
 
 @dataclass
@@ -103,87 +128,96 @@ def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-class UnixHttpServer(socketserver.UnixStreamServer):
-    """Accepts connections, admits them against the caps, and hands each to a worker.
+class Authenticator(Protocol):
+    """Checks a request's ``Authorization`` header (gpusched.auth.backends)."""
 
-    The accepting thread does nothing that waits on a client: it reads the caller's
-    credentials from the kernel and either hands the connection on or answers 503 with
-    what the socket takes at once and closes it."""
+    def authenticate(self, header: str | bytes | None, now: float | None = None) -> Identity:
+        """The identity the header's credential proves; a GpuschedError otherwise."""
+        ...
 
-    request_queue_size = 1024
 
-    def __init__(self, path: Path, router: Router, mode: int = 0o666,
-                 limits: ServerLimits | None = None) -> None:
+@dataclass(frozen=True)
+class Peer:
+    """The other end of a connection as known at accept: the caller the kernel reports
+    (Unix socket), or only a remote address (TCP)."""
+
+    caller: Caller | None
+    address: str | None = None
+
+    @property
+    def client(self) -> object:
+        """What the caps and the log's rate limit count by: uid, or address."""
+        return self.caller.uid if self.caller is not None else self.address
+
+    def describe(self, caller: Caller | None = None) -> str:
+        """How the log names this client."""
+        if self.caller is not None:
+            return f"uid {self.caller.uid} pid {self.caller.pid}"
+        return f"{self.address}" + (f" (uid {caller.uid})" if caller is not None else "")
+
+
+class _Refused(Exception):
+    """A request answered with an error before the router, and its connection closed."""
+
+    def __init__(self, status: int, code: str, message: str, extra: str = "") -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+
+class HttpService:
+    """Serves the router on connections the listeners accepted, within the limits; one
+    per controller, shared by its Unix socket and its TCP listeners."""
+
+    def __init__(self, router: Router, limits: ServerLimits | None = None,
+                 authenticator: Authenticator | None = None, scheme: str = "") -> None:
         self.router = router
-        self.path = Path(path)
         self.limits = limits or ServerLimits()
-        self.connections = _OpenConnections(self.limits)
-        self._workers = _Workers(self._serve_connection)
-        self._complaints = _Complaints()
-        _claim_socket_path(self.path)
-        super().__init__(str(self.path), socketserver.BaseRequestHandler)
-        os.chmod(self.path, mode)
+        self.authenticator = authenticator
+        self.scheme = scheme  # named in a 401's WWW-Authenticate
+        self.connections = OpenConnections(self.limits)
+        self.workers: Workers[Peer] = Workers(self.serve_connection)
+        self.complaints = Complaints(log)
 
-    def get_request(self) -> tuple[socket.socket, Any]:
-        """Accept one connection; out of file descriptors, pause instead of spinning."""
-        try:
-            return self.socket.accept()
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                self._complaints.report(logging.WARNING, -1, "descriptors",
-                                        "cannot accept a connection: %s", exc.strerror)
-                time.sleep(0.1)
-            raise
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Admit the connection to a worker, or answer 503 and close it."""
-        sock: socket.socket = request
-        try:
-            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        except OSError:
-            sock.close()
-            return
-        caller = Caller(*_PEERCRED.unpack(raw))
-        refusal = self.connections.admit(caller.uid, sock)
+    def admit(self, sock: socket.socket, peer: Peer) -> None:
+        """Hand the connection to a worker, or answer 503 and close it."""
+        if peer.caller is not None:
+            refusal = self.connections.admit_local(peer.caller.uid, sock)
+        else:
+            refusal = self.connections.admit_remote(str(peer.address), sock)
         if refusal is None:
             try:
-                self._workers.submit(sock, caller)
+                self.workers.submit(sock, peer)
                 return
             except RuntimeError:  # no thread could be started
-                self.connections.release(caller.uid, sock)
+                self.connections.release(sock)
                 refusal = "the controller cannot serve another connection now; try again"
-        self._complaints.report(logging.WARNING, caller.uid, "refused",
-                                "refused a connection from uid %d: %s", caller.uid, refusal)
+        self.complaints.report(logging.WARNING, peer.client, "refused",
+                               "refused a connection from %s: %s", peer.describe(), refusal)
         _refuse(sock, refusal)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A fault of the server's own while accepting: to the log, with its traceback."""
-        log.exception("error accepting a connection")
-
-    def server_close(self) -> None:
-        super().server_close()
-        self.connections.shut_all()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-
-    def _serve_connection(self, sock: socket.socket, caller: Caller) -> None:
+    def serve_connection(self, sock: socket.socket, peer: Peer) -> None:
         """Answer the requests of one connection until it closes, errs or idles out."""
         conn = Connection(sock, self.limits.idle_timeout)
         try:
             while True:
                 try:
                     raw = conn.read_request()
+                    if raw is None:
+                        return
+                    caller = self._caller(raw, peer, sock)
                 except ClientFault as fault:
-                    self._complaints.report(logging.INFO, caller.uid, "fault",
-                                            "uid %d pid %d: refused a request (%d): %s",
-                                            caller.uid, caller.pid, fault.status,
-                                            fault.message)
+                    self.complaints.report(logging.INFO, peer.client, "fault",
+                                           "%s: refused a request (%d): %s", peer.describe(),
+                                           fault.status, fault.message)
                     conn.send_answer(fault.status, _encode(error_body("invalid", fault.message)),
                                      close=True)
                     return
-                if raw is None:
+                except _Refused as refused:
+                    self.complaints.report(logging.INFO, peer.client, refused.code,
+                                           "%s: refused a request (%d): %s", peer.describe(),
+                                           refused.status, refused.message)
+                    conn.send_answer(refused.status, _encode(error_body(
+                        refused.code, refused.message)), close=True, extra=refused.extra)
                     return
                 status, payload = self._answer(raw, caller)
                 conn.send_answer(status, payload, close=not raw.keep_alive)
@@ -194,20 +228,39 @@ class UnixHttpServer(socketserver.UnixStreamServer):
                 send_nowait(sock, encode_answer(408, _encode(error_body(
                     "invalid", f"request timed out: {gone.why}")), close=True))
             if gone.started:
-                self._complaints.report(logging.INFO, caller.uid,
-                                        "late" if gone.timed_out else "gone",
-                                        "uid %d pid %d: %s; connection closed",
-                                        caller.uid, caller.pid, gone.why)
+                self.complaints.report(logging.INFO, peer.client,
+                                       "late" if gone.timed_out else "gone",
+                                       "%s: %s; connection closed", peer.describe(), gone.why)
             else:
-                log.debug("uid %d pid %d: %s; connection closed", caller.uid, caller.pid,
-                          gone.why)
+                log.debug("%s: %s; connection closed", peer.describe(), gone.why)
         except OSError as exc:
-            self._complaints.report(logging.INFO, caller.uid, "gone",
-                                    "uid %d pid %d: connection error: %s", caller.uid,
-                                    caller.pid, exc.strerror or exc)
+            self.complaints.report(logging.INFO, peer.client, "gone",
+                                   "%s: connection error: %s", peer.describe(),
+                                   exc.strerror or exc)
         finally:
-            self.connections.release(caller.uid, sock)
+            self.connections.release(sock)
             sock.close()
+
+    def _caller(self, raw: RawRequest, peer: Peer, sock: socket.socket) -> Caller:
+        """Who sent ``raw``: the kernel's word on the Unix socket (an Authorization header
+        there is not read), the credential's on TCP."""
+        if peer.caller is not None:
+            return peer.caller
+        if self.authenticator is None:  # a TCP listener is never built without one
+            raise _Refused(401, "auth", "this controller takes no credentials")
+        try:
+            identity = self.authenticator.authenticate(raw.headers.get("authorization"))
+        except GpuschedError as exc:
+            extra = f"WWW-Authenticate: {self.scheme}\r\n" if exc.http_status == 401 else ""
+            raise _Refused(exc.http_status, exc.code, exc.message, extra) from None
+        except Exception:
+            log.exception("internal error checking a credential from %s", peer.address)
+            raise _Refused(500, "internal", "internal error in the controller; see its "
+                                            "log") from None
+        refusal = self.connections.claim(sock, identity.uid)
+        if refusal is not None:
+            raise _Refused(503, "unavailable", refusal)
+        return Caller(0, identity.uid, identity.gid, identity.host, identity.node)
 
     def _answer(self, raw: RawRequest, caller: Caller) -> tuple[int, bytes]:
         """Run the request through the router; errors become status codes with a JSON body."""
@@ -224,6 +277,123 @@ class UnixHttpServer(socketserver.UnixStreamServer):
             status = 500
             body = error_body("internal", "internal error in the controller; see its log")
         return status, body.payload if isinstance(body, EncodedJson) else _encode(body)
+
+
+class _Listener(socketserver.BaseServer):
+    """What both listeners do at accept: pause when out of descriptors, hand each
+    connection to the service."""
+
+    service: HttpService
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept one connection; out of file descriptors, pause instead of spinning."""
+        try:
+            return self.socket.accept()  # type: ignore[attr-defined,no-any-return]
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.service.complaints.report(logging.WARNING, -1, "descriptors",
+                                               "cannot accept a connection: %s", exc.strerror)
+                time.sleep(0.1)
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A fault of the server's own while accepting: to the log, with its traceback."""
+        log.exception("error accepting a connection")
+
+    @property
+    def connections(self) -> OpenConnections:
+        """The open connections of the service (all listeners)."""
+        return self.service.connections
+
+    @property
+    def limits(self) -> ServerLimits:
+        return self.service.limits
+
+
+class UnixHttpServer(_Listener, socketserver.UnixStreamServer):
+    """The local socket: the accepting thread reads the caller's credentials from the
+    kernel and either hands the connection on or answers 503 with what the socket takes
+    at once and closes it; it does nothing that waits on a client."""
+
+    request_queue_size = 1024
+
+    def __init__(self, path: Path, router: Router, mode: int = 0o666,
+                 limits: ServerLimits | None = None, service: HttpService | None = None) -> None:
+        self.service = service or HttpService(router, limits)
+        self.router = router
+        self.path = Path(path)
+        _claim_socket_path(self.path)
+        socketserver.UnixStreamServer.__init__(self, str(self.path),
+                                               socketserver.BaseRequestHandler)
+        os.chmod(self.path, mode)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Admit the connection to a worker, or answer 503 and close it."""
+        sock: socket.socket = request
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        except OSError:
+            sock.close()
+            return
+        self.service.admit(sock, Peer(Caller(*_PEERCRED.unpack(raw))))
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.service.connections.shut_all()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class TcpHttpServer(_Listener, socketserver.TCPServer):
+    """A TCP listener (``[controller] listen``): nothing is known of a caller at accept
+    but its address, so the caps there are per address; each request must carry a
+    credential the service's authenticator accepts."""
+
+    request_queue_size = 1024
+    allow_reuse_address = True  # a restarted controller binds at once (TIME_WAIT)
+
+    def __init__(self, endpoint: Endpoint, service: HttpService) -> None:
+        if service.authenticator is None:
+            raise ConfigError(f"controller.listen: {endpoint}: the API over TCP needs "
+                              "credentials ([auth] method 'munge' or 'key')")
+        self.service = service
+        self.endpoint = endpoint
+        try:
+            family, _, _, _, address = socket.getaddrinfo(
+                endpoint.host, endpoint.port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                socket.AI_PASSIVE)[0]
+        except socket.gaierror as exc:
+            raise ConfigError(f"controller.listen: {endpoint}: cannot resolve "
+                              f"{endpoint.host}: {exc.strerror}") from None
+        self.address_family = family
+        socketserver.TCPServer.__init__(self, address,  # type: ignore[arg-type]
+                                        socketserver.BaseRequestHandler,
+                                        bind_and_activate=False)
+        try:
+            if family == socket.AF_INET6:  # [::] and 0.0.0.0 may then both listen
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            self.server_bind()
+            self.server_activate()
+        except OSError as exc:
+            self.server_close()
+            raise Unavailable(f"cannot listen on {endpoint}: {exc.strerror or exc}") from None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one the system chose, for port 0)."""
+        return int(self.socket.getsockname()[1])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Admit the connection to a worker, or answer 503 and close it."""
+        sock: socket.socket = request
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            sock.close()
+            return
+        self.service.admit(sock, Peer(None, str(client_address[0])))
 
 
 def _encode(body: dict[str, Any]) -> bytes:
@@ -254,137 +424,6 @@ def _refuse(sock: socket.socket, message: str) -> None:
         pass
     send_nowait(sock, encode_answer(503, _encode(error_body("unavailable", message)), True))
     sock.close()
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """What clients may hold of the server (``[controller]`` in etc/gpusched.toml)."""
-
-    idle_timeout: float = 30.0  # seconds a client may take to send a whole request
-    max_connections: int = 256  # open connections of all ordinary users together
-    max_connections_per_user: int = 32
-    # Agents and administrators: never refused, so a flood cannot cut off the nodes.
-    privileged_uids: frozenset[int] = field(
-        default_factory=lambda: frozenset({0, os.geteuid()}))
-
-
-class _OpenConnections:
-    """The open connections, by uid; the caps are checked here, at accept."""
-
-    def __init__(self, limits: ServerLimits) -> None:
-        self.limits = limits
-        self._lock = threading.Lock()
-        self._by_uid: dict[int, int] = {}
-        self._ordinary = 0
-        self._sockets: set[socket.socket] = set()
-
-    def admit(self, uid: int, sock: socket.socket) -> str | None:
-        """Count the connection in; None, or why it is refused."""
-        with self._lock:
-            if uid not in self.limits.privileged_uids:
-                if self._ordinary >= self.limits.max_connections:
-                    return (f"the controller already serves its maximum of "
-                            f"{self.limits.max_connections} connections; try again shortly")
-                if self._by_uid.get(uid, 0) >= self.limits.max_connections_per_user:
-                    return (f"uid {uid} already has {self.limits.max_connections_per_user} "
-                            "connections open to the controller (the limit per user); "
-                            "close some and try again")
-                self._ordinary += 1
-            self._by_uid[uid] = self._by_uid.get(uid, 0) + 1
-            self._sockets.add(sock)
-        return None
-
-    def release(self, uid: int, sock: socket.socket) -> None:
-        """Count a closed connection out."""
-        with self._lock:
-            if sock not in self._sockets:
-                return
-            self._sockets.discard(sock)
-            if uid not in self.limits.privileged_uids:
-                self._ordinary -= 1
-            left = self._by_uid[uid] - 1
-            if left:
-                self._by_uid[uid] = left
-            else:
-                del self._by_uid[uid]
-
-    def count(self, uid: int | None = None) -> int:
-        """Open connections of ``uid``, or of everyone."""
-        with self._lock:
-            return len(self._sockets) if uid is None else self._by_uid.get(uid, 0)
-
-    def shut_all(self) -> None:
-        """Shut every open connection down, which ends its worker's wait."""
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-class _Workers:
-    """Threads that serve connections: one starts only when none is idle, and an idle
-    one leaves after a while, so there are never more than the connections admitted."""
-
-    IDLE_EXIT = 60.0  # seconds an idle worker waits for another connection
-
-    def __init__(self, serve: Callable[[socket.socket, Caller], None]) -> None:
-        self._serve = serve
-        self._queue: queue.SimpleQueue[tuple[socket.socket, Caller]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0  # idle workers that no queued connection has claimed yet
-
-    def submit(self, sock: socket.socket, caller: Caller) -> None:
-        """Serve the connection on an idle worker, or on a new one."""
-        with self._lock:
-            if self._idle:
-                self._idle -= 1
-                self._queue.put((sock, caller))
-                return
-        threading.Thread(target=self._run, args=(sock, caller), name="http-connection",
-                         daemon=True).start()
-
-    def _run(self, sock: socket.socket, caller: Caller) -> None:
-        while True:
-            self._serve(sock, caller)
-            with self._lock:
-                self._idle += 1
-            while True:
-                try:
-                    sock, caller = self._queue.get(timeout=self.IDLE_EXIT)
-                    break
-                except queue.Empty:
-                    with self._lock:
-                        if self._idle:  # no connection is on its way to this worker
-                            self._idle -= 1
-                            return
-
-
-class _Complaints:
-    """Logs client faults at most once per uid and kind every ``interval`` seconds,
-    counting the lines left out, so a flood cannot flood the log."""
-
-    def __init__(self, interval: float = 10.0) -> None:
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._last: dict[tuple[int, str], float] = {}
-        self._skipped: dict[tuple[int, str], int] = {}
-
-    def report(self, level: int, uid: int, kind: str, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        key = (uid, kind)
-        with self._lock:
-            if now - self._last.get(key, -self.interval) < self.interval:
-                self._skipped[key] = self._skipped.get(key, 0) + 1
-                return
-            self._last[key] = now
-            skipped = self._skipped.pop(key, 0)
-        if skipped:
-            message += " (and %d more like it before)"
-            args = (*args, skipped)
-        log.log(level, message, *args)
 
 
 def _claim_socket_path(path: Path) -> None:

@@ -15,10 +15,16 @@ from types import FrameType
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import OperationalError
 
+from gpusched.auth.backends import Authenticator
 from gpusched.config import Config
 from gpusched.controller.api import Api
 from gpusched.controller.events import Events
-from gpusched.controller.http import ServerLimits, UnixHttpServer
+from gpusched.controller.http import (
+    HttpService,
+    ServerLimits,
+    TcpHttpServer,
+    UnixHttpServer,
+)
 from gpusched.controller.scheduler import SchedulerLoop
 from gpusched.db import health, node_failure
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
@@ -56,12 +62,21 @@ class Controller:
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
                   (config.controller.idle_percent, config.controller.idle_after),
-                  config.controller.max_submit_jobs_per_user)
+                  config.controller.max_submit_jobs_per_user, config.controller.admin_group)
         limits = ServerLimits(idle_timeout=config.controller.idle_timeout,
                               max_connections=config.controller.max_connections,
                               max_connections_per_user=config.controller.max_connections_per_user)
-        self.server = UnixHttpServer(config.controller.socket, api.router(),
-                                     config.controller.socket_mode, limits)
+        router = api.router()
+        service = HttpService(router, limits, *_authentication(config))
+        self.server = UnixHttpServer(config.controller.socket, router,
+                                     config.controller.socket_mode, limits, service)
+        self.listeners: list[TcpHttpServer] = []
+        try:
+            for endpoint in config.controller.listen:
+                self.listeners.append(TcpHttpServer(endpoint, service))
+        except BaseException:
+            self._close_servers()
+            raise
         self.periodic = BackgroundScheduler(daemon=True)
         self.periodic.add_job(self.events.wake_scheduler, "interval",
                               seconds=config.controller.schedule_interval, id="backstop-pass")
@@ -139,11 +154,15 @@ class Controller:
 
         def stop(signum: int, frame: FrameType | None) -> None:
             log.info("received signal %d, shutting down", signum)
-            threading.Thread(target=self.server.shutdown, daemon=True).start()
+            threading.Thread(target=self._shutdown_servers, daemon=True).start()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        log.info("controller listening on %s", self.config.controller.socket)
+        for listener in self.listeners:
+            threading.Thread(target=listener.serve_forever, kwargs={"poll_interval": 0.5},
+                             name=f"listen-{listener.endpoint}", daemon=True).start()
+        log.info("controller listening on %s%s", self.config.controller.socket,
+                 "".join(f" and {listener.endpoint}" for listener in self.listeners))
         try:
             self.server.serve_forever(poll_interval=0.5)
         finally:
@@ -154,5 +173,29 @@ class Controller:
         self.periodic.shutdown(wait=False)
         self.events.stop()
         self.scheduler.stop()
-        self.server.server_close()
+        self._close_servers()
         self.engine.dispose()
+
+    def _shutdown_servers(self) -> None:
+        """End every listener's loop (serve_forever returns)."""
+        for listener in self.listeners:
+            listener.shutdown()
+        self.server.shutdown()
+
+    def _close_servers(self) -> None:
+        for listener in self.listeners:
+            listener.server_close()
+        self.server.server_close()
+
+
+def _authentication(config: Config) -> tuple[Authenticator | None, str]:
+    """What checks the credentials of requests over TCP, and its scheme; none when the
+    controller listens on its Unix socket only."""
+    if not config.controller.listen:
+        return None, ""
+    from gpusched.auth.backends import SCHEME_OF_METHOD, authenticator_for
+    from gpusched.auth.nodeaddr import NodeAddressBook
+
+    addresses = NodeAddressBook(dict(config.controller.node_addresses))
+    return (authenticator_for(config.auth, node_addresses=addresses),
+            SCHEME_OF_METHOD.get(config.auth.method, ""))

@@ -86,9 +86,9 @@ class Connection:
                       else "keep-alive" in connection)
         return RawRequest(method, target, headers, body, keep_alive and method in METHODS)
 
-    def send_answer(self, status: int, payload: bytes, close: bool) -> None:
+    def send_answer(self, status: int, payload: bytes, close: bool, extra: str = "") -> None:
         """Write one JSON answer; the whole of it must go out within the idle timeout."""
-        self._send(encode_answer(status, payload, close))
+        self._send(encode_answer(status, payload, close, extra))
 
     def _send(self, data: bytes) -> None:
         self.sock.settimeout(self.idle_timeout)
@@ -210,14 +210,15 @@ def _content_length(headers: dict[str, str]) -> int:
     return length
 
 
-def encode_answer(status: int, payload: bytes, close: bool) -> bytes:
-    """The bytes of one answer with a JSON body."""
+def encode_answer(status: int, payload: bytes, close: bool, extra: str = "") -> bytes:
+    """The bytes of one answer with a JSON body (``extra``: more header lines, each
+    ending in CRLF)."""
     try:
         reason = HTTPStatus(status).phrase
     except ValueError:
         reason = "Unknown"
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n"
+            f"Content-Length: {len(payload)}\r\n{extra}"
             + ("Connection: close\r\n" if close else "") + "\r\n")
     return head.encode("ascii") + payload
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
@@ -161,9 +162,27 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity,
     Every field is checked against its bounds (``JobRequest.parse``) before anything is
     looked up; the user's QOS access and submit limits (``max_submit_jobs``: the
     cluster's default per user) last, under a per-user lock, so that concurrent
-    submissions cannot pass a limit.
+    submissions cannot pass a limit. A submission whose ``submit_key`` this user sent
+    before gives the job stored then (see store_submission).
     """
+    return store_submission(session, body, who, max_submit_jobs)[0]
+
+
+def submitted_before(session: Session, uid: int, submit_key: str) -> Job | None:
+    """The job ``uid`` submitted with ``submit_key``, if any."""
+    return session.scalars(select(Job).where(Job.uid == uid,
+                                             Job.submit_key == submit_key)).first()
+
+
+def store_submission(session: Session, body: dict[str, Any], who: Identity,
+                     max_submit_jobs: int | None = None) -> tuple[Job, bool]:
+    """submit_job's work: the job, and whether it is new (False: the user sent this
+    ``submit_key`` before, and the job then stored is given; nothing else is checked)."""
     request = JobRequest.parse(body)
+    if request.submit_key is not None:
+        earlier = submitted_before(session, who.uid, request.submit_key)
+        if earlier is not None:
+            return earlier, False
     _check_nodes_exist(session, request)
     gpus, nodes, user = request.gpus, request.nodes, who.user
 
@@ -201,17 +220,37 @@ def submit_job(session: Session, body: dict[str, Any], who: Identity,
         warn_signal=None if warn is None else warn.number,
         warn_seconds=None if warn is None else warn.seconds,
         warn_batch_only=False if warn is None else warn.batch_only,
-        exclusive=request.exclusive,
+        exclusive=request.exclusive, submit_key=request.submit_key,
     )
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks
         job.array_max_running = array.max_running
-    session.add(job)
-    session.flush()
+    if not _insert(session, job):
+        earlier = submitted_before(session, who.uid, str(request.submit_key))
+        assert earlier is not None
+        return earlier, False
     if array is not None:
         job.array_job_id = job.id
         session.flush()
-    return job
+    return job, True
+
+
+def _insert(session: Session, job: Job) -> bool:
+    """Add the job; False when the same user's same submit_key was stored meanwhile
+    (by a copy of this submission sent to another controller)."""
+    if job.submit_key is None:
+        session.add(job)
+        session.flush()
+        return True
+    try:
+        with session.begin_nested():
+            session.add(job)
+            session.flush()
+    except IntegrityError:
+        if submitted_before(session, job.uid, job.submit_key) is None:
+            raise
+        return False
+    return True
 
 
 T = TypeVar("T")

@@ -7,6 +7,7 @@ dependency jobs exist, the site's limits) is ``gpusched.db.submit``'s part.
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,13 +39,15 @@ from gpusched.messages.fields import (
 UNLIMITED = "UNLIMITED"  # a time limit: none at all (where the partition allows it)
 MAX_ARRAY_TEXT = 10_000  # characters of an --array value
 MAX_GPU_TYPES = 64  # acceptable GPU types or MIG profiles of one job
+MAX_SUBMIT_KEY = 64  # characters of a submission's key
+_SUBMIT_KEY = re.compile(r"[!-~]{1,%d}" % MAX_SUBMIT_KEY)  # printable ASCII, no space
 BEGIN_EXPECTED = "an ISO 8601 time with a zone, such as 2026-12-24T18:30:00+00:00"
 # The fields of POST /v1/jobs (docs/api.md); any other is refused.
 SUBMIT_FIELDS = frozenset({
     "script", "args", "name", "gpus", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
     "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
-    "error", "umask"})
+    "error", "umask", "submit_key"})
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority"})
 
 
@@ -83,6 +86,9 @@ class JobRequest:
     output: str | None = None
     error: str | None = None
     umask: int | None = None
+    # Chosen by the client, one per submission: the same key sent again (a lost answer,
+    # a failover) by the same user gives the job already stored instead of another.
+    submit_key: str | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobRequest:
@@ -118,7 +124,8 @@ class JobRequest:
             requeue=typed(body, "requeue", bool, None, "true, false or null"),
             begin_time=_begin_time(body.get("begin_time")),
             dependency=_dependency(typed(body, "dependency", str, None, "a dependency")),
-            array=array, output=output, error=error, umask=umask)
+            array=array, output=output, error=error, umask=umask,
+            submit_key=_submit_key(body.get("submit_key")))
 
     def to_json(self) -> dict[str, Any]:
         """The request as ``POST /v1/jobs`` takes it."""
@@ -137,7 +144,7 @@ class JobRequest:
             "begin_time": None if self.begin_time is None else self.begin_time.isoformat(),
             "dependency": self.dependency_text, "array": self.array,
             "work_dir": self.work_dir, "output": self.output, "error": self.error,
-            "umask": self.umask,
+            "umask": self.umask, "submit_key": self.submit_key,
         }
 
     @cached_property
@@ -243,6 +250,16 @@ def _output_pattern(body: Body, key: str) -> str | None:
         if problem is not None:
             raise UsageError(f"{key}: {problem}")
     return pattern
+
+
+def _submit_key(value: object) -> str | None:
+    """A submission's key: 1 to 64 printable ASCII characters, no space; or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SUBMIT_KEY.fullmatch(value):
+        raise UsageError(f"submit_key: expected 1 to {MAX_SUBMIT_KEY} printable ASCII "
+                         f"characters (no space), got {shown(value)}")
+    return value
 
 
 def _array(value: str | None) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 import gpusched
+from gpusched.auth.admins import AdminPolicy
 from gpusched.controller.api.accounting import AccountingRoutes
 from gpusched.controller.api.admin import AdminRoutes
 from gpusched.controller.api.agent import AgentRoutes
@@ -28,11 +29,12 @@ class Api:
                  is_leader: Callable[[], bool],
                  pass_stats: Callable[[], dict[str, Any]] = dict,
                  policy: Policy | None = None, idle: tuple[float, float] = (1.0, 3600.0),
-                 max_submit_jobs: int | None = None) -> None:
+                 max_submit_jobs: int | None = None, admin_group: str | None = None) -> None:
         self.context = ApiContext(
             sessions=sessions, events=events, is_leader=is_leader, pass_stats=pass_stats,
             policy=policy or Policy(), idle_percent=idle[0], idle_after=idle[1],
-            max_submit_jobs=max_submit_jobs, own_uid=os.geteuid())
+            max_submit_jobs=max_submit_jobs, own_uid=os.geteuid(),
+            admins=AdminPolicy(admin_group))
         self.resources: tuple[Routes, ...] = (JobRoutes(self.context), NodeRoutes(self.context),
                           AccountingRoutes(self.context), AdminRoutes(self.context),
                           AgentRoutes(self.context))

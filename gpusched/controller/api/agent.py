@@ -17,7 +17,9 @@ MAX_POLL_WAIT = 60.0
 
 
 class AgentRoutes:
-    """Every route here refuses callers other than root and the controller's user."""
+    """Every route here acts for one node (named in its body or query) and refuses
+    anyone but that node's agent: root or the controller's user on the local socket, a
+    node credential for that very node over TCP (ApiContext.require_node)."""
 
     def __init__(self, context: ApiContext) -> None:
         self.context = context
@@ -35,7 +37,7 @@ class AgentRoutes:
         """An agent announces its node, its GPUs and the runs it holds; it is told which
         of those runs the controller has ended, to kill before it takes new work."""
         ctx = self.context
-        ctx.require_agent(request)
+        ctx.require_node(request, request.body.get("node"))
         runs = node_failure.parse_runs(request.body.get("runs"))
         with ctx.sessions() as session, session.begin():
             node = agents.register_node(session, request.body)
@@ -47,7 +49,7 @@ class AgentRoutes:
     def work(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Long poll: claim the node's open commands; doubles as its heartbeat."""
         ctx = self.context
-        ctx.require_agent(request)
+        ctx.require_node(request, request.query.get("node"))
         node_name = request.query.get("node", "")
         try:
             wait = float(request.query.get("wait", "0"))
@@ -76,7 +78,7 @@ class AgentRoutes:
     def done(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The agent did one command (for a launch: the job's supervisor runs)."""
         ctx = self.context
-        ctx.require_agent(request)
+        ctx.require_node(request, request.body.get("node"))
         raw = request.params.get("command_id", "")
         if not raw.isdigit() or not 1 <= int(raw) <= bounds.MAX_JOB_ID:
             raise UsageError(f"command id: expected a number, got {raw[:40]!r}")
@@ -90,7 +92,7 @@ class AgentRoutes:
         scheduler woken. An end for a run the controller has ended is ``stale``: it
         changes nothing, and the agent forgets it."""
         ctx = self.context
-        ctx.require_agent(request)
+        ctx.require_node(request, request.body.get("node"))
         with ctx.sessions() as session, session.begin():
             changed, stale = agents.record_run_end(session, path_job_id(request), request.body)
             if changed:
@@ -103,7 +105,7 @@ class AgentRoutes:
         """An agent reports failing GPUs or MIG slices: out of service at once, and the
         jobs on them are stopped (then requeued or FAILED, see db/health.py)."""
         ctx = self.context
-        ctx.require_agent(request)
+        ctx.require_node(request, request.body.get("node"))
         node = str(request.body.get("node"))
         with ctx.sessions() as session, session.begin():
             stopping = health.report_faults(session, node, request.body)
@@ -116,7 +118,7 @@ class AgentRoutes:
     def samples(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An agent's GPU samples: stored per GPU and rolled up into the jobs on them."""
         ctx = self.context
-        ctx.require_agent(request)
+        ctx.require_node(request, request.body.get("node"))
         with ctx.sessions() as session, session.begin():
             flagged = health.record_samples(session, str(request.body.get("node")), request.body,
                                             ctx.idle_percent, ctx.idle_after)

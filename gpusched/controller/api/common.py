@@ -4,14 +4,15 @@ the caller is and may be, and the parsing of path and query values."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpusched.auth.admins import AdminPolicy
 from gpusched.controller.events import Events
-from gpusched.controller.http import Answer, Request, Router
+from gpusched.controller.http import Answer, Caller, Request, Router
 from gpusched.core.bounds import BoundError, parse_id_list, parse_job_id
 from gpusched.core.model import Policy
 from gpusched.db.jobs import Identity
@@ -31,19 +32,50 @@ class ApiContext:
     idle_after: float
     max_submit_jobs: int | None  # per user, but for admins; None: no limit
     own_uid: int
+    admins: AdminPolicy = field(default_factory=lambda: AdminPolicy(None))
 
-    def require_trusted(self, request: Request, who: str) -> None:
-        """Admins and agents alike are root or the controller's own user."""
-        if request.caller.uid not in (0, self.own_uid):
-            raise PermissionDenied(f"only {who} (root or the controller's user) may do this")
+    def is_admin(self, caller: Caller) -> bool:
+        """Root, the controller's own user, or a member of ``[controller] admin_group``
+        (by the uid the kernel or the credential proved)."""
+        return caller.uid == self.own_uid or self.admins.is_admin(caller.uid, caller.gid)
+
+    def identity(self, request: Request) -> Identity:
+        """The caller as the kernel or the credential proved it, and whether an admin."""
+        caller = request.caller
+        return Identity(caller.uid, caller.gid, admin=self.is_admin(caller))
 
     def require_admin(self, request: Request) -> None:
         """Refuse anyone but an administrator."""
-        self.require_trusted(request, "an administrator")
+        if not self.is_admin(request.caller):
+            group = self.admins.admin_group
+            raise PermissionDenied("only an administrator (root, the controller's user"
+                                   + (f" or a member of group {group}" if group else "")
+                                   + ") may do this")
 
     def require_agent(self, request: Request) -> None:
-        """Refuse anyone but a node's agent."""
-        self.require_trusted(request, "an agent")
+        """Refuse anyone but a node's agent (root or the controller's own user), on the
+        local socket; over TCP only a node credential names an agent: see require_node."""
+        caller = request.caller
+        if caller.remote or caller.uid not in (0, self.own_uid):
+            raise PermissionDenied("only an agent (root or the controller's user) may do this")
+
+    def require_node(self, request: Request, node: object) -> str:
+        """Refuse anyone but the agent of ``node`` (the node a request acts for); returns
+        the node name. On the local socket an agent is root or the controller's user; over
+        TCP it is root with a credential made for that very node."""
+        if not isinstance(node, str) or not node:
+            raise UsageError("node: expected the node name")
+        caller = request.caller
+        if not caller.remote:
+            self.require_agent(request)
+        elif caller.node is None:
+            raise PermissionDenied(f"only the agent of node {node[:64]} may do this: the "
+                                   f"credential is a user's (uid {caller.uid}), not a node's")
+        elif caller.node != node:
+            raise PermissionDenied(f"credential is for node {caller.node}, not {node[:64]}")
+        elif caller.uid != 0:
+            raise PermissionDenied(f"a node credential must be root's, not uid {caller.uid}'s")
+        return node
 
 
 class Routes(Protocol):
@@ -62,11 +94,6 @@ class CheckedRouter(Router):
             if "\0" in key or "\0" in value:
                 raise UsageError(f"{key[:40]!r}: contains a NUL character")
         return super().dispatch(request)
-
-
-def caller_identity(request: Request) -> Identity:
-    """The caller as the kernel reported it."""
-    return Identity(request.caller.uid, request.caller.gid)
 
 
 def id_set(text: str, field: str = "ids") -> set[int]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gpusched.controller.api.common import ApiContext, caller_identity, path_job_id
+from gpusched.controller.api.common import ApiContext, path_job_id
 from gpusched.controller.http import Answer, EncodedJson, Request, Router
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.plan import plan
@@ -41,13 +41,18 @@ class JobRoutes:
         r.add("POST", "/v1/jobs/{job_id}/update", self.update_job)
 
     def submit(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Store a new PENDING job and wake the scheduler."""
+        """Store a new PENDING job and wake the scheduler; a ``submit_key`` the caller
+        sent before answers the job stored then (200, ``existing``)."""
         ctx = self.context
         with ctx.sessions() as session, session.begin():
-            job = submit.submit_job(session, request.body, caller_identity(request),
-                                    ctx.max_submit_jobs)
-            notify_in(session, "sched")
+            job, created = submit.store_submission(session, request.body,
+                                                   self.context.identity(request),
+                                                   ctx.max_submit_jobs)
+            if created:
+                notify_in(session, "sched")
             job_id = job.id
+        if not created:
+            return 200, {"job_id": job_id, "existing": True}
         ctx.events.wake_scheduler()
         return 201, {"job_id": job_id}
 
@@ -55,9 +60,10 @@ class JobRoutes:
         """Validate a submission and say when and where the next pass would start it,
         storing nothing (gsubmit --test-only): the job is added, planned, rolled back."""
         ctx = self.context
+        body = {k: v for k, v in request.body.items() if k != "submit_key"}  # never stored
         session = ctx.sessions()
         try:
-            job = submit.submit_job(session, request.body, caller_identity(request),
+            job = submit.submit_job(session, body, self.context.identity(request),
                                     ctx.max_submit_jobs)
             session.flush()
             job_id, partition, gpus = job.id, job.partition, job.gpus
@@ -93,11 +99,11 @@ class JobRoutes:
     def get_job(self, request: Request) -> tuple[int, dict[str, Any]]:
         """One job."""
         with self.context.sessions() as session:
-            return 200, job_views.get_job(session, path_job_id(request), caller_identity(request))
+            return 200, job_views.get_job(session, path_job_id(request), self.context.identity(request))
 
     def explain(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Everything that keeps a pending job from starting, ranked, in words."""
-        job_id, who, policy = path_job_id(request), caller_identity(request), self.context.policy
+        job_id, who, policy = path_job_id(request), self.context.identity(request), self.context.policy
         with self.context.sessions() as session:
             job = job_views.get_job(session, job_id, who)
             snapshot, _ = load_snapshot(session, policy.preempt_grace) if job["state"] == "PENDING" else (None, None)
@@ -121,7 +127,7 @@ class JobRoutes:
         tasks = request.body.get("tasks")
         if tasks is not None and not isinstance(tasks, str):
             raise UsageError("tasks: expected array task ids such as \"3\" or \"1-5\"")
-        who = caller_identity(request)
+        who = self.context.identity(request)
         return self._change_job(request, job_id, True, lambda session: (
             jobs.cancel_job(session, job_id, who) if tasks is None
             else jobs.cancel_tasks(session, job_id, who, tasks))[1])
@@ -140,7 +146,7 @@ class JobRoutes:
         if schedule:
             ctx.events.wake_scheduler()
         with ctx.sessions() as session:
-            return 200, job_views.get_job(session, job_id, caller_identity(request))
+            return 200, job_views.get_job(session, job_id, self.context.identity(request))
 
     def signal(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Send a signal to a running job without ending it (gcancel --signal)."""
@@ -148,7 +154,7 @@ class JobRoutes:
         signum = request.body.get("signal")
         if not isinstance(signum, int) or isinstance(signum, bool):
             raise UsageError("signal: expected a signal number")
-        who = caller_identity(request)
+        who = self.context.identity(request)
         return self._change_job(request, job_id, False,
                                 lambda session: jobs.signal_job(session, job_id, who, signum)[1])
 
@@ -163,21 +169,21 @@ class JobRoutes:
     def _set_hold(self, request: Request, hold: bool) -> tuple[int, dict[str, Any]]:
         ctx, job_id = self.context, path_job_id(request)
         with ctx.sessions() as session, session.begin():
-            jobs.set_hold(session, job_id, caller_identity(request), hold)
+            jobs.set_hold(session, job_id, self.context.identity(request), hold)
             notify_in(session, "sched")
         ctx.events.wake_scheduler()
         with ctx.sessions() as session:
-            return 200, job_views.get_job(session, job_id, caller_identity(request))
+            return 200, job_views.get_job(session, job_id, self.context.identity(request))
 
     def update_job(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Change a pending job's time limit (its owner may lower it), partition, QOS or
         priority, or a running job's time limit (its agent applies it)."""
-        job_id, who = path_job_id(request), caller_identity(request)
+        job_id, who = path_job_id(request), self.context.identity(request)
         return self._change_job(request, job_id, True, lambda session: submit.update_job(
             session, job_id, who, request.body)[1])
 
     def requeue(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Stop a running job and put it back in the queue (its owner or an admin)."""
-        job_id, who = path_job_id(request), caller_identity(request)
+        job_id, who = path_job_id(request), self.context.identity(request)
         return self._change_job(request, job_id, False,
                                 lambda session: jobs.requeue_job(session, job_id, who)[1])
