@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,10 +44,14 @@ class Cluster:
                  kill_grace: float = 1.0, poll_wait: float = 5.0,
                  nvml: dict[str, str] | None = None, agent_toml: str = "",
                  gpus_toml: str = "", schedule_interval: float = 2.0,
-                 min_job_uid: int = 0) -> None:
+                 min_job_uid: int = 0, listen: Sequence[str] = (),
+                 controllers: Sequence[str] = (), auth_toml: str = "",
+                 controller_toml: str = "") -> None:
         """``nvml``: the fake NVML library's environment (tests.nvml_fixture): the agent
         then discovers its GPUs through NVML instead of ``gpus`` static ones.
-        ``min_job_uid`` is 0 because the tests submit as root."""
+        ``min_job_uid`` is 0 because the tests submit as root. Cluster mode: the
+        controller also ``listen``s on TCP, the agent reaches ``controllers`` over TCP,
+        ``auth_toml`` is the [auth] table and ``controller_toml`` more [controller] keys."""
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-e2e-"))
         os.chmod(self.root, 0o755)
         self.socket = self.root / "c.sock"
@@ -56,11 +61,14 @@ class Cluster:
         os.chmod(self.work, 0o777)
         self.config = self.root / "gpusched.toml"
         self.config.write_text(f"""
+controllers = {json.dumps(list(controllers))}
 [database]
 url = "{database_url}"
 [controller]
 socket = "{self.socket}"
 schedule_interval = {schedule_interval}
+listen = {json.dumps(list(listen))}
+{controller_toml}
 [agent]
 node_name = "{node}"
 min_job_uid = {min_job_uid}
@@ -78,17 +86,20 @@ max_time = "1-00:00:00"
 [[partitions]]
 name = "debug"
 nodes = ["{node}"]
+{auth_toml}
 """)
         self.env = {**os.environ, "GPUSCHED_SOCKET": str(self.socket)}
         self.agent_env = {**self.env, **(nvml or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- daemons -------------------------------------------------------------
-    def start(self, daemon: str) -> subprocess.Popen[bytes]:
-        """Start ``controller`` or ``agent`` as a real process, logging to the temp dir."""
+    def start(self, daemon: str, config: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start ``controller`` or ``agent`` as a real process, logging to the temp dir
+        (with another ``config`` than the cluster's, if given)."""
         log = open(self.root / f"{daemon}.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "gpusched.cli.gpusched", daemon, "--config", str(self.config)],
+            [sys.executable, "-P", "-m", "gpusched.cli.gpusched", daemon, "--config",
+             str(config or self.config)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             env=self.agent_env if daemon == "agent" else self.env,
         )
@@ -96,11 +107,15 @@ nodes = ["{node}"]
         self.procs[daemon] = proc
         return proc
 
-    def start_standby(self) -> Path:
-        """A second controller on the same database, on its own socket; returns the socket."""
+    def start_standby(self, listen: Sequence[str] | None = None) -> Path:
+        """A second controller on the same database, on its own socket (and TCP
+        addresses, ``listen``); returns the socket."""
         socket = self.root / "standby.sock"
         config = self.root / "standby.toml"
-        config.write_text(self.config.read_text().replace(f'"{self.socket}"', f'"{socket}"'))
+        text = self.config.read_text().replace(f'"{self.socket}"', f'"{socket}"')
+        if listen is not None:
+            text = re.sub(r"(?m)^listen = .*$", f"listen = {json.dumps(list(listen))}", text)
+        config.write_text(text)
         log = open(self.root / "standby.log", "ab")
         self.procs["standby"] = subprocess.Popen(
             [sys.executable, "-P", "-m", "gpusched.cli.gpusched", "controller", "--config", str(config)],
