@@ -59,7 +59,7 @@ BAD: dict[str, st.SearchStrategy[Any]] = {
     "output": HOSTILE_TEXT.map(lambda t: f"/tmp/{t}") | st.just("/" + "a" * 4096)
     | st.sampled_from(["/tmp/%99999999999999999999j.out", "%999999999j", "%11A"]),
     "umask": st.integers(max_value=-1) | st.integers(min_value=0o1000) | st.just("022"),
-    "dependency": st.just("afterok:" + "9" * 30) | st.just("afterok:1"),  # job 1: none yet
+    "dependency": st.just("afterok:" + "9" * 30) | st.just("afterok:999999999"),  # no such job
     "work_dir": st.just("relative/dir") | HOSTILE_TEXT.map(lambda t: f"/tmp/{t}"),
     "script": st.just("no shebang") | st.just("#!/bin/sh\n\x00") | st.just("#!/bin/sh\n\ud800"),
     "nodes": st.just(0) | st.integers(min_value=bounds.MAX_NODES + 1),

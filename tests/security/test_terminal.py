@@ -16,7 +16,7 @@ import subprocess
 import psycopg
 import pytest
 
-from tests.e2e.cluster import BIN, Cluster
+from tests.e2e.cluster import BIN, Cluster, wait_for
 from tests.security.conftest import LocalUser, run_as
 
 # An OSC window title (ending in BEL), a screen clear, a one-character C1 CSI, a bidi
@@ -41,10 +41,13 @@ def hostile_job(cluster: Cluster, db_url: str,
     """A running job of mallory's whose stored name is HOSTILE."""
     mallory, _ = attackers
     submitted = run_as(mallory, [str(BIN / "gsubmit"), "--parsable", "-J", "plain",
-                                 "--wrap", "sleep 300"], env=cluster.env, cwd=cluster.work)
+                                 "--wrap", "touch started-$SLURM_JOB_ID; sleep 300"],
+                       env=cluster.env, cwd=cluster.work)
     assert submitted.returncode == 0, submitted
     job_id = int(submitted.stdout.strip())
     cluster.wait_state(job_id, "RUNNING")
+    # Changed only once it runs: the agent refuses a launch order with such a name.
+    wait_for((cluster.work / f"started-{job_id}").exists, what="the job to start")
     with psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql"),
                          autocommit=True) as db:
         updated = db.execute("UPDATE jobs SET name = %s WHERE id = %s", (HOSTILE, job_id))
