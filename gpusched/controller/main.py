@@ -82,8 +82,10 @@ class Controller:
                               seconds=config.controller.schedule_interval, id="backstop-pass")
         self.periodic.add_job(self.accrue_usage, "interval",
                               seconds=config.scheduler.usage_interval, id="fairshare-usage")
+        # Often enough that a dead node's jobs are requeued within node_timeout + 5 s.
         self.periodic.add_job(self.check_nodes, "interval",
-                              seconds=max(1.0, config.controller.node_timeout / 3), id="node-liveness")
+                              seconds=min(5.0, max(1.0, config.controller.node_timeout / 5)),
+                              id="node-liveness")
         if config.controller.gpu_resume_after:
             self.periodic.add_job(self.resume_gpus, "interval",
                                   seconds=max(1.0, min(60.0, config.controller.gpu_resume_after / 4)),
