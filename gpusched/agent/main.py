@@ -54,6 +54,7 @@ class Agent:
     def __init__(self, config: Config, socket_path: Path) -> None:
         self.config = config.agent
         self.node = config.agent.node_name
+        self.node_timeout = config.controller.node_timeout  # the controllers' (same file)
         self.socket_path = socket_path
         self.launcher = Launcher(self.config.state_dir / "jobs")
         # (job id, run) of runs whose end the controller acknowledged. A launch claimed
@@ -126,7 +127,11 @@ class Agent:
                     if not registered:
                         self._register(client)
                         registered, backoff = True, 0.05
-                    self._handle(client, self._poll(client))
+                    work = self._poll(client)
+                    if work is None:
+                        registered = False  # see _poll: learn what to kill first
+                        continue
+                    self._handle(client, work)
                 except NotFound:
                     registered = False  # the controller forgot us (new database): register again
                 except Unavailable as exc:
@@ -189,12 +194,22 @@ class Agent:
                 except GpuschedError as exc:
                     log.warning("cannot check the GPU inventory: %s", exc)
 
-    def _poll(self, client: ApiClient) -> dict[str, Any]:
+    def _poll(self, client: ApiClient) -> dict[str, Any] | None:
+        """The next work answer; None when it came so late (this agent was stopped, or
+        cut off) that the controller may have given the node up and ended the runs it
+        names: the agent then registers again, kills what it must, and gets the
+        commands that still hold handed out again."""
         # While a launch waits for an earlier run to end here, look again soon.
         wait = min(self.config.poll_wait, 1.0) if self._deferred else self.config.poll_wait
         query = {"node": self.node, "wait": wait}
-        return client.request("GET", f"/agent/v1/work?{urlencode(query)}",
-                              timeout=wait + 15)
+        asked = time.monotonic()
+        work = client.request("GET", f"/agent/v1/work?{urlencode(query)}", timeout=wait + 15)
+        took = time.monotonic() - asked
+        if took > trusted_for(wait, self.node_timeout):
+            log.warning("a work answer took %.1f s: registering again before acting on it",
+                        took)
+            return None
+        return work
 
     def _handle(self, client: ApiClient, work: dict[str, Any]) -> None:
         """Do each command of a work answer in order, acknowledging each once done;
@@ -349,6 +364,16 @@ def trusted_server_uids(controller_user: str | None) -> frozenset[int]:
                 raise ConfigError(f"agent.controller_user: no user {controller_user!r} "
                                   "on this node") from None
     return frozenset(uids)
+
+
+def trusted_for(wait: float, node_timeout: float) -> float:
+    """Seconds after asking within which a work answer may be acted on. The controller
+    claimed its commands no earlier than the question and gives a node up no sooner
+    than node_timeout after that, so an answer well inside node_timeout is still good;
+    one from later (the agent was stopped or cut off meanwhile) may name runs already
+    ended. Never less than the wait itself plus a little, so that a short timeout does
+    not distrust every answer."""
+    return max(wait + 0.5, min(node_timeout - 1.0, max(wait + 5.0, node_timeout / 2)))
 
 
 def _runs_to_kill(raw: object) -> list[tuple[int, int]]:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -161,3 +162,55 @@ def test_a_replaced_agent_s_waiting_poll_claims_nothing(cluster: Cluster) -> Non
     assert stale == {"commands": []}
     fresh = cluster.api("GET", "/agent/v1/work?node=node01&wait=0")["commands"]
     assert [(c["kind"], c["job_id"]) for c in fresh] == [("launch", job)]
+
+
+def test_work_that_reaches_a_node_too_late_is_not_done(db_url: str) -> None:
+    """A launch claimed by a node's poll just before its agent froze reaches the agent
+    only when it thaws, after the controller gave the node up and started that job
+    elsewhere: the agent registers again instead of launching it."""
+    cluster = Cluster(db_url, gpus=2, poll_wait=3.0)
+    set_controller(cluster, node_timeout=6)
+    node01, node02 = Node(cluster, "node01"), Node(cluster, "node02", gpus=2)
+    log = cluster.work / "runs.log"
+    try:
+        cluster.up()
+        running = cluster.submit("--gpus", "1", _script(cluster))
+        held = cluster.submit("--gpus", "1", "--hold", _script(cluster))
+        wait_for(lambda: ran(log) == [["start", str(running), "0", "node01"]], what="run 0")
+
+        def last_seen() -> object:
+            return cluster.api("GET", "/v1/nodes")["nodes"][0]["last_seen"]
+
+        before = last_seen()
+        wait_for(lambda: last_seen() != before, what="a poll to begin")
+        # A poll answers within milliseconds of its end, and the next begins at once:
+        # a moment later the agent is inside a poll with nearly 3 s of it left.
+        time.sleep(0.3)
+        node01.freeze()
+        assert cluster.run("gcontrol", "release", str(held)).returncode == 0
+        wait_for(lambda: query(db_url, "SELECT 1 FROM node_commands WHERE job_id = :j AND "
+                               "kind = 'launch' AND claimed_at IS NOT NULL", j=held),
+                 what="the launch claimed by the frozen agent's poll")
+        node02.start()
+        for job in (running, held):
+            wait_for(lambda: (cluster.job(job)["restarts"], cluster.job(job)["node"]) == (
+                1, "node02") and cluster.job(job)["state"] == "RUNNING",
+                timeout=30, what=f"job {job} running on node02")
+        node01.thaw()
+        wait_for(lambda: ["stop", str(running), "0", "node01"] in ran(log),
+                 what="the stale run killed", seen=lambda: (ran(log), cluster.logs()))
+        wait_for(lambda: node01.state_of() == ("UP", None), what="node01 back")
+        (cluster.work / "release").touch()
+        for job in (running, held):
+            assert cluster.wait_state(job, "COMPLETED")["restarts"] == 1
+        starts = sorted(w[1:] for w in ran(log) if w[0] == "start")
+        assert starts == sorted([[str(running), "0", "node01"], [str(running), "1", "node02"],
+                                 [str(held), "1", "node02"]])  # never run 0 of `held`
+        assert "registering again before acting on it" in (
+            cluster.root / "agent.log").read_text()
+    finally:
+        for node in (node01, node02):
+            if node.key in cluster.procs:
+                node.thaw()
+            node.stop_jobs()
+        cluster.close()
