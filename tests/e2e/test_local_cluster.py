@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,19 @@ def test_up_with_several_nodes_runs_a_multi_node_job(state_home: Path) -> None:
     assert nodelist.startswith("node") and ("," in nodelist or "[" in nodelist), nodelist
     config = state_home / "gpusched" / "agents" / "node3.toml"
     assert oct(config.stat().st_mode & 0o777) == "0o600"
+    # The agents reach the controller over TCP with credentials of their own node, as
+    # agents on other hosts do: none of them has the controller's socket.
+    assert "TCP 127.0.0.1:" in first.stdout, first.stdout
+    agent_toml = config.read_text()
+    assert 'controllers = ["127.0.0.1:' in agent_toml and 'method = "key"' in agent_toml
+    assert "node3.key" in agent_toml and "master.key" not in agent_toml
+    keys = state_home / "gpusched" / "auth"
+    assert oct(keys.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(k.stat().st_mode & 0o777) == "0o600" for k in keys.iterdir())
+    port = first.stdout.split("TCP 127.0.0.1:")[1].split(" ")[0].rstrip(",)")
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as conn:
+        conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(4096).startswith(b"HTTP/1.1 401")  # no credential, no answer
     stopped = run("gpusched", "down")
     assert stopped.returncode == 0
     assert stopped.stdout.count("stopped the agent") == 4, stopped.stdout
