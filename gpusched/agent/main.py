@@ -139,6 +139,13 @@ class Agent:
                     log.warning("controller unavailable: %s", exc)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
+                except GpuschedError as exc:
+                    # Any other refusal or fault of the controller (a 500, a 403 while
+                    # credentials change): the node keeps its jobs and tries again.
+                    registered = False
+                    log.warning("the controller refused the agent's request: %s", exc)
+                    self._stop.wait(max(backoff, 1.0))
+                    backoff = min(backoff * 2, MAX_BACKOFF)
         except _Stopping:
             pass
         log.info("agent stopped; running jobs continue under their supervisors")

@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -103,10 +104,11 @@ def test_tampered_jobs_fail_alone_and_the_agent_lives(
     _agent_alive(cluster)
 
 
-def _serve_as(user: LocalUser, path: Path) -> tuple[int, int]:
+def _serve_as(user: LocalUser, path: Path, status: bytes = b"200 OK",
+              body_json: dict[str, Any] | None = None) -> tuple[int, int]:
     """A fake controller bound by ``user`` at ``path``: a forked child that answers
-    every request with a launch. Returns (pid, read end of a pipe that gets every
-    byte it was sent)."""
+    every request with ``status`` and ``body_json`` (no work by default). Returns
+    (pid, read end of a pipe that gets every byte it was sent)."""
     ready_r, ready_w = os.pipe()
     seen_r, seen_w = os.pipe()
     pid = os.fork()
@@ -131,8 +133,9 @@ def _serve_as(user: LocalUser, path: Path) -> tuple[int, int]:
                 conn.settimeout(2)
                 try:
                     os.write(seen_w, conn.recv(65536))
-                    body = json.dumps({"launches": [], "cancels": []}).encode()
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    body = json.dumps(body_json if body_json is not None
+                                      else {"launches": [], "cancels": []}).encode()
+                    conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"
                                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
                 except OSError:
                     pass  # the client went away (the refusing agent closes at once)
@@ -186,3 +189,35 @@ def test_the_agent_obeys_no_socket_a_user_bound(attackers: tuple[LocalUser, Loca
     os.close(seen)
     assert b"/agent/" not in received and received.count(b"GET /v1/ping") == 1
     subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def test_a_controller_fault_does_not_stop_the_agent(tmp_path: Path) -> None:
+    """A 500 (or any refusal) from the controller: the agent logs it and tries again;
+    it never exits and leaves its node's jobs unwatched."""
+    root_user = LocalUser(0, 0, "root")
+    path = tmp_path / "controller.sock"
+    pid, seen = _serve_as(root_user, path, b"500 Internal Server Error",
+                          {"error": {"code": "internal", "message": "a fault of the controller"}})
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[controller]\nsocket = "{path}"\n[agent]\nnode_name = "n1"\n'
+                      f'state_dir = "{tmp_path / "agent"}"\n[agent.gpus]\nsource = "static"\n'
+                      'count = 1\n')
+    log = tmp_path / "agent.log"
+    try:
+        with open(log, "wb") as out:
+            agent = subprocess.Popen([sys.executable, "-P", "-m", "gpusched.cli.gpusched",
+                                      "agent", "--config", str(config)],
+                                     stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: log.read_text().count("refused the agent's request") >= 2,
+                     timeout=20, what="the agent to try again after a fault",
+                     seen=lambda: log.read_text())
+            assert agent.poll() is None, log.read_text()
+            assert "Traceback" not in log.read_text()
+        finally:
+            agent.terminate()
+            agent.wait(timeout=20)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(seen)
