@@ -258,16 +258,26 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
 
     With an ``epoch`` (the leader's), the leader row is held first and the plan is
     refused (NotLeader, nothing written) unless that epoch is still the current one.
-    A start whose job is no longer PENDING (cancelled since the snapshot) is skipped.
-    The partial unique index on allocations turns any double allocation into an error
-    that rolls the whole pass back.
+    A start whose job is no longer PENDING (cancelled since the snapshot) is skipped,
+    and so is one on a node no longer UP (given up, drained since: the snapshot is read
+    in several statements, so it may have seen the node before and the job after); the
+    nodes it starts jobs on are held (FOR SHARE) until the commit, so that none is given
+    up meanwhile. The partial unique index on allocations turns any double allocation
+    into an error that rolls the whole pass back.
     """
     if epoch is not None:
         check_epoch(session, epoch)
     now = datetime.now(UTC)
     started: dict[int, Start] = {}
     tasks_of: dict[int, list[Start]] = {}
+    usable = _usable_nodes(session, plan.starts, node_ids)
+    refused = {start for start in plan.starts
+               if not usable.issuperset(start.nodes or (start.node,))}
+    # The tasks an array starts in one pass are the first of its list: all or none.
+    held_back = {start.job_id for start in refused if start.array_task_id is not None}
     for start in plan.starts:
+        if start in refused or start.job_id in held_back:
+            continue
         if start.array_task_id is not None:
             tasks_of.setdefault(start.job_id, []).append(start)
         elif rowcount(session.execute(
@@ -309,6 +319,20 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
         woken.update(name for name, node_id in node_ids.items()
                      if node_id in {t[2] for t in targets})
     return woken
+
+
+def _usable_nodes(session: Session, starts: tuple[Start, ...], node_ids: dict[str, int]
+                  ) -> set[str]:
+    """The nodes of ``starts`` that are UP and not given up, their rows held FOR SHARE
+    for the rest of the transaction."""
+    names = {name for start in starts for name in (start.nodes or (start.node,))}
+    if not names:
+        return set()
+    return {name for name, state, lost in session.execute(
+        select(Node.name, Node.state, Node.lost_at)
+        .where(Node.id.in_([node_ids[n] for n in names if n in node_ids]))
+        .order_by(Node.id).with_for_update(read=True))
+        if state == "UP" and lost is None}
 
 
 def _update_pending(session: Session, snapshot: Snapshot, plan: Plan) -> None:

@@ -304,3 +304,26 @@ def test_migration_0014_turns_work_in_flight_into_commands_and_back(
                 "Not responding"
     finally:
         engine.dispose()
+
+
+def test_a_start_on_a_node_given_up_since_the_snapshot_is_skipped(
+        db: sessionmaker[Session]) -> None:
+    """The pass reads its snapshot in several statements: it may see a node UP and,
+    a moment later, the jobs that node's failure put back in the queue."""
+    single, array = _submit(db, gpus=1), _submit(db, gpus=1, array="0-1")
+    with db() as s, s.begin():
+        snapshot, node_ids = load_snapshot(s)
+    with db() as s, s.begin():
+        s.execute(update(Node).where(Node.name == "n1").values(
+            last_seen=datetime.now(UTC) - timedelta(minutes=5)))
+        assert node_failure.fail_silent_nodes(s, 60).nodes == ["n1"]
+    plan = Plan(starts=(Start(single, "n1", ("n1-0",)),
+                        Start(array, "n2", ("n2-0",), array_task_id=0),
+                        Start(array, "n1", ("n1-1",), array_task_id=1)))
+    with db() as s, s.begin():
+        assert apply_plan(s, snapshot, plan, node_ids) == set()
+    assert [_job(db, j).state for j in (single, array)] == ["PENDING", "PENDING"]
+    assert _job(db, array).array_tasks == "0-1"  # neither task split off
+    with db() as s:
+        assert s.scalar(select(func.count()).select_from(Allocation)) == 0
+        assert s.scalar(select(func.count()).select_from(NodeCommand)) == 0
