@@ -128,7 +128,15 @@ def _launch_orders(session: Session, node: Node, jobs: list[Job]) -> dict[int, L
 
 def complete(session: Session, node: Node, command_id: int) -> bool:
     """The agent did command ``command_id`` (a launch: the job's supervisor runs);
-    False if it was done already or is not this node's."""
+    False if it was done already or is not this node's.
+
+    The job's row is locked before the command's, the order a job's end takes (its
+    row, then its commands), so an acknowledgement and the end arriving together
+    never wait on each other in a cycle."""
+    job_id = session.scalar(select(NodeCommand.job_id).where(
+        NodeCommand.id == command_id, NodeCommand.node_id == node.id))
+    if job_id is not None:
+        session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
     row = session.execute(
         update(NodeCommand).where(NodeCommand.id == command_id, NodeCommand.node_id == node.id,
                                   NodeCommand.done_at.is_(None))

@@ -327,3 +327,47 @@ def test_a_start_on_a_node_given_up_since_the_snapshot_is_skipped(
     with db() as s:
         assert s.scalar(select(func.count()).select_from(Allocation)) == 0
         assert s.scalar(select(func.count()).select_from(NodeCommand)) == 0
+
+
+def test_a_launch_ack_and_the_jobs_end_racing_never_deadlock(db: sessionmaker[Session]) -> None:
+    """A short job's "done" for its launch and its end report arrive together, on two
+    connections: both take the job's row before its commands, so neither waits on the
+    other in a cycle (PostgreSQL would abort one with a deadlock, the agent a 500)."""
+    import threading
+
+    ids = [_submit(db, gpus=0) for _ in range(40)]
+    _start(db, *(Start(job_id, "n1", ()) for job_id in ids))
+    with db() as s, s.begin():
+        launches = {c.job_id: c.seq for c in commands.claim(s, _node(s, "n1"),
+                                                           limit=len(ids))}
+    assert set(launches) == set(ids)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def ack(job_id: int) -> None:
+        with db() as s, s.begin():
+            barrier.wait()
+            commands.complete(s, _node(s, "n1"), launches[job_id])
+
+    def end(job_id: int) -> None:
+        with db() as s, s.begin():
+            barrier.wait()
+            agents.record_run_end(s, job_id, {"node": "n1", "outcome": "completed",
+                                              "exit_code": 0})
+
+    for job_id in ids:
+        threads = [threading.Thread(target=lambda f=f: _run(f, job_id, errors))
+                   for f in (ack, end)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert errors == []
+    assert all(_job(db, job_id).state == "COMPLETED" for job_id in ids)
+
+
+def _run(action: object, job_id: int, errors: list[BaseException]) -> None:
+    try:
+        action(job_id)  # type: ignore[operator]
+    except BaseException as exc:  # collected for the assertion in the test
+        errors.append(exc)
