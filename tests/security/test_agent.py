@@ -134,7 +134,7 @@ def _serve_as(user: LocalUser, path: Path, status: bytes = b"200 OK",
                 try:
                     os.write(seen_w, conn.recv(65536))
                     body = json.dumps(body_json if body_json is not None
-                                      else {"launches": [], "cancels": []}).encode()
+                                      else {"commands": []}).encode()
                     conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"
                                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
                 except OSError:
@@ -179,7 +179,7 @@ def test_the_agent_obeys_no_socket_a_user_bound(attackers: tuple[LocalUser, Loca
             agent.wait(timeout=20)
         # A client without the check is answered: the check alone kept the agent out.
         with ApiClient(path, timeout=5) as client:
-            assert client.request("GET", "/v1/ping") == {"launches": [], "cancels": []}
+            assert client.request("GET", "/v1/ping") == {"commands": []}
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
