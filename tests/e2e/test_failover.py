@@ -8,6 +8,8 @@ import signal
 
 from tests.e2e.cluster import Cluster, wait_for
 from tests.e2e.dbview import launches, leader, query
+from tests.e2e.failover import one_round
+from tests.pg import ScratchPostgres
 
 JOB = 'echo "$SLURM_JOB_ID $SLURM_RESTART_COUNT" >> starts.log'
 
@@ -59,3 +61,16 @@ def test_a_frozen_leader_is_replaced_and_applies_nothing_when_it_wakes(db_url: s
         assert "stepping down" in (cluster.root / "controller.log").read_text()
     finally:
         cluster.close()
+
+
+def test_a_leader_killed_during_a_stream_of_submissions_loses_nothing(
+        postgres: ScratchPostgres) -> None:
+    """kill -9 of the leader while a client submits ten jobs a second, turning to the
+    standby when the leader stops answering: every acknowledged submission is stored
+    and runs exactly once, and the standby starts jobs within 10 s."""
+    result = one_round(postgres, "kill9", rate=10.0)
+    assert result["acknowledged"] >= 20, result
+    assert result["lost"] == 0, result
+    assert result["twice"] == 0, result
+    assert result["not_run"] == 0, result
+    assert result["failover"] < 10.0, result
