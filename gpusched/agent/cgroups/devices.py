@@ -1,0 +1,66 @@
+"""Which device nodes a job may open, given its GPUs' minor numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# (kind, major, minor): kind 'c' (character) or 'b' (block); minor None means any.
+DeviceRule = tuple[str, int, int | None]
+
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+# Devices every process needs: null, zero, full, random, urandom, tty, ptmx, pts.
+BASIC_DEVICES: tuple[DeviceRule, ...] = (
+    ("c", 1, 3),
+    ("c", 1, 5),
+    ("c", 1, 7),
+    ("c", 1, 8),
+    ("c", 1, 9),
+    ("c", 5, 0),
+    ("c", 5, 2),
+    ("c", 136, None),
+)
+_DYNAMIC = ("nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps")
+
+
+def parse_proc_devices(text: str) -> dict[str, int]:
+    """Character device names to major numbers, from the text of /proc/devices."""
+    majors: dict[str, int] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.endswith(":"):
+            section = line
+            continue
+        parts = line.split(None, 1)
+        if section.startswith("Character") and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+def gpu_device_rules(
+    gpu_minors: set[int] | list[int],
+    char_majors: dict[str, int] | None = None,
+    cap_minors: set[int] | list[int] | tuple[int, ...] = (),
+) -> list[DeviceRule]:
+    """The allow-list for a job holding the GPUs with these minors (/dev/nvidiaN = N).
+
+    nvidiactl and the nvidia-uvm devices are always allowed; the nvidia-caps devices
+    only for the capability minors given (MIG slices). ``char_majors`` defaults to
+    /proc/devices; a driver absent there contributes nothing.
+    """
+    if char_majors is None:
+        char_majors = parse_proc_devices(Path("/proc/devices").read_text())
+    rules: list[DeviceRule] = list(BASIC_DEVICES)
+    for minor in sorted(set(gpu_minors)):
+        if not 0 <= minor < NVIDIACTL_MINOR:
+            raise ValueError(f"GPU minor number out of range: {minor}")
+        rules.append(("c", NVIDIA_MAJOR, minor))
+    rules.append(("c", NVIDIA_MAJOR, NVIDIACTL_MINOR))
+    for name in ("nvidia-uvm", "nvidia-uvm-tools"):
+        if name in char_majors:
+            rules.append(("c", char_majors[name], None))
+    if "nvidia-caps" in char_majors:
+        for minor in sorted(set(cap_minors)):
+            rules.append(("c", char_majors["nvidia-caps"], minor))
+    return rules

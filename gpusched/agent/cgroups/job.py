@@ -1,0 +1,275 @@
+"""One job's cgroup: create, add processes, set limits, kill everything, read usage."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpusched.agent.cgroups import bpf
+from gpusched.agent.cgroups.devices import DeviceRule
+from gpusched.agent.cgroups.tree import CgroupTree, CgroupUnavailable, CgroupUnsupported
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+@dataclass(frozen=True)
+class Usage:
+    peak_memory: int | None  # bytes
+    cpu_usec: int | None
+    oom_killed: bool | None  # None: this hierarchy cannot tell
+
+
+def format_cpus(cpus: set[int]) -> str:
+    """{0,1,2,5} -> "0-2,5"."""
+    out: list[str] = []
+    ordered = sorted(cpus)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text == "max" else int(text)
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+class JobCgroup:
+    """A job's cgroup: one directory under v2, one per mounted controller under v1."""
+
+    def __init__(self, tree: CgroupTree, name: str, paths: dict[str, Path]) -> None:
+        self.tree = tree
+        self.name = name
+        self.paths = paths  # v2: {"": dir}; v1: controller -> dir
+
+    @classmethod
+    def create(cls, tree: CgroupTree, name: str) -> JobCgroup:
+        if (
+            not name
+            or len(name) > 64
+            or not set(name) <= _NAME_CHARS
+            or name.startswith(".")
+        ):
+            raise ValueError(f"bad cgroup name: {name!r}")
+        if tree.version == 2:
+            assert tree.root is not None
+            bases = {"": tree.root}
+        else:
+            bases = dict(tree.roots)
+        paths: dict[str, Path] = {}
+        job = cls(tree, name, paths)
+        try:
+            for ctrl, base in bases.items():
+                path = base / name
+                path.mkdir()
+                paths[ctrl] = path
+                if ctrl == "cpuset":
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        (path / f).write_text((base / f).read_text().strip() or "\n")
+        except OSError as exc:
+            job.remove()
+            raise CgroupUnavailable(
+                f"cannot create the job's cgroup {name}: {exc.strerror or exc}"
+            ) from None
+        return job
+
+    def _v2(self) -> Path:
+        return self.paths[""]
+
+    def _procs_file(self) -> Path:
+        if self.tree.version == 2:
+            return self._v2() / "cgroup.procs"
+        return next(iter(self.paths.values())) / "cgroup.procs"
+
+    def add(self, pid: int) -> None:
+        for path in self.paths.values():
+            (path / "cgroup.procs").write_text(str(pid))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for path in self.paths.values():
+            try:
+                found.update(
+                    int(p) for p in (path / "cgroup.procs").read_text().split()
+                )
+            except FileNotFoundError:
+                pass
+        return found
+
+    def set_memory(self, limit_bytes: int, swap: bool = False) -> None:
+        if limit_bytes <= 0:
+            raise ValueError("memory limit must be positive")
+        if self.tree.version == 2:
+            path = self._v2()
+            if not (path / "memory.max").exists():
+                raise CgroupUnsupported(
+                    "the memory controller is not enabled in this cgroup v2 tree"
+                )
+            (path / "memory.max").write_text(str(limit_bytes))
+            if not swap and (path / "memory.swap.max").exists():
+                (path / "memory.swap.max").write_text("0")
+            return
+        if "memory" not in self.paths:
+            raise CgroupUnsupported("the cgroup v1 memory controller is not mounted")
+        path = self.paths["memory"]
+        memsw = path / "memory.memsw.limit_in_bytes"
+        limit = path / "memory.limit_in_bytes"
+        if memsw.exists():
+            # memsw must stay >= the limit: raise it first when growing, last when shrinking
+            current = _read_int(limit) or 0
+            if swap:
+                memsw.write_text("-1")
+                limit.write_text(str(limit_bytes))
+            elif limit_bytes > current:
+                memsw.write_text(str(limit_bytes))
+                limit.write_text(str(limit_bytes))
+            else:
+                limit.write_text(str(limit_bytes))
+                memsw.write_text(str(limit_bytes))
+        else:
+            limit.write_text(str(limit_bytes))
+            if not swap:
+                (path / "memory.swappiness").write_text("0")
+
+    def set_cpus(self, cpus: set[int], mems: set[int] | None = None) -> None:
+        if not cpus:
+            raise ValueError("a cpuset needs at least one CPU")
+        path = self._v2() if self.tree.version == 2 else self.paths.get("cpuset")
+        if path is None or not (path / "cpuset.cpus").exists():
+            raise CgroupUnsupported("the cpuset controller is not available")
+        if mems:
+            (path / "cpuset.mems").write_text(format_cpus(mems))
+        (path / "cpuset.cpus").write_text(format_cpus(cpus))
+
+    def allow_devices(self, rules: list[DeviceRule]) -> None:
+        if self.tree.version == 2:
+            prog = bpf.load_device_program(rules)
+            try:
+                fd = os.open(self._v2(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    bpf.attach_device_program(fd, prog)
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(prog)
+            return
+        if "devices" not in self.paths:
+            raise CgroupUnsupported("the cgroup v1 devices controller is not mounted")
+        path = self.paths["devices"]
+        (path / "devices.deny").write_text("a")
+        for kind, major, minor in rules:
+            if kind not in ("c", "b"):
+                raise ValueError(f"device kind must be 'c' or 'b', not {kind!r}")
+            (path / "devices.allow").write_text(
+                f"{kind} {major}:{'*' if minor is None else minor} rwm"
+            )
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """Kill every process in the job; returns once the cgroup is empty."""
+        if self.tree.version == 2 and (self._v2() / "cgroup.kill").exists():
+            (self._v2() / "cgroup.kill").write_text("1")
+        else:
+            freezer = self.paths.get("freezer")
+            if freezer is not None:
+                (freezer / "freezer.state").write_text("FROZEN")
+                deadline = time.monotonic() + 2.0
+                while (
+                    freezer / "freezer.state"
+                ).read_text().strip() != "FROZEN" and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            try:
+                for _ in range(3):
+                    pids = self.pids()
+                    if not pids:
+                        break
+                    for pid in pids:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+            finally:
+                if freezer is not None:
+                    (freezer / "freezer.state").write_text("THAWED")
+        deadline = time.monotonic() + timeout
+        while True:
+            pids = self.pids()
+            if not pids:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"cgroup {self.name} still holds {len(pids)} process(es)"
+                )
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+
+    def usage(self) -> Usage:
+        if self.tree.version == 2:
+            path = self._v2()
+            peak = _read_int(path / "memory.peak")
+            if peak is None:
+                peak = _read_int(path / "memory.current")
+            cpu = _keyed(path / "cpu.stat").get("usage_usec")
+            events = _keyed(path / "memory.events")
+            killed = events["oom_kill"] > 0 if "oom_kill" in events else None
+            return Usage(peak, cpu, killed)
+        peak = None
+        oom: bool | None = None
+        mem = self.paths.get("memory")
+        if mem is not None:
+            peak = _read_int(mem / "memory.max_usage_in_bytes")
+            control = _keyed(mem / "memory.oom_control")
+            if "oom_kill" in control:
+                oom = control["oom_kill"] > 0
+            else:
+                fail = _read_int(mem / "memory.failcnt")
+                oom = None if fail is None else fail > 0
+        cpu = None
+        acct = self.paths.get("cpuacct")
+        if acct is not None:
+            ns = _read_int(acct / "cpuacct.usage")
+            cpu = None if ns is None else ns // 1000
+        return Usage(peak, cpu, oom)
+
+    def remove(self, timeout: float = 5.0) -> None:
+        """Remove the job's directories (they must be empty of processes)."""
+        for path in list(self.paths.values()):
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.002)
+        self.paths.clear()
