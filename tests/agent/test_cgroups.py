@@ -138,8 +138,23 @@ def test_device_program_shape() -> None:
     code = device_program([("c", 195, 0), ("c", 236, None)])
     # 4 loads, 3 checks + mov + exit, 2 checks + mov + exit, mov + exit
     assert len(code) == 8 * (4 + 5 + 4 + 2)
-    with pytest.raises(ValueError):
-        device_program([("x", 1, 3)])
+    for bad in (("x", 1, 3), ("c", -1, 3), ("c", 4096, 0), ("c", 195, 1 << 20)):
+        with pytest.raises(ValueError, match="bad device rule"):
+            device_program([bad])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="too many device rules"):
+        device_program([("c", 195, 0)] * 513)
+
+
+def test_bad_device_rules_change_nothing(tree: CgroupTree) -> None:
+    job = JobCgroup.create(tree, "job-bad-rules")
+    try:
+        with pytest.raises(ValueError, match="bad device rule"):
+            job.allow_devices([("c", 1, 3), ("c", 99999, 0)])
+        got, status = run_in(job, lambda: _try_open(["/dev/zero"]))
+        assert got == ["ok"] and os.waitstatus_to_exitcode(status) == 0
+    finally:
+        job.kill()
+        job.remove()
 
 
 def test_gpu_devices_not_given_are_refused(tree: CgroupTree, tmp_path: Path) -> None:
@@ -169,7 +184,8 @@ def test_gpu_devices_not_given_are_refused(tree: CgroupTree, tmp_path: Path) -> 
         job.remove()
 
 
-def test_kill_ends_a_double_forked_setsid_sleep(tree: CgroupTree) -> None:
+@pytest.mark.parametrize("freeze", [False, True], ids=["kill-file", "freeze-and-kill"])
+def test_kill_ends_a_double_forked_setsid_sleep(tree: CgroupTree, freeze: bool) -> None:
     job = JobCgroup.create(tree, "job-kill")
     try:
         go_r, go_w = os.pipe()
@@ -204,7 +220,7 @@ def test_kill_ends_a_double_forked_setsid_sleep(tree: CgroupTree) -> None:
             time.sleep(0.01)
         assert sleep_pid in job.pids() and pid in job.pids()
         assert os.getsid(sleep_pid) != os.getsid(pid)
-        job.kill()
+        job.kill(freeze=freeze)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
         assert job.pids() == set()

@@ -8,7 +8,7 @@ import os
 import platform
 import struct
 
-from gpusched.agent.cgroups.devices import DeviceRule
+from gpusched.agent.cgroups.devices import DeviceRule, check_rules
 
 _SYS_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351}
 BPF_PROG_LOAD = 5
@@ -34,6 +34,7 @@ def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> 
 
 def device_program(rules: list[DeviceRule]) -> bytes:
     """Instructions returning 1 (allow) for a device matching a rule, else 0."""
+    check_rules(rules)
     prog = [
         _insn(_LDX_W, dst=2, src=1, off=0),  # r2 = ctx->access_type
         _insn(_AND64_K, dst=2, imm=0xFFFF),  # r2 = device kind
@@ -41,8 +42,6 @@ def device_program(rules: list[DeviceRule]) -> bytes:
         _insn(_LDX_W, dst=4, src=1, off=8),  # r4 = ctx->minor
     ]
     for kind, major, minor in rules:
-        if kind not in _DEV_KIND:
-            raise ValueError(f"device kind must be 'c' or 'b', not {kind!r}")
         checks = [(2, _DEV_KIND[kind]), (3, major)]
         if minor is not None:
             checks.append((4, minor))

@@ -8,6 +8,9 @@ from pathlib import Path
 DeviceRule = tuple[str, int, int | None]
 
 NVIDIA_MAJOR = 195
+MAX_MAJOR = (1 << 12) - 1
+MAX_MINOR = (1 << 20) - 1
+MAX_RULES = 512
 NVIDIACTL_MINOR = 255
 # Devices every process needs: null, zero, full, random, urandom, tty, ptmx, pts.
 BASIC_DEVICES: tuple[DeviceRule, ...] = (
@@ -21,6 +24,20 @@ BASIC_DEVICES: tuple[DeviceRule, ...] = (
     ("c", 136, None),
 )
 _DYNAMIC = ("nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps")
+
+
+def check_rules(rules: list[DeviceRule]) -> None:
+    """Raise ValueError, naming the first bad rule, unless every rule is well formed."""
+    if len(rules) > MAX_RULES:
+        raise ValueError(f"too many device rules: {len(rules)} (at most {MAX_RULES})")
+    for rule in rules:
+        kind, major, minor = rule
+        if (
+            kind not in ("c", "b")
+            or not 0 <= major <= MAX_MAJOR
+            or (minor is not None and not 0 <= minor <= MAX_MINOR)
+        ):
+            raise ValueError(f"bad device rule: {rule!r}")
 
 
 def parse_proc_devices(text: str) -> dict[str, int]:

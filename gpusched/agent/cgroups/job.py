@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpusched.agent.cgroups import bpf
-from gpusched.agent.cgroups.devices import DeviceRule
+from gpusched.agent.cgroups.devices import DeviceRule, check_rules
 from gpusched.agent.cgroups.tree import CgroupTree, CgroupUnavailable, CgroupUnsupported
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -166,6 +166,8 @@ class JobCgroup:
         (path / "cpuset.cpus").write_text(format_cpus(cpus))
 
     def allow_devices(self, rules: list[DeviceRule]) -> None:
+        """Only these devices may be opened (read, written, or made with mknod)."""
+        check_rules(rules)
         if self.tree.version == 2:
             prog = bpf.load_device_program(rules)
             try:
@@ -182,25 +184,23 @@ class JobCgroup:
         path = self.paths["devices"]
         (path / "devices.deny").write_text("a")
         for kind, major, minor in rules:
-            if kind not in ("c", "b"):
-                raise ValueError(f"device kind must be 'c' or 'b', not {kind!r}")
             (path / "devices.allow").write_text(
                 f"{kind} {major}:{'*' if minor is None else minor} rwm"
             )
 
-    def kill(self, timeout: float = 10.0) -> None:
-        """Kill every process in the job; returns once the cgroup is empty."""
-        if self.tree.version == 2 and (self._v2() / "cgroup.kill").exists():
+    def kill(self, timeout: float = 10.0, *, freeze: bool = False) -> None:
+        """Kill every process in the job; returns once the cgroup is empty.
+
+        v2 writes cgroup.kill where the kernel has it (5.14+); otherwise, or with
+        ``freeze``, the job is frozen, every process SIGKILLed, then thawed."""
+        if (
+            not freeze
+            and self.tree.version == 2
+            and (self._v2() / "cgroup.kill").exists()
+        ):
             (self._v2() / "cgroup.kill").write_text("1")
         else:
-            freezer = self.paths.get("freezer")
-            if freezer is not None:
-                (freezer / "freezer.state").write_text("FROZEN")
-                deadline = time.monotonic() + 2.0
-                while (
-                    freezer / "freezer.state"
-                ).read_text().strip() != "FROZEN" and time.monotonic() < deadline:
-                    time.sleep(0.001)
+            self._freeze(True)
             try:
                 for _ in range(3):
                     pids = self.pids()
@@ -212,8 +212,7 @@ class JobCgroup:
                         except ProcessLookupError:
                             pass
             finally:
-                if freezer is not None:
-                    (freezer / "freezer.state").write_text("THAWED")
+                self._freeze(False)
         deadline = time.monotonic() + timeout
         while True:
             pids = self.pids()
@@ -229,6 +228,30 @@ class JobCgroup:
                 except ProcessLookupError:
                     pass
             time.sleep(0.002)
+
+    def _freeze(self, frozen: bool) -> None:
+        """Freeze (v1 freezer, v2 cgroup.freeze) so no process forks while being killed."""
+        deadline = time.monotonic() + 2.0
+        if self.tree.version == 2:
+            control = self._v2() / "cgroup.freeze"
+            if not control.exists():
+                return
+            control.write_text("1" if frozen else "0")
+            while (
+                frozen and "frozen 1" not in (self._v2() / "cgroup.events").read_text()
+            ):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.001)
+            return
+        freezer = self.paths.get("freezer")
+        if freezer is None:
+            return
+        (freezer / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
+        while frozen and (freezer / "freezer.state").read_text().strip() != "FROZEN":
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
 
     def usage(self) -> Usage:
         if self.tree.version == 2:
