@@ -68,7 +68,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["mount", "-t", "cgroup2", "none", tmp], check=True)
         try:
-            v2 = detect(Path(tmp) / "gpusched")
+            v2 = detect(Path(tmp) / f"gpusched-bench-{os.getpid()}")
             try:
                 measure(v2, "v2", args.jobs)
             finally:

@@ -54,7 +54,8 @@ def v2_tree(tmp_path: Path) -> Iterator[CgroupTree]:
     mnt.mkdir()
     subprocess.run(["mount", "-t", "cgroup2", "none", str(mnt)], check=True)
     try:
-        tree = detect(mnt / "gpusched")
+        # every cgroup2 mount shows the one unified hierarchy: a name of our own
+        tree = detect(mnt / f"gpusched-test-{os.getpid()}")
         try:
             yield tree
         finally:
