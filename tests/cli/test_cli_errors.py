@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.cli.gsubmit import NOT_A_BATCH_SCRIPT
+from gpusched.cli.batchscript import NOT_A_BATCH_SCRIPT
 
 BIN = Path(sys.executable).parent
 GOOD_SCRIPT = "#!/bin/sh\n#GSUB --gpus=1\necho hi\n"

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from typer.main import get_command
 
-from gpusched.cli import gcancel, gsubmit
-from gpusched.cli import listing
+from gpusched.cli import gcancel, gsubmit, listing, shell
 from gpusched.cli.common import use_light_coercion
 from gpusched.cli.output import fit_widths, format_plain_table, print_table
 from gpusched.core.model import JobState
@@ -424,14 +423,14 @@ def test_gqueue_format_codes_widths_and_literal_text() -> None:
 
 def test_export_lists() -> None:
     env = {"HOME": "/h", "PATH": "/bin", "A": "1"}
-    assert gsubmit.exported(None, env) == env
-    assert gsubmit.exported("ALL", env) == env
-    assert gsubmit.exported("NONE", env) == {}
-    assert gsubmit.exported("PATH,B=2,MISSING", env) == {"PATH": "/bin", "B": "2"}
-    assert gsubmit.exported("ALL,A=9,C=x=y", env) == {**env, "A": "9", "C": "x=y"}
+    assert shell.exported(None, env) == env
+    assert shell.exported("ALL", env) == env
+    assert shell.exported("NONE", env) == {}
+    assert shell.exported("PATH,B=2,MISSING", env) == {"PATH": "/bin", "B": "2"}
+    assert shell.exported("ALL,A=9,C=x=y", env) == {**env, "A": "9", "C": "x=y"}
     for bad in ("PATH,,A", "1X=2", "ALL,NONE", "A B"):
         with pytest.raises(UsageError, match="invalid --export"):
-            gsubmit.exported(bad, env)
+            shell.exported(bad, env)
 
 
 def test_input_variables_lose_to_the_command_line_and_beat_directives(
@@ -450,8 +449,8 @@ def test_chdir_and_export_from_directives(in_tmp: Path) -> None:
     (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH -D sub --export=NONE,X=1\ntrue\n")
     sub = parse_submit(["job.sh"])
     assert (sub.chdir, sub.export) == ("sub", "NONE,X=1")
-    assert gsubmit.job_dir(sub.chdir) == str(in_tmp / "sub")
-    assert gsubmit.job_dir("/abs/dir") == "/abs/dir"
+    assert shell.job_dir(sub.chdir) == str(in_tmp / "sub")
+    assert shell.job_dir("/abs/dir") == "/abs/dir"
     (in_tmp / "bad.sh").write_text("#!/bin/sh\n#SBATCH --export=1X\ntrue\n")
     with pytest.raises(UsageError, match=r"^line 2: #SBATCH: invalid --export"):
         parse_submit(["bad.sh"])
