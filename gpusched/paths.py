@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import stat
 from pathlib import Path
 
 SYSTEM_STATE_DIR = Path("/var/lib/gpusched")
@@ -47,3 +49,25 @@ def default_config_path() -> Path | None:
     if env:
         return Path(env)
     return SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None
+
+
+def claim_socket_path(path: Path) -> bool:
+    """Free ``path`` for a server's new Unix socket: a socket file no server answers on
+    any more (left by one that died) is removed. False, leaving it alone, while a live
+    server answers there; ValueError when something other than a socket is there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ValueError(f"{path}: refused: exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+        return True
+    finally:
+        probe.close()
+    return False

@@ -27,6 +27,7 @@ from gpusched.auth.credential import (
 )
 from gpusched.auth.keytoken import KeySigner
 from gpusched.errors import AuthError, ConfigError, Unavailable
+from gpusched.paths import claim_socket_path
 
 log = logging.getLogger("gpusched.authd")
 _PEERCRED = struct.Struct("3i")
@@ -67,20 +68,11 @@ def _check_directory(path: Path) -> None:
 def _claim(path: Path) -> None:
     """Remove a stale socket left by an authd that is gone; refuse anything else."""
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+        free = claim_socket_path(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if free:
         return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"{path}: refused: exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()
-        return
-    finally:
-        probe.close()
     raise ConfigError(f"{path}: another gpusched authd is already serving this socket")
 
 

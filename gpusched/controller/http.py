@@ -40,6 +40,7 @@ from gpusched.controller.wire import (
     send_nowait,
 )
 from gpusched.errors import ConfigError, GpuschedError, Unavailable, UsageError
+from gpusched.paths import claim_socket_path
 
 if TYPE_CHECKING:
     from gpusched.auth.credential import Identity
@@ -429,14 +430,9 @@ def _refuse(sock: socket.socket, message: str) -> None:
 def _claim_socket_path(path: Path) -> None:
     """Remove a stale socket file, refusing if a live server still answers on it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()
-        return
-    finally:
-        probe.close()
+        if claim_socket_path(path):
+            return
+    except ValueError as exc:
+        raise Unavailable(str(exc)) from None
     raise Unavailable(f"another controller is already listening on {path}")

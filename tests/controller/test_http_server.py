@@ -405,3 +405,21 @@ def test_the_client_reports_the_servers_reason_for_cutting_a_body_off(
     assert "closed the connection" not in caught.value.message
     assert "request body too large" in caught.value.message
     assert handlers.bodies == []
+
+
+def test_the_server_takes_no_path_that_holds_something_else(tmp_path: Path,
+                                                            handlers: Handlers) -> None:
+    """A stale socket is replaced; a regular file at the socket's path is refused and
+    kept (the server used to remove whatever was there)."""
+    path = tmp_path / "api.sock"
+    path.write_text("not a socket")
+    with pytest.raises(Unavailable, match="exists and is not a socket"):
+        UnixHttpServer(path, handlers.router(), 0o666, ServerLimits())
+    assert path.read_text() == "not a socket"
+    path.unlink()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # a socket file no one serves any more
+    with serving(tmp_path, handlers):
+        with ApiClient(path, timeout=ANSWER_WITHIN) as client:
+            assert client.request("GET", "/v1/ping")["ok"] is True
