@@ -25,6 +25,7 @@ class JobState(StrEnum):
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
     NODE_FAIL = "NODE_FAIL"  # its node died under it (and it was not requeued)
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"  # the kernel's OOM killer ended it (its memory limit)
 
     @property
     def short(self) -> str:
@@ -45,6 +46,7 @@ _SHORT = {
     JobState.CANCELLED: "CA",
     JobState.TIMEOUT: "TO",
     JobState.NODE_FAIL: "NF",
+    JobState.OUT_OF_MEMORY: "OOM",
 }
 
 

@@ -25,6 +25,8 @@ OUTCOME_STATES = {
     "launch_failed": "FAILED",
     "cancelled": "CANCELLED",
     "timeout": "TIMEOUT",
+    "out_of_memory": "OUT_OF_MEMORY",
+    "prolog_failed": "PENDING",  # requeued: nothing of it ran (record_run_end)
 }
 
 

@@ -24,7 +24,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from gpusched.core.topology import LINK_KINDS
 
-JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+              "OUT_OF_MEMORY")
+GRES_FLAGS = ("enforce-binding", "disable-binding")
 NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
@@ -91,6 +93,11 @@ class Node(Base):
     # jobs: until its agent registers again, reporting what it still runs so that runs
     # ended meanwhile are killed, it gets no work.
     lost_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Whether its agent confines jobs in cgroups, and how (or why it cannot).
+    enforced: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    enforcement: Mapped[str | None] = mapped_column(Text)
+    # "health" while drained by its health check (a passing check lifts it); else None.
+    drained_by: Mapped[str | None] = mapped_column(Text)
 
 
 class Gpu(Base):
@@ -158,6 +165,7 @@ class Job(Base):
         CheckConstraint("hold IN ('user', 'admin')", name="hold"),
         CheckConstraint("nodes >= 1", name="nodes"),
         CheckConstraint("umask BETWEEN 0 AND 511", name="umask"),
+        CheckConstraint(_in("gres_flags", GRES_FLAGS), name="gres_flags"),
         Index(
             "ix_jobs_active", "state", "submit_time",
             postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
@@ -251,6 +259,10 @@ class Job(Base):
     mem_peak_mb: Mapped[int | None] = mapped_column(Integer)
     idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     idle: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # flagged idle
+    # What the cgroup of its last run measured: peak memory and CPU time (None: not).
+    max_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cpu_usec: Mapped[int | None] = mapped_column(BigInteger)
+    gres_flags: Mapped[str | None] = mapped_column(Text)  # sbatch --gres-flags
 
 
 class Allocation(Base):

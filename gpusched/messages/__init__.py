@@ -5,19 +5,22 @@ gives the shape ``parse`` takes back.
 
 - ``JobRequest``, ``JobUpdate``: a user's submission and change of a job (gpusched.db.submit
   adds what needs the database).
-- ``LaunchOrder``, ``JobEnd``, ``NodeCommand``: between the controller and a node's agent.
+- ``LaunchOrder``, ``JobEnd``, ``NodeCommand``, ``NodeHealth``: between the controller and
+  a node's agent.
 
 Pure: no database, no I/O (docs/api.md describes the shapes).
 """
 
 from gpusched.messages.agent import (
     COMMAND_KINDS,
+    GRES_FLAGS,
     MAX_ERROR_TEXT,
     OUTCOMES,
     JobEnd,
     LaunchOrder,
     LimitJob,
     NodeCommand,
+    NodeHealth,
     SignalJob,
     error_text,
     launch_job_of,
@@ -25,7 +28,7 @@ from gpusched.messages.agent import (
 from gpusched.messages.jobs import SUBMIT_FIELDS, UNLIMITED, JobRequest, JobUpdate
 
 __all__ = [
-    "COMMAND_KINDS", "MAX_ERROR_TEXT", "OUTCOMES", "SUBMIT_FIELDS", "UNLIMITED", "JobEnd",
-    "JobRequest", "JobUpdate", "LaunchOrder", "LimitJob", "NodeCommand", "SignalJob",
+    "COMMAND_KINDS", "GRES_FLAGS", "MAX_ERROR_TEXT", "OUTCOMES", "SUBMIT_FIELDS", "UNLIMITED", "JobEnd",
+    "JobRequest", "JobUpdate", "LaunchOrder", "LimitJob", "NodeCommand", "NodeHealth", "SignalJob",
     "error_text", "launch_job_of",
 ]

@@ -35,6 +35,7 @@ from gpusched.messages.fields import (
     shown,
     string_map,
     strings,
+    text,
     typed,
     words,
 )
@@ -45,15 +46,23 @@ MAX_ERROR_TEXT = 2000  # characters of an agent's error message kept with the jo
 MAX_ERROR_INPUT = 64 * 1024  # characters of one an end report may bring (then cut)
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second Python can show
 # How a job ended, as its supervisor (or the agent, for a launch it refused) tells it.
-OUTCOMES = ("completed", "failed", "launch_failed", "cancelled", "timeout")
+# out_of_memory: the OOM killer ended it in its cgroup; prolog_failed: the node's prolog
+# failed, so nothing of the job ran (it is requeued and the node drained).
+OUTCOMES = ("completed", "failed", "launch_failed", "cancelled", "timeout", "out_of_memory",
+            "prolog_failed")
+GRES_FLAGS = ("enforce-binding", "disable-binding")
+MAX_BYTES = (1 << 63) - 1  # a cgroup's counters are 64-bit
+MAX_HEALTH_REASON = 256  # characters of a node health check's reason
 COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill")
 
 LAUNCH_FIELDS = frozenset({
     "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
     "environment", "output", "error", "umask", "time_limit", "warn_signal", "warn_seconds",
     "warn_batch_only", "gpu_uuids", "node_names", "array_job_id", "array_task_id",
-    "array_spec"})
-END_FIELDS = frozenset({"node", "run", "outcome", "exit_code", "signal", "end_time", "error"})
+    "array_spec", "cpus", "mem_mb", "gres_flags"})
+END_FIELDS = frozenset({"node", "run", "outcome", "exit_code", "signal", "end_time", "error",
+                        "max_rss_bytes", "cpu_usec", "epilog_error"})
+HEALTH_FIELDS = frozenset({"node", "ok", "reason"})
 COMMAND_FIELDS = frozenset({"kind", "node", "job_id", "run", "seq", "payload"})
 
 
@@ -64,6 +73,8 @@ class LaunchOrder:
     ``run`` counts the job's restarts (``restarts`` on the wire): a requeued job comes
     back under the same id as a new run. ``node_names`` are all the job's nodes (empty:
     this one alone); ``output``/``error`` are patterns relative to ``work_dir``.
+    ``cpus`` and ``mem_mb`` are what the job holds on this node (0: not counted, so not
+    limited); ``gres_flags`` is sbatch's ``--gres-flags`` (None: the node's default).
     """
 
     job_id: int
@@ -89,6 +100,9 @@ class LaunchOrder:
     array_job_id: int | None = None
     array_task_id: int | None = None
     array_spec: str | None = None
+    cpus: int = 0
+    mem_mb: int = 0
+    gres_flags: str | None = None
 
     @classmethod
     def parse(cls, raw: object) -> LaunchOrder:
@@ -128,7 +142,11 @@ class LaunchOrder:
                                           "a job id"),
             array_task_id=optional_integer(body, "array_task_id", 0, MAX_TASK_ID,
                                            "an array task id"),
-            array_spec=_array_spec(typed(body, "array_spec", str, None, "array task ids")))
+            array_spec=_array_spec(typed(body, "array_spec", str, None, "array task ids")),
+            cpus=integer(body, "cpus", 0, 0, bounds.MAX_CPUS, "CPUs on this node"),
+            mem_mb=integer(body, "mem_mb", 0, 0, bounds.MAX_MEM_MB, "MiB on this node"),
+            gres_flags=None if body.get("gres_flags") is None
+            else one_of(body, "gres_flags", GRES_FLAGS))
 
     def to_json(self) -> dict[str, Any]:
         """The order as ``GET /agent/v1/work`` carries it."""
@@ -142,6 +160,7 @@ class LaunchOrder:
             "warn_batch_only": self.warn_batch_only, "gpu_uuids": list(self.gpu_uuids),
             "node_names": list(self.node_names), "array_job_id": self.array_job_id,
             "array_task_id": self.array_task_id, "array_spec": self.array_spec,
+            "cpus": self.cpus, "mem_mb": self.mem_mb, "gres_flags": self.gres_flags,
         }
 
 
@@ -182,7 +201,10 @@ class JobEnd:
     ``error`` is kept to MAX_ERROR_TEXT characters of UTF-8 text without NUL. ``run``
     is the run that ended (the job's ``restarts`` when it was launched); an end for a
     run that is not the job's current one changes nothing. None (an agent older than
-    node commands) stands for the current run.
+    node commands) stands for the current run. ``max_rss_bytes`` and ``cpu_usec`` are
+    the peak memory and CPU time its cgroup counted (None: not confined, not measured);
+    ``epilog_error`` says why the node's epilog failed after the job (the node is
+    drained with it).
     """
 
     node: str
@@ -192,6 +214,9 @@ class JobEnd:
     end_time: float | None = None
     error: str | None = None
     run: int | None = None
+    max_rss_bytes: int | None = None
+    cpu_usec: int | None = None
+    epilog_error: str | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobEnd:
@@ -206,13 +231,45 @@ class JobEnd:
             signal=optional_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"),
             end_time=_epoch(body.get("end_time")),
             error=_error(typed(body, "error", str, None, "an error message")),
-            run=optional_integer(body, "run", 0, bounds.MAX_INT32, "a restart count"))
+            run=optional_integer(body, "run", 0, bounds.MAX_INT32, "a restart count"),
+            max_rss_bytes=optional_integer(body, "max_rss_bytes", 0, MAX_BYTES, "bytes"),
+            cpu_usec=optional_integer(body, "cpu_usec", 0, MAX_BYTES, "microseconds"),
+            epilog_error=_error(typed(body, "epilog_error", str, None, "an error message")))
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``POST /agent/v1/jobs/{id}/ended`` takes it."""
         return {"node": self.node, "run": self.run, "outcome": self.outcome,
                 "exit_code": self.exit_code, "signal": self.signal,
-                "end_time": self.end_time, "error": self.error}
+                "end_time": self.end_time, "error": self.error,
+                "max_rss_bytes": self.max_rss_bytes, "cpu_usec": self.cpu_usec,
+                "epilog_error": self.epilog_error}
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What a node's health check found (``POST /agent/v1/nodes/{node}/health``): ``ok``,
+    or not with ``reason`` (the check's first line of output, or why it could not run).
+    A failure drains the node with that reason; a pass lifts a drain an earlier failed
+    check made (never one an administrator, a prolog or an epilog made)."""
+
+    node: str
+    ok: bool
+    reason: str | None = None
+
+    @classmethod
+    def parse(cls, raw: object) -> NodeHealth:
+        """Check every field's type and bounds; the first fault is a UsageError."""
+        body = as_object(raw, "the health report")
+        refuse_unknown(body, HEALTH_FIELDS, "the health report")
+        ok = typed(body, "ok", bool, None, "true or false")
+        if ok is None:
+            raise UsageError("ok: expected true or false, got nothing")
+        return cls(node=required_text(body, "node", bounds.MAX_WORD, "the node name"), ok=ok,
+                   reason=text(body, "reason", MAX_HEALTH_REASON, "the check's reason"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``POST /agent/v1/nodes/{node}/health`` takes it."""
+        return {"node": self.node, "ok": self.ok, "reason": self.reason}
 
 
 def error_text(error: str | None) -> str | None:

@@ -28,6 +28,7 @@ from gpusched.messages import (
     LaunchOrder,
     LimitJob,
     NodeCommand,
+    NodeHealth,
     SignalJob,
     error_text,
     launch_job_of,
@@ -35,10 +36,11 @@ from gpusched.messages import (
 from gpusched.messages.agent import MAX_EPOCH, MAX_ERROR_INPUT
 from gpusched.messages.fields import MAX_UID
 
-Message = JobRequest | JobUpdate | LaunchOrder | JobEnd | NodeCommand
+Message = JobRequest | JobUpdate | LaunchOrder | JobEnd | NodeCommand | NodeHealth
 PARSERS: dict[str, Callable[[object], Message]] = {
     "JobRequest": JobRequest.parse, "JobUpdate": JobUpdate.parse,
     "LaunchOrder": LaunchOrder.parse, "JobEnd": JobEnd.parse, "NodeCommand": NodeCommand.parse,
+    "NodeHealth": NodeHealth.parse,
 }
 
 # ------------------------------------------------------------ strategies
@@ -156,6 +158,10 @@ def launch_orders(draw: st.DrawFn, job_id: int | None = None, run: int | None = 
     _maybe(draw, body, "array_job_id", st.integers(1, bounds.MAX_JOB_ID) | st.none())
     _maybe(draw, body, "array_task_id", st.integers(0, 999_999) | st.none())
     _maybe(draw, body, "array_spec", st.sampled_from(["0-30:10", "1,3,5-9", "7", None]))
+    _maybe(draw, body, "cpus", st.integers(0, bounds.MAX_CPUS))
+    _maybe(draw, body, "mem_mb", st.integers(0, bounds.MAX_MEM_MB))
+    _maybe(draw, body, "gres_flags", st.sampled_from(["enforce-binding", "disable-binding",
+                                                      None]))
     return body
 
 
@@ -169,6 +175,17 @@ def job_ends(draw: st.DrawFn) -> dict[str, Any]:
            | st.none())
     _maybe(draw, body, "error", st.text(max_size=2 * MAX_ERROR_TEXT) | HOSTILE | st.none())
     _maybe(draw, body, "run", st.integers(0, bounds.MAX_INT32) | st.none())
+    _maybe(draw, body, "max_rss_bytes", st.integers(0, 2**63 - 1) | st.none())
+    _maybe(draw, body, "cpu_usec", st.integers(0, 2**63 - 1) | st.none())
+    _maybe(draw, body, "epilog_error", st.text(max_size=50) | HOSTILE | st.none())
+    return body
+
+
+@st.composite
+def health_reports(draw: st.DrawFn) -> dict[str, Any]:
+    """A node health report that must parse."""
+    body: dict[str, Any] = {"node": draw(WORD), "ok": draw(st.booleans())}
+    _maybe(draw, body, "reason", PRINTABLE | st.none())
     return body
 
 
@@ -193,7 +210,7 @@ def node_commands(draw: st.DrawFn) -> dict[str, Any]:
 
 VALID: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "JobRequest": job_requests(), "JobUpdate": job_updates(), "LaunchOrder": launch_orders(),
-    "JobEnd": job_ends(), "NodeCommand": node_commands(),
+    "JobEnd": job_ends(), "NodeCommand": node_commands(), "NodeHealth": health_reports(),
 }
 
 
@@ -377,6 +394,10 @@ def test_an_order_reads_restarts_as_its_run_and_keeps_what_submit_would_refuse()
     ({"array_spec": "x-y"}, "array_spec: invalid array 'x-y'"),
     ({"array_spec": ""}, "array_spec: expected 1 to"),
     ({"extra": 1}, "unknown field 'extra' in the launch order"),
+    ({"cpus": -1}, "cpus: expected CPUs on this node from 0 to"),
+    ({"mem_mb": 2**31}, "mem_mb: expected MiB on this node from 0 to"),
+    ({"gres_flags": "bind-harder"}, "gres_flags: expected one of ['disable-binding', "
+                                    "'enforce-binding'], got 'bind-harder'"),
 ])
 def test_an_order_out_of_bounds_is_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError) as caught:
@@ -406,7 +427,12 @@ def test_an_end_defaults_and_outcomes_match_the_database_states() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"outcome": "exploded"}, "outcome: expected one of ['cancelled', 'completed', 'failed', "
-                              "'launch_failed', 'timeout'], got 'exploded'"),
+                              "'launch_failed', 'out_of_memory', 'prolog_failed', 'timeout'], "
+                              "got 'exploded'"),
+    ({"max_rss_bytes": -1}, "max_rss_bytes: expected bytes from 0 to"),
+    ({"max_rss_bytes": 1 << 63}, "max_rss_bytes: expected bytes from 0 to"),
+    ({"cpu_usec": "5"}, "cpu_usec: expected microseconds"),
+    ({"epilog_error": 7}, "epilog_error: expected an error message, got 7"),
     ({"node": None}, "node: expected the node name, got nothing"),
     ({"exit_code": 256}, "exit_code: expected an exit status from 0 to 255, got 256"),
     ({"signal": 0}, "signal: expected a signal number from 1 to"),
@@ -474,3 +500,21 @@ def test_a_command_out_of_bounds_is_refused(change: dict[str, Any], message: str
         NodeCommand.parse({"kind": "cancel", "node": "n1", "job_id": 7, "run": 0, "seq": 3,
                            **change})
     assert message in caught.value.message
+
+
+# ------------------------------------------------------------ NodeHealth
+
+
+def test_a_health_report_round_trips_and_is_bounded() -> None:
+    report = NodeHealth.parse({"node": "n1", "ok": False, "reason": "disk full"})
+    assert (report.node, report.ok, report.reason) == ("n1", False, "disk full")
+    assert NodeHealth.parse(report.to_json()) == report
+    for body, message in (
+            ({"node": "n1"}, "ok: expected true or false, got nothing"),
+            ({"node": "n1", "ok": 1}, "ok: expected true or false, got 1"),
+            ({"node": "n1", "ok": True, "reason": "x" * 257}, "reason: expected at most 256 characters"),
+            ({"node": "n1", "ok": True, "reason": "a\x1b[2Jb"}, "U+001B is not allowed"),
+            ({"node": "n1", "ok": True, "why": "x"}, "unknown field 'why'")):
+        with pytest.raises(UsageError) as caught:
+            NodeHealth.parse(body)
+        assert message in caught.value.message
