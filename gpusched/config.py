@@ -34,6 +34,7 @@ _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
 
 GPU_SOURCES = ("auto", "nvml", "static")
+CGROUP_MODES = ("auto", "required", "off")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,25 @@ class AgentConfig:
     # Whom the agent trusts to serve the controller's socket besides root and itself:
     # a user name or uid, or None.
     controller_user: str | None = None
+    # Confinement of jobs in cgroups: "auto" (where a cgroup can be made; said once at
+    # start otherwise), "required" (the agent does not start without) or "off"; the
+    # directory the agent owns (None: found at start); whether jobs may swap.
+    cgroups: str = "auto"
+    cgroup_root: Path | None = None
+    allow_swap: bool = False
+    # Site programs run as root on this node with the job's variables: before each job
+    # (a failure requeues it and drains the node) and after (a failure drains the
+    # node), each within its timeout (seconds).
+    prolog: Path | None = None
+    epilog: Path | None = None
+    prolog_timeout: float = 60.0
+    epilog_timeout: float = 60.0
+    # The node health check: run every health_check_interval seconds and before the
+    # node takes work; a failure drains the node with its first line of output, and a
+    # pass lifts a drain an earlier failure made.
+    health_check: Path | None = None
+    health_check_interval: float = 300.0
+    health_check_timeout: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -380,7 +400,8 @@ def _static_links(r: TableReader) -> tuple[tuple[int, int, str, int], ...]:
 
 def _agent(r: TableReader) -> AgentConfig:
     r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health",
-                  "min_job_uid", "controller_user"})
+                  "min_job_uid", "controller_user", "cgroups", "prolog", "epilog",
+                  "health_check"})
     defaults = AgentConfig()
     min_job_uid = r.get("min_job_uid", int, defaults.min_job_uid, "a uid from 0 to 4294967294")
     if isinstance(min_job_uid, bool) or not 0 <= min_job_uid <= 4294967294:
@@ -409,7 +430,43 @@ def _agent(r: TableReader) -> AgentConfig:
         controller_user=None if controller_user is None else str(controller_user),
         rediscover_interval=gpus.positive("rediscover_interval", defaults.rediscover_interval),
         **_health(r.sub("health"), defaults),
+        **_cgroups(r.sub("cgroups"), defaults),
+        **_site_programs(r, defaults),
     )
+
+
+def _optional_path(r: TableReader, key: str) -> Path | None:
+    value = r.get(key, str, None, "an absolute path")
+    if value is None:
+        return None
+    if not value.startswith("/") or "\0" in value or len(value) > 4096:
+        raise r.fail(key, "an absolute path")
+    return Path(value)
+
+
+def _cgroups(r: TableReader, defaults: AgentConfig) -> dict[str, Any]:
+    r.check_keys({"enforce", "root", "allow_swap"})
+    enforce = r.get("enforce", str, defaults.cgroups, "one of 'auto', 'required', 'off'")
+    if enforce not in CGROUP_MODES:
+        raise r.fail("enforce", "one of 'auto', 'required', 'off'")
+    return {"cgroups": enforce, "cgroup_root": _optional_path(r, "root"),
+            "allow_swap": r.get("allow_swap", bool, defaults.allow_swap, "true or false")}
+
+
+def _site_programs(r: TableReader, defaults: AgentConfig) -> dict[str, Any]:
+    """[agent.prolog], [agent.epilog], [agent.health_check]: program, timeout (and the
+    health check's interval)."""
+    found: dict[str, Any] = {}
+    for key in ("prolog", "epilog", "health_check"):
+        table = r.sub(key)
+        table.check_keys({"program", "timeout", "interval"} if key == "health_check"
+                         else {"program", "timeout"})
+        found[key] = _optional_path(table, "program")
+        found[f"{key}_timeout"] = table.positive("timeout", getattr(defaults, f"{key}_timeout"))
+        if key == "health_check":
+            found["health_check_interval"] = table.positive(
+                "interval", defaults.health_check_interval)
+    return found
 
 
 def _health(r: TableReader, defaults: AgentConfig) -> dict[str, Any]:

@@ -93,11 +93,21 @@ def test_example_sets_every_field_of_the_config_objects() -> None:
     # fields living in [agent.gpus]
     agent_keys = {"gpu_source": "gpus", "static_gpus": "gpus", "static_links": "gpus",
                   "rediscover_interval": "gpus", "ignore_xids": "health",
-                  "max_temperature": "health", "health_interval": "health"}
+                  "max_temperature": "health", "health_interval": "health",
+                  "cgroups": "cgroups", "cgroup_root": "cgroups", "allow_swap": "cgroups",
+                  "prolog_timeout": "prolog", "epilog_timeout": "epilog",
+                  "health_check_interval": "health_check",
+                  "health_check_timeout": "health_check"}
 
     assert {f.name for f in dataclasses.fields(ControllerConfig)} <= set(raw["controller"])
     assert {agent_keys.get(f.name, f.name) for f in dataclasses.fields(AgentConfig)} <= set(raw["agent"])
     assert "source" in raw["agent"]["gpus"]
+    assert {"enforce", "allow_swap"} <= set(raw["agent"]["cgroups"])
+    assert "# root = " in EXAMPLE.read_text()
+    for key, program in (("prolog", "prolog"), ("epilog", "epilog"),
+                         ("health_check", "healthcheck")):
+        assert "timeout" in raw["agent"][key]
+        assert f'# program = "/etc/gpusched/{program}"' in EXAMPLE.read_text()
     for gpu in raw["agent"]["gpus"]["static"]:
         slice_only = {"mig_profile", "parent"}  # documented; the example has no MIG slices
         assert {f.name for f in dataclasses.fields(StaticGpu)} - slice_only == set(gpu)
@@ -451,3 +461,42 @@ def test_a_submit_limit_of_zero_means_none(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, "[controller]\nmax_submit_jobs_per_user = 0\n")
                        ).controller.max_submit_jobs_per_user is None
     assert load_config(None).controller.max_submit_jobs_per_user == 10_000
+
+
+def test_confinement_and_site_programs_are_read_and_checked(tmp_path: Path) -> None:
+    body = """
+[agent.cgroups]
+enforce = "required"
+root = "/sys/fs/cgroup/site"
+allow_swap = true
+[agent.prolog]
+program = "/etc/gpusched/prolog"
+timeout = 5
+[agent.epilog]
+program = "/etc/gpusched/epilog"
+[agent.health_check]
+program = "/usr/sbin/nhc"
+interval = 30
+timeout = 10
+"""
+    path = tmp_path / "c.toml"
+    path.write_text(body)
+    agent = load_config(path).agent
+    assert (agent.cgroups, agent.cgroup_root, agent.allow_swap) == (
+        "required", Path("/sys/fs/cgroup/site"), True)
+    assert (agent.prolog, agent.prolog_timeout) == (Path("/etc/gpusched/prolog"), 5.0)
+    assert (agent.epilog, agent.epilog_timeout) == (Path("/etc/gpusched/epilog"), 60.0)
+    assert (agent.health_check, agent.health_check_interval, agent.health_check_timeout) == (
+        Path("/usr/sbin/nhc"), 30.0, 10.0)
+    assert load_config(None).agent.cgroups == "auto" and load_config(None).agent.prolog is None
+    for bad, message in (
+            ('[agent.cgroups]\nenforce = "yes"', "enforce"),
+            ('[agent.cgroups]\nroot = "relative"', "root"),
+            ('[agent.prolog]\nprogram = "prolog"', "program"),
+            ('[agent.prolog]\ntimeout = 0', "timeout"),
+            ('[agent.health_check]\ninterval = -1', "interval"),
+            ('[agent.epilog]\nprogam = "/x"', "progam")):
+        path.write_text(bad)
+        with pytest.raises(ConfigError) as caught:
+            load_config(path)
+        assert message in str(caught.value)
