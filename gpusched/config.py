@@ -49,6 +49,12 @@ class StaticGpu:
     type: str = "gpu"  # normalised GPU type requests name (a100-80gb, h100-80gb, l4)
     mig_profile: str | None = None  # a MIG slice: its profile (1g.10gb) ...
     parent: int | None = None  # ... and the index of the GPU it is cut from
+    # The device minor (/dev/nvidiaN; a slice: None, its parent's is used), the NUMA node
+    # nearest the GPU (None: unknown), and a slice's GPU and compute instance ids.
+    minor: int | None = None
+    numa_node: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,7 @@ def demo_gpus(node_name: str, count: int) -> tuple[StaticGpu, ...]:
             name="gpusched demo GPU",
             memory_mb=81920,
             pci_bus_id=f"00000000:{0x10 + i % 0xE0:02X}:{i // 0xE0:02X}.0",
+            minor=i if i < 255 else None,
         )
         for i in range(count)
     )
@@ -340,7 +347,7 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
             raise r.fail("static", "an array of tables [[agent.gpus.static]]")
         g = TableReader(r.source, entry, f"{r.prefix}static[{i}].")
         g.check_keys({"index", "uuid", "name", "memory_mb", "pci_bus_id", "type", "mig_profile",
-                      "parent"})
+                      "parent", "minor", "numa_node", "gi_id", "ci_id"})
         profile = g.get("mig_profile", str, None, "a MIG profile such as 1g.10gb")
         parent = g.get("parent", int, None, "the index of the GPU the slice is cut from")
         if (profile is None) != (parent is None):
@@ -366,6 +373,7 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
             memory_mb=g.get("memory_mb", int, 0, "memory in MiB"),
             pci_bus_id=g.get("pci_bus_id", str, "", "a PCI bus id"),
             type=gpu_type, mig_profile=profile, parent=parent,
+            **_static_device_ids(g, index, parent is not None),
         ))
     if len({g.uuid for g in gpus}) != len(gpus) or len({g.index for g in gpus}) != len(gpus):
         raise r.fail("static", "GPUs with distinct indexes and UUIDs")
@@ -375,6 +383,28 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
     return tuple(gpus)
 
 
+
+
+def _static_device_ids(g: TableReader, index: int, is_slice: bool) -> dict[str, int | None]:
+    """minor and numa_node of a static GPU (minor defaults to its index), and a slice's
+    gi_id and ci_id; each bounded as the kernel and NVML bound them."""
+    found: dict[str, int | None] = {}
+    for key, upper, default, expected in (
+            ("minor", 254, None if is_slice or index > 254 else index,
+             "the device minor number, /dev/nvidiaN (0 to 254)"),
+            ("numa_node", 1023, None, "a NUMA node number (0 to 1023)"),
+            ("gi_id", 255, None, "a MIG GPU instance id (0 to 255)"),
+            ("ci_id", 255, None, "a MIG compute instance id (0 to 255)")):
+        value = g.get(key, int, default, expected)
+        if value is not None and not 0 <= value <= upper:
+            raise g.fail(key, expected)
+        found[key] = value
+    if is_slice and found["minor"] is not None:
+        raise g.fail("minor", "no minor for a MIG slice (its parent's is used)")
+    if not is_slice and (found["gi_id"] is not None or found["ci_id"] is not None):
+        raise g.fail("gi_id" if found["gi_id"] is not None else "ci_id",
+                     "gi_id and ci_id only for a MIG slice")
+    return found
 
 
 def _static_links(r: TableReader) -> tuple[tuple[int, int, str, int], ...]:

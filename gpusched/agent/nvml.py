@@ -131,7 +131,11 @@ def _discover(nvml: Any) -> Discovered:
             bus = _bus_id(nvml.nvmlDeviceGetPciInfo(handle))
             kind = gpu_type(name)
             found = [StaticGpu(index=index, uuid=as_text(nvml.nvmlDeviceGetUUID(handle)), name=name,
-                               memory_mb=memory_mb, pci_bus_id=bus, type=kind),
+                               memory_mb=memory_mb, pci_bus_id=bus, type=kind,
+                               minor=_bounded(call_or(nvml, nvml.nvmlDeviceGetMinorNumber,
+                                                      handle), 254),
+                               numa_node=_bounded(call_or(nvml, nvml.nvmlDeviceGetNumaNodeId,
+                                                          handle), 1023)),
                      *_mig_devices(nvml, handle, index, name, memory_mb, kind)]
         except nvml.NVMLError as exc:
             # Fallen off the bus, or otherwise unreadable: not offered until it is back.
@@ -151,6 +155,13 @@ def call_or(nvml: Any, function: Any, *args: Any, default: Any = None) -> Any:
         return function(*args)
     except nvml.NVMLError:
         return default
+
+
+def _bounded(value: Any, upper: int) -> int | None:
+    """An id NVML returned, or None when it is missing or out of range (-1: unknown)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= upper:
+        return value
+    return None
 
 
 def mig_handles(nvml: Any, handle: Any) -> list[Any]:
@@ -174,6 +185,8 @@ def _mig_devices(nvml: Any, handle: Any, index: int, name: str, memory_mb: int,
             index=(index + 1) * SLICE_BASE + len(found),
             uuid=as_text(nvml.nvmlDeviceGetUUID(device)), name=name, memory_mb=slice_mb,
             type=kind, parent=index,
+            gi_id=_bounded(call_or(nvml, nvml.nvmlDeviceGetGpuInstanceId, device), 255),
+            ci_id=_bounded(call_or(nvml, nvml.nvmlDeviceGetComputeInstanceId, device), 255),
             mig_profile=mig_profile(int(attributes.gpuInstanceSliceCount), slice_mb,
                                     memory_mb, name)))
     return found

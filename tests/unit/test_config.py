@@ -65,9 +65,9 @@ def test_example_loads_with_the_values_written_in_it() -> None:
         gpu_source="static",
         static_gpus=(
             StaticGpu(0, "GPU-5a1f3c8e-2d47-4b9a-8e61-0c3f7d92ab14", "NVIDIA A100-SXM4-80GB",
-                      81920, "00000000:07:00.0", "a100-80gb"),
+                      81920, "00000000:07:00.0", "a100-80gb", minor=0),
             StaticGpu(1, "GPU-c83e0b6d-91f2-4e05-a7d8-6b24f1e9c530", "NVIDIA A100-SXM4-80GB",
-                      81920, "00000000:0F:00.0", "a100-80gb"),
+                      81920, "00000000:0F:00.0", "a100-80gb", minor=1),
         ),
         block="rack1",
         static_links=((0, 1, "NVLINK", 12),),
