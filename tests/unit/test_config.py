@@ -65,9 +65,11 @@ def test_example_loads_with_the_values_written_in_it() -> None:
         gpu_source="static",
         static_gpus=(
             StaticGpu(0, "GPU-5a1f3c8e-2d47-4b9a-8e61-0c3f7d92ab14", "NVIDIA A100-SXM4-80GB",
-                      81920, "00000000:07:00.0", "a100-80gb", minor=0),
+                      81920, "00000000:07:00.0", "a100-80gb", minor=0,
+                      numa_node=0),
             StaticGpu(1, "GPU-c83e0b6d-91f2-4e05-a7d8-6b24f1e9c530", "NVIDIA A100-SXM4-80GB",
-                      81920, "00000000:0F:00.0", "a100-80gb", minor=1),
+                      81920, "00000000:0F:00.0", "a100-80gb", minor=1,
+                      numa_node=0),
         ),
         block="rack1",
         static_links=((0, 1, "NVLINK", 12),),
@@ -109,7 +111,8 @@ def test_example_sets_every_field_of_the_config_objects() -> None:
         assert "timeout" in raw["agent"][key]
         assert f'# program = "/etc/gpusched/{program}"' in EXAMPLE.read_text()
     for gpu in raw["agent"]["gpus"]["static"]:
-        slice_only = {"mig_profile", "parent"}  # documented; the example has no MIG slices
+        # documented; the example has no MIG slices
+        slice_only = {"mig_profile", "parent", "gi_id", "ci_id"}
         assert {f.name for f in dataclasses.fields(StaticGpu)} - slice_only == set(gpu)
     for part in raw["partitions"]:
         assert {f.name for f in dataclasses.fields(PartitionConfig)} == set(part)
