@@ -17,6 +17,7 @@ import time
 
 MAX_OUTPUT = 4096  # bytes of output kept to find the first line
 MAX_REASON = 200  # characters of the reason a failing program gives
+MAX_SHOWN_PATH = 100  # characters of the program's path shown in a reason
 
 
 def first_line(output: bytes) -> str:
@@ -39,7 +40,7 @@ def run_site_program(path: str, env: dict[str, str], timeout: float,
             [path], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     except OSError as exc:
-        return f"{what} {path} cannot run: {exc.strerror or exc}"
+        return f"{_named(what, path)} cannot run: {exc.strerror or exc}"[:MAX_REASON]
     assert proc.stdout is not None
     output = bytearray()
     fd = proc.stdout.fileno()
@@ -62,15 +63,24 @@ def run_site_program(path: str, env: dict[str, str], timeout: float,
             proc.wait()
         proc.stdout.close()
     if status is None:
-        return f"{what} {path} timed out after {timeout:g} s"
+        return f"{_named(what, path)} timed out after {timeout:g} s"
     if status == 0:
         return None
     line = first_line(bytes(output))
     if line:
         return line
     if status < 0:
-        return f"{what} {path} killed by signal {-status}"
-    return f"{what} {path} exited with status {status}"
+        return f"{_named(what, path)} killed by signal {-status}"
+    return f"{_named(what, path)} exited with status {status}"
+
+
+def _named(what: str, path: str) -> str:
+    """``what`` and the program's path, printable and short enough that the reason it
+    starts stays within MAX_REASON (a long path keeps its end, which names the program)."""
+    shown = "".join(c if c.isprintable() else "?" for c in path)
+    if len(shown) > MAX_SHOWN_PATH:
+        shown = "..." + shown[-(MAX_SHOWN_PATH - 3):]
+    return f"{what[:40]} {shown}"
 
 
 def _read_into(fd: int, output: bytearray) -> None:

@@ -127,6 +127,14 @@ def test_a_missing_program_cannot_run(tmp_path: Path) -> None:
     assert reason.startswith(f"health check {missing} cannot run:")
 
 
+def test_a_long_path_is_shortened_in_the_reason(tmp_path: Path) -> None:
+    deep = tmp_path / ("p" * 250) / ("q" * 250) / "prolog"
+    reason = run_site_program(str(deep), ENV, 10, "prolog")
+    assert reason is not None and len(reason) <= MAX_REASON
+    assert reason.startswith("prolog ...")
+    assert reason.endswith("q/prolog cannot run: No such file or directory")
+
+
 def test_a_program_that_is_not_executable_cannot_run(tmp_path: Path) -> None:
     prog = tmp_path / "not-executable"
     prog.write_text("#!/bin/sh\nexit 0\n")
