@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from gpusched.db.models import Allocation, Gpu, GpuBilling, Job
 
-SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                "OUT_OF_MEMORY")
 
 
 def _held(session: Session, job_ids: list[int], start: datetime | None, end: datetime | None,
@@ -78,6 +79,7 @@ def job_records(session: Session, users: list[str] | None = None,
             "gpu_hours": gpu_s / 3600, "billed_gpu_hours": billed_s / 3600,
             "gpu_util_avg": job.util_sum / job.util_samples if job.util_samples else None,
             "gpu_util_peak": job.util_peak, "gpu_mem_peak_mb": job.mem_peak_mb,
+            "max_rss_bytes": job.max_rss_bytes, "cpu_usec": job.cpu_usec,
             "error_message": job.error_message})
     return records
 

@@ -11,7 +11,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from gpusched.core.topology import LINK_KINDS
-from gpusched.db import commands
+from gpusched.db import commands, node_drain
 from gpusched.db.engine import rowcount
 from gpusched.db.health import may_requeue
 from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
@@ -31,6 +31,7 @@ OUTCOME_STATES = {
 
 
 LAUNCH_FAILED_REASON = "LaunchFailed"
+MAX_ENFORCEMENT = 256  # characters of how a node confines its jobs (or why it cannot)
 
 
 def registered_node(session: Session, name: str) -> Node:
@@ -55,13 +56,19 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
         raise UsageError("cpus, memory_mb: expected whole numbers, 0 or more")
     if block is not None and not isinstance(block, str):
         raise UsageError("block: expected a topology block name")
+    enforced, enforcement = _enforcement(body)
     values: dict[str, Any] = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
                               "registered_at": now, "last_seen": now, "cpus": cpus,
-                              "memory_mb": memory_mb, "block": block, "lost_at": None}
+                              "memory_mb": memory_mb, "block": block, "lost_at": None,
+                              "enforced": enforced, "enforcement": enforcement,
+                              "drained_by": None}
     stmt = insert(Node).values(name=name, **values)
-    # A drained node stays drained, whatever its agent does, until an admin resumes it.
-    kept = {**values, "state": case((Node.state == "DRAIN", "DRAIN"), else_="UP"),
-            "reason": case((Node.state == "DRAIN", Node.reason), else_=None)}
+    # A drained node stays drained, whatever its agent does, until an admin resumes it
+    # (or, for a drain its health check made, until a check passes).
+    drained = Node.state == "DRAIN"
+    kept = {**values, "state": case((drained, "DRAIN"), else_="UP"),
+            "reason": case((drained, Node.reason), else_=None),
+            "drained_by": case((drained, Node.drained_by), else_=None)}
     session.execute(stmt.on_conflict_do_update(index_elements=[Node.name], set_=kept))
     node = registered_node(session, name)
     commands.release_claims(session, node.id)
@@ -84,6 +91,20 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
     session.execute(update(Gpu).where(Gpu.node_id == node.id, Gpu.uuid.not_in(seen))
                     .values(present=False))
     return node
+
+
+def _enforcement(body: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether the agent confines jobs in cgroups, and how (or why not): ``enforced``
+    true or false (absent: false), ``enforcement`` up to MAX_ENFORCEMENT printable
+    characters (absent: none)."""
+    enforced, how = body.get("enforced", False), body.get("enforcement")
+    if not isinstance(enforced, bool):
+        raise UsageError(f"enforced: expected true or false, got {type(enforced).__name__}")
+    if how is not None and (not isinstance(how, str) or len(how) > MAX_ENFORCEMENT
+                            or not how.isprintable()):
+        raise UsageError(f"enforcement: expected at most {MAX_ENFORCEMENT} printable "
+                         "characters")
+    return enforced, how
 
 
 def _register_slices_and_links(session: Session, node: Node, gpus: list[dict[str, Any]],
@@ -144,35 +165,22 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
     not changed if already recorded; stale when the report is for a run that is not
     the job's current one on that node (the controller ended it: ignored).
 
+    What the run's cgroup measured is kept with the job. A run whose prolog failed
+    never started: the job goes back to the queue (unless it was being cancelled) and
+    the node is drained; an epilog's failure drains the node, whatever the end.
+
     ``body`` is a JobEnd report (gpusched.messages), refused whole when any field is
     out of its bounds."""
     end = JobEnd.parse(body)
     node = registered_node(session, end.node)
-    ended = (datetime.fromtimestamp(end.end_time, UTC) if end.end_time is not None
-             else datetime.now(UTC))
     job = session.get(Job, job_id)
     if job is None or (end.run is not None and job.restarts != end.run) \
             or job.node_id != node.id:
+        _drain_after_epilog(session, node, end)
         return False, True
-    failure = job.gpu_failure
-    if failure is not None and may_requeue(session, job):
-        # Its GPU failed: back in the queue with its submit time, one restart more.
-        values = requeued(f"requeued: {failure}")
-    elif failure is not None:
-        values = {"state": "FAILED", "end_time": ended, "exit_code": end.exit_code,
-                  "signal": end.signal, "error_message": failure}
-    elif job.preempted_at is not None and job.preempt_mode == "requeue":
-        # Preempted to requeue: back in the queue with its submit time, one restart more.
-        values = requeued(job.error_message)
-    else:
-        values = {"state": OUTCOME_STATES[end.outcome], "end_time": ended,
-                  "exit_code": end.exit_code, "signal": end.signal,
-                  "error_message": end.error}
-        if end.outcome == "launch_failed":  # nothing of it ran: say so where users look
-            values["reason"] = LAUNCH_FAILED_REASON
-        if job.preempted_at is not None:
-            values.update(state="CANCELLED",
-                          error_message=f"preempted by job {job.preempted_by}")
+    values = _end_values(session, job, node, end)
+    if end.max_rss_bytes is not None or end.cpu_usec is not None:
+        values.update(max_rss_bytes=end.max_rss_bytes, cpu_usec=end.cpu_usec)
     changed = rowcount(session.execute(
         update(Job).where(Job.id == job_id, Job.node_id == node.id, Job.state == "RUNNING",
                           Job.restarts == job.restarts)
@@ -180,7 +188,51 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
     ))
     if changed:
         release_job(session, job_id)
+        if end.outcome == "prolog_failed":
+            node_drain.drain_for_site_program(
+                session, node.id, node_drain.drain_reason(end.error, "prolog failed"))
+        _drain_after_epilog(session, node, end)
     return bool(changed), False
+
+
+def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str, Any]:
+    """The columns the end of ``job``'s current run sets."""
+    ended = (datetime.fromtimestamp(end.end_time, UTC) if end.end_time is not None
+             else datetime.now(UTC))
+    failure = job.gpu_failure
+    requeueing = failure is not None or (job.preempted_at is not None
+                                         and job.preempt_mode == "requeue")
+    if end.outcome == "prolog_failed" and (job.cancel_requested_at is None or requeueing):
+        # Nothing of it ran: back in the queue with its submit time, one restart more;
+        # not a failure, so jobs depending on it wait on.
+        why = node_drain.drain_reason(end.error, "prolog failed")
+        return requeued(f"requeued: {why} (node {node.name})")
+    if failure is not None and may_requeue(session, job):
+        # Its GPU failed: back in the queue with its submit time, one restart more.
+        return requeued(f"requeued: {failure}")
+    if failure is not None:
+        return {"state": "FAILED", "end_time": ended, "exit_code": end.exit_code,
+                "signal": end.signal, "error_message": failure}
+    if job.preempted_at is not None and job.preempt_mode == "requeue":
+        # Preempted to requeue: back in the queue with its submit time, one restart more.
+        return requeued(job.error_message)
+    values: dict[str, Any] = {"state": OUTCOME_STATES[end.outcome], "end_time": ended,
+                              "exit_code": end.exit_code, "signal": end.signal,
+                              "error_message": end.error}
+    if end.outcome == "launch_failed":  # nothing of it ran: say so where users look
+        values["reason"] = LAUNCH_FAILED_REASON
+    if end.outcome == "prolog_failed":  # being cancelled when its prolog failed
+        values["state"] = "CANCELLED"
+    if job.preempted_at is not None:
+        values.update(state="CANCELLED", error_message=f"preempted by job {job.preempted_by}")
+    return values
+
+
+def _drain_after_epilog(session: Session, node: Node, end: JobEnd) -> None:
+    """The node's epilog failed after the run: drain it with the epilog's reason."""
+    if end.epilog_error is not None:
+        node_drain.drain_for_site_program(
+            session, node.id, node_drain.drain_reason(end.epilog_error, "epilog failed"))
 
 
 def release_job(session: Session, job_id: int) -> None:

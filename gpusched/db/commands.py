@@ -123,7 +123,8 @@ def _launch_orders(session: Session, node: Node, jobs: list[Job]) -> dict[int, L
         warn_batch_only=bool(j.warn_batch_only),
         gpu_uuids=tuple(placed.get(j.id, (node.name, []))[1]),
         node_names=tuple(j.node_names or ()), array_job_id=j.array_job_id,
-        array_task_id=j.array_task_id, array_spec=j.array_spec) for j in jobs}
+        array_task_id=j.array_task_id, array_spec=j.array_spec, cpus=j.cpus,
+        mem_mb=j.mem_mb, gres_flags=j.gres_flags) for j in jobs}
 
 
 def complete(session: Session, node: Node, command_id: int) -> bool:

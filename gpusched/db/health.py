@@ -180,8 +180,9 @@ def set_node_state(session: Session, node_name: str, drain: bool, reason: Any = 
     node = session.scalars(select(Node).where(Node.name == node_name)).first()
     if node is None:
         raise NotFound(f"unknown node {node_name!r}")
+    # An administrator's drain is theirs to lift, even over one the health check made.
     if drain:
-        node.state, node.reason = "DRAIN", _reason(reason)
+        node.state, node.reason, node.drained_by = "DRAIN", _reason(reason), None
     elif node.state == "DRAIN":
-        node.state, node.reason = "UP", None
+        node.state, node.reason, node.drained_by = "UP", None, None
     return {"node": node.name, "state": node.state, "reason": node.reason}

@@ -34,6 +34,7 @@ def node_listing(session: Session) -> list[dict[str, Any]]:
             "power_mw": g.power_mw,
             "job_id": holders.get(g.id)})
     return [{"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
+             "drained_by": n.drained_by, "enforced": n.enforced, "enforcement": n.enforcement,
              "last_seen": n.last_seen.isoformat() if n.last_seen else None,
              "gpus": gpus.get(n.id, [])}
             for n in session.scalars(select(Node).order_by(Node.name))]

@@ -221,6 +221,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         warn_seconds=None if warn is None else warn.seconds,
         warn_batch_only=False if warn is None else warn.batch_only,
         exclusive=request.exclusive, submit_key=request.submit_key,
+        gres_flags=request.gres_flags,
     )
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks

@@ -20,12 +20,14 @@ from gpusched.core.dependency import Dependency, DependencyError, parse_dependen
 from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS, WarnSignal
 from gpusched.errors import UsageError
+from gpusched.messages.agent import GRES_FLAGS
 from gpusched.messages.fields import (
     Body,
     as_object,
     bounded,
     flag,
     integer,
+    one_of,
     optional_integer,
     path,
     shown,
@@ -44,8 +46,8 @@ _SUBMIT_KEY = re.compile(r"[!-~]{1,%d}" % MAX_SUBMIT_KEY)  # printable ASCII, no
 BEGIN_EXPECTED = "an ISO 8601 time with a zone, such as 2026-12-24T18:30:00+00:00"
 # The fields of POST /v1/jobs (docs/api.md); any other is refused.
 SUBMIT_FIELDS = frozenset({
-    "script", "args", "name", "gpus", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
-    "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
+    "script", "args", "name", "gpus", "gpu_types", "nodes", "cpus", "mem_mb", "gres_flags",
+    "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
     "error", "umask", "submit_key"})
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority"})
@@ -89,6 +91,9 @@ class JobRequest:
     # Chosen by the client, one per submission: the same key sent again (a lost answer,
     # a failover) by the same user gives the job already stored instead of another.
     submit_key: str | None = None
+    # sbatch's --gres-flags: whether the job's CPUs must be (enforce-binding) or need not
+    # be (disable-binding) close to its GPUs; None: the node's default.
+    gres_flags: str | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobRequest:
@@ -125,7 +130,9 @@ class JobRequest:
             begin_time=_begin_time(body.get("begin_time")),
             dependency=_dependency(typed(body, "dependency", str, None, "a dependency")),
             array=array, output=output, error=error, umask=umask,
-            submit_key=_submit_key(body.get("submit_key")))
+            submit_key=_submit_key(body.get("submit_key")),
+            gres_flags=None if body.get("gres_flags") is None
+            else one_of(body, "gres_flags", GRES_FLAGS))
 
     def to_json(self) -> dict[str, Any]:
         """The request as ``POST /v1/jobs`` takes it."""
@@ -144,7 +151,7 @@ class JobRequest:
             "begin_time": None if self.begin_time is None else self.begin_time.isoformat(),
             "dependency": self.dependency_text, "array": self.array,
             "work_dir": self.work_dir, "output": self.output, "error": self.error,
-            "umask": self.umask, "submit_key": self.submit_key,
+            "umask": self.umask, "submit_key": self.submit_key, "gres_flags": self.gres_flags,
         }
 
     @cached_property

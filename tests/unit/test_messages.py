@@ -117,6 +117,8 @@ def job_requests(draw: st.DrawFn) -> dict[str, Any]:
     _maybe(draw, body, "output", st.sampled_from(["out-%j.txt", "/tmp/%x-%A_%a.log", "%5j.out"]))
     _maybe(draw, body, "error", st.sampled_from(["err-%j.txt", None]))
     _maybe(draw, body, "umask", st.integers(0, 0o777))
+    _maybe(draw, body, "gres_flags", st.sampled_from(["enforce-binding", "disable-binding",
+                                                      None]))
     return body
 
 
@@ -317,6 +319,9 @@ def test_a_request_takes_its_defaults_and_normal_forms() -> None:
     ({"begin_time": "2026-12-24T18:30:00"}, "begin_time: expected an ISO 8601 time with a zone"),
     ({"dependency": "afterok:x"}, "invalid dependency 'afterok:x'"),
     ({"requeue": "yes"}, "requeue: expected true, false or null, got 'yes'"),
+    ({"gres_flags": "enforce"}, "gres_flags: expected one of ['disable-binding', "
+                                "'enforce-binding'], got 'enforce'"),
+    ({"gres_flags": True}, "gres_flags: expected one of"),
 ])
 def test_a_request_out_of_bounds_is_refused_with_its_field(change: dict[str, Any],
                                                            message: str) -> None:
