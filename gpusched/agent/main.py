@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from gpusched.agent.health import Fault, HealthMonitor
+from gpusched.agent.healthcheck import HealthCheck
 from gpusched.agent.inventory import node_inventory
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.agent.nvml import NvmlUnavailable
@@ -34,6 +35,7 @@ from gpusched.messages import (
     LaunchOrder,
     LimitJob,
     NodeCommand,
+    NodeHealth,
     SignalJob,
     error_text,
     launch_job_of,
@@ -71,6 +73,10 @@ class Agent:
         self._register_lock = threading.Lock()
         self._registered: object = None  # the GPUs and links last registered
         self._monitor: HealthMonitor | None = None
+        self._health_check = (
+            None if self.config.health_check is None else HealthCheck(
+                self.config.health_check, self.config.health_check_interval,
+                self.config.health_check_timeout, self.node))
         self.trusted_server_uids = trusted_server_uids(self.config.controller_user)
         # Over TCP: the controllers to fail over between, and this node's credentials.
         self.controllers = controllers_from(os.environ, config.controllers)
@@ -101,6 +107,9 @@ class Agent:
         watcher.start()
         if self.config.gpu_source != "static":
             threading.Thread(target=self._health_loop, name="health", daemon=True).start()
+        if self._health_check is not None:
+            threading.Thread(target=self._health_check_loop, name="health-check",
+                             daemon=True).start()
         with self._client() as client:
             self._serve(client)
 
@@ -125,7 +134,9 @@ class Agent:
             while not self._stop.is_set():
                 try:
                     if not registered:
+                        checked = self._health_check_result()  # before the node takes work
                         self._register(client)
+                        self._report_health_check(client, checked)
                         registered, backoff = True, 0.05
                     work = self._poll(client)
                     if work is None:
@@ -188,6 +199,27 @@ class Agent:
                 monitor.run()
             except NvmlUnavailable as exc:
                 log.info("no GPU health checks: %s", exc.message)
+
+    def _health_check_result(self) -> NodeHealth | None:
+        """The node health check's latest result, running the check first if it never
+        ran; None when no check is configured."""
+        check = self._health_check
+        if check is None:
+            return None
+        return check.last or check.check()
+
+    def _report_health_check(self, client: ApiClient, health: NodeHealth | None) -> None:
+        """Tell the controller what the node health check found: a failure drains the
+        node, a pass lifts a drain an earlier failure made."""
+        if health is not None:
+            client.request("POST", f"/agent/v1/nodes/{self.node}/health", health.to_json())
+
+    def _health_check_loop(self) -> None:
+        """Run the node health check every interval and report its result."""
+        check = self._health_check
+        assert check is not None
+        with self._client() as client:
+            check.run(lambda health: self._report_health_check(client, health), self._stop)
 
     def _inventory_loop(self) -> None:
         """Register again when the GPUs change: one vanishes, MIG is reconfigured."""
