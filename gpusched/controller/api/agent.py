@@ -9,9 +9,10 @@ from typing import Any
 from gpusched.controller.api.common import ApiContext, path_job_id
 from gpusched.controller.http import Request, Router
 from gpusched.core import bounds
-from gpusched.db import agents, commands, health, node_failure
+from gpusched.db import agents, commands, health, node_drain, node_failure
 from gpusched.db.notify import notify_in
 from gpusched.errors import UsageError
+from gpusched.messages import NodeHealth
 
 MAX_POLL_WAIT = 60.0
 
@@ -31,6 +32,7 @@ class AgentRoutes:
         r.add("POST", "/agent/v1/commands/{command_id}/done", self.done)
         r.add("POST", "/agent/v1/jobs/{job_id}/ended", self.ended)
         r.add("POST", "/agent/v1/health", self.health)
+        r.add("POST", "/agent/v1/nodes/{node}/health", self.node_health)
         r.add("POST", "/agent/v1/samples", self.samples)
 
     def register(self, request: Request) -> tuple[int, dict[str, Any]]:
@@ -114,6 +116,27 @@ class AgentRoutes:
             ctx.events.wake_node(name)
         ctx.events.wake_scheduler()
         return 200, {"ok": True, "stopping": sorted(stopping)}
+
+    def node_health(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The node's health check ran: a failure drains the node (reason ``health
+        check: ...``), a pass lifts a drain an earlier failure made (db/node_drain.py)."""
+        ctx = self.context
+        name = ctx.require_node(request, request.params.get("node"))
+        report = NodeHealth.parse(request.body)
+        if report.node != name:
+            raise UsageError(f"node: the report is for {report.node[:64]}, the path names "
+                             f"{name[:64]}")
+        with ctx.sessions() as session, session.begin():
+            node = agents.registered_node(session, name)
+            before = (node.state, node.reason)
+            state = node_drain.record_health(session, node, report)
+            if state == "UP" and before[0] != "UP":
+                notify_in(session, "sched")
+            answer = {"ok": True, "node": name, "state": state, "reason": node.reason,
+                      "drained_by": node.drained_by, "changed": (state, node.reason) != before}
+        if state == "UP" and before[0] != "UP":
+            ctx.events.wake_scheduler()
+        return 200, answer
 
     def samples(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An agent's GPU samples: stored per GPU and rolled up into the jobs on them."""
