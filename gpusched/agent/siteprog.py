@@ -18,6 +18,7 @@ import time
 MAX_OUTPUT = 4096  # bytes of output kept to find the first line
 MAX_REASON = 200  # characters of the reason a failing program gives
 MAX_SHOWN_PATH = 100  # characters of the program's path shown in a reason
+KILLED_WAIT = 5.0  # seconds to wait for a program killed past its timeout to go
 
 
 def first_line(output: bytes) -> str:
@@ -60,7 +61,12 @@ def run_site_program(path: str, env: dict[str, str], timeout: float,
     finally:
         if status is None:
             _kill_session(proc.pid)
-            proc.wait()
+            try:
+                proc.wait(KILLED_WAIT)
+            except subprocess.TimeoutExpired:
+                # Asleep in the kernel (a hung file system): it dies when it wakes, and
+                # is reaped then (subprocess keeps it); the caller must not hang on it.
+                pass
         proc.stdout.close()
     if status is None:
         return f"{_named(what, path)} timed out after {timeout:g} s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -106,6 +107,36 @@ def test_past_its_timeout_the_program_and_its_children_are_killed(
     leftover_pids.extend([child, program])
     wait_for(lambda: process_gone(program) and process_gone(child),
              "the program and its child gone")
+
+
+def test_a_program_stuck_in_the_kernel_past_its_timeout_does_not_hold_the_caller(
+        script: Callable[[str], str], tmp_path: Path, wait_for: Callable[..., Any],
+        process_gone: Callable[[int], bool]) -> None:
+    # A check of a hung file system sleeps uninterruptibly, where SIGKILL waits; a frozen
+    # cgroup v1 freezer does the same to a program.
+    pids = tmp_path / "pid"
+    prog = script(f"echo $$ > {pids}; exec sleep 300")
+    freezer = Path("/sys/fs/cgroup/freezer") / f"gpusched-test-siteprog-{os.getpid()}"
+    freezer.mkdir()
+    results: list[str | None] = []
+    caller = threading.Thread(
+        target=lambda: results.append(run_site_program(prog, ENV, 2, "health check")),
+        daemon=True)
+    caller.start()
+    try:
+        (pid,) = read_pids(pids, 1, wait_for)
+        (freezer / "cgroup.procs").write_text(str(pid))
+        (freezer / "freezer.state").write_text("FROZEN")
+        caller.join(timeout=30)
+        assert not caller.is_alive(), "the caller waited for a program it could not kill"
+        assert results == [f"health check {prog} timed out after 2 s"]
+        assert not process_gone(pid)  # still there, killed once it leaves the kernel
+    finally:
+        (freezer / "freezer.state").write_text("THAWED")
+        caller.join(timeout=60)
+        wait_for(lambda: not (freezer / "cgroup.procs").read_text().split(),
+                 "the stuck program gone once thawed")
+        freezer.rmdir()
 
 
 def test_a_background_child_holding_the_output_does_not_hold_the_result(
