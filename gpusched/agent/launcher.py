@@ -62,10 +62,14 @@ class JobEnd:
     end_time: float
     error: str | None
     run: int = 0  # the job's restarts when this run was launched
+    max_rss_bytes: int | None = None  # what the job's cgroup measured (None: not confined)
+    cpu_usec: int | None = None
+    epilog_error: str | None = None
 
 
 def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
-               min_uid: int = 1) -> dict[str, Any]:
+               min_uid: int = 1, cgroup: dict[str, Any] | None = None,
+               site: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Turn a launch order of ``/agent/v1/work`` into a supervisor spec.
 
     The environment is the submit environment plus the job's variables, each under
@@ -76,10 +80,12 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
     with the path of the script file. ``run`` is the job's restart count, which names
     this run of it in everything the agent tells the controller. ``min_uid`` travels in the spec for the
     supervisor, which refuses a job below it too; ``umask`` is the submitter's.
+    ``cgroup`` is what the supervisor confines the job in (gpusched.agent.confine; None:
+    not confined) and ``site`` the node's prolog and epilog (``site_programs``).
     """
     job_id, name, user, work_dir = order.job_id, order.name, order.user, order.work_dir
     gpus = ",".join(order.gpu_uuids)
-    env = dict(order.environment)
+    env: dict[str, str] = {}  # the job's own variables first: the prolog gets only these
     nodes = list(order.node_names) or [node_name]
     job_vars = {"JOB_ID": str(job_id), "JOB_NAME": name, "JOB_GPUS": gpus,
                 "JOB_NODELIST": compress_hostlist(nodes), "JOB_NUM_NODES": str(len(nodes)),
@@ -96,6 +102,9 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
             env[f"SLURM_{key}"] = value
     env["CUDA_VISIBLE_DEVICES"] = gpus
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # else CUDA orders by speed, unlike nvidia-smi
+    job_vars = {**env, "SLURM_JOB_USER": user, "SLURM_JOB_UID": str(order.uid),
+                "SLURM_JOB_GID": str(order.gid)}
+    env = {**order.environment, **env}
 
     def output_path(pattern: str) -> str:
         return os.path.join(work_dir, expand_output_pattern(
@@ -112,7 +121,21 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
         "warn_batch_only": order.warn_batch_only,
         "umask": DEFAULT_UMASK if order.umask is None else order.umask,
         "min_uid": int(min_uid),
+        "cgroup": cgroup,
+        **site_programs(site or {}),
+        "job_vars": job_vars,
     }
+
+
+def site_programs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The prolog and epilog paths (None: none) and timeouts, from the agent's settings
+    as a mapping (``prolog``, ``epilog``, ``prolog_timeout``, ``epilog_timeout``)."""
+    found: dict[str, Any] = {}
+    for key in ("prolog", "epilog"):
+        path = config.get(key)
+        found[key] = None if path is None else str(path)
+        found[f"{key}_timeout"] = float(config.get(f"{key}_timeout", 60.0))
+    return found
 
 
 def array_variables(array_job: int, task: int, spec: str) -> dict[str, str]:
@@ -350,11 +373,12 @@ class Launcher:
     def _record_lost(self, jobdir: Path) -> None:
         """Record the end of a job whose supervisor died without writing its status."""
         info = _read_json(jobdir / "supervisor.json") or {}
+        spec = _read_json(jobdir / "spec.json") or {}
+        _remove_job_cgroup(jobdir, spec)
         if info:
             procs.reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
             # Nothing else will ever stop the job now; Slurm kills a step whose
             # slurmstepd is gone the same way.
-            spec = _read_json(jobdir / "spec.json") or {}
             starttime = info.get("job_starttime")
             if "uid" in spec:
                 procs.kill_process_group(int(info["job_pid"]),
@@ -432,6 +456,17 @@ class Launcher:
         if current and jobdir.is_dir() and not (jobdir / "status.json").exists():
             self._record_lost(jobdir)
 
+    def held_cpus(self) -> set[int]:
+        """The CPUs of the cpusets of the jobs running here."""
+        held: set[int] = set()
+        for job_id in self.running():
+            spec = _read_json(self._jobdir(job_id) / "spec.json") or {}
+            cgroup = spec.get("cgroup")
+            cpus = cgroup.get("cpus") if isinstance(cgroup, dict) else None
+            if isinstance(cpus, list):
+                held.update(c for c in cpus if isinstance(c, int) and not isinstance(c, bool))
+        return held
+
     def _job_ids(self) -> list[int]:
         ids = []
         for entry in os.scandir(self.jobs_dir):
@@ -468,7 +503,36 @@ def _job_end(job_id: int, status: Mapping[str, Any], run: int) -> JobEnd:
         job_id=job_id, outcome=str(status["outcome"]), exit_code=status.get("exit_code"),
         signal=status.get("signal"), start_time=None if start is None else float(start),
         end_time=float(status["end_time"]), error=status.get("error"), run=run,
+        max_rss_bytes=_counter(status.get("max_rss_bytes")),
+        cpu_usec=_counter(status.get("cpu_usec")),
+        epilog_error=_text_or_none(status.get("epilog_error")),
     )
+
+
+def _counter(value: object) -> int | None:
+    """A cgroup counter of status.json: a 64-bit count, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
+        return value
+    return None
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _remove_job_cgroup(jobdir: Path, spec: Mapping[str, Any]) -> None:
+    """Kill whatever is left of a lost supervisor's job in its cgroup, and remove it."""
+    cgroup = spec.get("cgroup")
+    if not isinstance(cgroup, dict):
+        return
+    from gpusched.agent.cgroups import CgroupTree, JobCgroup
+
+    try:
+        job = JobCgroup.existing(CgroupTree.from_json(cgroup["tree"]), str(cgroup["name"]))
+        job.kill()
+        job.remove()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("job %s: cannot remove its cgroup: %s", jobdir.name, exc)
 
 
 def _write_script(path: Path, text: str, spec: Mapping[str, Any]) -> None:

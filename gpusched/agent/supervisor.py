@@ -11,10 +11,18 @@ Files in JOBDIR:
   supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked
   supervisor.json  {"supervisor_pid", "supervisor_starttime", "job_pid", "job_starttime",
                     "start_time"}
-  status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error"}
+  status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error",
+                    "max_rss_bytes", "cpu_usec", "epilog_error"}
 
 Outcomes: completed, failed, cancelled (SIGTERM to the supervisor), timeout,
-launch_failed (nothing of the job ever ran).
+launch_failed (nothing of the job ever ran), out_of_memory (the OOM killer killed in
+the job's cgroup and the job did not succeed), prolog_failed (the node's prolog failed:
+the job never started).
+
+A spec with a ``cgroup`` has the job confined in a cgroup of its own (made before the
+fork, joined by the child before it drops privileges, killed whole at the end); with a
+``prolog`` or ``epilog`` those run as the supervisor's user around the job. Both come
+from gpusched.agent.jobconfine, imported only then.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import signal
 import sys
 import time
+from types import ModuleType
 from typing import Any
 
 # The agent writes a running job's new time limit here and sends LIMIT_SIGNAL.
@@ -163,9 +172,14 @@ def _fail_in_output(message: str) -> None:
     raise LaunchError(message)
 
 
-def _child_main(spec: dict[str, Any], report_fd: int) -> None:
+def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> None:
     """Run in the fork; never returns. Failures go up the CLOEXEC pipe."""
     try:
+        if cgroup is not None:
+            try:
+                cgroup.add(os.getpid())  # as root, before anything of the job runs
+            except OSError as exc:
+                raise LaunchError(f"cannot join the job's cgroup: {exc.strerror}") from None
         _exec_job(spec)
         message = "exec returned"
     except LaunchError as exc:
@@ -181,6 +195,20 @@ def _child_main(spec: dict[str, Any], report_fd: int) -> None:
 # ---------------------------------------------------------------- supervision
 
 
+def confinement_module() -> ModuleType:
+    """gpusched.agent.jobconfine, from the package this file belongs to: run as
+    ``python -I -S`` the supervisor has no package path until this adds it."""
+    try:
+        from gpusched.agent import jobconfine
+    except ImportError:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+        if not os.path.isfile(os.path.join(root, "gpusched", "agent", "jobconfine.py")):
+            raise
+        sys.path.append(root)
+        from gpusched.agent import jobconfine
+    return jobconfine
+
+
 class Supervisor:
     """Starts the job of one JOBDIR and sees it to its end."""
 
@@ -194,19 +222,69 @@ class Supervisor:
         self.killed = False
         self.warn_at: float | None = None  # --signal: when to warn of the time limit
         self.warned = False
+        self.cgroup: Any = None  # the job's JobCgroup, while it exists
+        self.confine: Any = None  # gpusched.agent.jobconfine, for a job that needs it
 
     def run(self) -> dict[str, Any]:
-        """Start the job, supervise it, and return the status to record."""
-        error = self._start()
-        if error is not None:
-            return self.status("launch_failed", None, None, error)
-        wait_status = self._supervise()
-        if os.WIFSIGNALED(wait_status):
-            exit_code, sig = None, os.WTERMSIG(wait_status)
+        """Run the prolog, start the job, supervise it, run the epilog; return the status
+        to record."""
+        if self.spec.get("cgroup") or self.spec.get("prolog") or self.spec.get("epilog"):
+            self.confine = confinement_module()
+        if self.confine is not None and self.spec.get("prolog"):
+            error = self.confine.run_prolog(self.spec)
+            if error is not None:
+                return self.status("prolog_failed", None, None, f"prolog failed: {error}")
+        if _cancel_pending():
+            status = self.status("cancelled", None, None, None)
         else:
-            exit_code, sig = os.waitstatus_to_exitcode(wait_status), None
-        outcome = self.stop_reason or ("completed" if exit_code == 0 else "failed")
-        return self.status(outcome, exit_code, sig, None)
+            status = self._run_job()
+        if self.confine is not None and self.spec.get("epilog"):
+            error = self.confine.run_epilog(self.spec)
+            if error is not None:
+                status["epilog_error"] = f"epilog failed: {error}"
+        return status
+
+    def _run_job(self) -> dict[str, Any]:
+        """Confine, start and supervise the job; its status."""
+        if self.spec.get("cgroup"):
+            try:
+                self.cgroup = self.confine.make_job_cgroup(self.spec["cgroup"])
+            except self.confine.ConfineError as exc:
+                return self.status("launch_failed", None, None,
+                                   f"cannot confine the job: {exc}")
+            for note in self.spec["cgroup"].get("notes") or []:
+                print(f"gpusched: job {self.spec.get('job_id')}: {note}", flush=True)
+        try:
+            error = self._start()
+            if error is not None:
+                status = self.status("launch_failed", None, None, error)
+            else:
+                wait_status = self._supervise()
+                if os.WIFSIGNALED(wait_status):
+                    exit_code, sig = None, os.WTERMSIG(wait_status)
+                else:
+                    exit_code, sig = os.waitstatus_to_exitcode(wait_status), None
+                outcome = self.stop_reason or ("completed" if exit_code == 0 else "failed")
+                status = self.status(outcome, exit_code, sig, None)
+        finally:
+            usage = self._end_cgroup()
+        if usage is not None:
+            status["max_rss_bytes"], status["cpu_usec"] = usage.peak_memory, usage.cpu_usec
+            if usage.oom_killed and status["outcome"] == "failed":
+                status["outcome"] = "out_of_memory"
+        return status
+
+    def _end_cgroup(self) -> Any:
+        """Empty and remove the job's cgroup; what it used (None: not confined)."""
+        job, self.cgroup = self.cgroup, None
+        return None if job is None else self.confine.end_job_cgroup(job)
+
+    def abort(self) -> None:
+        """Kill everything of the job at once (the supervisor itself is failing)."""
+        if self.job_pid > 0:
+            self.signal_job(signal.SIGKILL)
+        if self.cgroup is not None:
+            self.confine.remove_job_cgroup(self.cgroup)
 
     def _start(self) -> str | None:
         """Fork and exec the job; return the launch error, or None once it runs."""
@@ -215,7 +293,7 @@ class Supervisor:
         self.job_pid = os.fork()
         if self.job_pid == 0:
             os.close(report_r)
-            _child_main(self.spec, report_w)
+            _child_main(self.spec, report_w, self.cgroup)
         os.close(report_w)
         write_json_atomic(os.path.join(self.jobdir, "supervisor.json"), {
             "supervisor_pid": os.getpid(),
@@ -265,6 +343,8 @@ class Supervisor:
                 self._stop("timeout", now)
             if self.kill_at is not None and not self.killed and now >= self.kill_at:
                 self.signal_job(signal.SIGKILL)
+                if self.cgroup is not None:
+                    self.cgroup.kill()  # also what left the process group
                 self.killed = True
             wake = self._next_wakeup(deadline)
             info: signal.struct_siginfo | None
@@ -279,6 +359,8 @@ class Supervisor:
         # Slurm ends the whole step with its main process: leftovers (backgrounded
         # grandchildren) are killed. The unreaped child keeps the group id from reuse.
         self.signal_job(signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill()  # and what escaped it with setsid or a double fork
         _, wait_status = os.waitpid(self.job_pid, 0)
         return wait_status
 
@@ -318,12 +400,21 @@ class Supervisor:
             os.killpg(self.job_pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        if self.cgroup is not None:
+            self.confine.signal_others(self.cgroup, self.job_pid, sig)
 
     def status(self, outcome: str, exit_code: int | None, sig: int | None,
                error: str | None) -> dict[str, Any]:
-        """The status.json content for this outcome, ending now."""
+        """The status.json content for this outcome, ending now (no start time when
+        nothing of the job started)."""
         return {"outcome": outcome, "exit_code": exit_code, "signal": sig,
-                "start_time": self.start_time, "end_time": time.time(), "error": error}
+                "start_time": self.start_time or None, "end_time": time.time(),
+                "error": error}
+
+
+def _cancel_pending() -> bool:
+    """Whether a cancel came (blocked, pending) before the job was started."""
+    return bool(signal.sigpending() & _CANCEL_SIGNALS)
 
 
 # ---------------------------------------------------------------- entry point
@@ -471,8 +562,7 @@ def main(argv: list[str]) -> int:
         status = supervisor.run()
     except BaseException as exc:
         # Never leave a job running unsupervised.
-        if supervisor.job_pid > 0:
-            supervisor.signal_job(signal.SIGKILL)
+        supervisor.abort()
         status = supervisor.status("failed", None, None, f"job supervisor error: {exc!r}")
         write_json_atomic(status_path, status)
         raise

@@ -81,3 +81,30 @@ def gpu_device_rules(
         for minor in sorted(set(cap_minors)):
             rules.append(("c", char_majors["nvidia-caps"], minor))
     return rules
+
+
+MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """The nvidia-caps minors of MIG instances, from the text of
+    /proc/driver/nvidia-caps/mig-minors: ``gpu0/gi1/access 12`` -> {"gpu0/gi1": 12}."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].endswith("/access") and parts[1].isdigit():
+            minor = int(parts[1])
+            if minor <= MAX_MINOR:
+                found[parts[0].removesuffix("/access")] = minor
+    return found
+
+
+def mig_cap_minors(table: dict[str, int], parent_minor: int, gi_id: int,
+                   ci_id: int) -> list[int]:
+    """The capability minors a MIG slice's user needs: its GPU instance's and its
+    compute instance's access devices; ValueError when the table lacks either."""
+    keys = (f"gpu{parent_minor}/gi{gi_id}", f"gpu{parent_minor}/gi{gi_id}/ci{ci_id}")
+    missing = [key for key in keys if key not in table]
+    if missing:
+        raise ValueError(f"no nvidia-caps minor for {missing[0]} in {MIG_MINORS}")
+    return [table[key] for key in keys]

@@ -97,6 +97,16 @@ class JobCgroup:
             ) from None
         return job
 
+    @classmethod
+    def existing(cls, tree: CgroupTree, name: str) -> JobCgroup:
+        """The job cgroup ``name`` as far as it still exists (to kill and remove it)."""
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"bad cgroup name: {name!r}")
+        bases = {"": tree.root} if tree.version == 2 else dict(tree.roots)
+        paths = {ctrl: base / name for ctrl, base in bases.items()
+                 if base is not None and (base / name).is_dir()}
+        return cls(tree, name, paths)
+
     def _v2(self) -> Path:
         return self.paths[""]
 
@@ -193,6 +203,8 @@ class JobCgroup:
 
         v2 writes cgroup.kill where the kernel has it (5.14+); otherwise, or with
         ``freeze``, the job is frozen, every process SIGKILLed, then thawed."""
+        if not self.paths:
+            return
         if (
             not freeze
             and self.tree.version == 2

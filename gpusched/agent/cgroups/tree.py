@@ -28,6 +28,32 @@ class CgroupTree:
     root: Path | None = None
     roots: dict[str, Path] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, object]:
+        """The tree as a job's spec carries it to the supervisor."""
+        return {"version": self.version,
+                "root": None if self.root is None else str(self.root),
+                "roots": {ctrl: str(path) for ctrl, path in self.roots.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> CgroupTree:
+        """The tree a spec carries; ValueError when it is not one."""
+        version, root, roots = data.get("version"), data.get("root"), data.get("roots")
+        if version == 2 and isinstance(root, str) and os.path.isabs(root):
+            return cls(version=2, root=Path(root))
+        if version == 1 and isinstance(roots, dict) and roots and all(
+                c in V1_CONTROLLERS and isinstance(p, str) and os.path.isabs(p)
+                for c, p in roots.items()):
+            return cls(version=1, roots={c: Path(p) for c, p in roots.items()})
+        raise ValueError(f"not a cgroup tree: {data!r:.200}")
+
+    def describe(self) -> str:
+        """Where the tree is, in words: ``cgroup v2 at /sys/fs/cgroup/...``."""
+        if self.version == 2:
+            return f"cgroup v2 at {self.root}"
+        first = next(iter(self.roots.values()))
+        return (f"cgroup v1 at {first.parent.parent}/{{{','.join(self.roots)}}}/"
+                f"{first.name}")
+
     def controllers(self) -> set[str]:
         if self.version == 1:
             return set(self.roots)
