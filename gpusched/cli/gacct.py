@@ -16,11 +16,13 @@ from gpusched.cli.listing import parse_states
 from gpusched.cli.output import print_table
 from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import TimeFormatError, format_duration, parse_when
+from gpusched.core.usage import format_max_rss, format_total_cpu
 from gpusched.errors import UsageError
 
 PROG = "gacct"
 app = new_app("Accounting of finished and running gpusched jobs, like sacct.")
-STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+          "OUT_OF_MEMORY")
 
 
 def _when(text: str | None, flag: str, now: datetime) -> datetime | None:
@@ -50,7 +52,7 @@ def gacct(
     endtime: Annotated[Optional[str], typer.Option(
         "--endtime", "-E", help="Jobs started (or ended) by this time (default: now).")] = None,
     state: Annotated[Optional[str], typer.Option(
-        "--state", "-s", help="Only these states: R, CD, F, CA, TO, NF (or their names).")] = None,
+        "--state", "-s", help="Only these states: R, CD, F, CA, TO, NF, OOM (or their names).")] = None,
     jobs: Annotated[Optional[str], typer.Option("--jobs", "-j", help="Only these job ids.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     report: Annotated[bool, typer.Option(
@@ -59,7 +61,8 @@ def gacct(
         "--plot", help="With --report: write a bar chart of GPU-hours to this PNG.")] = None,
 ) -> None:
     """Finished and running jobs with elapsed time, state, exit code, GPUs, GPU-hours
-    (every run of a requeued job), GPU-hours billed by GPU type and GPU utilisation.
+    (every run of a requeued job), GPU-hours billed by GPU type, GPU utilisation, and
+    the peak memory (MAXRSS) and CPU time (TOTALCPU) of jobs confined in cgroups.
 
     Examples: gacct; gacct -S now-7days -u alice; gacct --report -S 2026-11-01 -E 2026-12-01
     --plot usage.png
@@ -80,7 +83,8 @@ def gacct(
 
         check_path(plot)
     wanted_states = parse_states(state, "--state", STATES,
-                                 "pending jobs have used nothing yet; expected R, CD, F, CA or TO")
+                                 "pending jobs have used nothing yet; expected R, CD, F, CA, TO, NF "
+                                 "or OOM")
     if jobs is not None:
         from gpusched.cli.gcancel import parse_job_ids
 
@@ -112,11 +116,15 @@ def gacct(
     rows = [[_label(r), r["name"], r["partition"], r["account"] or "", r["user"], r["state"],
              f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['signal'] or 0}",
              format_duration(r["elapsed_s"]), str(r["gpus"]), _hours(r["gpu_hours"]),
-             _hours(r["billed_gpu_hours"]), _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"])]
+             _hours(r["billed_gpu_hours"]), _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"]),
+             format_max_rss(r.get("max_rss_bytes")) or "-",
+             format_total_cpu(r.get("cpu_usec")) or "-"]
             for r in records]
     print_table(["JOBID", "JOBNAME", "PARTITION", "ACCOUNT", "USER", "STATE", "EXITCODE",
-                 "ELAPSED", "GPUS", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK"], rows,
-                right_aligned=frozenset({0, 7, 8, 9, 10, 11, 12}), shrinkable=frozenset({1, 2, 3, 4}))
+                 "ELAPSED", "GPUS", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK", "MAXRSS",
+                 "TOTALCPU"], rows,
+                right_aligned=frozenset({0, 7, 8, 9, 10, 11, 12, 13, 14}),
+                shrinkable=frozenset({1, 2, 3, 4}))
 
 
 def _label(record: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from gpusched.cli.common import new_app, run_cli
-from gpusched.cli.output import print_table
+from gpusched.cli.output import print_table, print_warning
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.timefmt import format_duration
 
@@ -32,6 +32,10 @@ class NodeSummary:
     mig_free: int = 0
     mig_used: int = 0
     reason: str = ""
+    node_reason: str = ""  # the node's own (a drain's), without its GPUs'
+    drained_by: str | None = None  # "health": its health check drained it
+    enforced: bool | None = None  # whether its agent confines jobs (None: not said)
+    enforcement: str | None = None  # how, or why it cannot
 
     @property
     def total(self) -> int:
@@ -76,7 +80,39 @@ def summarize_node(node: dict[str, Any]) -> NodeSummary:
     else:
         summary.state = "mixed"
     summary.reason = "; ".join(([node["reason"]] if node.get("reason") else []) + bad)
+    summary.node_reason = node.get("reason") or ""
+    summary.drained_by = node.get("drained_by")
+    summary.enforced = node.get("enforced")
+    summary.enforcement = node.get("enforcement")
     return summary
+
+
+def unenforced(node: NodeSummary) -> bool:
+    """Whether the node's agent said it does not confine jobs."""
+    return node.enforced is False
+
+
+def node_reason_cell(node: NodeSummary) -> str:
+    """ginfo -N's REASON: the node's and its GPUs' reasons, then whether jobs there run
+    unconfined (and why)."""
+    parts = [node.reason] if node.reason else []
+    if unenforced(node):
+        parts.append(f"unenforced: {node.enforcement or 'jobs are not confined'}")
+    return "; ".join(parts) or "-"
+
+
+def reason_rows(nodes: Sequence[NodeSummary]) -> list[list[str]]:
+    """ginfo -R, as sinfo -R: each reason a node is out of service (drained or down)
+    for, with the nodes that share it; a health check's drain says so."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for node in nodes:
+        if node.state not in ("drained", "down") and not node.node_reason:
+            continue
+        reason = node.node_reason or "none given"
+        key = (reason, node.state + (" (health check)" if node.drained_by == "health" else ""))
+        groups.setdefault(key, []).append(node.name)
+    return [[reason, state, compress_hostlist(names)]
+            for (reason, state), names in sorted(groups.items())]
 
 
 def _counts(items: Sequence[NodeSummary]) -> str:
@@ -123,14 +159,18 @@ def partition_rows(partitions: list[dict[str, Any]], nodes: dict[str, NodeSummar
 def ginfo(
     per_node: Annotated[bool, typer.Option("-N", "--Node", help="One line per node.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    reasons: Annotated[bool, typer.Option(
+        "-R", "--list-reasons", help="Why nodes are drained or down, like sinfo -R.")] = False,
 ) -> None:
     """Partitions and nodes with GPUs allocated/idle/out of service/total (A/I/O/T), GPU
     types and MIG slices free/used.
 
     Node states: idle, mixed, allocated, drained, down, and unhealthy (every GPU out of
-    service). REASON names each GPU the health checks took out, and why.
+    service). REASON names each GPU the health checks took out, and why, and says
+    "unenforced" where the node's agent does not confine jobs (GPU devices, memory and
+    CPUs are then not enforced).
 
-    Examples: ginfo; ginfo -N; ginfo --json
+    Examples: ginfo; ginfo -N; ginfo -R; ginfo --json
     """
     from gpusched.client import ApiClient
 
@@ -148,9 +188,17 @@ def ginfo(
             "nodes": [{**asdict(n), "total": n.total, "partitions": member_of.get(n.name, [])}
                       for n in nodes.values()]}, indent=2))
         return
+    loose = [n.name for n in nodes.values() if unenforced(n)]
+    if loose:
+        print_warning(PROG, f"jobs are not confined on {compress_hostlist(loose)} "
+                      "(unenforced: see ginfo -N)")
+    if reasons:
+        print_table(["REASON", "STATE", "NODELIST"], reason_rows(list(nodes.values())),
+                    shrinkable=frozenset({0, 2}))
+        return
     if per_node:
         rows = [[n.name, ",".join(member_of.get(n.name, [])) or "-", n.state, _counts([n]),
-                 _types([n]), _mig([n]), n.reason or "-"] for n in nodes.values()]
+                 _types([n]), _mig([n]), node_reason_cell(n)] for n in nodes.values()]
         print_table(["NODELIST", "PARTITION", "STATE", "GPUS(A/I/O/T)", "GPU_TYPES", "MIG(F/U)",
                      "REASON"], rows, shrinkable=frozenset({1, 4, 6}))
         return

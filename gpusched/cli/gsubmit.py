@@ -35,7 +35,7 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "
                      "ntasks_per_node", "gpus_per_task", "mem_per_cpu", "hint", "gpu_bind",
                      "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
                      "tmp", "open_mode", "kill_on_invalid_dep", "oversubscribe", "profile",
-                     "acctg_freq", "exclusive")
+                     "acctg_freq", "exclusive", "gres_flags")
 # Options that matter only on other sites, or whose effect this cluster has anyway or
 # lacks harmlessly: accepted, ignored, and said so.
 IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
@@ -110,6 +110,7 @@ class Submission:
     nodelist: tuple[str, ...] = ()  # --nodelist, expanded
     warn_signal: WarnSignal | None = None  # --signal
     exclude: tuple[str, ...] = ()  # --exclude, expanded
+    gres_flags: str | None = None  # --gres-flags: enforce-binding or disable-binding
 
 
 def _text_option(*names: str, metavar: str, help_text: str) -> Any:
@@ -186,6 +187,11 @@ OutputOpt = Annotated[str | None, _text_option(
 )]
 ErrorOpt = Annotated[str | None, _text_option(
     "--error", "-e", metavar="F", help_text="stderr file pattern (default: with stdout).",
+)]
+GresFlagsOpt = Annotated[str | None, _text_option(
+    "--gres-flags", metavar="enforce-binding|disable-binding",
+    help_text="enforce-binding: only CPUs close to the job's GPUs; disable-binding: any CPUs "
+              "(default: the node's choice).",
 )]
 ParsableOpt = Annotated[bool, typer.Option("--parsable", help="Print the job id alone.")]
 ExclusiveOpt = Annotated[bool, typer.Option(
@@ -300,6 +306,7 @@ def gsubmit(
     parsable: ParsableOpt = False,
     hold: HoldOpt = False,
     exclusive: ExclusiveOpt = False,
+    gres_flags: GresFlagsOpt = None,
     requeue: RequeueOpt = None,
     chdir: ChdirOpt = None,
     export: ExportOpt = None,
@@ -412,6 +419,7 @@ def resolve_submission(ctx: typer.Context) -> Submission:
         qos=values["qos"],
         hold=bool(values["hold"]),
         exclusive=bool(values["exclusive"]),
+        gres_flags=option("gres_flags", _gres_flags_value),
         requeue=values["requeue"],
         chdir=values["chdir"],
         ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
@@ -478,6 +486,7 @@ def submission_body(
         "qos": submission.qos,
         "hold": submission.hold,
         "exclusive": submission.exclusive,
+        "gres_flags": submission.gres_flags,
         "requeue": submission.requeue,
         "begin_time": submission.begin_time,
         "dependency": submission.dependency,
@@ -517,6 +526,16 @@ def _time_value(text: str) -> int | str:
     """Seconds of a --time value, or ``"UNLIMITED"``."""
     seconds = parse_time_limit(text)
     return UNLIMITED if seconds is None else seconds
+
+
+def _gres_flags_value(text: str) -> str:
+    """A --gres-flags value: Slurm's enforce-binding or disable-binding."""
+    from gpusched.messages.agent import GRES_FLAGS
+
+    if text not in GRES_FLAGS:
+        raise UsageError(f"invalid --gres-flags {text[:64]!r}: expected enforce-binding or "
+                         "disable-binding")
+    return text
 
 
 def _begin_value(text: str) -> str:

@@ -89,7 +89,7 @@ def test_submission_body_has_exactly_the_api_fields(in_tmp: Path) -> None:
         "cpus": 0, "mem_mb": 0, "time_limit": None, "nodelist": ["gpu01", "gpu02"],
         "exclude": ["gpu07"], "warn_signal": {"signal": 10, "seconds": 90, "batch_only": True},
         "partition": None, "account": "bio", "qos": None, "hold": False, "requeue": None,
-        "exclusive": True,
+        "exclusive": True, "gres_flags": None,
         "begin_time": None, "dependency": None,
         "array": None, "work_dir": "/w",
         "environment": {"A": "1"}, "output": "o.txt", "error": None,
