@@ -15,6 +15,12 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlencode
 
+from gpusched.agent.confine import (
+    LaunchRefused,
+    job_cgroup_spec,
+    open_confinement,
+    release,
+)
 from gpusched.agent.health import Fault, HealthMonitor
 from gpusched.agent.healthcheck import HealthCheck
 from gpusched.agent.inventory import node_inventory
@@ -58,6 +64,9 @@ class Agent:
         self.node = config.agent.node_name
         self.node_timeout = config.controller.node_timeout  # the controllers' (same file)
         self.socket_path = socket_path
+        # Before anything is spawned: under cgroup v2 the agent moves into a leaf.
+        self.confinement = open_confinement(self.config)
+        self._gpus: dict[str, dict[str, Any]] = {}  # the registered GPUs, by UUID
         self.launcher = Launcher(self.config.state_dir / "jobs")
         # (job id, run) of runs whose end the controller acknowledged. A launch claimed
         # just before that could still come; the run's directory is gone, so only this
@@ -92,8 +101,9 @@ class Agent:
         return ApiClient(self.socket_path, trusted_server_uids=self.trusted_server_uids)
 
     def inventory(self) -> dict[str, Any]:
-        """What this agent registers (gpusched.agent.inventory)."""
-        return node_inventory(self.config)
+        """What this agent registers (gpusched.agent.inventory), with how it confines
+        jobs."""
+        return {**node_inventory(self.config), **self.confinement.registration()}
 
     def run(self) -> None:
         """Adopt surviving jobs, register, then serve launches and cancels until stopped."""
@@ -112,6 +122,7 @@ class Agent:
                              daemon=True).start()
         with self._client() as client:
             self._serve(client)
+        release(self.confinement)
 
     def stop(self) -> None:
         """Ask the loops to finish."""
@@ -169,6 +180,7 @@ class Agent:
             answer = client.request("POST", "/agent/v1/register", {
                 **body, "runs": [{"job_id": j, "run": r} for j, r in self.launcher.runs()]})
             self._registered = _hardware(body)
+            self._gpus = {g["uuid"]: g for g in body["gpus"]}
             for job_id, run in _runs_to_kill(answer.get("kill")):
                 self._kill_run(job_id, run)
         log.info("registered node %s with %d GPUs and slices (%s)", self.node,
@@ -330,10 +342,14 @@ class Agent:
         try:
             refusal = self._refusal(order)
             if refusal is None:
+                cgroup = job_cgroup_spec(self.confinement, order, self._gpus,
+                                         self.launcher.held_cpus())
                 spec = build_spec(order, self.config.kill_grace, self.node,
-                                  self.config.min_job_uid)
+                                  self.config.min_job_uid, cgroup, vars(self.config))
                 if self.launcher.launch(job_id, spec, order.script):
                     log.info("launched job %d (run %d) for %s", job_id, run, order.user)
+        except LaunchRefused as exc:
+            refusal = f"the agent on {self.node} cannot confine the job: {exc.message}"
         except Exception as exc:  # noqa: BLE001 - whatever a job holds, it fails that job
             log.warning("job %s: launch failed: %r", job_id, exc)
             refusal = f"the agent on {self.node} could not launch the job: {exc!r}"
@@ -381,7 +397,8 @@ class Agent:
     def _report(self, client: ApiClient, end: JobEnd, synthetic: bool) -> None:
         report = EndReport(node=self.node, run=end.run, outcome=end.outcome,
                            exit_code=end.exit_code, signal=end.signal, end_time=end.end_time,
-                           error=error_text(end.error))
+                           error=error_text(end.error), max_rss_bytes=end.max_rss_bytes,
+                           cpu_usec=end.cpu_usec, epilog_error=error_text(end.epilog_error))
         answer = client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", report.to_json())
         if not synthetic and self.launcher.run_of(end.job_id) == end.run:
             self.launcher.mark_reported(end.job_id)
