@@ -201,3 +201,62 @@ def test_too_many_cpus_means_no_cpuset_unless_binding_is_enforced(
     assert spec["cgroup"]["cpus"] is None
     assert wait_end(launcher, 1, wait_for).outcome == "completed"
     assert f"{many} CPUs asked but" in (jobs_dir / "1" / "supervisor.log").read_text()
+
+
+def _program(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_failing_prolog_stops_the_job_before_it_runs(
+        launcher: Launcher, work_dir: Path, tmp_path: Path, wait_for: WaitFor) -> None:
+    seen = tmp_path / "prolog.env"
+    prolog = _program(tmp_path / "prolog", f"env > {seen}; echo 'scratch disk full'; exit 1")
+    epilog = _program(tmp_path / "epilog", f"touch {tmp_path}/epilog.ran")
+    run_job(launcher, None, work_dir, f"touch {work_dir}/job.ran", job_id=4,
+            site={"prolog": prolog, "epilog": epilog}, name="p",
+            environment={"PATH": "/usr/bin:/bin", "LD_PRELOAD": "/tmp/evil.so"})
+    end = wait_end(launcher, 4, wait_for)
+    assert (end.outcome, end.error) == ("prolog_failed", "prolog failed: scratch disk full")
+    assert end.start_time is None
+    assert not (work_dir / "job.ran").exists() and not (tmp_path / "epilog.ran").exists()
+    env = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert (env["SLURM_JOB_ID"], env["SLURM_JOB_USER"], env["SLURM_JOB_UID"]) == ("4", "root", "0")
+    assert env["SLURM_SCRIPT_CONTEXT"] == "prolog_slurmd" and env["SLURM_JOB_NAME"] == "p"
+    assert "LD_PRELOAD" not in env  # never the submitter's environment
+
+
+def test_a_failing_epilog_is_reported_and_leaves_the_outcome(
+        tree: CgroupTree, launcher: Launcher, work_dir: Path, tmp_path: Path,
+        wait_for: WaitFor) -> None:
+    epilog = _program(tmp_path / "epilog", "echo node unhealthy; exit 3")
+    run_job(launcher, tree, work_dir, "exit 0", site={"epilog": epilog})
+    end = wait_end(launcher, 1, wait_for)
+    assert (end.outcome, end.epilog_error) == ("completed", "epilog failed: node unhealthy")
+    assert end.cpu_usec is not None
+
+
+def test_prolog_and_epilog_time_out_as_configured(
+        launcher: Launcher, work_dir: Path, tmp_path: Path, wait_for: WaitFor) -> None:
+    slow = _program(tmp_path / "slow", "sleep 30")
+    run_job(launcher, None, work_dir, "true", job_id=1,
+            site={"prolog": slow, "prolog_timeout": 0.5})
+    run_job(launcher, None, work_dir, "true", job_id=2,
+            site={"epilog": slow, "epilog_timeout": 0.5})
+    first, second = wait_end(launcher, 1, wait_for), wait_end(launcher, 2, wait_for)
+    assert first.outcome == "prolog_failed"
+    assert first.error == f"prolog failed: prolog {slow} timed out after 0.5 s"
+    assert second.outcome == "completed"
+    assert second.epilog_error == f"epilog failed: epilog {slow} timed out after 0.5 s"
+
+
+def test_a_cancel_during_the_prolog_never_starts_the_job(
+        launcher: Launcher, work_dir: Path, tmp_path: Path, wait_for: WaitFor) -> None:
+    started = tmp_path / "prolog.started"
+    prolog = _program(tmp_path / "prolog", f"touch {started}; sleep 2")
+    run_job(launcher, None, work_dir, f"touch {work_dir}/job.ran", site={"prolog": prolog})
+    wait_for(started.exists, "the prolog to start")
+    assert launcher.cancel(1)
+    end = wait_end(launcher, 1, wait_for)
+    assert end.outcome == "cancelled" and not (work_dir / "job.ran").exists()
