@@ -197,10 +197,10 @@ def test_unit_restarts_on_failure(unit_path: Path) -> None:
     assert setting(parse_unit(unit_path), "Service", "Restart") == "on-failure"
 
 
-def test_agent_stop_signals_only_its_main_process() -> None:
+def test_agent_stop_signals_only_its_main_process_and_owns_its_cgroups() -> None:
     unit = parse_unit(AGENT)
     assert setting(unit, "Service", "KillMode") == "process"
-    assert not is_yes(setting(unit, "Service", "Delegate"))
+    assert is_yes(setting(unit, "Service", "Delegate"))  # per-job cgroups under cgroup v2
 
 
 def test_agent_runs_as_root_without_sandboxing() -> None:
