@@ -92,18 +92,19 @@ def test_gres_flags_are_stored_shown_and_bounded(sessions: sessionmaker[Session]
         assert s.scalar(select(Job.id).where(Job.id != job_id)) is None  # nothing stored
 
 
-def test_an_array_task_keeps_its_gres_flags(sessions: sessionmaker[Session]) -> None:
+def test_an_array_task_keeps_its_gres_flags_and_requeue(
+        sessions: sessionmaker[Session]) -> None:
     with sessions() as s, s.begin():
         record = submit.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", "gpus": 1,
-                                       "array": "0-1", "gres_flags": "enforce-binding"},
-                                   ALICE).id
+                                       "array": "0-1", "gres_flags": "enforce-binding",
+                                       "requeue": False}, ALICE).id
     with sessions() as s, s.begin():
         snapshot, node_ids = load_snapshot(s)
         apply_plan(s, snapshot, plan(snapshot, time.time(), Policy()), node_ids)
     with sessions() as s:
-        tasks = s.execute(select(Job.array_task_id, Job.gres_flags).where(
+        tasks = s.execute(select(Job.array_task_id, Job.gres_flags, Job.requeue).where(
             Job.array_job_id == record, Job.state == "RUNNING")).all()
-    assert sorted(tasks) == [(0, "enforce-binding"), (1, "enforce-binding")]
+    assert sorted(tasks) == [(0, "enforce-binding", False), (1, "enforce-binding", False)]
 
 
 def test_an_oom_kill_ends_out_of_memory_with_what_was_used(
