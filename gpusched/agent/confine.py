@@ -195,20 +195,23 @@ def job_cgroup_spec(confinement: Confinement, order: LaunchOrder,
 
 def device_rules(uuids: Collection[str], gpus: Mapping[str, Mapping[str, Any]]
                  ) -> list[tuple[str, int, int | None]]:
-    """The device allow-list of a job holding these GPUs and MIG slices."""
+    """The device allow-list of a job holding these GPUs and MIG slices: those of this
+    node's inventory (``gpus``, by UUID); no other GPU is allowed."""
     by_index = {g["index"]: g for g in gpus.values()}
+    majors = parse_proc_devices(Path("/proc/devices").read_text())
     minors: set[int] = set()
     caps: list[int] = []
     mig_table: dict[str, int] | None = None
     for uuid in uuids:
         gpu = gpus.get(uuid)
         if gpu is None:
-            raise LaunchRefused(f"GPU {uuid} is not in this node's inventory")
+            continue  # another node's GPU (a multi-node job's order names them all)
         whole = gpu if gpu.get("parent") is None else by_index.get(gpu["parent"])
         if whole is None or whole.get("minor") is None:
             raise LaunchRefused(f"the device minor of GPU {uuid} is not known")
         minors.add(int(whole["minor"]))
-        if gpu.get("parent") is not None:
+        # Without the nvidia-caps driver a slice has no capability devices to allow.
+        if gpu.get("parent") is not None and "nvidia-caps" in majors:
             if gpu.get("gi_id") is None or gpu.get("ci_id") is None:
                 raise LaunchRefused(f"the MIG instance ids of {uuid} are not known")
             if mig_table is None:
@@ -218,7 +221,6 @@ def device_rules(uuids: Collection[str], gpus: Mapping[str, Mapping[str, Any]]
                                        int(gpu["ci_id"]))
             except ValueError as exc:
                 raise LaunchRefused(str(exc)) from None
-    majors = parse_proc_devices(Path("/proc/devices").read_text())
     try:
         return gpu_device_rules(minors, majors, caps)
     except ValueError as exc:

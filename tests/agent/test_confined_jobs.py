@@ -16,7 +16,7 @@ import pytest
 
 from gpusched.agent.cgroups import CgroupTree, detect
 from gpusched.agent.cgroups.job import format_cpus
-from gpusched.agent.confine import Confinement, job_cgroup_spec
+from gpusched.agent.confine import Confinement, device_rules, job_cgroup_spec
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.config import parse_config
 from gpusched.messages import LaunchOrder
@@ -260,3 +260,10 @@ def test_a_cancel_during_the_prolog_never_starts_the_job(
     assert launcher.cancel(1)
     end = wait_end(launcher, 1, wait_for)
     assert end.outcome == "cancelled" and not (work_dir / "job.ran").exists()
+
+
+def test_device_rules_allow_this_nodes_gpus_of_the_job_only() -> None:
+    other_node = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"  # a multi-node job's
+    rules = device_rules([UUIDS[1], other_node], GPUS)
+    gpus = sorted(minor for _, major, minor in rules if major == 195 and minor != 255)
+    assert gpus == [5]
