@@ -2,7 +2,8 @@
 
 Run as ``python -I -S supervisor.py JOBDIR [--lock-fd N]`` in a session of its own,
 so it outlives agent restarts; or, usually, forked in a new session by the agent's
-``supervisor.py --spawner FD`` process, which spares each job an interpreter start-up.
+``supervisor.py --spawner FD`` process (gpusched.agent.spawner), which spares each job
+an interpreter start-up.
 It imports only the stdlib, to start fast and to depend on nothing the agent might be
 upgrading underneath it.
 
@@ -49,7 +50,6 @@ class LaunchError(Exception):
     """The job could not be started; the message is for the user."""
 
 
-_LOCK_FD = 3  # where a supervisor keeps its supervisor.lock (as the launcher hands it)
 
 
 def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o600) -> None:
@@ -195,16 +195,21 @@ def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> Non
 # ---------------------------------------------------------------- supervision
 
 
-def confinement_module() -> ModuleType:
-    """gpusched.agent.jobconfine, from the package this file belongs to: run as
+def _add_package_path() -> None:
+    """Make the package this file belongs to importable (and only it): run as
     ``python -I -S`` the supervisor has no package path until this adds it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    if root not in sys.path and os.path.isfile(os.path.join(root, "gpusched", "agent",
+                                                            "jobconfine.py")):
+        sys.path.append(root)
+
+
+def confinement_module() -> ModuleType:
+    """gpusched.agent.jobconfine (stdlib only), imported only for a job that needs it."""
     try:
         from gpusched.agent import jobconfine
     except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-        if not os.path.isfile(os.path.join(root, "gpusched", "agent", "jobconfine.py")):
-            raise
-        sys.path.append(root)
+        _add_package_path()
         from gpusched.agent import jobconfine
     return jobconfine
 
@@ -466,75 +471,6 @@ def _parse_args(argv: list[str]) -> tuple[str, int | None]:
     raise SystemExit("usage: supervisor.py JOBDIR [--lock-fd N] | supervisor.py --spawner FD")
 
 
-# ---------------------------------------------------------------- spawner
-
-
-def serve_spawner(sock_fd: int) -> int:
-    """Fork one supervisor per request on ``sock_fd`` until the agent closes it.
-
-    A request is a job directory path, with its already locked supervisor.lock passed
-    as SCM_RIGHTS; the answer is the new supervisor's pid as 4 bytes (0 if fork
-    failed). Forking this started interpreter spares every job a Python start-up.
-    When the agent goes away the spawner leaves; the supervisors it forked live on in
-    their own sessions.
-    """
-    import select
-    import socket
-
-    sock = socket.socket(fileno=sock_fd)
-    while True:
-        _reap_children()
-        if not select.select([sock], [], [], 1.0)[0]:
-            continue
-        try:
-            message, fds, _, _ = socket.recv_fds(sock, 4096, 1)
-        except OSError:
-            return 0
-        if not message:
-            return 0
-        try:
-            pid = os.fork() if len(fds) == 1 else -1
-        except OSError:
-            pid = -1
-        if pid == 0:
-            sock.close()
-            _become_supervisor(message.decode(), fds[0])
-        for fd in fds:
-            os.close(fd)
-        sock.sendall(max(pid, 0).to_bytes(4, "little"))
-
-
-def _reap_children() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _become_supervisor(jobdir: str, lock_fd: int) -> None:
-    """In a child of the spawner: turn into JOBDIR's supervisor; never returns."""
-    code = 1
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(os.path.join(jobdir, "supervisor.log"),
-                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.dup2(lock_fd, _LOCK_FD)
-        for fd in {null, log, lock_fd} - {0, 1, 2, _LOCK_FD}:
-            os.close(fd)
-        code = main(["supervisor.py", jobdir, "--lock-fd", str(_LOCK_FD)])
-    except BaseException as exc:  # reported in supervisor.log; the launcher sees no status
-        _note_error(2, f"job supervisor failed: {exc!r}")
-    finally:
-        os._exit(code)
-
-
 def main(argv: list[str]) -> int:
     """Supervise the job of JOBDIR; exit 0 once its status.json is written."""
     jobdir, lock_fd = _parse_args(argv)
@@ -572,5 +508,8 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--spawner":
+        _add_package_path()
+        from gpusched.agent.spawner import serve_spawner
+
         sys.exit(serve_spawner(int(sys.argv[2])))
     sys.exit(main(sys.argv))

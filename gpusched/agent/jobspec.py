@@ -1,0 +1,98 @@
+"""A job's supervisor spec, built from its launch order: what to run, as whom, where,
+with which variables, for how long, confined how, between which site programs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from gpusched.core.arrays import runs, task_bounds
+from gpusched.core.hostlist import compress_hostlist
+from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
+from gpusched.messages import LaunchOrder
+
+SCRIPT_PLACEHOLDER = "script"  # argv[0] of a built spec, until launch() writes the file
+DEFAULT_UMASK = 0o022  # for a job stored without its submitter's umask
+
+
+def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
+               min_uid: int = 1, cgroup: dict[str, Any] | None = None,
+               site: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Turn a launch order of ``/agent/v1/work`` into a supervisor spec.
+
+    The environment is the submit environment plus the job's variables, each under
+    ``GPUSCHED_*`` and Slurm's ``SLURM_*`` name. ``CUDA_VISIBLE_DEVICES`` and
+    ``*_JOB_GPUS`` are the comma-joined GPU UUIDs (Slurm puts indexes in
+    ``SLURM_JOB_GPUS``; UUIDs cannot be misread under another device order), empty
+    when the job has no GPUs. ``argv[0]`` is a placeholder that ``launch()`` replaces
+    with the path of the script file. ``run`` is the job's restart count, which names
+    this run of it in everything the agent tells the controller. ``min_uid`` travels in the spec for the
+    supervisor, which refuses a job below it too; ``umask`` is the submitter's.
+    ``cgroup`` is what the supervisor confines the job in (gpusched.agent.confine; None:
+    not confined) and ``site`` the node's prolog and epilog (``site_programs``).
+    """
+    job_id, name, user, work_dir = order.job_id, order.name, order.user, order.work_dir
+    gpus = ",".join(order.gpu_uuids)
+    env: dict[str, str] = {}  # the job's own variables first: the prolog gets only these
+    nodes = list(order.node_names) or [node_name]
+    job_vars = {"JOB_ID": str(job_id), "JOB_NAME": name, "JOB_GPUS": gpus,
+                "JOB_NODELIST": compress_hostlist(nodes), "JOB_NUM_NODES": str(len(nodes)),
+                "SUBMIT_DIR": work_dir}
+    for key, value in job_vars.items():
+        env[f"GPUSCHED_{key}"] = value
+        env[f"SLURM_{key}"] = value
+    env["SLURM_JOBID"] = str(job_id)
+    env["GPUSCHED_RESTART_COUNT"] = env["SLURM_RESTART_COUNT"] = str(order.run)
+    array_job, task = order.array_job_id, order.array_task_id
+    if array_job is not None and task is not None:
+        for key, value in array_variables(array_job, task, order.array_spec or str(task)).items():
+            env[f"GPUSCHED_{key}"] = value
+            env[f"SLURM_{key}"] = value
+    env["CUDA_VISIBLE_DEVICES"] = gpus
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # else CUDA orders by speed, unlike nvidia-smi
+    job_vars = {**env, "SLURM_JOB_USER": user, "SLURM_JOB_UID": str(order.uid),
+                "SLURM_JOB_GID": str(order.gid)}
+    env = {**order.environment, **env}
+
+    def output_path(pattern: str) -> str:
+        return os.path.join(work_dir, expand_output_pattern(
+            pattern, job_id, name, user, array_job, task, node_name))
+
+    stdout = output_path(order.output or DEFAULT_OUTPUT_PATTERN)
+    stderr = output_path(order.error) if order.error else stdout
+    return {
+        "job_id": job_id, "run": order.run, "uid": order.uid, "gid": order.gid, "user": user,
+        "argv": [SCRIPT_PLACEHOLDER, *order.args],
+        "cwd": work_dir, "env": env, "stdout": stdout, "stderr": stderr,
+        "time_limit": order.time_limit, "kill_grace": float(kill_grace),
+        "warn_signal": order.warn_signal, "warn_seconds": order.warn_seconds,
+        "warn_batch_only": order.warn_batch_only,
+        "umask": DEFAULT_UMASK if order.umask is None else order.umask,
+        "min_uid": int(min_uid),
+        "cgroup": cgroup,
+        **site_programs(site or {}),
+        "job_vars": job_vars,
+    }
+
+
+def site_programs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The prolog and epilog paths (None: none) and timeouts, from the agent's settings
+    as a mapping (``prolog``, ``epilog``, ``prolog_timeout``, ``epilog_timeout``)."""
+    found: dict[str, Any] = {}
+    for key in ("prolog", "epilog"):
+        path = config.get(key)
+        found[key] = None if path is None else str(path)
+        found[f"{key}_timeout"] = float(config.get(f"{key}_timeout", 60.0))
+    return found
+
+
+def array_variables(array_job: int, task: int, spec: str) -> dict[str, str]:
+    """``ARRAY_*`` variables of one task, as Slurm sets them (STEP only for one range)."""
+    count, lowest, highest = task_bounds(spec)
+    found = {"ARRAY_JOB_ID": str(array_job), "ARRAY_TASK_ID": str(task),
+             "ARRAY_TASK_COUNT": str(count), "ARRAY_TASK_MIN": str(lowest),
+             "ARRAY_TASK_MAX": str(highest)}
+    if "," not in spec:
+        found["ARRAY_TASK_STEP"] = str(runs(spec)[0].step)
+    return found
