@@ -68,7 +68,8 @@ def signal_others(job: JobCgroup, pgid: int, sig: int) -> None:
 
 def end_job_cgroup(job: JobCgroup) -> Usage:
     """Kill whatever is left in the job's cgroup, read what it used, and remove it."""
-    job.kill()
+    if job.pids():
+        job.kill()
     usage = job.usage()
     remove_job_cgroup(job)
     return usage
@@ -76,7 +77,8 @@ def end_job_cgroup(job: JobCgroup) -> Usage:
 
 def remove_job_cgroup(job: JobCgroup) -> None:
     try:
-        job.kill(timeout=5.0)
+        if job.pids():
+            job.kill(timeout=5.0)
         job.remove()
     except OSError as exc:
         print(f"gpusched: cannot remove cgroup {job.name}: {exc}", flush=True)

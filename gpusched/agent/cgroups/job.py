@@ -203,8 +203,8 @@ class JobCgroup:
 
         v2 writes cgroup.kill where the kernel has it (5.14+); otherwise, or with
         ``freeze``, the job is frozen, every process SIGKILLed, then thawed."""
-        if not self.paths:
-            return
+        if not self.paths or not self.pids():
+            return  # an empty cgroup gains no process by itself
         if (
             not freeze
             and self.tree.version == 2
