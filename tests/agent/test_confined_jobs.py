@@ -267,3 +267,18 @@ def test_device_rules_allow_this_nodes_gpus_of_the_job_only() -> None:
     rules = device_rules([UUIDS[1], other_node], GPUS)
     gpus = sorted(minor for _, major, minor in rules if major == 195 and minor != 255)
     assert gpus == [5]
+
+
+def test_a_lost_supervisors_job_is_killed_whole_and_its_cgroup_removed(
+        tree: CgroupTree, launcher: Launcher, jobs_dir: Path, work_dir: Path,
+        wait_for: WaitFor) -> None:
+    marker = f"GPUSCHED_TEST_MARK=lost-{os.getpid()}-{tree.version}"
+    spec = run_job(launcher, tree, work_dir, f"(export {marker}; setsid sleep 1000 &); sleep 1000")
+    wait_for(lambda: len(_with_marker(marker)) == 1, "the escaped sleep to start")
+    info = json.loads((jobs_dir / "1" / "supervisor.json").read_text())
+    os.kill(info["supervisor_pid"], 9)
+    end = wait_end(launcher, 1, wait_for)
+    assert (end.outcome, end.error) == ("failed", "job supervisor lost")
+    assert _with_marker(marker) == []
+    bases = [tree.root] if tree.version == 2 else list(tree.roots.values())
+    assert not any((base / spec["cgroup"]["name"]).exists() for base in bases if base)
