@@ -40,6 +40,7 @@ from gpusched.messages import LaunchOrder
 log = logging.getLogger(__name__)
 NUMA_NODES = Path("/sys/devices/system/node")
 MIB = 1024 * 1024
+MAX_ENFORCEMENT = 256  # characters of the registered description (the controller's bound)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -64,8 +65,12 @@ class Confinement:
         return self.tree is not None
 
     def registration(self) -> dict[str, Any]:
-        """The fields a node registers about its confinement."""
-        return {"enforced": self.enforced, "enforcement": self.description}
+        """The fields a node registers about its confinement; the description as at
+        most MAX_ENFORCEMENT printable characters, as the controller takes it."""
+        text = "".join(c if c.isprintable() else " " for c in self.description)
+        if len(text) > MAX_ENFORCEMENT:
+            text = text[:MAX_ENFORCEMENT - 3] + "..."
+        return {"enforced": self.enforced, "enforcement": text}
 
 
 def subtree_name(node_name: str, state_dir: Path) -> str:

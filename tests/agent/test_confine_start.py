@@ -65,3 +65,15 @@ def test_under_cgroup_v2_the_agent_moves_into_a_leaf_of_its_own(
         for path in (own / f"{name}.agent", own / name):
             if path.is_dir():
                 path.rmdir()
+
+
+def test_the_registered_description_stays_within_the_controllers_bound() -> None:
+    from gpusched.agent.confine import MAX_ENFORCEMENT, Confinement
+
+    long = Confinement(None, "not confined: cannot create cgroup /" + "x/" * 300 + "\n\tdenied")
+    body = long.registration()
+    assert body["enforced"] is False
+    assert len(body["enforcement"]) == MAX_ENFORCEMENT and body["enforcement"].isprintable()
+    assert body["enforcement"].endswith("...")
+    short = Confinement(None, "not confined: off").registration()
+    assert short == {"enforced": False, "enforcement": "not confined: off"}
