@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpusched.agent.confine import subtree_name
 from gpusched.config import demo_gpus
-from tests.e2e.cluster import BIN, Cluster
+from tests.e2e.cluster import BIN, Cluster, wait_for
 
 PROBE = """python3 -c "
 import errno, os
@@ -85,5 +85,43 @@ def test_an_agent_that_cannot_confine_says_so_once_and_runs_jobs(db_url: str,
         log = (cluster.root / "agent.log").read_text()
         assert log.count("jobs are NOT confined") == 1, log
         assert f"no cgroup hierarchy found at {not_a_cgroup}" in log
+    finally:
+        cluster.close()
+
+
+def test_through_a_real_agent_oom_prolog_and_epilog_reach_the_controller(
+        db_url: str, tmp_path: Path) -> None:
+    flag = tmp_path / "prolog-fails"
+    prolog = tmp_path / "prolog"
+    prolog.write_text(f"#!/bin/sh\nif [ -e {flag} ]; then echo scratch full; exit 1; fi\n")
+    epilog = tmp_path / "epilog"
+    epilog.write_text("#!/bin/sh\nexit 0\n")
+    for program in (prolog, epilog):
+        program.chmod(0o755)
+    cluster = Cluster(db_url, gpus=2, agent_toml=(
+        f'[agent.prolog]\nprogram = "{prolog}"\ntimeout = 10\n'
+        f'[agent.epilog]\nprogram = "{epilog}"\ntimeout = 10\n'))
+    try:
+        cluster.up()
+        oom = cluster.submit("--mem", "64M", "--wrap",
+                             "python3 -c 'b = bytearray(512 << 20)'")
+        fits = cluster.submit("--mem", "256M", "--wrap", "python3 -c 'b = bytearray(16 << 20)'")
+        cluster.wait_state(oom, "OUT_OF_MEMORY")
+        done = cluster.wait_state(fits, "COMPLETED")
+        accounted = cluster.api("GET", f"/v1/jobs/{fits}")
+        assert done["exit_code"] == 0
+        assert (accounted.get("max_rss_bytes") or 0) >= 16 << 20, accounted
+        flag.touch()
+        requeued = cluster.submit("--wrap", "true")
+        nodes = None
+
+        def drained() -> bool:
+            nonlocal nodes
+            nodes = cluster.api("GET", "/v1/nodes")["nodes"]
+            return any("scratch full" in (n.get("reason") or "") for n in nodes)
+
+        wait_for(drained, what="the node drained by its prolog", seen=lambda: nodes)
+        job = cluster.job(requeued)
+        assert job["state"] == "PENDING" and job["restarts"] == 1, job
     finally:
         cluster.close()
