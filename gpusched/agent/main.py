@@ -145,9 +145,8 @@ class Agent:
             while not self._stop.is_set():
                 try:
                     if not registered:
-                        checked = self._health_check_result()  # before the node takes work
-                        self._register(client)
-                        self._report_health_check(client, checked)
+                        self._health_check_result()  # run once before the node takes work
+                        self._register(client)  # with that result: never UP in between
                         registered, backoff = True, 0.05
                     work = self._poll(client)
                     if work is None:
@@ -177,8 +176,10 @@ class Agent:
         controller has ended (fencing by run) before any new work is taken."""
         with self._register_lock:
             body = body or self.inventory()
+            health = None if self._health_check is None else self._health_check.last
             answer = client.request("POST", "/agent/v1/register", {
-                **body, "runs": [{"job_id": j, "run": r} for j, r in self.launcher.runs()]})
+                **body, "runs": [{"job_id": j, "run": r} for j, r in self.launcher.runs()],
+                "health": None if health is None else health.to_json()})
             self._registered = _hardware(body)
             self._gpus = {g["uuid"]: g for g in body["gpus"]}
             for job_id, run in _runs_to_kill(answer.get("kill")):

@@ -16,7 +16,7 @@ from gpusched.db.engine import rowcount
 from gpusched.db.health import may_requeue
 from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
-from gpusched.messages import JobEnd
+from gpusched.messages import JobEnd, NodeHealth
 
 # The state each outcome of gpusched.messages.OUTCOMES ends a job in.
 OUTCOME_STATES = {
@@ -44,10 +44,15 @@ def registered_node(session: Session, name: str) -> Node:
 def register_node(session: Session, body: dict[str, Any]) -> Node:
     """Create or refresh a node and its GPU inventory; the node becomes UP (a drained
     one stays DRAIN) and is no longer lost; commands it claimed before are handed out
-    again, its agent having started anew."""
+    again, its agent having started anew. ``health``, where the node has a health check,
+    is its latest result (a NodeHealth), applied in the same transaction: a node whose
+    check fails is never UP for a moment in between."""
     name, gpus, uid = body.get("node"), body.get("gpus"), body.get("uid")
     if not isinstance(name, str) or not name:
         raise UsageError("node: expected the node name")
+    health = None if body.get("health") is None else NodeHealth.parse(body["health"])
+    if health is not None and health.node != name:
+        raise UsageError(f"health: the report is for node {health.node}, not {name}")
     if not isinstance(gpus, list) or not isinstance(uid, int):
         raise UsageError("gpus: expected a list of GPUs; uid: expected the agent's uid")
     now = datetime.now(UTC)
@@ -71,6 +76,8 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
             "drained_by": case((drained, Node.drained_by), else_=None)}
     session.execute(stmt.on_conflict_do_update(index_elements=[Node.name], set_=kept))
     node = registered_node(session, name)
+    if health is not None:
+        node_drain.record_health(session, node, health)
     commands.release_claims(session, node.id)
     seen: list[str] = []
     for gpu in gpus:

@@ -219,6 +219,23 @@ def test_a_health_drain_survives_the_agent_registering_again(served: Served) -> 
     assert served.node() == ("UP", None, None)
 
 
+def test_a_registration_carries_the_checks_result_in_one_step(served: Served) -> None:
+    body = {"node": "n1", "uid": 0, "gpus": [{"index": 0, "uuid": "GPU-0"}]}
+    status, _ = served.local("POST", "/agent/v1/register",
+                             {**body, "health": _report(False, "ib0 down")})
+    assert status == 200
+    assert served.node() == ("DRAIN", "health check: ib0 down", "health")
+    status, _ = served.local("POST", "/agent/v1/register", {**body, "health": _report(True)})
+    assert status == 200 and served.node() == ("UP", None, None)
+    # A result that is malformed or names another node registers nothing.
+    served.local("POST", "/v1/nodes/n1/drain", {"reason": "by hand"})
+    for health, message in ((_report(False, node="n2"), "the report is for node n2"),
+                            ({"node": "n1", "ok": "no"}, "ok: expected true or false")):
+        status, answer = served.local("POST", "/agent/v1/register", {**body, "health": health})
+        assert status == 400 and message in answer["error"]["message"], answer
+        assert served.node() == ("DRAIN", "by hand", None)
+
+
 @pytest.mark.parametrize(("body", "message"), [
     ({"node": "n1"}, "ok: expected true or false, got nothing"),
     ({"node": "n1", "ok": "false"}, "ok: expected true or false, got 'false'"),
