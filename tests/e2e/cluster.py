@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpusched.agent.confine import subtree_name
 from gpusched.client import ApiClient
 from tests.pg import ScratchPostgres
 
@@ -37,6 +38,54 @@ def wait_for(check: Callable[[], T], timeout: float = 20.0, what: str = "conditi
         time.sleep(0.02)
 
 
+def end_agent_jobs(state_dir: Path, node: str, remove: bool = True) -> None:
+    """Kill everything an agent's jobs left behind, as a node that dies loses it all:
+    the supervisors first (so that none is left halfway through freezing its job's
+    cgroup), then each job's process group, then whatever is still in the agent's
+    cgroups (thawed and killed; the cgroups removed unless ``remove`` is false, for an
+    agent that will start again and find them)."""
+    infos = []
+    for path in state_dir.glob("jobs/*/supervisor.json"):
+        try:
+            infos.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+    for key, kill in (("supervisor_pid", os.kill), ("job_pid", os.killpg)):
+        for info in infos:
+            try:
+                kill(int(info[key]), signal.SIGKILL)
+            except (OSError, KeyError, TypeError, ValueError):
+                pass
+    _end_agent_cgroups(subtree_name(node, state_dir), remove)
+
+
+def _end_agent_cgroups(name: str, remove: bool) -> None:
+    """Thaw, kill and (with ``remove``) remove the job cgroups of the agent whose subtree
+    is ``name`` in the cgroup v1 hierarchies of this host."""
+    subtrees = [p for p in Path("/sys/fs/cgroup").glob(f"*/{name}") if p.is_dir()]
+    jobs = [job for tree in subtrees for job in tree.iterdir() if job.is_dir()]
+    for job in jobs:
+        if (job / "freezer.state").exists():
+            (job / "freezer.state").write_text("THAWED")
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        pids = {int(p) for job in jobs for p in (job / "cgroup.procs").read_text().split()}
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+    if remove:
+        for path in [*jobs, *subtrees]:
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+
+
 class Cluster:
     """Controller + one agent with ``gpus`` static GPUs, all under one temp dir."""
 
@@ -56,6 +105,8 @@ class Cluster:
         os.chmod(self.root, 0o755)
         self.socket = self.root / "c.sock"
         self.agent_state = self.root / "agent"
+        self.node = node
+        self.extra_agents: list[tuple[Path, str]] = []  # (state dir, node) of more agents
         self.work = self.root / "work"
         self.work.mkdir(mode=0o777)
         os.chmod(self.work, 0o777)
@@ -158,13 +209,8 @@ nodes = ["{node}"]
         """Stop daemons and any job still running, remove the temp dir."""
         for daemon in list(self.procs):
             self.kill(daemon, signal.SIGTERM)
-        for info in self.agent_state.glob("jobs/*/supervisor.json"):
-            try:
-                data = json.loads(info.read_text())
-                os.killpg(data["job_pid"], signal.SIGKILL)
-                os.kill(data["supervisor_pid"], signal.SIGKILL)
-            except (OSError, ValueError, KeyError):
-                pass
+        for state_dir, node in [(self.agent_state, self.node), *self.extra_agents]:
+            end_agent_jobs(state_dir, node)
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- API and CLIs ---------------------------------------------------------

@@ -5,14 +5,13 @@ come back."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.cluster import Cluster, end_agent_jobs, wait_for
 
 
 def set_controller(cluster: Cluster, **settings: float) -> None:
@@ -31,6 +30,7 @@ class Node:
             self.state, self.config, self.key = cluster.agent_state, cluster.config, "agent"
             return
         self.state = cluster.root / f"agent-{name}"
+        cluster.extra_agents.append((self.state, name))
         self.config = cluster.root / f"{name}.toml"
         self.key = f"agent-{name}"
         text = cluster.config.read_text()
@@ -80,26 +80,13 @@ class Node:
     def die(self) -> None:
         """The whole node dies: the agent, every supervisor and every job, at once."""
         self.proc.send_signal(signal.SIGKILL)
-        for info in self.supervisors():
-            for kill in (lambda: os.killpg(info["job_pid"], signal.SIGKILL),
-                         lambda: os.kill(info["supervisor_pid"], signal.SIGKILL)):
-                try:
-                    kill()
-                except (OSError, KeyError):
-                    pass
+        end_agent_jobs(self.state, self.name, remove=False)
         self.proc.wait(timeout=20)
         del self.cluster.procs[self.key]
 
     def stop_jobs(self) -> None:
         """Kill whatever this node still runs (for the end of a test)."""
-        for info in self.supervisors():
-            for pid, kill in ((info.get("job_pid"), os.killpg),
-                              (info.get("supervisor_pid"), os.kill)):
-                try:
-                    if pid:
-                        kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        end_agent_jobs(self.state, self.name)
 
 
 def ran(path: Path) -> list[list[str]]:

@@ -24,7 +24,7 @@ from gpusched.auth.keys import (
     render_master_key,
     write_key_file,
 )
-from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.cluster import Cluster, end_agent_jobs, wait_for
 from tests.netns import NetNamespace
 
 NODE_TIMEOUT = 6
@@ -125,8 +125,7 @@ host_key_file = "{keys / (name + '.key')}"
             except subprocess.TimeoutExpired:
                 proc.kill()
         for name in self.names:
-            for info in (self.cluster.root / name).glob("jobs/*/supervisor.json"):
-                subprocess.run(["pkill", "-9", "-s", info.parent.name], capture_output=True)
+            end_agent_jobs(self.cluster.root / name, name)
         self.cluster.close()
 
 
