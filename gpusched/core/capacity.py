@@ -501,33 +501,65 @@ class Capacity:
         return found
 
     def _search_now(self, shape: Shape, members: frozenset[int]) -> list[tuple[int, str]] | None:
+        """Best fit: the nodes with the fewest free units that hold ``shape``; among those,
+        nodes where it ends before a reservation come first, since what no reservation
+        holds is all that a job running past the reservation could use."""
         if self.whole or shape.exclusive:
             members = frozenset(i for i in members if i not in self.whole
                                 and (not shape.exclusive or self._idle(i)))
+        reserved = self.reserved_nodes
         if shape.gpus == 0:
-            fit = [(node.free_gpus(), node.index) for node in self.nodes
+            fit = [(node.free_gpus(), node.index not in reserved, node.index)
+                   for node in self.nodes
                    if node.index in members and self._usable(node, shape)
                    and self._fits_now(node, "", shape)]
             fit.sort()
-            return [(index, "") for _, index in fit[:shape.nodes]] \
+            return [(index, "") for _, _, index in fit[:shape.nodes]] \
                 if len(fit) >= shape.nodes else None
         kinds = self.matching(shape.kinds)
+        if shape.nodes == 1:
+            for count in range(shape.gpus, self.most + 1):
+                first = self._first_fit(kinds, count, shape, members, None)
+                if first is None:
+                    continue
+                if first[0] in reserved or not reserved:
+                    return [first]
+                return [self._first_fit(kinds, count, shape, members, reserved) or first]
+            return None
         chosen: list[tuple[int, str]] = []
         seen: set[int] = set()
         for count in range(shape.gpus, self.most + 1):
+            level: list[tuple[int, str]] = []
             for kind in kinds:
                 for index in self.buckets[kind][count]:
                     if index in seen or index not in members:
                         continue
                     node = self.nodes[index]
                     if self._usable(node, shape) and self._fits_now(node, kind, shape):
-                        if shape.nodes == 1:
-                            return [(index, kind)]
                         seen.add(index)
-                        chosen.append((index, kind))
+                        level.append((index, kind))
+            level.sort(key=lambda entry: entry[0] not in reserved)  # stable
+            chosen.extend(level)
         if len(chosen) < shape.nodes:
             return None
         return self._same_block(chosen, shape.nodes)
+
+    def _first_fit(self, kinds: list[str], count: int, shape: Shape, members: frozenset[int],
+                   among: set[int] | None) -> tuple[int, str] | None:
+        """The first member node (by kind, then index) with exactly ``count`` free units of
+        one of ``kinds`` where ``shape`` fits now; only nodes of ``among`` when given."""
+        for kind in kinds:
+            bucket = self.buckets[kind][count]
+            candidates: Iterable[int] = bucket
+            if among is not None and len(among) < len(bucket):
+                candidates = (i for i in sorted(among) if self.nodes[i].count(kind) == count
+                              and kind in self.nodes[i].total)
+            for index in candidates:
+                if index in members and (among is None or index in among):
+                    node = self.nodes[index]
+                    if self._usable(node, shape) and self._fits_now(node, kind, shape):
+                        return index, kind
+        return None
 
     def _same_block(self, ordered: list[tuple[int, str]], count: int) -> list[tuple[int, str]]:
         """``count`` of the (best first) nodes, from one topology block when one has enough."""
@@ -642,6 +674,41 @@ class Capacity:
             if len(ready) >= shape.nodes:
                 return at, self._same_block(ready, shape.nodes)
         return INF, []
+
+    def where_to_reserve(self, shape: Shape, members: frozenset[int]
+                         ) -> tuple[float, list[tuple[int, str]]]:
+        """When ``shape`` could start at the earliest (as ``earliest``), and the nodes to
+        hold for it then: of the nodes ready by that time, those ready last come first
+        (at one time, those with the fewest units free now), so that what is idle now is
+        held last and stays free for jobs that fit beside the reservation (EASY's extra
+        nodes)."""
+        at, where = self.earliest(shape, members)
+        if at == INF:
+            return at, where
+        ready = self._ready_by(at, shape, members)
+        if len(ready) < shape.nodes:  # cannot happen: ``where`` is among them
+            return at, where
+        return at, self._same_block(ready, shape.nodes)
+
+    def _ready_by(self, at: float, shape: Shape, members: frozenset[int]
+                  ) -> list[tuple[int, str]]:
+        """Every member node (and the kind it would use) where ``shape`` could start at
+        ``at`` and run its whole duration: latest ready first, then fewest units free now,
+        then by index."""
+        best: dict[int, tuple[float, int, int, str]] = {}
+        for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+            for reserved in (False, True):
+                for ready, index in self._sorted_starts(kind, shape, reserved):
+                    if ready > at:
+                        break
+                    node = self.nodes[index]
+                    if index not in members or not self._usable(node, shape) or (
+                            reserved and not node.fits(kind, shape, at)):
+                        continue
+                    key = (-ready, node.count(kind) if kind else node.free_gpus(), index, kind)
+                    if index not in best or key < best[index]:
+                        best[index] = key
+        return [(index, kind) for _, _, index, kind in sorted(best.values())]
 
     def reserve(self, at: float, where: Sequence[tuple[int, str]], shape: Shape,
                 job_id: int = 0) -> None:

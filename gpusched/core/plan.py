@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpusched.core.arrays import iter_tasks, task_count
+from gpusched.core.capacity import INF, Capacity, Shape
 from gpusched.core.dependency import dependency_clauses, dependency_reason
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.limits import LimitTracker
@@ -15,15 +16,14 @@ from gpusched.core.model import (
     Pending,
     PendingJob,
     Plan,
-    Preemption,
     Policy,
+    Preemption,
     Reason,
     Reservation,
     Snapshot,
     Start,
     StartKind,
 )
-from gpusched.core.capacity import INF, Capacity, Shape
 from gpusched.core.priority import (
     PriorityBreakdown,
     PriorityInput,
@@ -275,7 +275,7 @@ class SchedulingPass:
                 # A job that preempts always holds what it freed against backfill.
                 self.reserved_in[job.partition] += 1
                 shape = shape or whole or Shape.of(job)
-                at, where = self.capacity.earliest(shape, members)
+                at, where = self.capacity.where_to_reserve(shape, members)
                 if at < INF:
                     self.reshaped = self.reshaped or at <= self.now
                     self.capacity.reserve(at, where, shape, job.job_id)

@@ -26,6 +26,9 @@ from gpusched.core.model import (
 from gpusched.core.plan import plan
 from gpusched.core.priority import PriorityWeights
 from gpusched.core.topology import best_set, link_rank
+from gpusched.sim.cluster import uniform
+from gpusched.sim.replay import SimPolicy, simulate
+from gpusched.sim.traces import TraceJob
 from tests.unit.test_plan import node, reasons
 
 FIFO_ORDER = PriorityWeights(age=1000, fairshare=0, job_size=0, partition=0, qos=0)
@@ -376,3 +379,105 @@ def test_a_pass_stops_when_its_time_budget_is_spent() -> None:
     assert [r.job_id for r in p.reservations] == list(range(1, 33))  # none after half-time
     whole = plan(snapshot([node("n0", 1)], jobs, busy), 0.0, deep)
     assert whole.resume_after is None and len(whole.reservations) == 100
+
+
+# -- EASY's extra nodes ---------------------------------------------------------------
+# A reservation takes, of the nodes ready by its start, those ready last and the idle
+# ones last of all, so what is left over at its start is idle now and free for a job
+# that runs past it. A job that ends before the reservation takes a reserved node
+# first, which leaves that idle capacity to the jobs that need it.
+
+def one_gpu_nodes(count: int, blocks: dict[str, str] | None = None) -> list[NodeView]:
+    return [replace(node(f"n{i}", 1), block=(blocks or {}).get(f"n{i}"))
+            for i in range(count)]
+
+
+def running_on(job_id: int, names: tuple[str, ...], end: float, gpus: int = 1
+               ) -> RunningJob:
+    """A job holding the first ``gpus`` GPUs of each of ``names`` until ``end``."""
+    return RunningJob(job_id, names[0], tuple(f"{n}-g{i}" for n in names for i in range(gpus)),
+                      end_time=end, nodes=names if len(names) > 1 else (), start_time=0.0)
+
+
+def test_easy_starts_a_long_job_on_the_extra_node() -> None:
+    # 4 nodes: A holds n0 and n1 until t=100. B needs 3 nodes: at t=100 four are free,
+    # one more than B needs, so C (1 node for 1000 s) may start now beside it.
+    a = running_on(90, ("n0", "n1"), 100.0)
+    queue = [pj(1, 1, 100, nodes=3), pj(2, 1, 1000)]
+    p = plan(snapshot(one_gpu_nodes(4), queue, [a]), 2.0, policy("easy"))
+    assert [(r.job_id, r.start_time, r.nodes) for r in p.reservations] == [
+        (1, 100.0, ("n0", "n1", "n2"))]
+    assert [(s.job_id, s.node, s.kind) for s in p.starts] == [(2, "n3", StartKind.BACKFILLED)]
+    # With both idle nodes needed there is no extra node: C waits.
+    p = plan(snapshot(one_gpu_nodes(4), [pj(1, 1, 100, nodes=4), pj(2, 1, 1000)], [a]), 2.0,
+             policy("easy"))
+    assert p.starts == () and reasons(p) == {1: Reason.RESOURCES, 2: Reason.PRIORITY}
+
+
+def test_easy_starts_a_multi_node_job_on_the_extra_nodes() -> None:
+    # 7 nodes, A on three until t=100; B needs 5, so 2 of the 4 idle nodes are extra.
+    a = running_on(90, ("n0", "n1", "n2"), 100.0)
+    queue = [pj(1, 1, 100, nodes=5), pj(2, 1, 1000, nodes=2), pj(3, 1, 1000)]
+    p = plan(snapshot(one_gpu_nodes(7), queue, [a]), 2.0, policy("easy"))
+    assert [(r.job_id, r.nodes) for r in p.reservations] == [
+        (1, ("n0", "n1", "n2", "n3", "n4"))]
+    assert [(s.job_id, s.nodes) for s in p.starts] == [(2, ("n5", "n6"))]
+    assert reasons(p)[3] is Reason.PRIORITY  # no extra node left for a third
+
+
+def test_the_extra_gpus_of_one_node_go_to_a_long_job_and_no_more() -> None:
+    # One 4-GPU node, A holds 2 GPUs until t=100 and B needs 3 GPUs: at t=100 one GPU is
+    # extra. C (long) takes it; D (long) would take one of B's and waits; E ends before
+    # t=100 and takes the last free GPU.
+    a = RunningJob(90, "n0", ("n0-g0", "n0-g1"), end_time=100.0, start_time=0.0)
+    queue = [pj(1, 3, 100), pj(2, 1, 1000), pj(3, 1, 1000), pj(4, 1, 50)]
+    p = plan(snapshot([node("n0", 4)], queue, [a]), 2.0, policy("easy"))
+    assert [(r.job_id, r.start_time) for r in p.reservations] == [(1, 100.0)]
+    assert [s.job_id for s in p.starts] == [2, 4]
+    assert reasons(p)[3] is Reason.PRIORITY
+    assert {u for s in p.starts for u in s.gpu_uuids} == {"n0-g2", "n0-g3"}
+
+
+def test_a_reservation_on_multi_gpu_nodes_takes_the_gpus_freed_by_its_start() -> None:
+    # Three 2-GPU nodes: n0 idle, n1 one GPU busy until t=100, n2 both until t=100. B
+    # needs 2 nodes x 2 GPUs at t=100: it holds n1 and n2, not the idle n0, which C (long,
+    # 2 GPUs) then gets now. D (long, 1 GPU) would hold n1's free GPU past t=100 and
+    # waits; E (1 GPU, ends by t=100) takes it.
+    running = [RunningJob(90, "n1", ("n1-g0",), end_time=100.0, start_time=0.0),
+               RunningJob(91, "n2", ("n2-g0", "n2-g1"), end_time=100.0, start_time=0.0)]
+    queue = [pj(1, 2, 100, nodes=2), pj(2, 2, 1000), pj(3, 1, 1000), pj(4, 1, 50)]
+    nodes = [node(f"n{i}", 2) for i in range(3)]
+    p = plan(snapshot(nodes, queue, running), 2.0, policy("easy"))
+    assert [(r.job_id, r.start_time, sorted(r.nodes)) for r in p.reservations] == [
+        (1, 100.0, ["n1", "n2"])]
+    assert [(s.job_id, s.node) for s in p.starts] == [(2, "n0"), (4, "n1")]
+    assert reasons(p)[3] is Reason.PRIORITY
+
+
+def test_a_replay_starts_the_long_job_on_the_extra_node_at_once() -> None:
+    # The same case through the simulator: A (2 nodes, 100 s) at t=0, B (3 nodes) at
+    # t=1, C (1 node, 1000 s) at t=2, on 4 one-GPU nodes.
+    jobs = [TraceJob(1, 0.0, 100.0, 100, 2), TraceJob(2, 1.0, 100.0, 100, 3),
+            TraceJob(3, 2.0, 1000.0, 1000, 1)]
+    result = simulate(jobs, uniform(4, 1), SimPolicy(backfill="easy", kill=False))
+    starts = {r.job_id: (r.start, r.backfilled) for r in result.records}
+    assert starts == {1: (0.0, False), 2: (100.0, False), 3: (2.0, True)}
+    fcfs = simulate(jobs, uniform(4, 1), SimPolicy(backfill="none", kill=False))
+    assert {r.job_id: r.start for r in fcfs.records}[3] == 100.0
+
+
+@pytest.mark.parametrize("short_nodes", [1, 2])
+def test_a_job_ending_before_the_reservation_takes_a_reserved_node(short_nodes: int) -> None:
+    # Blocks keep B (5 nodes) on n2-n6 (block y), so n0 and n1 (block x) are the extra
+    # nodes. A short job goes on B's idle nodes n5/n6 though n0 and n1 come first by
+    # name, leaving both extra nodes to the long jobs behind it.
+    blocks = {f"n{i}": "x" if i < 2 else "y" for i in range(7)}
+    a = running_on(90, ("n2", "n3", "n4"), 100.0)
+    long = [pj(3, 1, 1000, nodes=2)] if short_nodes == 2 else [pj(3, 1, 1000), pj(4, 1, 1000)]
+    queue = [pj(1, 1, 100, nodes=5), pj(2, 1, 50, nodes=short_nodes), *long]
+    p = plan(snapshot(one_gpu_nodes(7, blocks), queue, [a]), 2.0, policy("easy"))
+    assert [(r.job_id, sorted(r.nodes)) for r in p.reservations] == [
+        (1, ["n2", "n3", "n4", "n5", "n6"])]
+    started = {s.job_id: set(s.nodes or (s.node,)) for s in p.starts}
+    assert started[2] <= {"n5", "n6"} and len(started[2]) == short_nodes
+    assert set().union(*(started[j.job_id] for j in long)) == {"n0", "n1"}
