@@ -94,10 +94,11 @@ class ApiClient:
                  rounds: int = ROUNDS) -> None:
         auth: AuthConfig | None = None
         if socket_path is None and controllers is None:
-            from gpusched.client.settings import client_settings
+            from gpusched.client.settings import client_settings, local_socket_only
 
-            settings = client_settings()
-            controllers, auth = settings.controllers or None, settings.auth
+            if not local_socket_only():
+                settings = client_settings()
+                controllers, auth = settings.controllers or None, settings.auth
         self.timeout = timeout
         self.socket_path: Path | None = None
         connectors: list[Connector]

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
-from gpusched.client.endpoints import Endpoint, parse_endpoints
 from gpusched.errors import ConfigError
 
 if TYPE_CHECKING:
     from gpusched.auth.settings import AuthConfig
+    from gpusched.client.endpoints import Endpoint
 
 ENV_CONTROLLERS = "GPUSCHED_CONTROLLERS"
 
@@ -29,23 +29,39 @@ def _no_auth() -> AuthConfig:
     return AuthConfig()
 
 
-@dataclass(frozen=True)
-class ClientSettings:
+class ClientSettings(NamedTuple):
     """The controllers to try in turn (none: the Unix socket) and the ``[auth]`` settings."""
 
-    controllers: tuple[Endpoint, ...] = ()
-    auth: AuthConfig = field(default_factory=_no_auth)
-    source: str = "<defaults>"
+    controllers: tuple[Endpoint, ...]
+    auth: AuthConfig
+    source: str
+
+
+def settings_file(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The configuration file a client reads (``$GPUSCHED_CONFIG``, else the system file
+    when it exists and this user may read it), or None."""
+    from gpusched.paths import SYSTEM_CONFIG
+
+    env = os.environ if environ is None else environ
+    named = env.get("GPUSCHED_CONFIG")
+    if named:
+        return Path(named)
+    # An unreadable system file is a controller host's, for its daemons only.
+    return SYSTEM_CONFIG if os.access(SYSTEM_CONFIG, os.R_OK) else None
+
+
+def local_socket_only(environ: Mapping[str, str] | None = None) -> bool:
+    """True when nothing names controllers over TCP: neither ``$GPUSCHED_CONTROLLERS`` nor
+    a configuration file to read. A client then needs no settings (the user commands skip
+    reading them: a few milliseconds of imports)."""
+    env = os.environ if environ is None else environ
+    return not env.get(ENV_CONTROLLERS, "").strip() and settings_file(env) is None
 
 
 def client_settings(environ: Mapping[str, str] | None = None) -> ClientSettings:
     """The settings of this process's environment and configuration file."""
-    from gpusched.paths import default_config_path
-
     env = os.environ if environ is None else environ
-    path = default_config_path()
-    if path is not None and not env.get("GPUSCHED_CONFIG") and not os.access(path, os.R_OK):
-        path = None  # the system file of a controller host, for its daemons only
+    path = settings_file(env)
     controllers: tuple[Endpoint, ...] = ()
     auth: AuthConfig | None = None
     source = "<defaults>"
@@ -75,6 +91,8 @@ def controllers_from(environ: Mapping[str, str],
     listed = environ.get(ENV_CONTROLLERS, "").strip()
     if not listed:
         return configured
+    from gpusched.client.endpoints import parse_endpoints
+
     try:
         return parse_endpoints(e.strip() for e in listed.split(","))
     except ValueError as exc:
