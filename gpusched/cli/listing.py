@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
@@ -43,6 +44,9 @@ def show(path: str, as_json: bool = False, start: bool = False, noheader: bool =
          fields: list[Field] | None = None) -> None:
     """Print the jobs of ``GET path``: JSON, a --format, the --start table or the queue."""
     with ApiClient() as client:
+        if as_json:
+            print_jobs_json(client.request_bytes("GET", path))
+            return
         answer = client.request("GET", path)
     if fields is None and not as_json and not start:
         print_columns(HEADERS, queue_columns(job_columns(answer, TABLE_FIELDS),
@@ -57,11 +61,30 @@ def show(path: str, as_json: bool = False, start: bool = False, noheader: bool =
         for job in jobs:
             print(render_format(fields, job, now))
         return
-    if as_json:
-        print(json.dumps({"jobs": jobs}, indent=2))
-        return
     print_table(START_HEADERS, [start_row(job) for job in jobs], right_aligned=frozenset({0, 6}),
                 shrinkable=frozenset({1, 2, 3, 7}), show_header=not noheader)
+
+
+_RAW_CONTROL = re.compile(rb"[\x00-\x1f\x7f-\xff]")
+
+
+def print_jobs_json(data: bytes) -> None:
+    """``--json``: ``{"jobs": [JOB, ...]}``. The controller's own text is printed as it
+    came when it is exactly that object in printable ASCII (non-ASCII and control
+    characters escaped, as the controller writes them): re-encoding a long queue's JSON
+    costs more than the rest of the command."""
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise GpuschedError("the gpusched controller sent a non-JSON answer") from None
+    if not isinstance(answer, dict):
+        raise GpuschedError("the gpusched controller sent a non-JSON answer")
+    text = data.strip()
+    if list(answer) == ["jobs"] and not _RAW_CONTROL.search(text):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(text + b"\n")
+        return
+    print(json.dumps({"jobs": job_objects(answer)}))
 
 
 def job_objects(answer: Mapping[str, Any]) -> list[dict[str, Any]]:

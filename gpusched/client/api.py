@@ -147,13 +147,25 @@ class ApiClient:
 
         ``repeatable`` overrides ``retry_safe``: whether the request may be sent again
         (to this or another controller) once it may have been applied."""
+        return _decode_answer(*self._exchange(method, path, body, timeout, repeatable))
+
+    def request_bytes(self, method: str, path: str, body: dict[str, Any] | None = None,
+                      timeout: float | None = None) -> bytes:
+        """``request``, returning the 2xx answer's JSON text undecoded (for a caller that
+        passes it on as it is); non-2xx raises as ``request`` does."""
+        status, data = self._exchange(method, path, body, timeout, None)
+        if not 200 <= status < 300:
+            raise _answer_error(status, data)
+        return data
+
+    def _exchange(self, method: str, path: str, body: dict[str, Any] | None,
+                  timeout: float | None, repeatable: bool | None) -> tuple[int, bytes]:
         method = method.upper()
         payload = b"" if body is None else json.dumps(body).encode()
         limit = self.timeout if timeout is None else timeout
         safe = retry_safe(method, path, body) if repeatable is None else repeatable
         with self._lock:
-            status, data = self._send(method, path, payload, limit, safe)
-        return _decode_answer(status, data)
+            return self._send(method, path, payload, limit, safe)
 
     def _send(self, method: str, path: str, payload: bytes, limit: float,
               safe: bool) -> tuple[int, bytes]:
