@@ -1,0 +1,1 @@
+"""An independent reference scheduler that the scheduler's decisions are held to."""
