@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from typer.main import get_command
 
-from gpusched.cli.output import collect_rarely, print_error, reader_gone
+from gpusched.cli.output import collect_rarely, only_me, print_error, reader_gone
 from gpusched.errors import GpuschedError, UsageError
 
 
@@ -27,6 +27,8 @@ def new_app(help_text: str) -> typer.Typer:
         pretty_exceptions_enable=False,
     )
 
+
+__all__ = ["only_me"]  # here for the commands that import it from here
 
 # The commands whose completion 'gpusched completion SHELL' sets up.
 COMMANDS = ("gsubmit", "gqueue", "gcancel", "ginfo", "gacct", "gcontrol", "gpusched")
@@ -46,16 +48,6 @@ def completion_scripts(shell: str) -> str:
         raise UsageError(f"invalid shell {shell!r}: expected one of {', '.join(SHELLS)}")
     return "\n".join(get_completion_script(prog_name=prog, complete_var=completion_variable(prog),
                                            shell=shell).strip() + "\n" for prog in COMMANDS)
-
-
-def only_me(user: str | None) -> str:
-    """The user ``--me`` names: the caller (``--user`` may name them too, no one else)."""
-    import pwd
-
-    me = pwd.getpwuid(os.getuid()).pw_name
-    if user is not None and user != me:
-        raise UsageError("--me and --user name different users")
-    return me
 
 
 def run_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None) -> int:

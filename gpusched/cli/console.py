@@ -4,14 +4,16 @@ A command that listed 10,000 jobs would otherwise spend a few tens of millisecon
 its output freeing every object and module one by one; ``os._exit`` skips that once
 what it printed is flushed. (The daemons exit the ordinary way.)
 
-A bare ``gqueue``, the command typed most, has no options to parse: it lists the queue
-through the same code as ``gqueue`` with options, without loading typer (about 45 ms).
+``gqueue``'s common command lines, the commands typed most, are parsed without loading
+typer (about 45 ms; see ``gpusched.cli.quickparse``) and run the same code as the typer
+command; any other command line (--help, a mistake) goes through typer as before.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from importlib import import_module
 from typing import NoReturn
 
@@ -38,26 +40,50 @@ def gsubmit() -> NoReturn:
 def gqueue() -> NoReturn:
     """``gqueue``."""
     # The shell asking for completions (common.completion_variable) needs typer too.
-    if len(sys.argv) > 1 or "_GQUEUE_COMPLETE" in os.environ:
+    if "_GQUEUE_COMPLETE" in os.environ:
         _run("gqueue")
-    _leave(bare_gqueue())
+    _leave(quick_gqueue(sys.argv[1:]))
+
+
+def quick_gqueue(argv: Sequence[str]) -> int:
+    """``gqueue ARGV`` without typer where the quick parser takes ARGV; through typer
+    otherwise. Returns the exit code."""
+    from gpusched.cli.optiontables import GQUEUE
+    from gpusched.cli.quickparse import Declined, quick_parse
+
+    try:
+        parsed = quick_parse(GQUEUE, argv)
+    except Declined:
+        return import_module("gpusched.cli.gqueue").main(argv)  # type: ignore[no-any-return]
+    from gpusched.cli.queuecommand import run_gqueue
+
+    return run_quick("gqueue", lambda: run_gqueue(**parsed.params))
 
 
 def bare_gqueue() -> int:
     """``gqueue`` without arguments: the queue, as the command itself prints it."""
-    from gpusched.cli.listing import TABLE_FIELDS, jobs_path, show
+    return quick_gqueue([])
+
+
+def run_quick(prog: str, command: Callable[[], object]) -> int:
+    """Run a command parsed without typer; its errors end it as ``common.run_cli``
+    ends a typer command's: one line on stderr and the error's exit code."""
     from gpusched.cli.output import collect_rarely, print_error, reader_gone
     from gpusched.errors import GpuschedError
 
     collect_rarely()
     try:
-        show(jobs_path(user=None, states=None, show_all=False, fields=TABLE_FIELDS))
+        command()
         sys.stdout.flush()
     except GpuschedError as err:
-        print_error("gqueue", err.message)
+        print_error(prog, err.message)
         return err.exit_code
     except BrokenPipeError:
         return reader_gone()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        print_error(prog, "aborted")
+        return 1
     return 0
 
 

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
-import time
 from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from gpusched.cli.common import new_app, only_me, run_cli
-from gpusched.cli.listing import (
-    START_FIELDS,
-    TABLE_FIELDS,
-    explain_lines,
-    format_fields,
-    jobs_path,
-    parse_format,
-    parse_states,
-    show,
-)
-from gpusched.client import ApiClient
-from gpusched.errors import UsageError
+from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.queuecommand import run_gqueue
 
 PROG = "gqueue"
 
@@ -74,38 +60,9 @@ def gqueue(
 
     Examples: gqueue --me; gqueue -p gpu -t PD --start; gqueue -o '%.8i %.2t %.10M %b %R'
     """
-    if explain is not None:
-        with ApiClient() as client:
-            answer = client.request("GET", f"/v1/jobs/{explain}/explain")
-        print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
-        return
-    if me:
-        user = only_me(user)
-    fields = parse_format(fmt) if fmt is not None else None
-    ids = _ids(job_list) if job_list is not None else None
-    wanted = None if as_json else (
-        format_fields(fields) if fields is not None else START_FIELDS if start else TABLE_FIELDS)
-    path = jobs_path(user=user, states=["PENDING"] if start else parse_states(states),
-                     show_all=show_all, ids=ids, partition=partition, account=account,
-                     name=name, fields=wanted)
-    while True:
-        show(path, as_json, start, noheader, fields)
-        if iterate is None:
-            return
-        sys.stdout.flush()
-        time.sleep(iterate)
-        print()
-
-
-def _ids(text: str) -> list[int]:
-    ids = []
-    for word in (w.strip() for w in text.split(",") if w.strip()):
-        if not (word.isascii() and word.isdigit()) or int(word) <= 0:
-            raise UsageError(f"invalid --jobs {word!r}: a job id is a positive integer")
-        ids.append(int(word))
-    if not ids:
-        raise UsageError("--jobs: give at least one job id")
-    return ids
+    run_gqueue(as_json=as_json, user=user, states=states, show_all=show_all,
+               noheader=noheader, start=start, explain=explain, me=me, partition=partition,
+               job_list=job_list, account=account, name=name, fmt=fmt, iterate=iterate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,6 +36,18 @@ def reader_gone() -> int:
     return 1
 
 
+def only_me(user: str | None) -> str:
+    """The user ``--me`` names: the caller (``--user`` may name them too, no one else)."""
+    import pwd
+
+    from gpusched.errors import UsageError
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    if user is not None and user != me:
+        raise UsageError("--me and --user name different users")
+    return me
+
+
 def print_warning(prog: str, message: str) -> None:
     """Print ``prog: warning: message`` as one line on stderr."""
     print(f"{prog}: warning: {one_line(message)}", file=sys.stderr)
