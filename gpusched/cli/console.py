@@ -4,9 +4,10 @@ A command that listed 10,000 jobs would otherwise spend a few tens of millisecon
 its output freeing every object and module one by one; ``os._exit`` skips that once
 what it printed is flushed. (The daemons exit the ordinary way.)
 
-``gqueue``'s common command lines, the commands typed most, are parsed without loading
-typer (about 45 ms; see ``gpusched.cli.quickparse``) and run the same code as the typer
-command; any other command line (--help, a mistake) goes through typer as before.
+The common command lines of ``gsubmit`` and ``gqueue``, the commands typed most, are
+parsed without loading typer (about 45 ms; see ``gpusched.cli.quickparse``) and run the
+same code as the typer commands; any other command line (--help, a mistake) goes
+through typer as before.
 """
 
 from __future__ import annotations
@@ -34,7 +35,28 @@ def _leave(code: int) -> NoReturn:
 
 def gsubmit() -> NoReturn:
     """``gsubmit``."""
-    _run("gsubmit")
+    if "_GSUBMIT_COMPLETE" in os.environ:
+        _run("gsubmit")
+    _leave(quick_gsubmit(sys.argv[1:]))
+
+
+def quick_gsubmit(argv: Sequence[str]) -> int:
+    """``gsubmit ARGV`` without typer where the quick parser takes ARGV and the script's
+    directives; through typer otherwise (nothing is printed or sent before the quick
+    parser gives up). Returns the exit code."""
+    from gpusched.cli.optiontables import GSUBMIT
+    from gpusched.cli.quickparse import Declined, QuickArgs, quick_parse
+
+    def options(args: list[str]) -> QuickArgs:
+        return quick_parse(GSUBMIT, args)
+
+    try:
+        parsed = quick_parse(GSUBMIT, argv)
+        from gpusched.cli.submission import submit
+
+        return run_quick("gsubmit", lambda: submit(parsed, options))
+    except Declined:
+        return import_module("gpusched.cli.gsubmit").main(argv)  # type: ignore[no-any-return]
 
 
 def gqueue() -> NoReturn:

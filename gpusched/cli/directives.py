@@ -9,15 +9,14 @@ unquoted ``#`` that starts a word ends it as a comment.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpusched.errors import UsageError
 
 DIRECTIVE_PREFIXES = ("#GSUB", "#SBATCH")
 
 
-@dataclass(frozen=True)
-class Directive:
+class Directive(NamedTuple):
     """One directive line: its 1-based line number, its prefix and its arguments."""
 
     line: int

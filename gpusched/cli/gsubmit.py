@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Sequence
 
 import typer
 
-from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
 from gpusched.cli.common import new_app, run_cli
-from gpusched.cli.directives import Directive, read_directive_lines
-from gpusched.cli.jobshape import job_shape, option_value
-from gpusched.cli.output import print_warning
-from gpusched.cli.shell import current_umask, exported, job_dir, job_environment
+from gpusched.cli.submission import (
+    DIRECTIVE_OPTIONS,
+    IGNORED,
+    INPUT_VARIABLES,
+    UNLIMITED,
+    OptionParser,
+    ParsedArgs,
+    Submission,
+    merge_directives,
+    mig_warning,
+    submission_body,
+    submit,
+)
+from gpusched.cli.submission import resolve_submission as resolve_parsed
 from gpusched.cli.submitoptions import (
     AccountOpt,
     AcctgFreqOpt,
@@ -72,100 +76,14 @@ from gpusched.cli.submitoptions import (
     WarnSignalOpt,
     WrapOpt,
 )
-from gpusched.client import ApiClient
-from gpusched.core.arrays import parse_array
-from gpusched.core.shapes import is_mig_profile
-from gpusched.core.signals import WarnSignal, parse_warn_signal
-from gpusched.core.timefmt import parse_begin, parse_time_limit
 from gpusched.errors import UsageError
 
+__all__ = ["DIRECTIVE_OPTIONS", "IGNORED", "INPUT_VARIABLES", "UNLIMITED", "Submission",
+           "merge_directives", "mig_warning", "submission_body"]
+
 PROG = "gsubmit"
-# What a directive may set. SCRIPT, its ARGS and --wrap only make sense on the command line.
-UNLIMITED = "UNLIMITED"
-DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
-                     "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
-                     "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
-                     "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
-                     "constraint", "comment", "nodelist", "exclude", "warn_signal",
-                     "ntasks_per_node", "gpus_per_task", "mem_per_cpu", "hint", "gpu_bind",
-                     "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
-                     "tmp", "open_mode", "kill_on_invalid_dep", "oversubscribe", "profile",
-                     "acctg_freq", "exclusive", "gres_flags")
-# Options that matter only on other sites, or whose effect this cluster has anyway or
-# lacks harmlessly: accepted, ignored, and said so.
-IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
-           "mail_user": "--mail-user: this cluster sends no mail",
-           "constraint": "--constraint: this cluster has no node features",
-           "comment": "--comment: comments are not stored",
-           "hint": "--hint: CPU binding is left to the job",
-           "gpu_bind": "--gpu-bind: the job sees exactly its GPUs in CUDA_VISIBLE_DEVICES",
-           "gpu_freq": "--gpu-freq: GPU clocks are not changed",
-           "cpu_freq": "--cpu-freq: CPU frequencies are not changed",
-           "distribution": "--distribution: tasks are started by the job itself",
-           "threads_per_core": "--threads-per-core: CPUs are counted as the node reports them",
-           "switches": "--switches: placement follows NVLink and node blocks instead",
-           "tmp": "--tmp: local disk is not counted",
-           "open_mode": "--open-mode: output files are appended to",
-           "kill_on_invalid_dep": "--kill-on-invalid-dep: a job whose dependency can never "
-                                  "be met stays pending (reason DependencyNeverSatisfied)",
-           "oversubscribe": "--oversubscribe: GPUs are never shared",
-           "profile": "--profile: no profiling data is gathered",
-           "acctg_freq": "--acctg-freq: GPUs are sampled at the agent's health interval"}
-# Input variables that set an option unless the command line does (directives lose to
-# them), as sbatch's SBATCH_* do.
-INPUT_VARIABLES = {"partition": "GPUSCHED_PARTITION", "account": "GPUSCHED_ACCOUNT",
-                   "qos": "GPUSCHED_QOS", "time_limit": "GPUSCHED_TIMELIMIT",
-                   "job_name": "GPUSCHED_JOB_NAME", "export": "GPUSCHED_EXPORT",
-                   "chdir": "GPUSCHED_CHDIR", "gpus": "GPUSCHED_GPUS",
-                   "dependency": "GPUSCHED_DEPENDENCY", "array": "GPUSCHED_ARRAY"}
 
 app = new_app("Submit a batch script (or a --wrap'ed command) to gpusched, like sbatch.")
-
-
-class ParsedArgs(Protocol):
-    """A parsed argument list: the part of a click context that merging reads."""
-
-    params: dict[str, Any]
-
-    def get_parameter_source(self, name: str) -> Any:
-        """Where the value of ``name`` came from (click's ParameterSource)."""
-
-
-@dataclass(frozen=True)
-class Submission:
-    """A validated submission, before the caller's directory and environment are added."""
-
-    script: str
-    args: tuple[str, ...]
-    name: str
-    gpus: int
-    time_limit: int | str | None  # seconds, "UNLIMITED", or None for the partition default
-    partition: str | None
-    output: str | None
-    error: str | None
-    parsable: bool
-    account: str | None = None
-    qos: str | None = None
-    hold: bool = False
-    exclusive: bool = False  # --exclusive
-    begin_time: str | None = None  # ISO 8601 with the submitter's zone
-    dependency: str | None = None
-    array: str | None = None  # canonical task ids and cap, as parse_array gives them
-    requeue: bool | None = None  # after a GPU failure; None: the partition's default
-    chdir: str | None = None  # the job's working directory (default: the current one)
-    ntasks: int | None = None  # sbatch's --ntasks, shown to the job as SLURM_NTASKS
-    ntasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    ignored: tuple[str, ...] = ()  # warnings for options accepted and ignored
-    export: str | None = None  # --export: ALL, NONE, or VAR[=value] lists
-    gpu_types: tuple[str, ...] = ()
-    nodes: int = 1
-    cpus: int = 0  # on each node; 0: not counted
-    mem_mb: int = 0  # on each node; 0: not counted
-    nodelist: tuple[str, ...] = ()  # --nodelist, expanded
-    warn_signal: WarnSignal | None = None  # --signal
-    exclude: tuple[str, ...] = ()  # --exclude, expanded
-    gres_flags: str | None = None  # --gres-flags: enforce-binding or disable-binding
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -230,49 +148,7 @@ def gsubmit(
     Examples: gsubmit train.sh; gsubmit -G a100:4 -t 2:00:00 -p gpu train.sh --epochs 3;
     gsubmit --array=0-9%2 sweep.sh; gsubmit -d afterok:17 --wrap 'python eval.py'
     """
-    submission = resolve_submission(ctx)
-    for warning in (*submission.ignored, mig_warning(submission)):
-        if warning:
-            print_warning(PROG, f"{warning}; ignored" if warning in submission.ignored else warning)
-    environment, dropped = job_environment(submission.export, os.environ)
-    for name in dropped:  # the job starts without it rather than not at all
-        print_warning(PROG, f"{name.encode('utf-8', 'backslashreplace').decode()}: not "
-                      "valid UTF-8; the job's environment leaves it out")
-    for name, value in (("NTASKS", submission.ntasks), ("CPUS_PER_TASK", submission.cpus_per_task),
-                        ("NTASKS_PER_NODE", submission.ntasks_per_node)):
-        if value is not None:  # what sbatch tells the job it asked for
-            environment[f"SLURM_{name}"] = environment[f"GPUSCHED_{name}"] = str(value)
-    body = submission_body(submission, work_dir=job_dir(submission.chdir), environment=environment)
-    body["umask"] = current_umask()  # the job creates its files as this shell would
-    if test_only:
-        from datetime import datetime
-
-        with ApiClient() as client:
-            answer = client.request("POST", "/v1/jobs/test", body)
-        where = f" on nodes {','.join(answer['nodes'])}" if answer["nodes"] else ""
-        when = (datetime.fromisoformat(answer["start"]).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
-                if answer["start"] else f"an unknown time (reason {answer['reason']})")
-        print_warning(PROG, "--test-only: nothing was submitted")
-        print(f"gsubmit: Job {answer['job_id']} to start at {when} using {answer['gpus']} GPUs"
-              f"{where} in partition {answer['partition']}", file=sys.stderr)
-        return
-    # One key per invocation: should the answer be lost (a controller dies, the client
-    # fails over), sending it again gives the same job, never a second one.
-    body["submit_key"] = os.urandom(16).hex()
-    with ApiClient() as client:
-        answer = client.request("POST", "/v1/jobs", body)
-    job_id = answer.get("job_id")
-    print(job_id if submission.parsable else f"Submitted batch job {job_id}")
-
-
-def mig_warning(submission: Submission) -> str | None:
-    """The warning for a job asking for several MIG slices, or None."""
-    per_node = submission.gpus // max(1, submission.nodes)
-    if per_node > 1 and submission.gpu_types and all(is_mig_profile(k) for k in submission.gpu_types):
-        return (f"the job asks for {per_node} MIG slices per node, but one CUDA process uses "
-                "only one MIG device: start one process per slice (each with its own "
-                "CUDA_VISIBLE_DEVICES entry)")
-    return None
+    submit(ctx, typer_options(ctx))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -282,173 +158,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def resolve_submission(ctx: typer.Context) -> Submission:
     """Validate the parsed command line, read the script and merge its directives."""
-    script_path: str | None = ctx.params["script"]
-    wrap: str | None = ctx.params["wrap"]
-    if script_path is not None and wrap is not None:
-        raise UsageError("give either a batch SCRIPT or --wrap CMD, not both")
-    if wrap is not None:
-        text = WRAP_TEMPLATE.format(command=wrap)
-        directives: list[Directive] = []  # a wrapped command is not a script of ours
-    elif script_path is not None:
-        text = read_batch_script(script_path)
-        directives = read_directive_lines(text)
-    else:
-        raise UsageError("nothing to submit: give a batch SCRIPT or --wrap CMD")
-    values, origins = merge_directives(ctx, directives)
-
-    def option(key: str, parse: Callable[[str], Any], flag: str = "") -> Any:
-        return option_value(values, origins, key, parse, flag)
-
-    default_name = Path(script_path).name if script_path is not None else "wrap"
-    return Submission(
-        script=text,
-        args=tuple(ctx.params["args"] or ()),
-        name=values["job_name"] or default_name,
-        **job_shape(values, origins),
-        time_limit=option("time_limit", _time_value, "--time"),
-        partition=values["partition"],
-        account=values["account"],
-        qos=values["qos"],
-        hold=bool(values["hold"]),
-        exclusive=bool(values["exclusive"]),
-        gres_flags=option("gres_flags", _gres_flags_value),
-        requeue=values["requeue"],
-        chdir=values["chdir"],
-        ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
-                      for name, why in IGNORED.items() if values[name] is not None),
-        export=option("export", _checked_export),
-        begin_time=option("begin", _begin_value),
-        dependency=option("dependency", _checked_dependency, "--dependency"),
-        array=option("array", lambda text: parse_array(text).text(), "--array"),
-        warn_signal=option("warn_signal", parse_warn_signal),
-        output=values["output"],
-        error=values["error"],
-        parsable=bool(values["parsable"]),
-    )
+    return resolve_parsed(ctx, typer_options(ctx))
 
 
-def merge_directives(
-    ctx: typer.Context, directives: Sequence[Directive],
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Option values after directives: the command line wins, then the last directive.
+def typer_options(ctx: typer.Context) -> OptionParser:
+    """Parses a directive line's options with the command's own typer parser."""
 
-    Each directive line is parsed by the same command as the command line, so it
-    accepts exactly the same spellings and is validated the same way. Returns the
-    values and, for each one a directive set, where it came from.
-    """
-    values = {name: ctx.params[name] for name in DIRECTIVE_OPTIONS}
-    origins: dict[str, str] = {}
-    from_environment = set()
-    for name, variable in INPUT_VARIABLES.items():
-        text = os.environ.get(variable)
-        if text and not _given(ctx, name):
-            values[name] = text
-            origins[name] = variable
-            from_environment.add(name)
-    for directive in directives:
-        parsed = _parse_directive(ctx, directive)
-        for name in DIRECTIVE_OPTIONS:
-            if _given(parsed, name) and not _given(ctx, name) and name not in from_environment:
-                values[name] = parsed.params[name]
-                origins[name] = f"line {directive.line}: {directive.prefix}"
-    return values, origins
+    def parse(args: list[str]) -> ParsedArgs:
+        try:
+            with ctx.command.make_context(ctx.info_name, args) as parsed:
+                pass
+        except typer.TyperException as err:
+            raise UsageError(err.format_message()) from None
+        return parsed
 
-
-def submission_body(
-    submission: Submission, *, work_dir: str, environment: dict[str, str],
-) -> dict[str, Any]:
-    """The ``POST /v1/jobs`` request body of docs/api.md."""
-    return {
-        "script": submission.script,
-        "args": list(submission.args),
-        "name": submission.name,
-        "gpus": submission.gpus,
-        "gpu_types": list(submission.gpu_types),
-        "nodes": submission.nodes,
-        "cpus": submission.cpus,
-        "mem_mb": submission.mem_mb,
-        "nodelist": list(submission.nodelist),
-        "warn_signal": None if submission.warn_signal is None else {
-            "signal": submission.warn_signal.number, "seconds": submission.warn_signal.seconds,
-            "batch_only": submission.warn_signal.batch_only},
-        "exclude": list(submission.exclude),
-        "time_limit": submission.time_limit,
-        "partition": submission.partition,
-        "account": submission.account,
-        "qos": submission.qos,
-        "hold": submission.hold,
-        "exclusive": submission.exclusive,
-        "gres_flags": submission.gres_flags,
-        "requeue": submission.requeue,
-        "begin_time": submission.begin_time,
-        "dependency": submission.dependency,
-        "array": submission.array,
-        "work_dir": work_dir,
-        "environment": environment,
-        "output": submission.output,
-        "error": submission.error,
-    }
-
-
-def _parse_directive(ctx: typer.Context, directive: Directive) -> ParsedArgs:
-    """Parse one directive line with the command's own parser."""
-    where = f"line {directive.line}: {directive.prefix} {' '.join(directive.args)}"
-    if "--help" in directive.args:
-        raise UsageError(f"{where}: --help is not a directive")
-    try:
-        with ctx.command.make_context(ctx.info_name, list(directive.args)) as parsed:
-            pass
-    except typer.TyperException as err:
-        raise UsageError(f"{where}: {err.format_message()}") from None
-    if _given(parsed, "wrap"):
-        raise UsageError(f"{where}: --wrap is not a directive")
-    if _given(parsed, "script") or _given(parsed, "args"):
-        raise UsageError(f"{where}: a directive takes options only, not arguments")
-    return parsed
-
-
-def _given(ctx: ParsedArgs, name: str) -> bool:
-    """Whether ``name`` was written in the parsed arguments (not a default)."""
-    source = ctx.get_parameter_source(name)
-    # Compared by name: the enum lives in click, which newer typer vendors privately.
-    return source is not None and source.name == "COMMANDLINE"
-
-
-def _time_value(text: str) -> int | str:
-    """Seconds of a --time value, or ``"UNLIMITED"``."""
-    seconds = parse_time_limit(text)
-    return UNLIMITED if seconds is None else seconds
-
-
-def _gres_flags_value(text: str) -> str:
-    """A --gres-flags value: Slurm's enforce-binding or disable-binding."""
-    from gpusched.messages.agent import GRES_FLAGS
-
-    if text not in GRES_FLAGS:
-        raise UsageError(f"invalid --gres-flags {text[:64]!r}: expected enforce-binding or "
-                         "disable-binding")
-    return text
-
-
-def _begin_value(text: str) -> str:
-    """The --begin time as ISO 8601 in the local zone."""
-    from datetime import datetime
-
-    return parse_begin(text, datetime.now().astimezone()).isoformat()
-
-
-def _checked_dependency(text: str) -> str:
-    """The --dependency value, checked here so that a bad one is never sent."""
-    # Imported here: the dependency module pulls in the whole job model (~8 ms).
-    from gpusched.core.dependency import parse_dependency
-
-    parse_dependency(text)
-    return text
-
-
-def _checked_export(text: str) -> str:
-    """The --export value, checked without reading the environment yet."""
-    exported(text, {})
-    return text
-
-
+    return parse

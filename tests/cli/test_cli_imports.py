@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,3 +82,55 @@ def test_the_agent_does_not_import_the_cli_package() -> None:
     names = set(json.loads(result.stdout))
     assert "gpusched.agent.main" in names and "gpusched.client" in names
     assert sorted(n for n in names if n == "gpusched.cli" or n.startswith("gpusched.cli.")) == []
+
+
+@pytest.mark.parametrize("prog, argv, script", [
+    ("gsubmit", ["--parsable", "--wrap", "true"], None),
+    ("gsubmit", ["-G", "1", "job.sh", "--epochs", "3"], "#!/bin/sh\n#SBATCH -t 5 -p gpu\ntrue\n"),
+    ("gqueue", ["--json"], None),
+    ("gqueue", ["-u", "alice", "-t", "PD", "--start"], None),
+])
+def test_common_command_lines_do_not_load_typer(
+        tmp_path: Path, prog: str, argv: list[str], script: str | None) -> None:
+    """The quick parser takes them: no typer, click or dataclasses; the command runs
+    (here it cannot reach a controller, and says so)."""
+    if script is not None:
+        (tmp_path / "job.sh").write_text(script)
+    names, result = console_run(tmp_path, prog, argv)
+    assert f"gpusched.cli.{'submission' if prog == 'gsubmit' else 'queuecommand'}" in names
+    assert heavy_in(names, (*HEAVY, "typer", "click", "rich", "pydantic", "dataclasses")) == []
+    assert result.returncode == 1, result.stderr
+    assert f"{prog}: error: cannot reach the gpusched controller" in result.stderr
+
+
+@pytest.mark.parametrize("argv, script, error", [
+    (["--nodes", "0", "--wrap", "true"], None,
+     "Invalid value for '--nodes' / '-N': 0 is below the minimum of 1"),
+    (["job.sh"], "#!/bin/sh\n#SBATCH --bogus\ntrue\n",
+     "line 2: #SBATCH --bogus: No such option: --bogus"),
+])
+def test_other_command_lines_get_typers_answer(
+        tmp_path: Path, argv: list[str], script: str | None, error: str) -> None:
+    """What the quick parser declines (here a value typer refuses, and a directive it
+    does not know) typer parses, with its own error."""
+    if script is not None:
+        (tmp_path / "job.sh").write_text(script)
+    names, result = console_run(tmp_path, "gsubmit", argv)
+    assert "typer" in names
+    assert result.returncode == 2 and f"gsubmit: error: {error}" in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def console_run(cwd: Path, prog: str, argv: list[str]) -> tuple[set[str], Any]:
+    """Run a console entry point with ``argv``; the modules it imported, and the result."""
+    env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
+    env.pop("GPUSCHED_CONTROLLERS", None)
+    env.pop("GPUSCHED_CONFIG", None)
+    code = f"import sys; sys.argv = [{prog!r}, *{argv!r}]; from gpusched.cli import console; console.{prog}()"
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True,
+                            text=True, env=env, cwd=cwd, timeout=60)
+    names = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+             if line.startswith("import time:")}
+    result.stderr = "".join(line + "\n" for line in result.stderr.splitlines()
+                            if not line.startswith("import time:"))
+    return names, result
