@@ -26,8 +26,10 @@ Where each command's time goes (``CMD`` one of gsubmit, gqueue, gqueue_json; med
   its own), split into ``CMD_import_site_ms`` (site and the ``.pth`` files),
   ``CMD_import_framework_ms`` (typer, click, rich, pydantic), ``CMD_import_gpusched_ms``
   (the package's own modules) and ``CMD_import_stdlib_ms`` (the rest);
-- ``CMD_parse_ms``: building the command line parser and parsing the arguments,
-  in-process, after the imports (a bare ``gqueue`` parses nothing);
+- ``CMD_parse_ms``: parsing the arguments as the entry point does (the quick parser of
+  gpusched.cli.quickparse), in-process, after the imports (a bare ``gqueue`` parses
+  nothing); ``CMD_typer_parse_ms``: building the typer command and parsing with it, what
+  a command line the quick parser declines costs on top of importing typer;
 - ``gqueue_request_ms`` / ``gqueue_json_request_ms``: the API call alone (connect, send,
   read the whole answer and decode it), in-process: mostly what the controller costs.
 
@@ -66,6 +68,14 @@ COMMANDS = {
     "gqueue_json": ("gqueue", ["--json"]),
 }
 PARSE = """
+import sys, time
+from gpusched.cli import optiontables
+from gpusched.cli.quickparse import quick_parse
+began = time.perf_counter()
+quick_parse(optiontables.{table}, {argv!r})
+print((time.perf_counter() - began) * 1000)
+"""
+TYPER_PARSE = """
 import sys, time
 from gpusched.cli import {module}
 from gpusched.cli.common import use_light_coercion
@@ -152,8 +162,10 @@ def breakdown(cluster: Cluster, name: str, bin_dir: Path) -> dict[str, float]:
         for key, value in split.items():
             samples.setdefault(f"import_{key}", []).append(value)
         if argv:  # a bare gqueue parses nothing
-            code = PARSE.format(module=prog, prog=prog, argv=argv)
+            code = PARSE.format(table=prog.upper(), argv=argv)
             samples.setdefault("parse", []).append(child_ms(python, code, cluster))
+            code = TYPER_PARSE.format(module=prog, prog=prog, argv=argv)
+            samples.setdefault("typer_parse", []).append(child_ms(python, code, cluster))
         if prog == "gqueue":
             fields = "None" if "--json" in argv else "TABLE_FIELDS"
             samples.setdefault("request", []).append(
