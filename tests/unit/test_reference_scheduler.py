@@ -41,7 +41,7 @@ from gpusched.sim.traces import TraceJob, read_swf
 from tests.reference.scheduler import POLICIES, Job
 from tests.reference.scheduler import simulate as reference
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+DATA = Path(__file__).resolve().parents[1] / "data"
 # The reference's policy -> the simulator's backfill mode.
 BACKFILL = {"fcfs": "none", "easy": "easy", "conservative": "conservative"}
 SHAPES = ("nodes", "gpus")
@@ -194,15 +194,18 @@ WINDOW_JOBS = 300
 
 
 @cache
-def trace_jobs(name: str) -> list[TraceJob]:
-    return read_swf(TRACES / name).jobs
+def trace_jobs(name: str, skip: int) -> list[TraceJob]:
+    """The log's jobs skip+1 to skip+WINDOW_JOBS, as tests/data keeps them (the header
+    and those jobs' lines of the log: tests/data/README.md)."""
+    sample = DATA / name.replace(".swf.gz", f".window{skip}.swf")
+    return read_swf(sample).jobs
 
 
 def window(name: str, processors: int, skip: int) -> list[Job]:
     """The window's jobs, processors as GPUs, each run time cut to its limit (the logs
     hold jobs that ran past it); jobs wider than the machine are left out."""
     return [Job(j.job_id, j.submit, j.gpus, j.time_limit, min(j.run_time, j.time_limit))
-            for j in trace_jobs(name)[skip:skip + WINDOW_JOBS] if j.gpus <= processors]
+            for j in trace_jobs(name, skip) if j.gpus <= processors]
 
 
 @pytest.mark.parametrize("policy,shape", CASES)
