@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpusched.core.arrays import iter_tasks, task_count
-from gpusched.core.capacity import INF, Capacity, Shape
+from gpusched.core.capacity import Capacity
 from gpusched.core.dependency import dependency_clauses, dependency_reason
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.limits import LimitTracker
@@ -30,6 +30,7 @@ from gpusched.core.priority import (
     PriorityScale,
     priorities,
 )
+from gpusched.core.units import INF, Shape
 
 
 def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:

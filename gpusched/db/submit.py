@@ -14,8 +14,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
-from gpusched.core.capacity import kind_matches
 from gpusched.core.timefmt import format_duration
+from gpusched.core.units import kind_matches
 from gpusched.db import commands
 from gpusched.db.associations import check_submit_limits, choose_qos, qos_access
 from gpusched.db.engine import rowcount

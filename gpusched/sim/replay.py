@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpusched.core.capacity import INF, Capacity, Shape, any_could_start
+from gpusched.core.capacity import Capacity
 from gpusched.core.fairshare import ROOT, Account, UserShare, accrue, decay
 from gpusched.core.model import (
     PendingJob,
@@ -27,6 +27,7 @@ from gpusched.core.model import (
 )
 from gpusched.core.plan import SchedulingPass, queue_order
 from gpusched.core.priority import PriorityWeights
+from gpusched.core.units import INF, Shape, any_could_start
 from gpusched.errors import UsageError
 from gpusched.sim.cluster import SimCluster
 from gpusched.sim.traces import TraceJob

@@ -1,0 +1,161 @@
+"""Matching: which nodes (and which of their units) a job may start on now.
+
+Best fit walks the buckets of free units upward. Within one pass resources only shrink,
+so a shape that could not start now is remembered, and any job needing at least as much
+for at least as long is refused without a search. A start must leave every reservation
+whole for the job's whole time limit, which is what makes backfill safe.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Iterable
+
+from gpusched.core.model import GpuView, PendingJob
+from gpusched.core.resources import PassResources
+from gpusched.core.topology import choose_gpus
+from gpusched.core.units import INF, Shape
+
+
+class MatchingMixin(PassResources):
+    """Starting jobs now: best-fit placement, the failures a pass remembers, and the
+    shapes an exclusive job may take."""
+
+    def whole_shapes(self, job: PendingJob, members: frozenset[int]
+                     ) -> list[tuple[Shape, frozenset[int]]]:
+        """An exclusive job's shapes, one per node size that could hold it, smallest
+        first: every unit of its GPU kind on each node, with the nodes of that size. (A
+        job on several nodes runs on nodes of one size.)"""
+        shape = Shape.of(job)
+        if not job.gpus:
+            return [(shape, members)]
+        kinds = self.matching(job.gpu_kinds)
+        by_size: dict[int, set[int]] = {}
+        for index in members:
+            for kind in kinds:
+                size = self.nodes[index].total.get(kind, 0)
+                if size >= job.gpus:
+                    by_size.setdefault(size, set()).add(index)
+        if not by_size:
+            return [(shape, members)]  # no node is big enough: it waits as it would anyway
+        return [(shape._replace(gpus=size), frozenset(nodes))
+                for size, nodes in sorted(by_size.items())]
+
+    def _failed_before(self, key: tuple[object, ...], gpus: int, cpus: int, mem: int,
+                       duration: float) -> bool:
+        failed = self._failed.get(key)
+        if failed:
+            for g, c, m, d in failed:
+                if gpus >= g and cpus >= c and mem >= m and duration >= d:
+                    return True
+        return False
+
+    def refused(self, job: PendingJob, group: object) -> bool:
+        """Whether ``job`` needs at least as much, for at least as long, as a shape that
+        ``place_now`` could not start in this pass: then it cannot start either."""
+        key = (group, job.gpu_kinds, max(1, job.nodes), job.uid if self.restricted else None)
+        return self._failed_before(key, job.gpus, job.cpus, job.mem_mb,
+                                   INF if job.time_limit is None else float(job.time_limit))
+
+    # -- now --------------------------------------------------------------------------
+    def place_now(self, shape: Shape, members: frozenset[int],
+                  group: object) -> list[tuple[int, str]] | None:
+        """Best-fit nodes (and the kind used on each) to start ``shape`` on now.
+
+        ``members`` are the node indexes it may use and ``group`` names that set (its
+        partition) for remembering failures. None when it cannot start now without
+        breaking a reservation.
+        """
+        key = (group, shape.kinds, shape.nodes, shape.uid if self.restricted else None)
+        if self._failed_before(key, shape.gpus, shape.cpus, shape.mem_mb, shape.duration):
+            return None
+        found = self._search_now(shape, members)
+        if found is None:
+            self._failed.setdefault(key, []).append(
+                (shape.gpus, shape.cpus, shape.mem_mb, shape.duration))
+        return found
+
+    def _search_now(self, shape: Shape, members: frozenset[int]) -> list[tuple[int, str]] | None:
+        """Best fit: the nodes with the fewest free units that hold ``shape``; among those,
+        nodes where it ends before a reservation come first, since what no reservation
+        holds is all that a job running past the reservation could use."""
+        if self.whole or shape.exclusive:
+            members = frozenset(i for i in members if i not in self.whole
+                                and (not shape.exclusive or self._idle(i)))
+        reserved = self.reserved_nodes
+        if shape.gpus == 0:
+            fit = [(node.free_gpus(), node.index not in reserved, node.index)
+                   for node in self.nodes
+                   if node.index in members and self._usable(node, shape)
+                   and self._fits_now(node, "", shape)]
+            fit.sort()
+            return [(index, "") for _, _, index in fit[:shape.nodes]] \
+                if len(fit) >= shape.nodes else None
+        kinds = self.matching(shape.kinds)
+        if shape.nodes == 1:
+            for count in range(shape.gpus, self.most + 1):
+                first = self._first_fit(kinds, count, shape, members, None)
+                if first is None:
+                    continue
+                if first[0] in reserved or not reserved:
+                    return [first]
+                return [self._first_fit(kinds, count, shape, members, reserved) or first]
+            return None
+        chosen: list[tuple[int, str]] = []
+        seen: set[int] = set()
+        for count in range(shape.gpus, self.most + 1):
+            level: list[tuple[int, str]] = []
+            for kind in kinds:
+                for index in self.buckets[kind][count]:
+                    if index in seen or index not in members:
+                        continue
+                    node = self.nodes[index]
+                    if self._usable(node, shape) and self._fits_now(node, kind, shape):
+                        seen.add(index)
+                        level.append((index, kind))
+            level.sort(key=lambda entry: entry[0] not in reserved)  # stable
+            chosen.extend(level)
+        if len(chosen) < shape.nodes:
+            return None
+        return self._same_block(chosen, shape.nodes)
+
+    def _first_fit(self, kinds: list[str], count: int, shape: Shape, members: frozenset[int],
+                   among: set[int] | None) -> tuple[int, str] | None:
+        """The first member node (by kind, then index) with exactly ``count`` free units of
+        one of ``kinds`` where ``shape`` fits now; only nodes of ``among`` when given."""
+        for kind in kinds:
+            bucket = self.buckets[kind][count]
+            candidates: Iterable[int] = bucket
+            if among is not None and len(among) < len(bucket):
+                candidates = (i for i in sorted(among) if self.nodes[i].count(kind) == count
+                              and kind in self.nodes[i].total)
+            for index in candidates:
+                if index in members and (among is None or index in among):
+                    node = self.nodes[index]
+                    if self._usable(node, shape) and self._fits_now(node, kind, shape):
+                        return index, kind
+        return None
+
+    def take(self, index: int, kind: str, shape: Shape) -> tuple[GpuView, ...]:
+        """Start ``shape`` on node ``index`` now: the units it gets, chosen by topology."""
+        node = self.nodes[index]
+        gpus: tuple[GpuView, ...] = ()
+        if shape.gpus:
+            free = node.free[kind]
+            before = len(free)
+            gpus = choose_gpus(node.view, free, shape.gpus, kind in node.slices)
+            taken = {gpu.uuid for gpu in gpus}
+            node.free[kind] = [gpu for gpu in free if gpu.uuid not in taken]
+            bucket = self.buckets[kind]
+            bucket[before].remove(index)
+            insort(bucket[before - shape.gpus], index)
+        node.cpus -= shape.cpus
+        node.mem -= shape.mem_mb
+        if shape.duration < INF:
+            insort(node.releases, (self.now + shape.duration, kind, shape.gpus,
+                                   float(shape.cpus), float(shape.mem_mb), -1))
+        if shape.exclusive:
+            self._hold_whole(index, self.now + shape.duration)
+        self.started.add(index)
+        self._touched(index)
+        return gpus

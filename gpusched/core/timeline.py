@@ -1,0 +1,142 @@
+"""The timeline: when a job that cannot start now could start at the earliest, where to
+hold resources for it then, and the reservations that hold them.
+
+Each node's own timeline is a ``NodeTimeline``; this part sorts the nodes by when a
+shape could start on them, keeping the sorted lists between calls and refreshing only
+the nodes a start or a reservation changed since.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Sequence
+
+from gpusched.core.resources import PassResources
+from gpusched.core.units import INF, Shape
+
+
+class TimelineMixin(PassResources):
+    """Earliest starts, estimates and reservations for jobs that must wait."""
+
+    def _sorted_starts(self, kind: str, shape: Shape, reserved: bool) -> list[tuple[float, int]]:
+        """(earliest start, node) for ``shape`` on every node with (``reserved``) or
+        without a reservation, sorted; kept between calls and refreshed only for the
+        nodes changed since.
+
+        A node without a reservation only gains resources as time goes on, so when a
+        shape could start there does not depend on how long it runs: one list serves
+        every job of the same size.
+        """
+        key = (reserved, kind, shape.gpus, shape.cpus, shape.mem_mb,
+               shape.duration if reserved else 0.0)
+
+        def wanted(index: int) -> bool:
+            return (index in self.reserved_nodes) == reserved and (
+                not kind or self.nodes[index].total.get(kind, 0) >= shape.gpus)
+
+        entry = self._starts.get(key)
+        if entry is None:
+            at = {node.index: node.earliest(kind, shape, self.now)
+                  for node in self.nodes if wanted(node.index)}
+            starts = sorted((t, index) for index, t in at.items())
+        else:
+            starts, at, seen = entry
+            for index in set(self._changed[seen:]):
+                old = at.pop(index, None)
+                if old is not None:
+                    del starts[bisect_left(starts, (old, index))]
+                if wanted(index):
+                    at[index] = self.nodes[index].earliest(kind, shape, self.now)
+                    insort(starts, (at[index], index))
+        self._starts[key] = (starts, at, len(self._changed))
+        return starts
+
+    def estimate(self, shape: Shape, members: frozenset[int], group: object) -> float:
+        """``earliest`` without the where, remembered: most waiting jobs share a few
+        shapes. Starts and reservations only take resources away, so the answer stands
+        until one of the nodes it named changes (or a preemption gives some back early)."""
+        key = (group, shape if self.restricted else shape._replace(uid=0))
+        known = self._estimates.get(key)
+        if known is not None and known[3] == self._gave_back:
+            at, where, seen, _ = known
+            if not where.intersection(self._changed[seen:]):
+                self._estimates[key] = (at, where, len(self._changed), self._gave_back)
+                return at
+        at, nodes = self.earliest(shape, members)
+        self._estimates[key] = (at, frozenset(i for i, _ in nodes), len(self._changed),
+                                self._gave_back)
+        return at
+
+    def earliest(self, shape: Shape, members: frozenset[int]) -> tuple[float, list[tuple[int, str]]]:
+        """When and where ``shape`` could start at the earliest; (INF, []) if never."""
+        starts: list[tuple[float, int, str]] = []
+        for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+            for reserved in (False, True):
+                found = 0
+                for at, index in self._sorted_starts(kind, shape, reserved):
+                    if at == INF or found >= shape.nodes:
+                        break
+                    if index in members and self._usable(self.nodes[index], shape):
+                        starts.append((at, index, kind))
+                        found += 1
+        best: dict[int, tuple[float, int, str]] = {}
+        for entry in sorted(starts):
+            best.setdefault(entry[1], entry)  # one kind per node: its earliest
+        starts = sorted(best.values())
+        if len(starts) < shape.nodes:
+            return INF, []
+        if shape.nodes == 1:
+            at, index, kind = starts[0]
+            return at, [(index, kind)]
+        for at in sorted({t for t, _, _ in starts[shape.nodes - 1:]}):
+            ready = [(index, kind) for t, index, kind in starts if t <= at and (
+                index not in self.reserved_nodes or self.nodes[index].fits(kind, shape, at))]
+            if len(ready) >= shape.nodes:
+                return at, self._same_block(ready, shape.nodes)
+        return INF, []
+
+    def where_to_reserve(self, shape: Shape, members: frozenset[int]
+                         ) -> tuple[float, list[tuple[int, str]]]:
+        """When ``shape`` could start at the earliest (as ``earliest``), and the nodes to
+        hold for it then: of the nodes ready by that time, those ready last come first
+        (at one time, those with the fewest units free now), so that what is idle now is
+        held last and stays free for jobs that fit beside the reservation (EASY's extra
+        nodes)."""
+        at, where = self.earliest(shape, members)
+        if at == INF:
+            return at, where
+        ready = self._ready_by(at, shape, members)
+        if len(ready) < shape.nodes:  # cannot happen: ``where`` is among them
+            return at, where
+        return at, self._same_block(ready, shape.nodes)
+
+    def _ready_by(self, at: float, shape: Shape, members: frozenset[int]
+                  ) -> list[tuple[int, str]]:
+        """Every member node (and the kind it would use) where ``shape`` could start at
+        ``at`` and run its whole duration: latest ready first, then fewest units free now,
+        then by index."""
+        best: dict[int, tuple[float, int, int, str]] = {}
+        for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+            for reserved in (False, True):
+                for ready, index in self._sorted_starts(kind, shape, reserved):
+                    if ready > at:
+                        break
+                    node = self.nodes[index]
+                    if index not in members or not self._usable(node, shape) or (
+                            reserved and not node.fits(kind, shape, at)):
+                        continue
+                    key = (-ready, node.count(kind) if kind else node.free_gpus(), index, kind)
+                    if index not in best or key < best[index]:
+                        best[index] = key
+        return [(index, kind) for _, _, index, kind in sorted(best.values())]
+
+    def reserve(self, at: float, where: Sequence[tuple[int, str]], shape: Shape,
+                job_id: int = 0) -> None:
+        """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
+        for index, kind in where:
+            self.owners[(index, at)] = job_id
+            node = self.nodes[index]
+            node.reserved.append((at, at + shape.duration, kind, shape.gpus,
+                                  float(shape.cpus), float(shape.mem_mb)))
+            self.reserved_nodes.add(index)
+            self._touched(index)
