@@ -15,6 +15,7 @@ a time budget as the controller does: half for reservations, then backfill only.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import statistics
 import sys
@@ -30,6 +31,7 @@ from gpusched.core.model import (  # noqa: E402
     NodeView,
     PartitionView,
     PendingJob,
+    Plan,
     Policy,
     RunningJob,
     Snapshot,
@@ -111,6 +113,20 @@ def queue(count: int, rng: random.Random, users: list[tuple[str, str]],
     return jobs
 
 
+def digest(result: Plan) -> str:
+    """A short hash of every decision in the plan: starts (job, task, node(s), GPUs, kind),
+    reservations, pending reasons with expected starts, and preemptions, in plan order."""
+    text = repr((
+        [(s.job_id, s.array_task_id, s.node, s.nodes, s.gpu_uuids, str(s.kind))
+         for s in result.starts],
+        [(r.job_id, r.start_time, r.nodes) for r in result.reservations],
+        [(p.job_id, str(p.reason), p.expected_start) for p in result.pending],
+        [(p.job_id, p.by, p.mode) for p in result.preemptions],
+        result.resume_after,
+    ))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def main() -> None:
     """Build the cluster and queue, then time whole passes."""
     parser = argparse.ArgumentParser()
@@ -151,6 +167,7 @@ def main() -> None:
     print(f"pass_ms: {statistics.median(times) * 1000:.1f}")
     print(f"pass_ms_min: {min(times) * 1000:.1f}")
     print(f"stopped_after_job: {result.resume_after}")
+    print(f"plan_digest: {digest(result)}")
 
 
 if __name__ == "__main__":
