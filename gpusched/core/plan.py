@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.capacity import Capacity
@@ -79,9 +80,12 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
 
 def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[PendingJob]:
     """The snapshot's pending jobs in the order of their computed priorities."""
-    by_id = {job.job_id: job for job in snapshot.pending}
-    rank = {b.job_id: (-b.total, by_id[b.job_id].submit_time, b.job_id) for b in ranked}
-    return sorted(snapshot.pending, key=lambda job: rank[job.job_id])
+    total = {b.job_id: b.total for b in ranked}
+    # Stable sorts, least significant key first: job id, submit time, then total
+    # (highest first; ``reverse`` keeps equal totals in the order already made).
+    jobs = sorted(snapshot.pending, key=attrgetter("submit_time", "job_id"))
+    jobs.sort(key=lambda job: total[job.job_id], reverse=True)
+    return jobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,7 @@ class SchedulingPass:
         self.overlaps = {a: [b for b in self.members if self.members[a] & self.members[b]]
                          for a in self.members}
         self.limits = LimitTracker(snapshot.qos_limits, snapshot.running)
+        self.limited_qos = frozenset(snapshot.qos_limits)  # a QOS without limits holds none
         self.busy_names = set(snapshot.running_names)
         self.array_running = Counter(job.array_job_id for job in snapshot.running
                                      if job.array_job_id is not None)
@@ -172,7 +177,8 @@ class SchedulingPass:
         """Whether no rule of ``waits`` can apply to ``job``: most jobs, checked cheaply.
         Every rule added to ``waits`` needs its condition here too."""
         return (job.partition in self.open_partitions and not job.dependency
-                and job.hold is None and job.begin_time is None and job.qos is None
+                and job.hold is None and job.begin_time is None
+                and (job.qos is None or job.qos not in self.limited_qos)
                 and job.array_max_running is None)
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:

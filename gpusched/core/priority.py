@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 WEEK = 7 * 86400.0
@@ -112,5 +113,8 @@ def priorities(jobs: Iterable[PriorityInput], now: float, weights: PriorityWeigh
     """Breakdowns of many jobs, highest priority first (ties: lower job id first)."""
     score = _Scorer(weights, scale).score
     result = [score(job, now) for job in jobs]
-    result.sort(key=lambda b: (-b.total, b.job_id))
+    # Stable sorts: by job id, then by total, highest first (``reverse`` keeps equal
+    # totals in job id order).
+    result.sort(key=itemgetter(0))
+    result.sort(key=itemgetter(6), reverse=True)
     return result
