@@ -59,7 +59,7 @@ class PassResources:
         self.restricted = known.restricted
         self.preempted: set[int] = set()  # running jobs this pass decided to stop
         # (group, shape) -> (start, the nodes it is on, change log seen, preemptions seen)
-        self._estimates: dict[tuple[object, Shape], tuple[float, frozenset[int], int, int]] = {}
+        self._estimates: dict[tuple[object, object], tuple[float, frozenset[int], int, int]] = {}
         self._gave_back = 0  # preemptions so far: they bring resources back earlier
 
     def _release_running(self, running: list[RunningJob]) -> None:

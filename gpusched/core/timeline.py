@@ -55,7 +55,8 @@ class TimelineMixin(PassResources):
         """``earliest`` without the where, remembered: most waiting jobs share a few
         shapes. Starts and reservations only take resources away, so the answer stands
         until one of the nodes it named changes (or a preemption gives some back early)."""
-        key = (group, shape if self.restricted else shape._replace(uid=0))
+        # Without nodes restricted to one user the uid changes nothing: leave it out.
+        key = (group, shape if self.restricted else (shape[:6], shape.exclusive))
         known = self._estimates.get(key)
         if known is not None and known[3] == self._gave_back:
             at, where, seen, _ = known
