@@ -25,12 +25,7 @@ from gpusched.core.model import (
     Start,
     StartKind,
 )
-from gpusched.core.priority import (
-    PriorityBreakdown,
-    PriorityInput,
-    PriorityScale,
-    priorities,
-)
+from gpusched.core.priority import PriorityBreakdown, PriorityScale, ranked_fields
 from gpusched.core.units import INF, Shape
 
 
@@ -53,14 +48,15 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
         max_partition_tier=max(tiers.values(), default=0),
         max_qos_priority=max(snapshot.qos_priority.values(), default=0),
     )
-    inputs = (
-        PriorityInput(job.job_id, job.eligible_time, job.gpus,
-                      # Jobs charging no account (none configured) are all treated alike.
-                      factors.get((job.user, job.account), 1.0) if job.account else 1.0,
-                      tiers.get(job.partition, 0), snapshot.qos_priority.get(job.qos or "", 0))
+    qos_priority = snapshot.qos_priority
+    inputs = (  # the fields of a PriorityInput
+        (job.job_id, job.eligible_time, job.gpus,
+         # Jobs charging no account (none configured) are all treated alike.
+         factors.get((job.user, job.account), 1.0) if job.account else 1.0,
+         tiers.get(job.partition, 0), qos_priority.get(job.qos or "", 0))
         for job in snapshot.pending
     )
-    ranked = priorities(inputs, now, policy.weights, scale)
+    ranked = ranked_fields(inputs, now, policy.weights, scale)
     fixed = {job.job_id: job.priority for job in snapshot.pending if job.priority is not None}
     if fixed:  # an administrator's number replaces the weighted total
         ranked = sorted((b._replace(total=fixed[b.job_id]) if b.job_id in fixed else b

@@ -70,10 +70,6 @@ def _inverse(whole: float) -> float:
     return 1.0 / whole if whole > 0 else 0.0
 
 
-def _clamp(value: float) -> float:
-    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
-
-
 class _Scorer:
     """Weights and scale folded into constants once, then applied to many jobs."""
 
@@ -89,17 +85,28 @@ class _Scorer:
 
     def score(self, job: PriorityInput, now: float) -> PriorityBreakdown:
         """One job's breakdown."""
+        return self.score_fields(now, *job)
+
+    def score_fields(self, now: float, job_id: int, eligible_time: float, gpus: int,
+                     fairshare: float, partition_tier: int = 0,
+                     qos_priority: int = 0) -> PriorityBreakdown:
+        """One job's breakdown from the fields of its ``PriorityInput``, in order."""
         inv_age, inv_gpus, inv_tier, inv_qos = self.inverses
         w_age, w_fs, w_size, w_part, w_qos = self.weights
-        age = _clamp((now - job.eligible_time) * inv_age)
-        size = _clamp(job.gpus * inv_gpus)
+        # Each factor clamped to [0, 1], written out: this runs once per pending job.
+        age = (now - eligible_time) * inv_age
+        age = 0.0 if age < 0.0 else 1.0 if age > 1.0 else age
+        size = gpus * inv_gpus
+        size = 0.0 if size < 0.0 else 1.0 if size > 1.0 else size
         if self.favor_small:
             size = 1.0 - size
-        fairshare = _clamp(job.fairshare)
-        partition = _clamp(job.partition_tier * inv_tier)
-        qos = _clamp(job.qos_priority * inv_qos)
+        fairshare = 0.0 if fairshare < 0.0 else 1.0 if fairshare > 1.0 else fairshare
+        partition = partition_tier * inv_tier
+        partition = 0.0 if partition < 0.0 else 1.0 if partition > 1.0 else partition
+        qos = qos_priority * inv_qos
+        qos = 0.0 if qos < 0.0 else 1.0 if qos > 1.0 else qos
         total = w_age * age + w_fs * fairshare + w_size * size + w_part * partition + w_qos * qos
-        return PriorityBreakdown(job.job_id, age, fairshare, size, partition, qos, total)
+        return PriorityBreakdown(job_id, age, fairshare, size, partition, qos, total)
 
 
 def job_priority(job: PriorityInput, now: float, weights: PriorityWeights,
@@ -111,8 +118,15 @@ def job_priority(job: PriorityInput, now: float, weights: PriorityWeights,
 def priorities(jobs: Iterable[PriorityInput], now: float, weights: PriorityWeights,
                scale: PriorityScale) -> list[PriorityBreakdown]:
     """Breakdowns of many jobs, highest priority first (ties: lower job id first)."""
-    score = _Scorer(weights, scale).score
-    result = [score(job, now) for job in jobs]
+    return ranked_fields(jobs, now, weights, scale)
+
+
+def ranked_fields(jobs: Iterable[tuple[int, float, int, float, int, int]], now: float,
+                  weights: PriorityWeights, scale: PriorityScale) -> list[PriorityBreakdown]:
+    """``priorities`` of jobs given as plain tuples of ``PriorityInput``'s six fields
+    (a ``PriorityInput`` is one): a queue need not build a named tuple per job."""
+    score = _Scorer(weights, scale).score_fields
+    result = [score(now, *job) for job in jobs]
     # Stable sorts: by job id, then by total, highest first (``reverse`` keeps equal
     # totals in job id order).
     result.sort(key=itemgetter(0))
