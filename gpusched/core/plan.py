@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, islice
+from operator import attrgetter, eq, ge
 
 from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.capacity import Capacity
@@ -75,8 +76,26 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
 
 
 def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[PendingJob]:
-    """The snapshot's pending jobs in the order of their computed priorities."""
+    """The snapshot's pending jobs in the order of their computed priorities: highest
+    total first, then earliest submitted, then lowest job id."""
+    ranked = list(ranked)
     total = {b.job_id: b.total for b in ranked}
+    by_id = {job.job_id: job for job in snapshot.pending}
+    totals = [b.total for b in ranked]
+    if (len(ranked) == len(by_id) == len(snapshot.pending) and total.keys() == by_id.keys()
+            and all(map(ge, totals, islice(totals, 1, None)))):
+        # Already highest first (as ``job_priorities`` gives them): only runs of equal
+        # totals need their submit times looked at.
+        jobs = [by_id[b.job_id] for b in ranked]
+        end = 0
+        for i in compress(range(len(totals) - 1), map(eq, totals, islice(totals, 1, None))):
+            if i < end:
+                continue
+            end = i + 1
+            while end < len(totals) and totals[end] == totals[i]:
+                end += 1
+            jobs[i:end] = sorted(jobs[i:end], key=attrgetter("submit_time", "job_id"))
+        return jobs
     # Stable sorts, least significant key first: job id, submit time, then total
     # (highest first; ``reverse`` keeps equal totals in the order already made).
     jobs = sorted(snapshot.pending, key=attrgetter("submit_time", "job_id"))
