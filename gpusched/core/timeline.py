@@ -30,14 +30,19 @@ class TimelineMixin(PassResources):
         key = (reserved, kind, shape.gpus, shape.cpus, shape.mem_mb,
                shape.duration if reserved else 0.0)
 
+        nodes, held, gpus = self.nodes, self.reserved_nodes, shape.gpus
+
         def wanted(index: int) -> bool:
-            return (index in self.reserved_nodes) == reserved and (
-                not kind or self.nodes[index].total.get(kind, 0) >= shape.gpus)
+            return (index in held) == reserved and (
+                not kind or nodes[index].total.get(kind, 0) >= gpus)
 
         entry = self._starts.get(key)
         if entry is None:
-            at = {node.index: node.earliest(kind, shape, self.now)
-                  for node in self.nodes if wanted(node.index)}
+            # Only the nodes on the wanted side of the reservations: few are reserved.
+            side = ([nodes[i] for i in held] if reserved
+                    else [node for node in nodes if node.index not in held])
+            at = {node.index: node.earliest(kind, shape, self.now) for node in side
+                  if not kind or node.total.get(kind, 0) >= gpus}
             starts = sorted((t, index) for index, t in at.items())
         else:
             starts, at, seen = entry
