@@ -85,28 +85,34 @@ class _Scorer:
 
     def score(self, job: PriorityInput, now: float) -> PriorityBreakdown:
         """One job's breakdown."""
-        return self.score_fields(now, *job)
+        return self.score_all((job,), now)[0]
 
-    def score_fields(self, now: float, job_id: int, eligible_time: float, gpus: int,
-                     fairshare: float, partition_tier: int = 0,
-                     qos_priority: int = 0) -> PriorityBreakdown:
-        """One job's breakdown from the fields of its ``PriorityInput``, in order."""
+    def score_all(self, jobs: Iterable[tuple[int, float, int, float, int, int]],
+                  now: float) -> list[PriorityBreakdown]:
+        """The breakdowns of jobs given as tuples of ``PriorityInput``'s six fields (a
+        ``PriorityInput`` is one), in their order."""
         inv_age, inv_gpus, inv_tier, inv_qos = self.inverses
         w_age, w_fs, w_size, w_part, w_qos = self.weights
-        # Each factor clamped to [0, 1], written out: this runs once per pending job.
-        age = (now - eligible_time) * inv_age
-        age = 0.0 if age < 0.0 else 1.0 if age > 1.0 else age
-        size = gpus * inv_gpus
-        size = 0.0 if size < 0.0 else 1.0 if size > 1.0 else size
-        if self.favor_small:
-            size = 1.0 - size
-        fairshare = 0.0 if fairshare < 0.0 else 1.0 if fairshare > 1.0 else fairshare
-        partition = partition_tier * inv_tier
-        partition = 0.0 if partition < 0.0 else 1.0 if partition > 1.0 else partition
-        qos = qos_priority * inv_qos
-        qos = 0.0 if qos < 0.0 else 1.0 if qos > 1.0 else qos
-        total = w_age * age + w_fs * fairshare + w_size * size + w_part * partition + w_qos * qos
-        return PriorityBreakdown(job_id, age, fairshare, size, partition, qos, total)
+        favor_small = self.favor_small
+        result: list[PriorityBreakdown] = []
+        add = result.append
+        for job_id, eligible_time, gpus, fairshare, partition_tier, qos_priority in jobs:
+            # Each factor clamped to [0, 1], written out: this runs once per pending job.
+            age = (now - eligible_time) * inv_age
+            age = 0.0 if age < 0.0 else 1.0 if age > 1.0 else age
+            size = gpus * inv_gpus
+            size = 0.0 if size < 0.0 else 1.0 if size > 1.0 else size
+            if favor_small:
+                size = 1.0 - size
+            fairshare = 0.0 if fairshare < 0.0 else 1.0 if fairshare > 1.0 else fairshare
+            partition = partition_tier * inv_tier
+            partition = 0.0 if partition < 0.0 else 1.0 if partition > 1.0 else partition
+            qos = qos_priority * inv_qos
+            qos = 0.0 if qos < 0.0 else 1.0 if qos > 1.0 else qos
+            total = (w_age * age + w_fs * fairshare + w_size * size + w_part * partition
+                     + w_qos * qos)
+            add(PriorityBreakdown(job_id, age, fairshare, size, partition, qos, total))
+        return result
 
 
 def job_priority(job: PriorityInput, now: float, weights: PriorityWeights,
@@ -125,8 +131,7 @@ def ranked_fields(jobs: Iterable[tuple[int, float, int, float, int, int]], now: 
                   weights: PriorityWeights, scale: PriorityScale) -> list[PriorityBreakdown]:
     """``priorities`` of jobs given as plain tuples of ``PriorityInput``'s six fields
     (a ``PriorityInput`` is one): a queue need not build a named tuple per job."""
-    score = _Scorer(weights, scale).score_fields
-    result = [score(now, *job) for job in jobs]
+    result = _Scorer(weights, scale).score_all(jobs, now)
     # Stable sorts: by job id, then by total, highest first (``reverse`` keeps equal
     # totals in job id order).
     result.sort(key=itemgetter(0))
