@@ -16,7 +16,15 @@ import statistics
 import time
 
 from gpusched.core.fairshare import Account, FairShareTree, UserShare
-from gpusched.core.model import GpuView, NodeState, NodeView, PartitionView, PendingJob, Policy, Snapshot
+from gpusched.core.model import (
+    GpuView,
+    NodeState,
+    NodeView,
+    PartitionView,
+    PendingJob,
+    Policy,
+    Snapshot,
+)
 from gpusched.core.plan import job_priorities
 
 

@@ -60,7 +60,8 @@ def simulate(
     """
     from gpusched.sim.cluster import SimCluster, from_node_list, load_cluster, uniform
     from gpusched.sim.metrics import metrics
-    from gpusched.sim.replay import SimPolicy, simulate as run
+    from gpusched.sim.replay import SimPolicy
+    from gpusched.sim.replay import simulate as run
     from gpusched.sim.traces import FORMATS, read_trace
 
     _check_counts(nodes=nodes, gpus_per_node=gpus_per_node, limit=limit)

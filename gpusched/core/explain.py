@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gpusched.core.dependency import dependency_clauses
-from gpusched.core.model import JobState, PendingJob, Policy, QosLimits, Reason, Snapshot, Start
+from gpusched.core.model import (
+    JobState,
+    PendingJob,
+    Policy,
+    QosLimits,
+    Reason,
+    Snapshot,
+    Start,
+)
 from gpusched.core.plan import Moment, SchedulingPass, job_priorities, ordered
 from gpusched.core.timefmt import format_duration
 

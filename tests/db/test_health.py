@@ -15,6 +15,7 @@ from gpusched.db.models import Gpu, Job, Partition
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import NotFound, UsageError
 from tests.db.node import node_sessions, start_on
+
 M = "MIG-00000000-0000-4000-8000-00000000000{}"
 
 

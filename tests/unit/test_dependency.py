@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpusched.core.dependency import Dependency, DependencyError, dependency_reason, parse_dependency
+from gpusched.core.dependency import (
+    Dependency,
+    DependencyError,
+    dependency_reason,
+    parse_dependency,
+)
 from gpusched.core.model import (
     GpuView,
     JobState,

@@ -11,7 +11,15 @@ import pytest
 
 from gpusched.errors import UsageError
 from gpusched.sim.cluster import uniform
-from gpusched.sim.plot import DPI, PANEL_IN, POINTS, WIDTH_IN, build_figure, downsample, plot
+from gpusched.sim.plot import (
+    DPI,
+    PANEL_IN,
+    POINTS,
+    WIDTH_IN,
+    build_figure,
+    downsample,
+    plot,
+)
 from gpusched.sim.replay import SimPolicy, SimResult, simulate
 from gpusched.sim.traces import TraceJob
 

@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.core.timefmt import TimeFormatError, format_duration, parse_begin, parse_time_limit
+from gpusched.core.timefmt import (
+    TimeFormatError,
+    format_duration,
+    parse_begin,
+    parse_time_limit,
+)
 
 
 @pytest.mark.parametrize(
