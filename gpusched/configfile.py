@@ -59,6 +59,12 @@ class TableReader:
         except TimeFormatError:
             raise self.fail(key, "a time such as '1-00:00:00' or 'UNLIMITED'") from None
 
+    def absolute_path(self, key: str, default: Path) -> Path:
+        value = self.get(key, str, str(default), "an absolute path")
+        if not value.startswith("/"):
+            raise self.fail(key, "an absolute path")
+        return Path(value)
+
     def sub(self, key: str) -> TableReader:
         value = self.table.get(key, {})
         if not isinstance(value, dict):

@@ -33,7 +33,7 @@ from gpusched.agent.cgroups.devices import (
 )
 from gpusched.agent.cgroups.tree import DEFAULT_BASE
 from gpusched.agent.cpubind import BindingError, choose_cpus, parse_cpulist
-from gpusched.config import AgentConfig
+from gpusched.agent.settings import AgentConfig
 from gpusched.errors import GpuschedError
 from gpusched.messages import LaunchOrder
 

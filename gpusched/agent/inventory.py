@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gpusched.agent.nvml import Discovered, NvmlUnavailable, discover
-from gpusched.config import AgentConfig
+from gpusched.agent.settings import AgentConfig
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpusched.config import StaticGpu
+from gpusched.agent.settings import StaticGpu
 from gpusched.errors import GpuschedError
 
 log = logging.getLogger(__name__)
