@@ -188,3 +188,16 @@ def kill_leftovers(jobs_dir: Path) -> None:
             os.waitpid(info["supervisor_pid"], os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+@pytest.fixture
+def cgroup2(tmp_path: Path) -> Iterator[Path]:
+    """A cgroup2 file system mounted for the test (every mount shows the one unified
+    hierarchy: tests make a subtree named for their process under it)."""
+    mnt = tmp_path / "cgroup2"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "cgroup2", "none", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)

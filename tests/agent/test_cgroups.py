@@ -49,19 +49,12 @@ def _remove_tree(tree: CgroupTree) -> None:
 
 
 @pytest.fixture
-def v2_tree(tmp_path: Path) -> Iterator[CgroupTree]:
-    mnt = tmp_path / "cgroup2"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "cgroup2", "none", str(mnt)], check=True)
+def v2_tree(cgroup2: Path) -> Iterator[CgroupTree]:
+    tree = detect(cgroup2 / f"gpusched-test-{os.getpid()}")
     try:
-        # every cgroup2 mount shows the one unified hierarchy: a name of our own
-        tree = detect(mnt / f"gpusched-test-{os.getpid()}")
-        try:
-            yield tree
-        finally:
-            _remove_tree(tree)
+        yield tree
     finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+        _remove_tree(tree)
 
 
 @pytest.fixture

@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from gpusched.agent.confine import subtree_name
 
@@ -22,17 +19,6 @@ config = AgentConfig(node_name="node1", state_dir=Path(sys.argv[2]))
 found = open_confinement(config, base=Path(sys.argv[1]))
 print(json.dumps({**found.registration(), "cgroup": Path("/proc/self/cgroup").read_text()}))
 """
-
-
-@pytest.fixture
-def cgroup2(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "cgroup2"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "cgroup2", "none", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_names_differ_per_node_and_state_dir() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -46,16 +45,10 @@ def v1_tree() -> Iterator[CgroupTree]:
 
 
 @pytest.fixture
-def v2_tree(tmp_path: Path) -> Iterator[CgroupTree]:
-    mnt = tmp_path / "cgroup2"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "cgroup2", "none", str(mnt)], check=True)
-    try:
-        tree = detect(mnt / f"gpusched-jobs-test-{os.getpid()}")
-        yield tree
-        _remove_tree(tree)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
+def v2_tree(cgroup2: Path) -> Iterator[CgroupTree]:
+    tree = detect(cgroup2 / f"gpusched-jobs-test-{os.getpid()}")
+    yield tree
+    _remove_tree(tree)
 
 
 @pytest.fixture(params=["v1", "v2"])
