@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpusched.agent.cgroups import CgroupTree, JobCgroup
 from gpusched.agent.confine import subtree_name
 from gpusched.client import ApiClient
 from tests.pg import ScratchPostgres
@@ -60,26 +61,27 @@ def end_agent_jobs(state_dir: Path, node: str, remove: bool = True) -> None:
 
 
 def _end_agent_cgroups(name: str, remove: bool) -> None:
-    """Thaw, kill and (with ``remove``) remove the job cgroups of the agent whose subtree
-    is ``name`` in the cgroup v1 hierarchies of this host."""
-    subtrees = [p for p in Path("/sys/fs/cgroup").glob(f"*/{name}") if p.is_dir()]
-    jobs = [job for tree in subtrees for job in tree.iterdir() if job.is_dir()]
-    for job in jobs:
-        if (job / "freezer.state").exists():
-            (job / "freezer.state").write_text("THAWED")
-    deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline:
-        pids = {int(p) for job in jobs for p in (job / "cgroup.procs").read_text().split()}
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.01)
+    """Kill (freeze, kill, thaw) and, with ``remove``, remove the job cgroups of the
+    agent whose subtree is ``name`` in the cgroup v1 hierarchies of this host, as its
+    agent does for a lost supervisor."""
+    subtrees = {p.parent.name: p for p in Path("/sys/fs/cgroup").glob(f"*/{name}")
+                if p.is_dir()}
+    jobs: dict[str, dict[str, Path]] = {}
+    for controller, subtree in subtrees.items():
+        for path in subtree.iterdir():
+            if path.is_dir():
+                jobs.setdefault(path.name, {})[controller] = path
+    tree = CgroupTree(version=1, roots=subtrees)
+    for job_name, paths in jobs.items():
+        job = JobCgroup(tree, job_name, paths)
+        try:
+            job.kill(timeout=10.0, freeze=True)
+            if remove:
+                job.remove()
+        except (OSError, TimeoutError):
+            pass
     if remove:
-        for path in [*jobs, *subtrees]:
+        for path in subtrees.values():
             try:
                 path.rmdir()
             except OSError:
