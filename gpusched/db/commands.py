@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.orm import Session
@@ -26,7 +26,10 @@ from gpusched.db.models import Job, JobScript, Node, NodeCommand
 from gpusched.db.placements import job_placements
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
-from gpusched.messages.agent import LimitJob, Payload, SignalJob
+from gpusched.messages.agent import LimitJob, SignalJob
+
+if TYPE_CHECKING:
+    from gpusched.messages.agent import Payload
 
 RECLAIM_AFTER = 60.0  # seconds a claimed command waits for its acknowledgement
 MAX_PER_POLL = 200  # commands one poll takes; the next poll takes the rest at once

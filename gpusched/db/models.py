@@ -27,7 +27,9 @@ from gpusched.core.topology import LINK_KINDS
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
               "OUT_OF_MEMORY")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
-NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill")
+NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel")
+STEP_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
+               "NODE_FAIL")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 
@@ -98,6 +100,8 @@ class Node(Base):
     enforcement: Mapped[str | None] = mapped_column(Text)
     # "health" while drained by its health check (a passing check lifts it); else None.
     drained_by: Mapped[str | None] = mapped_column(Text)
+    # Where other nodes and clients reach it (MASTER_ADDR of a step); None: its name.
+    address: Mapped[str | None] = mapped_column(Text)
 
 
 class Gpu(Base):
@@ -282,6 +286,46 @@ class Allocation(Base):
     allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(),
                                                    primary_key=True)
     released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobStep(Base):
+    """A step of a job: tasks ``gsrun`` started on some of the job's nodes. ``layout`` is
+    {node: [task ids]}; ``gpus`` and ``cpus`` what it holds on each node, which other
+    steps of the job do not get unless one of them ``overlap``s. It ends once every node
+    of it has reported (``nodes_ended``)."""
+
+    __tablename__ = "job_steps"
+    __table_args__ = (
+        CheckConstraint(_in("state", STEP_STATES), name="state"),
+        CheckConstraint("step_id >= 0", name="step_id"),
+        CheckConstraint("ntasks > 0", name="ntasks"),
+        Index("ix_job_steps_running", "job_id", postgresql_where=text("state = 'RUNNING'")),
+    )
+
+    job_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    step_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    name: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(Text, server_default=text("'RUNNING'"))
+    uid: Mapped[int] = mapped_column(Integer)
+    node_names: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    layout: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    ntasks: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'"))
+    cpus: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'"))
+    overlap: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    cancelled: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    bad_exit: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    start_time: Mapped[datetime] = mapped_column(DateTime(timezone=True),
+                                                 server_default=func.now())
+    end_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    signal: Mapped[int | None] = mapped_column(Integer)
+    max_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cpu_usec: Mapped[int | None] = mapped_column(BigInteger)
+    nodes_ended: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 class Account(Base):

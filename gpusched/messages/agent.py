@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpusched.core import bounds
 from gpusched.core.arrays import MAX_TASK_ID, MAX_TASKS, ArrayError, runs
@@ -53,7 +53,7 @@ OUTCOMES = ("completed", "failed", "launch_failed", "cancelled", "timeout", "out
 GRES_FLAGS = ("enforce-binding", "disable-binding")
 MAX_BYTES = (1 << 63) - 1  # a cgroup's counters are 64-bit
 MAX_HEALTH_REASON = 256  # characters of a node health check's reason
-COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill")
+COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel")
 
 LAUNCH_FIELDS = frozenset({
     "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
@@ -315,15 +315,21 @@ class LimitJob:
     time_limit: int | None
 
 
-Payload = LaunchOrder | SignalJob | LimitJob | None
+if TYPE_CHECKING:  # the step messages import this module
+    from typing import TypeAlias
+
+    from gpusched.messages.steps import StepCancel, StepLaunch
+
+    Payload: TypeAlias = LaunchOrder | SignalJob | LimitJob | StepLaunch | StepCancel | None
 
 
 @dataclass(frozen=True)
 class NodeCommand:
     """One thing a node must do for one run of a job, in the order of ``seq`` (the
     command's number, which its acknowledgement names): launch it (the payload is the
-    LaunchOrder), cancel it (no payload), signal it, change its time limit, or kill it
-    (no payload: the controller has ended that run). A command for a run the node no
+    LaunchOrder), cancel it (no payload), signal it, change its time limit, kill it
+    (no payload: the controller has ended that run, and its steps with it), start its
+    part of a step (StepLaunch) or end or signal a step (StepCancel). A command for a run the node no
     longer holds is stale and done nothing with."""
 
     kind: str
@@ -352,6 +358,11 @@ class NodeCommand:
             raise UsageError(f"payload: the launch order is for job {order.job_id} run "
                              f"{order.run} on {order.node}, not job {job_id} run {run} on "
                              f"{node}")
+        if kind == "step" and (order.job_id, order.run, order.node) != (  # type: ignore[union-attr]
+                job_id, run, node):
+            raise UsageError(f"payload: the step is for job {order.job_id} run "  # type: ignore[union-attr]
+                             f"{order.run} on {order.node}, not job {job_id} run {run} on "  # type: ignore[union-attr]
+                             f"{node}")
         return command
 
     def to_json(self) -> dict[str, Any]:
@@ -363,6 +374,8 @@ class NodeCommand:
             payload = {"signal": self.payload.signal}
         elif isinstance(self.payload, LimitJob):
             payload = {"time_limit": self.payload.time_limit}
+        elif self.payload is not None:
+            payload = self.payload.to_json()
         else:
             payload = {}
         return {"kind": self.kind, "node": self.node, "job_id": self.job_id, "run": self.run,
@@ -376,6 +389,9 @@ def _payload(kind: str, body: Body) -> Payload:
     if kind in ("cancel", "kill"):
         refuse_unknown(body, (), f"a {kind} command")
         return None
+    if kind in ("step", "step_cancel"):
+        from gpusched.messages.steps import StepCancel, StepLaunch
+        return StepLaunch.parse(body) if kind == "step" else StepCancel.parse(body)
     if kind == "signal":
         refuse_unknown(body, ("signal",), "a signal command")
         return SignalJob(required_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"))
