@@ -64,6 +64,13 @@ class Conflict(GpuschedError):
     code = "conflict"
 
 
+class StepBusy(Conflict):
+    """A job step fits its job, but not beside the job's steps running now: it may be
+    asked for again later (gsrun retries)."""
+
+    code = "step_busy"
+
+
 class LimitReached(GpuschedError):
     """A limit the site set would be passed (MaxSubmitJobs, a connection cap)."""
 
@@ -81,8 +88,8 @@ class Unavailable(GpuschedError):
 
 
 _BY_CODE = {cls.code: cls for cls in (GpuschedError, UsageError, ConfigError, NotFound,
-                                     PermissionDenied, AuthError, Conflict, LimitReached,
-                                     Unavailable)}
+                                     PermissionDenied, AuthError, Conflict, StepBusy,
+                                     LimitReached, Unavailable)}
 
 
 def from_code(code: str, message: str) -> GpuschedError:
