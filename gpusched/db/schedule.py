@@ -10,17 +10,13 @@ from sqlalchemy.types import NullType
 
 from gpusched.core.arrays import drop_first
 from gpusched.core.dependency import dependency_clauses
-from gpusched.core.fairshare import Account as CoreAccount
-from gpusched.core.fairshare import UserShare
 from gpusched.core.model import (
     GpuView,
     JobState,
     NodeState,
     NodeView,
-    PartitionView,
     PendingJob,
     Plan,
-    QosLimits,
     Reason,
     RunningJob,
     Snapshot,
@@ -28,19 +24,16 @@ from gpusched.core.model import (
 )
 from gpusched.core.topology import link_rank
 from gpusched.db import commands
+from gpusched.db.admincache import AdminCache, load_admin_tables
 from gpusched.db.engine import rowcount
 from gpusched.db.leadership import check_epoch
 from gpusched.db.models import (
-    Account,
-    AccountUser,
     Allocation,
     FairShareUsage,
     Gpu,
     GpuLink,
     Job,
     Node,
-    Partition,
-    Qos,
 )
 
 
@@ -71,20 +64,6 @@ def _nodes(session: Session) -> tuple[tuple[NodeView, ...], dict[str, int]]:
         for nid, name, state, run_uid, cpus, memory_mb, block in node_rows
     )
     return nodes, {name: nid for nid, name, *_ in node_rows}
-
-
-def _partitions(session: Session, all_names: tuple[str, ...]) -> tuple[PartitionView, ...]:
-    return tuple(
-        # DRAIN refuses new submissions but still runs what is queued (as in Slurm).
-        PartitionView(name, all_names if "*" in members else tuple(members),
-                      state in ("UP", "DRAIN"), tier, max_time,
-                      None if allow is None else frozenset(allow), frozenset(deny), max_gpus)
-        for name, members, state, tier, max_time, allow, deny, max_gpus in session.execute(
-            select(Partition.name, Partition.nodes, Partition.state, Partition.priority_tier,
-                   Partition.max_time, Partition.allow_accounts, Partition.deny_accounts,
-                   Partition.max_gpus_per_job)
-            .order_by(Partition.name))
-    )
 
 
 def _pending(session: Session) -> tuple[PendingJob, ...]:
@@ -166,30 +145,25 @@ def array_state(states: list[JobState]) -> JobState:
     return next((s for s in states if s is not JobState.COMPLETED), JobState.COMPLETED)
 
 
-def load_snapshot(session: Session, preempt_grace: float = 30.0) -> tuple[Snapshot, dict[str, int]]:
+def load_snapshot(session: Session, preempt_grace: float = 30.0,
+                  admin: AdminCache | None = None) -> tuple[Snapshot, dict[str, int]]:
     """Everything a pass needs, in a handful of queries; also node ids by name.
 
     A running job being preempted counts as ending ``preempt_grace`` seconds after it
-    was told to stop.
+    was told to stop. The admin-configured tables come from ``admin`` when given (read
+    only when they may have changed), else are read here.
     """
     nodes, node_ids = _nodes(session)
     pending = _pending(session)
     running, running_names = _running(session, preempt_grace)
-    qos_rows = session.execute(select(Qos.name, Qos.priority, Qos.max_gpus_per_user,
-                                      Qos.max_jobs_per_user, Qos.grp_gpus, Qos.preempt)).all()
+    tables = admin.tables(session) if admin is not None else load_admin_tables(session)
     snapshot = Snapshot(
-        nodes=nodes, partitions=_partitions(session, tuple(node_ids)), pending=pending,
-        running=running,
-        accounts=tuple(CoreAccount(name, parent, shares) for name, parent, shares in session.execute(
-            select(Account.name, Account.parent, Account.shares)) if name != "root"),
-        user_shares=tuple(UserShare(user, account, shares) for user, account, shares in
-                          session.execute(select(AccountUser.user_name, AccountUser.account,
-                                                 AccountUser.shares))),
+        nodes=nodes, partitions=tables.partitions_over(tuple(node_ids)), pending=pending,
+        running=running, accounts=tables.accounts, user_shares=tables.user_shares,
         usage={(u, a): value for u, a, value in session.execute(
             select(FairShareUsage.user_name, FairShareUsage.account, FairShareUsage.usage))},
-        qos_priority={name: priority for name, priority, *_ in qos_rows},
-        qos_limits={name: QosLimits(gpus, jobs, grp) for name, _, gpus, jobs, grp, _ in qos_rows},
-        qos_preempt={name: frozenset(preempt) for name, *_, preempt in qos_rows if preempt},
+        qos_priority=tables.qos_priority, qos_limits=tables.qos_limits,
+        qos_preempt=tables.qos_preempt,
         job_states=_dependency_states(session, pending),
         running_names=running_names,
     )
