@@ -1,8 +1,14 @@
 """Lifecycle figures on a fresh local cluster; prints ``name: value`` lines.
 
-    .venv/bin/python bench/lifecycle.py [--jobs 1000] [--gpus 8] [--trials 30]
+    .venv/bin/python bench/lifecycle.py [--jobs 1000] [--gpus 8] [--trials 30] [--no-stages]
 
 Starts its own cluster (``gpusched up`` under a temporary XDG_STATE_HOME) and stops it.
+Its daemons run with ``GPUSCHED_LOG_STAGES=1`` (gpusched/stages.py), unless
+``--no-stages``: submit → start is then split by stage (``stage_*`` lines: the client's
+call to the row committed, to the pass woken, the pass, its launch order sent to the
+agent and received there, the supervisor spawned, the job forked, its first
+instruction), and the drain too (``drain_*``: passes per second, jobs started per pass,
+and each stage from a job's start to its end and from its end to the next pass).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+
+import stage_report
 
 BIN = Path(sys.executable).parent
 
@@ -49,21 +57,28 @@ def wait_done(client, ids: list[int], timeout: float, interval: float = 0.01) ->
     return client.request("GET", f"/v1/jobs?all=1&ids={wanted}")["jobs"]
 
 
-def submit_to_start(client, work: Path, trials: int) -> float:  # type: ignore[no-untyped-def]
-    """Median seconds from just before the submit request to the job's first instruction."""
-    latencies = []
+def submit_to_start(client, work: Path, trials: int  # type: ignore[no-untyped-def]
+                    ) -> tuple[float, list[tuple[int, float, float]]]:
+    """Median seconds from just before the submit request to the job's first
+    instruction; and per trial the job id, the time before the call, and that of the
+    first instruction."""
+    latencies, seen = [], []
     for i in range(trials):
         stamp = work / f"start-{i}"
         script = f"#!/bin/sh\ndate +%s.%N > {stamp}\n"
         before = time.time()
         job_id = submit(client, script, work)
         wait_done(client, [job_id], 30)
-        latencies.append(float(stamp.read_text()) - before)
-    return statistics.median(latencies)
+        first = float(stamp.read_text())
+        latencies.append(first - before)
+        seen.append((job_id, before, first))
+    return statistics.median(latencies), seen
 
 
-def throughput(client, work: Path, count: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """Jobs per second from the first submit to the last completion, and that span."""
+def throughput(client, work: Path, count: int  # type: ignore[no-untyped-def]
+               ) -> tuple[float, float, list[int], float, float]:
+    """Jobs per second from the first submit to the last completion, that span, the
+    job ids, and the first submit's and last end's times."""
     first = time.time()
     ids = [submit(client, "#!/bin/sh\ntrue\n", work) for _ in range(count)]
     jobs = wait_done(client, ids, 600, interval=0.25)
@@ -71,7 +86,13 @@ def throughput(client, work: Path, count: int) -> tuple[float, float]:  # type: 
     if failed:
         raise SystemExit(f"{len(failed)} jobs did not complete, e.g. {failed[0]}")
     last = max(datetime.fromisoformat(j["end_time"]).timestamp() for j in jobs)
-    return count / (last - first), last - first
+    return count / (last - first), last - first, ids, first, last
+
+
+def stage_lines(root: Path) -> stage_report.Stamps:
+    """The stage lines the cluster's daemons logged so far."""
+    logs = root / "state" / "gpusched" / "logs"
+    return stage_report.read(sorted(logs.glob("*.log")))
 
 
 def cli_wall(args: list[str], trials: int, work: Path) -> float:
@@ -92,6 +113,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--keep", action="store_true", help="keep the state dir and logs")
+    parser.add_argument("--no-stages", action="store_true",
+                        help="run the daemons without their stage log (no stage_* lines)")
     parser.add_argument("--only", choices=["latency", "throughput", "cli"], default=None)
     opts = parser.parse_args()
     root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-bench-"))
@@ -100,18 +123,26 @@ def main() -> None:
     work.mkdir()
     os.environ["XDG_STATE_HOME"] = str(root / "state")
     os.environ.pop("GPUSCHED_SOCKET", None)
+    if opts.no_stages:
+        os.environ.pop("GPUSCHED_LOG_STAGES", None)
+    else:
+        os.environ["GPUSCHED_LOG_STAGES"] = "1"
     run = [str(BIN / "gpusched")]
     subprocess.run([*run, "up", "--gpus", str(opts.gpus)], check=True, stdout=subprocess.DEVNULL)
     try:
         with _client() as client:
             if opts.only in (None, "latency"):
-                latency = submit_to_start(client, work, opts.trials)
+                latency, trials = submit_to_start(client, work, opts.trials)
                 print(f"submit_to_start_median_ms: {latency * 1000:.1f}")
+                if not opts.no_stages:
+                    print(*stage_report.submit_to_start(stage_lines(root), trials), sep="\n")
             if opts.only in (None, "throughput"):
-                rate, span = throughput(client, work, opts.jobs)
+                rate, span, ids, first, last = throughput(client, work, opts.jobs)
                 print(f"throughput_jobs: {opts.jobs}")
                 print(f"throughput_span_s: {span:.2f}")
                 print(f"throughput_jobs_per_s: {rate:.1f}")
+                if not opts.no_stages:
+                    print(*stage_report.drain(stage_lines(root), ids, first, last), sep="\n")
         if opts.only in (None, "cli"):
             submit_ms = cli_wall(["gsubmit", "--wrap", "true"], opts.trials, work) * 1000
             print(f"gsubmit_wrap_true_median_ms: {submit_ms:.1f}")

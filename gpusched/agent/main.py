@@ -15,6 +15,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlencode
 
+from gpusched import stages
 from gpusched.agent.confine import (
     LaunchRefused,
     job_cgroup_spec,
@@ -261,6 +262,10 @@ class Agent:
             log.warning("a work answer took %.1f s: registering again before acting on it",
                         took)
             return None
+        if stages.on():
+            stages.stamp("received", [c["job_id"] for c in work.get("commands", ())
+                                      if isinstance(c, dict) and c.get("kind") == "launch"
+                                      and isinstance(c.get("job_id"), int)])
         return work
 
     def _handle(self, client: ApiClient, work: dict[str, Any]) -> None:
@@ -348,6 +353,7 @@ class Agent:
                 spec = build_spec(order, self.config.kill_grace, self.node,
                                   self.config.min_job_uid, cgroup, vars(self.config))
                 if self.launcher.launch(job_id, spec, order.script):
+                    stages.stamp("spawned", (job_id,))
                     log.info("launched job %d (run %d) for %s", job_id, run, order.user)
         except LaunchRefused as exc:
             refusal = f"the agent on {self.node} cannot confine the job: {exc.message}"
@@ -381,6 +387,9 @@ class Agent:
                 ended = self.launcher.wait_ended(timeout=0.5)  # unreported ends stay on disk
                 with self._lock:
                     synthetic, self._extra_ends = self._extra_ends, []
+                for end in ended if stages.on() else ():
+                    stages.stamp("end_seen", (end.job_id,), started=end.start_time,
+                                 ended=end.end_time)
                 try:
                     for end in ended:
                         self._report(client, end, synthetic=False)
@@ -404,6 +413,7 @@ class Agent:
         if not synthetic and self.launcher.run_of(end.job_id) == end.run:
             self.launcher.mark_reported(end.job_id)
         self._reported.append((end.job_id, end.run))
+        stages.stamp("reported", (end.job_id,))
         log.info("job %d run %d ended: %s%s", end.job_id, end.run, end.outcome,
                  " (a run the controller had ended: ignored)" if answer.get("stale") else "")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpusched import stages
 from gpusched.controller.events import Events
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
@@ -54,6 +55,7 @@ class SchedulerLoop:
         self.resume_after: int | None = None  # where the last pass stopped examining, if early
         self.leadership = Leadership(dsn)
         self.stats = PassStats()
+        self._woken_at: float | None = None  # when the wake-up of the coming pass came
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
@@ -87,6 +89,7 @@ class SchedulerLoop:
             woken = self.events.scheduler.wait(timeout=LEADERSHIP_CHECK)
             if not woken and time.monotonic() - last_pass < BACKSTOP_PASS:
                 continue
+            self._woken_at = time.time()
             if woken:
                 self._stop.wait(max(COALESCE_SECONDS,
                                     min(self.stats.last_seconds, MAX_COALESCE_SECONDS)))
@@ -117,7 +120,7 @@ class SchedulerLoop:
         epoch = self.leadership.epoch
         if epoch is None:
             raise NotLeader("this controller is not the leader")
-        started = time.monotonic()
+        started, began_at = time.monotonic(), time.time()
         with self.sessions() as session, session.begin():
             snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace)
             began, budget = time.monotonic(), self.pass_budget
@@ -128,6 +131,9 @@ class SchedulerLoop:
             notify_in(session, *(f"node:{name}" for name in sorted(woken)))
         for name in woken:
             self.events.wake_node(name)
+        if stages.on():
+            stages.stamp("pass", [s.job_id for s in decided.starts], woken=self._woken_at,
+                         began=began_at, pending=len(snapshot.pending))
         elapsed = time.monotonic() - started
         self.stats.passes += 1
         self.stats.last_pending = len(snapshot.pending)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import time
 from datetime import datetime
 from typing import Any
 
+from gpusched import stages
 from gpusched.controller.api.common import ApiContext, path_job_id
 from gpusched.controller.http import Request, Router
 from gpusched.core import bounds
@@ -60,9 +62,14 @@ class AgentRoutes:
             raise UsageError("wait: expected seconds") from None
         seen = ctx.events.node_generation(node_name)
         claimed, registered = self._claim(node_name, None)
+        woke = None
         if not claimed and wait > 0:
             ctx.events.wait_node(node_name, seen, wait)
+            woke = time.time()
             claimed, _ = self._claim(node_name, registered)
+        if claimed and stages.on():
+            stages.stamp("sent", [c["job_id"] for c in claimed if c["kind"] == "launch"],
+                         node=node_name, woke=woke)
         return 200, {"commands": claimed}
 
     def _claim(self, node_name: str, registered: datetime | None
@@ -101,6 +108,7 @@ class AgentRoutes:
                 notify_in(session, "sched")
         if changed:
             ctx.events.wake_scheduler()
+            stages.stamp("ended", (int(request.params["job_id"]),))
         return 200, {"ok": True, "changed": changed, "stale": stale}
 
     def health(self, request: Request) -> tuple[int, dict[str, Any]]:

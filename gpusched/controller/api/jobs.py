@@ -18,6 +18,7 @@ from gpusched.db import job_views, jobs, submit
 from gpusched.db.notify import notify_in
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import UsageError
+from gpusched.stages import stamp
 
 
 class JobRoutes:
@@ -53,6 +54,7 @@ class JobRoutes:
             job_id = job.id
         if not created:
             return 200, {"job_id": job_id, "existing": True}
+        stamp("committed", (job_id,))
         ctx.events.wake_scheduler()
         return 201, {"job_id": job_id}
 
