@@ -10,6 +10,7 @@ from gpusched.core.outputs import (
     DEFAULT_OUTPUT_PATTERN,
     MAX_PAD_WIDTH,
     NO_TASK,
+    StepPlace,
     expand_output_pattern,
     output_pattern_error,
 )
@@ -80,3 +81,21 @@ def test_expand_keeps_widths_within_the_bound() -> None:
     assert expand_output_pattern(f"%{MAX_PAD_WIDTH}j", 3, "n", "u") == "3".zfill(MAX_PAD_WIDTH)
     assert output_pattern_error(f"%{MAX_PAD_WIDTH}j") is None
     assert output_pattern_error(f"%{MAX_PAD_WIDTH + 1}j") is not None
+
+
+def test_step_task_specifiers() -> None:
+    place = StepPlace(step_id=3, task_id=5, node_index=1)
+    assert expand_output_pattern("out-%j.%s-%t-%n-%N.txt", 12, "x", "u", node="gpu02",
+                                 step=place) == "out-12.3-5-1-gpu02.txt"
+    assert expand_output_pattern("%3t.%2n.%4s", 12, "x", "u", step=place) == "005.01.0003"
+    assert expand_output_pattern("%%t-%t", 12, "x", "u", step=place) == "%t-5"
+
+
+def test_step_specifiers_are_kept_in_a_batch_jobs_pattern() -> None:
+    assert expand_output_pattern("%s-%5t-%n-%j", 12, "x", "u") == "%s-%5t-%n-12"
+
+
+def test_step_specifier_widths_are_bounded() -> None:
+    assert output_pattern_error("%11t") is not None
+    place = StepPlace(0, 7, 0)
+    assert expand_output_pattern("%99t", 1, "x", "u", step=place) == "7".zfill(MAX_PAD_WIDTH)
