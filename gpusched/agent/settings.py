@@ -21,6 +21,8 @@ _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-
 _GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+)$")
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
+_ADDRESS = re.compile(r"[A-Za-z0-9._:\-]+")
+MAX_ADDRESS = 255
 GPU_SOURCES = ("auto", "nvml", "static")
 CGROUP_MODES = ("auto", "required", "off")
 
@@ -50,6 +52,10 @@ class AgentConfig:
     """Settings of ``gpusched agent``."""
 
     node_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    # Where other nodes and clients reach this node (a job step's MASTER_ADDR): a host
+    # name or IP address; None: the local address of the agent's connection to the
+    # controller (127.0.0.1 over the local socket).
+    address: str | None = None
     state_dir: Path = Path("/var/lib/gpusched/agent")
     poll_wait: float = 20.0
     kill_grace: float = 30.0
@@ -207,7 +213,7 @@ def _static_links(r: TableReader) -> tuple[tuple[int, int, str, int], ...]:
 
 def parse_agent(r: TableReader) -> AgentConfig:
     """The [agent] table (with its gpus, health, cgroups and site-program tables)."""
-    r.check_keys({"node_name", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health",
+    r.check_keys({"node_name", "address", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health",
                   "min_job_uid", "controller_user", "cgroups", "prolog", "epilog",
                   "health_check"})
     defaults = AgentConfig()
@@ -227,6 +233,7 @@ def parse_agent(r: TableReader) -> AgentConfig:
         raise gpus.fail("source", "one of 'auto', 'nvml', 'static'")
     return AgentConfig(
         node_name=node_name,
+        address=_address(r),
         state_dir=r.absolute_path("state_dir", defaults.state_dir),
         poll_wait=r.positive("poll_wait", defaults.poll_wait),
         kill_grace=r.positive("kill_grace", defaults.kill_grace, allow_zero=True),
@@ -241,6 +248,15 @@ def parse_agent(r: TableReader) -> AgentConfig:
         **_cgroups(r.sub("cgroups"), defaults),
         **_site_programs(r, defaults),
     )
+
+
+def _address(r: TableReader) -> str | None:
+    expected = "a host name or IP address (at most 255 characters)"
+    value = r.get("address", str, None, expected)
+    if value is not None and (not 0 < len(value) <= MAX_ADDRESS
+                              or not _ADDRESS.fullmatch(value)):
+        raise r.fail("address", expected)
+    return value
 
 
 def _optional_path(r: TableReader, key: str) -> Path | None:

@@ -59,6 +59,7 @@ def test_example_loads_with_the_values_written_in_it() -> None:
     )
     assert config.agent == AgentConfig(
         node_name="gpu01",
+        address="10.0.0.11",
         state_dir=Path("/var/lib/gpusched/agent"),
         poll_wait=20.0,
         kill_grace=30.0,
@@ -180,6 +181,9 @@ def test_unknown_top_level_table(tmp_path: Path) -> None:
         ("[agent]\nmin_job_uid = 4294967295\n", "agent.min_job_uid", "a uid from 0"),
         ("[agent]\ncontroller_user = \"\"\n", "agent.controller_user", "a user name or uid"),
         ("[agent]\ncontroller_user = -3\n", "agent.controller_user", "a user name or uid"),
+        ("[agent]\naddress = 10\n", "agent.address", "a host name or IP address"),
+        ("[agent]\naddress = \"\"\n", "agent.address", "a host name or IP address"),
+        ("[agent]\naddress = \"a b\"\n", "agent.address", "a host name or IP address"),
     ],
 )
 def test_wrong_type(tmp_path: Path, text: str, key: str, expected: str) -> None:
