@@ -147,14 +147,47 @@ def job_shape(job: TraceJob, gpus_per_node: int, partition: str) -> PendingJob:
         cpus=math.ceil(job.cpus / nodes), mem_mb=math.ceil(job.mem_mb / nodes))
 
 
-def _fits_ever(cluster: SimCluster, pending: PendingJob) -> bool:
-    """Whether the empty cluster could ever hold this job, by the core's own reckoning."""
-    capacity = Capacity(cluster.nodes, (), 0.0)
-    part = next(p for p in cluster.partitions if p.name == pending.partition)
-    if not part.up or (part.max_time is not None and (pending.time_limit or INF) > part.max_time):
-        return False
-    members = frozenset(capacity.index[n] for n in part.nodes if n in capacity.index)
-    return capacity.earliest(Shape.of(pending), members)[0] < INF
+class FitsEver:
+    """Whether the empty cluster could ever hold a job, by the core's own reckoning.
+
+    Nodes alike (the same units, CPUs, memory and user) answer alike, so one empty node
+    of each sort is asked whether a job's shape fits it, and the job fits ever when its
+    partition has enough nodes of the sorts that say yes: a question costs the sorts of
+    node, not the nodes (a trace's own cluster has thousands of nodes and few sorts).
+    """
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.capacity = Capacity(cluster.nodes, (), 0.0)
+        self.partitions = {part.name: part for part in cluster.partitions}
+        # partition -> (a node of each sort, how many of that sort it has)
+        self.sorts: dict[str, list[tuple[int, int]]] = {}
+        for part in cluster.partitions:
+            alike: dict[tuple[object, ...], list[int]] = {}
+            for name in part.nodes:
+                index = self.capacity.index.get(name)
+                if index is not None:
+                    node = self.capacity.nodes[index]
+                    sort = (tuple(sorted(node.total.items())), tuple(sorted(node.slices)),
+                            node.cpus, node.mem, node.view.run_uid)
+                    alike.setdefault(sort, []).append(index)
+            self.sorts[part.name] = [(nodes[0], len(nodes)) for nodes in alike.values()]
+
+    def __call__(self, pending: PendingJob) -> bool:
+        """Whether ``pending`` could start on the empty cluster."""
+        part = self.partitions[pending.partition]
+        if not part.up or (part.max_time is not None
+                           and (pending.time_limit or INF) > part.max_time):
+            return False
+        capacity, shape = self.capacity, Shape.of(pending)
+        kinds = capacity.matching(shape.kinds) if shape.gpus else [""]
+        holding = 0
+        for index, count in self.sorts[pending.partition]:
+            node = capacity.nodes[index]
+            if capacity._usable(node, shape) and any(
+                    (not kind or node.total.get(kind, 0) >= shape.gpus)
+                    and node.earliest(kind, shape, 0.0) < INF for kind in kinds):
+                holding += count
+        return holding >= shape.nodes
 
 
 class Replay:
@@ -292,6 +325,7 @@ def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
     replay = Replay(cluster, policy)
     gpus_per_node = cluster.max_gpus_per_node
     never: list[int] = []
+    fits_ever = FitsEver(cluster)
     fits_cache: dict[tuple[int, int, int, int, int], bool] = {}
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.job_id))
     i, total = 0, len(arrivals)
@@ -308,7 +342,7 @@ def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
             key = (pending.gpus, pending.nodes, pending.cpus, pending.mem_mb,
                    pending.time_limit or 0)
             if key not in fits_cache:
-                fits_cache[key] = _fits_ever(cluster, pending)
+                fits_cache[key] = fits_ever(pending)
             if fits_cache[key]:
                 replay.submit(job, pending)
             else:
