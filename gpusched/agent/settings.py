@@ -252,7 +252,7 @@ def parse_agent(r: TableReader) -> AgentConfig:
 
 def _address(r: TableReader) -> str | None:
     expected = "a host name or IP address (at most 255 characters)"
-    value = r.get("address", str, None, expected)
+    value: str | None = r.get("address", str, None, expected)
     if value is not None and (not 0 < len(value) <= MAX_ADDRESS
                               or not _ADDRESS.fullmatch(value)):
         raise r.fail("address", expected)
