@@ -1,0 +1,279 @@
+"""gsrun: run a command as a step of the job it runs in, as srun does in a batch script.
+
+gsrun listens on its I/O socket, asks the controller for the step
+(``POST /v1/jobs/{job}/steps``), then serves the nodes that connect: their tasks'
+output goes to its own streams, its stdin to task 0, the signals it gets
+(INT, TERM, HUP, QUIT) to every task. It exits with the worst task's status
+(gpusched.cli.stepoutput). A step that does not fit beside the job's running steps yet
+is asked for again until it does or the job ends.
+
+Started often and inside jobs: no typer, no rich (see tests/cli/test_cli_imports.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+from gpusched.cli.gsrunargs import USAGE, GsrunArgs, export_environment, parse_args
+from gpusched.cli.output import print_error
+from gpusched.cli.stepio_server import ServeOptions, StepIOServer, StepPlan, StepState
+from gpusched.cli.stepoutput import ExitTally, OutputSink
+from gpusched.core import bounds
+from gpusched.errors import GpuschedError, NotFound, StepBusy, UsageError
+
+PROG = "gsrun"
+JOB_VARIABLES = ("SLURM_JOB_ID", "GPUSCHED_JOB_ID")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+BUSY_FIRST_PAUSE = 0.1  # seconds before asking again for a step that did not fit yet
+BUSY_MAX_PAUSE = 2.0
+POLL_TIMEOUT = 5.0  # seconds for an answer about the step's state
+CANCEL_TIMEOUT = 10.0
+NOT_IN_A_JOB = ("not inside a job (no SLURM_JOB_ID); running a command in a new "
+                "allocation is not available yet")
+
+
+def entry() -> NoReturn:
+    """The ``gsrun`` console script."""
+    code = main(sys.argv[1:])
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 1
+    os._exit(code)
+
+
+def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
+    """Run ``gsrun ARGV``; the exit code."""
+    env = dict(os.environ if environ is None else environ)
+    try:
+        args = parse_args(argv)
+        if args.help:
+            sys.stdout.write(USAGE)
+            return 0
+        if args.pty:
+            print("gsrun: --pty: not available yet", file=sys.stderr)
+            return 1
+        job_id = args.jobid if args.jobid is not None else job_from(env)
+        if job_id is None:
+            print_error(PROG, NOT_IN_A_JOB)
+            return 1
+        return run_step(args, job_id, env)
+    except GpuschedError as err:
+        print_error(PROG, err.message)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print_error(PROG, "aborted")
+        return 1
+
+
+def job_from(env: Mapping[str, str]) -> int | None:
+    """The job gsrun runs in, from its environment (None: not in a job)."""
+    for name in JOB_VARIABLES:
+        text = env.get(name)
+        if text is None or text == "":
+            continue
+        if not (text.isascii() and text.isdigit()) or len(text) > 19 \
+                or not 1 <= int(text) <= bounds.MAX_JOB_ID:
+            raise UsageError(f"{name}: expected a job id, got {text!r:.40}")
+        return int(text)
+    return None
+
+
+def step_request(args: GsrunArgs, env: Mapping[str, str], io: dict[str, Any],
+                 cwd: str | None = None) -> dict[str, Any]:
+    """The StepRequest's JSON for ``args`` (checked as the controller checks it)."""
+    from gpusched.messages.steps import StepRequest
+
+    base = cwd if cwd is not None else _cwd()
+    work_dir = os.path.normpath(os.path.join(base, args.chdir)) if args.chdir else base
+    name = args.name or os.path.basename(args.command[0])[:bounds.MAX_NAME] or "step"
+    body = {
+        "argv": list(args.command), "name": name, "work_dir": work_dir, "io": io,
+        "nodes": args.nodes, "ntasks": args.ntasks, "ntasks_per_node": args.ntasks_per_node,
+        "gpus_per_task": args.gpus_per_task, "cpus_per_task": args.cpus_per_task,
+        "exact": args.exact, "overlap": args.overlap,
+        "kill_on_bad_exit": args.kill_on_bad_exit, "pty": args.pty,
+        "environment": export_environment(args.export, dict(env)),
+        # srun's rule: with -o alone, stderr goes to the same file.
+        "output": args.output, "error": args.error or args.output, "input": args.input,
+    }
+    return StepRequest.parse(body).to_json()
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError as err:
+        raise UsageError(f"the current directory is gone ({err.strerror}); give -D DIR") \
+            from None
+
+
+def run_step(args: GsrunArgs, job_id: int, env: Mapping[str, str]) -> int:
+    """Create the step, serve its I/O until every task ended; the exit status."""
+    from gpusched.client import ApiClient
+
+    started = time.monotonic()
+    say = _say
+    client = ApiClient()
+    server = StepIOServer(io_host(client))
+    try:
+        io = {"host": server.host, "port": server.port, "token": server.token}
+        request = step_request(args, env, io)
+        # Signals are caught from here on: one that comes while the step is being
+        # created reaches its tasks once they run (a step is never left without gsrun),
+        # or, while gsrun waits for room, ends gsrun before anything was created.
+        with SignalForwarding() as signal_fd:
+            created = create_step(client, job_id, request, say,
+                                  wait=lambda pause: _signalled(signal_fd, pause))
+            plan = StepPlan(job_id, created.step_id, created.node_names, created.layout)
+            if args.verbose:
+                say(f"gsrun: step {job_id}.{plan.step_id}: {created.ntasks} tasks on "
+                    f"{','.join(plan.node_names)}, MASTER_ADDR={created.master_addr} "
+                    f"MASTER_PORT={created.master_port}, created in "
+                    f"{(time.monotonic() - started) * 1000:.0f} ms")
+            tally = ExitTally(plan.tasks, args.kill_on_bad_exit)
+            sink = OutputSink(sys.stdout.buffer, sys.stderr.buffer, args.label)
+            sys.stdout.flush()
+            server.serve(plan, sink, tally, ServeOptions(
+                stdin_fd=_stdin_fd() if args.input is None else None, signal_fd=signal_fd,
+                on_bad_exit=lambda task: kill_step(client, job_id, plan.step_id, task, say),
+                poll=lambda: step_state(client, job_id, plan.step_id), say=say))
+        if args.verbose:
+            say(f"gsrun: step {job_id}.{plan.step_id} ended after "
+                f"{(time.monotonic() - started) * 1000:.0f} ms")
+        return tally.status()
+    finally:
+        server.close()
+        client.close()
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _stdin_fd() -> int | None:
+    try:
+        os.fstat(0)
+    except OSError:
+        return None  # no stdin at all: task 0 gets an end of input at once
+    return 0
+
+
+def io_host(client: Any) -> str:
+    """The address the step's nodes reach gsrun at: the local end of the route to the
+    controller (127.0.0.1 when that is the local socket)."""
+    if client.socket_path is not None:
+        return "127.0.0.1"
+    from gpusched.client.endpoints import parse_endpoint
+
+    endpoint = parse_endpoint(client.controllers[0])
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            endpoint.host, endpoint.port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)  # a datagram socket sends nothing to connect
+            return str(probe.getsockname()[0])
+    except OSError as err:
+        raise GpuschedError(f"cannot find this host's address towards the controller "
+                            f"{endpoint}: {err.strerror or err}") from None
+
+
+def _signalled(fd: int, pause: float) -> bool:
+    """Wait ``pause`` seconds; True at once if a signal came (it is left unread)."""
+    import select
+
+    return bool(select.select([fd], [], [], pause)[0])
+
+
+def create_step(client: Any, job_id: int, request: dict[str, Any],
+                say: Callable[[str], None],
+                wait: Callable[[float], bool] | None = None) -> Any:
+    """POST the step; while it does not fit beside the job's running steps, say so once
+    and ask again (0.1 s, doubling to 2 s) until it fits or the job ends. ``wait``
+    pauses, and says whether gsrun was interrupted meanwhile (then it gives up)."""
+    from gpusched.messages.steps import StepCreated
+
+    pause, waited = BUSY_FIRST_PAUSE, False
+    while True:
+        try:
+            answer = client.request("POST", f"/v1/jobs/{job_id}/steps", request)
+            break
+        except StepBusy:
+            if not waited:
+                say("gsrun: step creation temporarily disabled, retrying")
+                waited = True
+            if wait is None:
+                time.sleep(pause)
+            elif wait(pause):
+                raise GpuschedError("interrupted while waiting for the step to fit; "
+                                    "nothing was started")
+            pause = min(pause * 2, BUSY_MAX_PAUSE)
+    try:
+        created = StepCreated.parse(answer)
+    except UsageError as err:
+        raise GpuschedError(f"bad answer from the gpusched controller: {err.message}") \
+            from None
+    if waited:
+        say(f"gsrun: step created for job {job_id}, step {created.step_id}")
+    return created
+
+
+def step_state(client: Any, job_id: int, step_id: int) -> StepState | None:
+    """The step's state as the controller has it (None: no answer now)."""
+    try:
+        answer = client.request("GET", f"/v1/jobs/{job_id}/steps", timeout=POLL_TIMEOUT)
+    except NotFound as err:
+        return StepState("GONE", err.message)
+    except GpuschedError:
+        return None
+    steps = answer.get("steps")
+    for step in steps if isinstance(steps, list) else []:
+        if isinstance(step, dict) and step.get("step_id") == step_id:
+            state, error = step.get("state"), step.get("error")
+            if isinstance(state, str):
+                return StepState(state, error if isinstance(error, str) else None)
+    return StepState("GONE", f"step {job_id}.{step_id} is not known to the controller")
+
+
+def kill_step(client: Any, job_id: int, step_id: int, task: int,
+              say: Callable[[str], None]) -> None:
+    """--kill-on-bad-exit: end the step because ``task`` ended badly."""
+    say(f"gsrun: error: task {task} ended badly: terminating step {job_id}.{step_id} "
+        "(--kill-on-bad-exit)")
+    try:
+        client.request("POST", f"/v1/jobs/{job_id}/steps/{step_id}/cancel",
+                       {"bad_exit": True}, timeout=CANCEL_TIMEOUT)
+    except GpuschedError as err:
+        say(f"gsrun: error: could not end step {job_id}.{step_id}: {err.message}")
+
+
+class SignalForwarding:
+    """While inside: INT, TERM, HUP and QUIT do not end gsrun but reach the returned
+    descriptor as one byte each (their numbers), for the tasks."""
+
+    def __enter__(self) -> int:
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._old = {sig: signal.signal(sig, _noted) for sig in FORWARDED}
+        return self._reader.fileno()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._old_fd)
+        self._reader.close()
+        self._writer.close()
+
+
+def _noted(signum: int, frame: object) -> None:
+    """The wakeup descriptor carries the signal; nothing more to do here."""
