@@ -26,6 +26,7 @@ from gpusched.core.model import (
     Start,
     StartKind,
 )
+from gpusched.core.pools import UnitPools
 from gpusched.core.priority import PriorityBreakdown, PriorityScale, ranked_fields
 from gpusched.core.units import INF, Shape
 
@@ -152,6 +153,8 @@ class SchedulingPass:
         self.open_partitions = frozenset(
             part.name for part in snapshot.partitions if _partition_open(part))
         self.capacity = Capacity(snapshot.nodes, snapshot.running, now)
+        # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
+        self.pools = UnitPools(self.capacity) if policy.backfill == "conservative" else None
         index = self.capacity.index
         self.members = {part.name: frozenset(index[n] for n in part.nodes if n in index)
                         for part in snapshot.partitions}
@@ -280,7 +283,14 @@ class SchedulingPass:
             return Reason.PRIORITY
         members, group = self.where(job)
         whole: Shape | None = None
-        if job.exclusive:  # every unit of its kind on each node, on idle nodes only
+        shape: Shape | None
+        pool = None if self.pools is None else self.pools.pool_for(job, members, group)
+        if self.pools is not None and pool is None:
+            self.pools.fence()
+        if pool is not None:
+            shape = Shape.of(job)
+            placed = pool.place_now(shape)
+        elif job.exclusive:  # every unit of its kind on each node, on idle nodes only
             placed, whole, members = self._place_whole(job, members, group)
             shape = whole if placed is not None else None
         else:
@@ -297,16 +307,23 @@ class SchedulingPass:
                 # A job that preempts always holds what it freed against backfill.
                 self.reserved_in[job.partition] += 1
                 shape = shape or whole or Shape.of(job)
-                at, where = self.capacity.where_to_reserve(shape, members)
+                at, where = ((pool.earliest(shape), []) if pool is not None
+                             else self.capacity.where_to_reserve(shape, members))
                 if at < INF:
                     self.reshaped = self.reshaped or at <= self.now
-                    self.capacity.reserve(at, where, shape, job.job_id)
+                    if pool is not None:  # named when the plan is made
+                        pool.reserve(at, shape, job.job_id, len(self.reservations))
+                    else:
+                        self.capacity.reserve(at, where, shape, job.job_id)
+                        if self.pools is not None:
+                            self.pools.reserved(where, at, shape)
                     self.reservations.append(Reservation(
                         job.job_id, at, tuple(self.capacity.nodes[i].view.name for i, _ in where)))
                 self.expected[job.job_id] = at
             elif self.depth and self.policy.estimates:
-                self.expected[job.job_id] = self.capacity.estimate(shape or whole or Shape.of(job),
-                                                                   members, group)
+                self.expected[job.job_id] = (
+                    pool.earliest(Shape.of(job), check=False) if pool is not None
+                    else self.capacity.estimate(shape or whole or Shape.of(job), members, group))
             return Reason.RESOURCES if first else Reason.PRIORITY
         assert shape is not None  # a job is placed only once it has its shape
         kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])
@@ -316,6 +333,8 @@ class SchedulingPass:
         for index, unit_kind in placed:
             names.append(self.capacity.nodes[index].view.name)
             uuids.extend(gpu.uuid for gpu in self.capacity.take(index, unit_kind, shape))
+        if self.pools is not None:
+            self.pools.started(placed)
         self.starts.append(Start(job.job_id, names[0], tuple(uuids), task, kind,
                                  tuple(names) if len(names) > 1 else ()))
         self.limits.started(job)
@@ -339,6 +358,9 @@ class SchedulingPass:
             return False
         for victim in found[1]:
             self.capacity.release_early(victim, soon)
+            if self.pools is not None:
+                self.pools.started((self.capacity.index[name], "") for name in
+                                   victim.nodes or (victim.node,) if name in self.capacity.index)
             self.preemptions.append(Preemption(victim.job_id, job.job_id,
                                                self.policy.preempt_mode))
         return True
@@ -423,6 +445,8 @@ class SchedulingPass:
                 self._keep_reason(job)
                 continue
             self.consider(job)
+        if self.pools is not None:
+            self.pools.name(self.reservations)
         return Plan(starts=tuple(self.starts), pending=tuple(self.pending),
                     reservations=tuple(self.reservations),
                     preemptions=tuple(self.preemptions), resume_after=resume)
@@ -454,6 +478,8 @@ class SchedulingPass:
                                          len(self.reservations))
         for job in jobs:
             self.consider(job)
+        if self.pools is not None:
+            self.pools.name(self.reservations)
         return Plan(starts=tuple(self.starts[starts:]), pending=tuple(self.pending[pending:]),
                     reservations=tuple(self.reservations[reservations:]))
 

@@ -136,6 +136,22 @@ class TimelineMixin(PassResources):
                         best[index] = key
         return [(index, kind) for _, _, index, kind in sorted(best.values())]
 
+    def hold_for_pool(self, indexes: Sequence[int], kind: str, until: float, job_id: int,
+                      holds: dict[int, tuple[float, float, str, int, float, float]]) -> None:
+        """Hold the unit of each of these 1-unit nodes from now until ``until`` for the
+        reservations counted in their pool (``job_id``: the one that ends last), against
+        jobs planned per node. ``holds`` keeps each node's hold, replaced by the next."""
+        for index in indexes:
+            node = self.nodes[index]
+            earlier = holds.get(index)
+            if earlier is not None:
+                node.reserved = [r for r in node.reserved if r is not earlier]
+            holds[index] = (self.now, until, kind, 1, 0.0, 0.0)
+            node.reserved.append(holds[index])
+            self.owners[(index, self.now)] = job_id
+            self.reserved_nodes.add(index)
+            self._touched(index)
+
     def reserve(self, at: float, where: Sequence[tuple[int, str]], shape: Shape,
                 job_id: int = 0) -> None:
         """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""

@@ -12,16 +12,13 @@ depth but the mode's own) on clusters where which GPU a job gets cannot matter:
 Every job must start and end at the same moments in both. Run times never pass time
 limits, so whether a job is killed at its limit cannot matter either.
 
-Conservative backfill is held to the reference on the ``gpus`` shape only. On 1-GPU nodes
-the scheduler holds each reservation on named nodes, chosen when the reservation is made,
-where the textbook's profile counts interchangeable GPUs; so a later job can find no
-single node free for its whole limit where the count says there is room. The smallest
-such workload (6 nodes x 1 GPU; id, submit, GPUs, limit = run time): (1, 0, 2, 73),
-(2, 0, 3, 80), (3, 1, 4, 10), (4, 2, 2, 25), (5, 3, 1, 75). Job 3 is held on the nodes
-of jobs 2 and 1, job 4 then on the idle node and one of job 1's, so job 5 cannot start
-at 3 on the idle node (it would run into job 4's reservation at 73) although holding job
-3 on the idle node instead would have let it. The reference starts job 5 at 3;
-the scheduler at 90. FCFS and EASY agree on both shapes.
+Conservative backfill agrees on both shapes because the scheduler counts the units of
+interchangeable nodes as the textbook's profile does (``core/pools.py``): on 1-GPU nodes
+a reservation is a count over its interval, and nodes are named only when a job starts.
+The smallest workload on which holding named nodes from the moment of reserving went
+wrong (6 nodes x 1 GPU; id, submit, GPUs, limit = run time) is kept as a hand case:
+(1, 0, 2, 73), (2, 0, 3, 80), (3, 1, 4, 10), (4, 2, 2, 25), (5, 3, 1, 75); job 5 starts
+at 3 in both.
 
 The first tests hold the reference itself to schedules worked out by hand.
 """
@@ -45,10 +42,8 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 # The reference's policy -> the simulator's backfill mode.
 BACKFILL = {"fcfs": "none", "easy": "easy", "conservative": "conservative"}
 SHAPES = ("nodes", "gpus")
-# What the scheduler is held to: every policy on one node, all but conservative on
-# 1-GPU nodes (see above).
-CASES = [(policy, shape) for policy in POLICIES for shape in SHAPES
-         if (policy, shape) != ("conservative", "nodes")]
+# What the scheduler is held to: every policy on both shapes.
+CASES = [(policy, shape) for policy in POLICIES for shape in SHAPES]
 
 Times = dict[int, tuple[float, float]]
 
