@@ -88,6 +88,8 @@ class SchedulerConfig:
     preempt_mode: str = "requeue"
     preempt_grace: float = 30.0
     pass_budget: float = 2.0  # seconds a pass may plan for; 0: no limit
+    # Seconds a pass may use the admin tables as read before, with no change heard.
+    admin_cache_max_age: float = 60.0
 
     def policy(self) -> Policy:
         """The core Policy these settings describe."""
@@ -191,7 +193,7 @@ def _connection_cap(r: TableReader, key: str, default: int) -> int:
 def _scheduler(r: TableReader) -> SchedulerConfig:
     r.check_keys({"fairshare", "half_life", "usage_interval", "weights", "backfill",
                   "reservations", "backfill_max_jobs", "preempt_mode", "preempt_grace",
-                  "pass_budget"})
+                  "pass_budget", "admin_cache_max_age"})
     defaults = SchedulerConfig()
     preempt_mode = r.get("preempt_mode", str, defaults.preempt_mode,
                          "'requeue', 'cancel' or 'off'")
@@ -232,7 +234,16 @@ def _scheduler(r: TableReader) -> SchedulerConfig:
         preempt_mode=preempt_mode,
         preempt_grace=r.positive("preempt_grace", defaults.preempt_grace, allow_zero=True),
         pass_budget=r.positive("pass_budget", defaults.pass_budget, allow_zero=True),
+        admin_cache_max_age=_admin_cache_max_age(r, defaults.admin_cache_max_age),
     )
+
+
+def _admin_cache_max_age(r: TableReader, default: float) -> float:
+    expected = "0 to 3600 seconds"
+    value = r.get("admin_cache_max_age", float, default, expected)
+    if not 0 <= value <= 3600:  # NaN fails too
+        raise r.fail("admin_cache_max_age", expected)
+    return float(value)
 
 
 def _partitions(source: str, raw: Any) -> tuple[PartitionConfig, ...]:

@@ -13,7 +13,7 @@ import time
 
 import psycopg
 
-from gpusched.db.notify import open_listener, received
+from gpusched.db.notify import ADMIN_CHANGED, open_listener, received
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,11 @@ class Events:
         self._nodes = threading.Condition()
         self._generation: dict[str, int] = {}
         self._stop = threading.Event()
+        # Changes heard to the admin-configured tables (db/admincache.py), and whether
+        # the listener is connected to hear them.
+        self._admin_lock = threading.Lock()
+        self._admin_generation = 0
+        self._listening = False
 
     def wake_scheduler(self) -> None:
         """Ask the leader for a scheduling pass soon."""
@@ -52,11 +57,31 @@ class Events:
                 self._nodes.wait(left)
 
     def dispatch(self, payload: str) -> None:
-        """Act on one NOTIFY payload: ``sched`` or ``node:NAME``."""
+        """Act on one NOTIFY payload: ``sched``, ``node:NAME`` or ``admin``."""
         if payload == "sched":
             self.wake_scheduler()
         elif payload.startswith("node:"):
             self.wake_node(payload[5:])
+        elif payload == ADMIN_CHANGED:
+            self.admin_changed()
+
+    def admin_changed(self) -> None:
+        """Admin-configured tables may have changed: copies kept of them are out of date."""
+        with self._admin_lock:
+            self._admin_generation += 1
+
+    def admin_generation(self) -> int | None:
+        """A counter that moves whenever admin-configured tables may have changed; None
+        while the listener is not connected (changes would go unheard)."""
+        with self._admin_lock:
+            return self._admin_generation if self._listening else None
+
+    def _set_listening(self, listening: bool) -> None:
+        # Connecting or losing the connection moves the generation too: what changed
+        # while no one listened was not heard.
+        with self._admin_lock:
+            self._listening = listening
+            self._admin_generation += 1
 
     def listen(self, dsn: str) -> threading.Thread:
         """Start a thread relaying NOTIFYs from other controllers into this process."""
@@ -68,9 +93,13 @@ class Events:
         while not self._stop.is_set():
             try:
                 with open_listener(dsn) as conn:
-                    while not self._stop.is_set():
-                        for payload in received(conn, 1.0):
-                            self.dispatch(payload)
+                    self._set_listening(True)
+                    try:
+                        while not self._stop.is_set():
+                            for payload in received(conn, 1.0):
+                                self.dispatch(payload)
+                    finally:
+                        self._set_listening(False)
             except psycopg.Error as exc:
                 log.warning("notification listener lost its connection: %s", exc)
                 self._stop.wait(1.0)

@@ -58,7 +58,8 @@ class Controller:
         dsn = psycopg_dsn(config.database_url)
         self.events = Events()
         self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy(),
-                                       config.scheduler.pass_budget or None)
+                                       config.scheduler.pass_budget or None,
+                                       config.scheduler.admin_cache_max_age)
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
                   (config.controller.idle_percent, config.controller.idle_after),

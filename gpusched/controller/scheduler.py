@@ -15,6 +15,7 @@ from gpusched import stages
 from gpusched.controller.events import Events
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
+from gpusched.db.admincache import AdminCache
 from gpusched.db.leadership import Leadership, NotLeader
 from gpusched.db.notify import notify_in
 from gpusched.db.schedule import apply_plan, load_snapshot
@@ -47,8 +48,11 @@ class SchedulerLoop:
     """Runs passes when woken (submit, cancel, job end) and on the periodic backstop."""
 
     def __init__(self, sessions: sessionmaker[Session], events: Events, dsn: str,
-                 policy: Policy | None = None, pass_budget: float | None = None) -> None:
+                 policy: Policy | None = None, pass_budget: float | None = None,
+                 admin_max_age: float = 60.0) -> None:
         self.sessions = sessions
+        # The admin-configured tables, kept between passes until a change is heard.
+        self.admin_cache = AdminCache(events.admin_generation, admin_max_age)
         self.pass_budget = pass_budget  # seconds a pass may plan for; None: no limit
         self.events = events
         self.policy = policy or Policy()
@@ -83,6 +87,7 @@ class SchedulerLoop:
                     self._stop.wait(STANDBY_RETRY)
                     continue
                 self.resume_after = None
+                self.admin_cache.drop()  # a standby's copy may be from long ago
                 self.events.wake_scheduler()  # a new leader schedules at once
             # Wait in short steps: leadership lost meanwhile (the keeper saw it) is taken
             # back, or left to a standby, within a second.
@@ -122,7 +127,8 @@ class SchedulerLoop:
             raise NotLeader("this controller is not the leader")
         started, began_at = time.monotonic(), time.time()
         with self.sessions() as session, session.begin():
-            snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace)
+            snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace,
+                                              self.admin_cache)
             began, budget = time.monotonic(), self.pass_budget
             decided = plan(snapshot, time.time(), self.policy, self.resume_after,
                            (lambda: (time.monotonic() - began) / budget) if budget else None)

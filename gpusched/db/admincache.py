@@ -2,7 +2,7 @@
 in them, QOS), and a copy of it kept between passes.
 
 Every write to those tables sends an ``admin`` NOTIFY from a trigger, inside the
-writing transaction (migration 0016): it is heard once the change is committed, and
+writing transaction (migration 0017): it is heard once the change is committed, and
 whatever made the change (``gpusched admin apply``, the seeding of partitions, a
 hand-written UPDATE) cannot forget it. The controller's listener counts what it hears
 into a generation (controller/events.py). A kept copy is used only while that listener

@@ -1,8 +1,9 @@
 """Wake-ups between controller replicas: PostgreSQL NOTIFY on one channel.
 
 A NOTIFY is sent inside the transaction that caused it, so other replicas hear of a
-change only once it is committed. Payloads are ``sched`` (run a scheduling pass) and
-``node:NAME`` (the agent of NAME has work).
+change only once it is committed. Payloads are ``sched`` (run a scheduling pass),
+``node:NAME`` (the agent of NAME has work) and ``admin`` (an admin-configured table
+changed; sent by a trigger, migration 0017).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 CHANNEL = "gpusched"
+ADMIN_CHANGED = "admin"
 
 
 def notify_in(session: Session, *payloads: str) -> None:

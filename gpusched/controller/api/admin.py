@@ -42,6 +42,8 @@ class AdminRoutes:
                 return 200, {"changes": plan_changes(session, config), "applied": False}
             changes = apply_config(session, config)
             notify_in(session, "sched")
+        # Here at once: this controller's next pass must not wait for the NOTIFY.
+        ctx.events.admin_changed()
         ctx.events.wake_scheduler()
         return 200, {"changes": changes, "applied": True}
 
