@@ -307,9 +307,12 @@ class _Session:
             self._task_end(link.node, task, None, None)
 
     def _give_up_on_missing(self) -> None:
-        """The controller says the step ended: nodes that never connected will not."""
+        """The controller says the step ended (FINAL_GRACE ago): nodes that never
+        connected will not, and a node still connected is gone without closing."""
+        for link in list(self.connected.values()):
+            self._close(link)
         for node in self.plan.node_names:
-            if node in self.connected or node in self.ended_nodes:
+            if node in self.ended_nodes:
                 continue
             self.ended_nodes.add(node)
             reason = self.final_error or "the step ended first"
@@ -320,7 +323,7 @@ class _Session:
                     self.sink.task_ended(task)
                     if self.tally.lost(task) and self.options.on_bad_exit is not None:
                         self.options.on_bad_exit(task)
-        self.final_seen = None  # done with it; a connected node may still end on its own
+        self.final_seen = None
 
     # -- what gsrun sends ------------------------------------------------------------
     def _send(self, link: _Link, data: bytes) -> None:

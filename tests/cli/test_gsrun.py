@@ -293,16 +293,19 @@ def test_a_node_that_never_connects_ends_with_the_step(
     monkeypatch.setattr(stepio_server, "POLL_MISSING", 0.05)
     monkeypatch.setattr(stepio_server, "FINAL_GRACE", 0.2)
     states = [StepState("RUNNING"), StepState("FAILED", "cannot reach gsrun at 10.0.0.9")]
-    served = Served({"n1": [0], "n2": [1]},
+    served = Served({"n1": [0], "n2": [1], "n3": [2]},
                     poll=lambda: states.pop(0) if len(states) > 1 else states[0])
     a = served.node(0)
     a.send(stepio.ERROR, 0, b"node said\x1b[2J this")
     a.exit(0, 0)
     a.close()
+    silent = served.node(2)  # connected, then its host went quiet
     assert served.finish() == 1
     assert served.said == [
         "gsrun: error: node n1: node said\\x1b[2J this",
+        "gsrun: error: n3: task 2: lost (no exit status)",
         "gsrun: error: node n2: its tasks did not start: cannot reach gsrun at 10.0.0.9"]
+    assert silent.closed_by_peer()
 
 
 # -- the whole command against the stand-in step side ---------------------------------
