@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
+STEP_SUPERVISOR = Path(__file__).with_name("stepsupervisor.py")
 LOCK_FD_IN_SUPERVISOR = 3  # the fd a supervisor (or the spawner's socket) is handed on
 SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                   "LC_ALL": "C.UTF-8"}
@@ -17,8 +18,10 @@ SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
 SUPERVISOR_SIGMASK = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGUSR2)
 
 
-def spawn_supervisor_process(python: str, args: list[str], log_path: Path, handed_fd: int) -> int:
-    """``python -I -S supervisor.py ARGS`` in a new session, ``handed_fd`` on fd 3; its pid.
+def spawn_supervisor_process(python: str, args: list[str], log_path: Path, handed_fd: int,
+                             program: Path = SUPERVISOR) -> int:
+    """``python -I -S supervisor.py ARGS`` (or another ``program``, such as the step
+    supervisor) in a new session, ``handed_fd`` on fd 3; its pid.
 
     It starts with its signals blocked, as a supervisor runs: a cancel that comes
     while Python is still starting stays pending instead of killing it.
@@ -32,7 +35,7 @@ def spawn_supervisor_process(python: str, args: list[str], log_path: Path, hande
             (os.POSIX_SPAWN_DUP2, 1, 2),
             (os.POSIX_SPAWN_DUP2, high_fd, LOCK_FD_IN_SUPERVISOR),
         ]
-        argv = [python, "-I", "-S", str(SUPERVISOR), *args]
+        argv = [python, "-I", "-S", str(program), *args]
         return os.posix_spawn(python, argv, SUPERVISOR_ENV, file_actions=actions,
                               setsid=True, setsigmask=SUPERVISOR_SIGMASK)
     finally:

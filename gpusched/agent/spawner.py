@@ -26,6 +26,7 @@ def serve_spawner(sock_fd: int) -> int:
     sock = socket.socket(fileno=sock_fd)
     try:
         supervisor.confinement_module()
+        from gpusched.agent import stepsupervisor  # noqa: F401 - steps start sooner
     except ImportError:
         pass  # imported by each supervisor that needs it, or its error reported there
     while True:
@@ -74,7 +75,13 @@ def _become_supervisor(jobdir: str, lock_fd: int) -> None:
         os.dup2(lock_fd, _LOCK_FD)
         for fd in {null, log, lock_fd} - {0, 1, 2, _LOCK_FD}:
             os.close(fd)
-        code = supervisor.main(["supervisor.py", jobdir, "--lock-fd", str(_LOCK_FD)])
+        if os.path.basename(jobdir).startswith("step-"):  # a job step's part (steps.py)
+            from gpusched.agent import stepsupervisor
+
+            code = stepsupervisor.main(["stepsupervisor.py", jobdir, "--lock-fd",
+                                        str(_LOCK_FD)])
+        else:
+            code = supervisor.main(["supervisor.py", jobdir, "--lock-fd", str(_LOCK_FD)])
     except BaseException as exc:  # reported in supervisor.log; the launcher sees no status
         _note_error(2, f"job supervisor failed: {exc!r}")
     finally:

@@ -1,0 +1,573 @@
+"""The supervisor of one node's part of a job step (slurmstepd for a step): connects to
+gsrun's I/O socket, starts the node's tasks, streams their output there, and sees them
+to their end.
+
+Run as ``python -I -S stepsupervisor.py STEPDIR [--lock-fd N]`` in a session of its
+own, or, usually, forked by the supervisor spawner (gpusched.agent.spawner) for a
+directory named ``step-*``. Stdlib only, like supervisor.py; the frames are those of
+gpusched.messages.stepio.
+
+Files in STEPDIR (gpusched.agent.steps writes the spec):
+  spec.json        (input) the step's user, command, tasks and where gsrun listens
+  supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked
+  supervisor.json  {"supervisor_pid", "supervisor_starttime", "task_pids",
+                    "task_starttimes", "start_time"}
+  signal.json      {"signal": N}, written by the agent before it sends SIGUSR1: deliver
+                   N to every task
+  status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error",
+                    "max_rss_bytes", "cpu_usec", "tasks": [[task id, exit code, signal]]}
+
+Outcomes: completed (every task exited 0), failed, cancelled (SIGTERM to the
+supervisor, or gsrun's connection lost), timeout (the job's end by its time limit:
+the spec's ``deadline``), out_of_memory, launch_failed (nothing ran: gsrun could not
+be reached within ``connect_timeout``, the node refused the step, or the step's
+cgroup could not be made; gsrun gets an ERROR frame where it can be reached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+if not __package__:  # run as a script: make this file's package importable
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.realpath(__file__)))))
+
+from gpusched.agent.steptask import StepTask  # noqa: E402
+from gpusched.agent.supervisor import (  # noqa: E402
+    _ensure_std_fds,
+    _take_lock,
+    confinement_module,
+    proc_starttime,
+    write_json_atomic,
+)
+from gpusched.messages import stepio  # noqa: E402
+
+SIGNAL_FILE = "signal.json"
+SIGNAL_REQUEST = signal.SIGUSR1  # the agent wrote signal.json: deliver that signal
+_HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, SIGNAL_REQUEST)
+CONNECT_TIMEOUT = 10.0  # seconds to reach gsrun's I/O socket
+MAX_BUFFERED = 4 << 20  # bytes of output held for gsrun before tasks' pipes are left unread
+MAX_STDIN_BUFFERED = 1 << 20  # bytes of gsrun's input held for task 0
+DRAIN_TIMEOUT = 2.0  # seconds to send what is left once the tasks have ended
+READ_SIZE = stepio.MAX_PAYLOAD
+
+
+class StepSupervisor:
+    """Runs one node's part of a step from its spec."""
+
+    def __init__(self, stepdir: str, spec: dict[str, Any]) -> None:
+        self.stepdir = stepdir
+        self.spec = spec
+        self.tasks = [StepTask(t) for t in spec["tasks"]]
+        self.sock: socket.socket | None = None
+        self.outbox = bytearray()
+        self.decoder = stepio.Decoder(stepio.TO_NODE)
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        self.start_time = 0.0
+        self.stop_reason: str | None = None
+        self.error: str | None = None
+        self.kill_at: float | None = None
+        self.killed = False
+        self.cgroup: Any = None
+        self.confine: Any = None
+        self.pending: set[int] = set()  # signals caught, not yet acted on
+
+    # ------------------------------------------------------------ lifecycle
+
+    def run(self) -> dict[str, Any]:
+        """Connect, start the tasks, supervise them; the status to record."""
+        self.start_time = time.time()
+        self._install_handlers()
+        error = self._connect()
+        if error is not None:
+            cancelled = self.pending & {signal.SIGTERM, signal.SIGINT}
+            return self.status("cancelled" if cancelled else "launch_failed", error)
+        self._send(stepio.hello(self.spec["io"]["token"], int(self.spec["job_id"]),
+                                int(self.spec["step_id"]), int(self.spec["node_index"]),
+                                [t.task_id for t in self.tasks]))
+        error = self._refusal() or self._make_cgroup()
+        if error is not None:
+            return self._launch_failed(error)
+        try:
+            for task in self.tasks:
+                failure = task.start(self.spec, self.cgroup)
+                if failure is not None:
+                    self._send_output(task.task_id, stepio.STDERR,
+                                      f"gpusched: error: task {task.task_id}: {failure}\n"
+                                      .encode())
+            self._write_info()
+            self._supervise()
+            self._finish_tasks()
+        finally:
+            usage = self._end_cgroup()
+        return self._outcome(usage)
+
+    def _launch_failed(self, error: str) -> dict[str, Any]:
+        """Tell gsrun why nothing runs here; the launch_failed status."""
+        self._send(stepio.encode(stepio.ERROR, 0, error.encode()[:stepio.MAX_PAYLOAD]))
+        self._flush(time.monotonic() + DRAIN_TIMEOUT)
+        return self.status("launch_failed", error)
+
+    def _refusal(self) -> str | None:
+        """Why this node runs nothing of the step: the agent's refusal, or a uid below
+        the node's min_job_uid."""
+        if self.spec.get("refusal"):
+            return str(self.spec["refusal"])
+        uid, min_uid = int(self.spec["uid"]), int(self.spec.get("min_uid", 1))
+        if uid < min_uid:
+            return (f"this node runs no job of a uid below {min_uid} (its agent's "
+                    f"min_job_uid); uid {uid} is")
+        if os.geteuid() != 0 and uid != os.geteuid():
+            return f"the step supervisor runs as uid {os.geteuid()} and cannot run uid {uid}"
+        return None
+
+    def _make_cgroup(self) -> str | None:
+        if not self.spec.get("cgroup"):
+            return None
+        self.confine = confinement_module()
+        try:
+            self.cgroup = self.confine.make_job_cgroup(self.spec["cgroup"])
+        except self.confine.ConfineError as exc:
+            return f"cannot confine the step: {exc}"
+        return None
+
+    def _end_cgroup(self) -> Any:
+        cgroup, self.cgroup = self.cgroup, None
+        return None if cgroup is None else self.confine.end_job_cgroup(cgroup)
+
+    def _write_info(self) -> None:
+        write_json_atomic(os.path.join(self.stepdir, "supervisor.json"), {
+            "supervisor_pid": os.getpid(), "supervisor_starttime": proc_starttime("self"),
+            "task_pids": [t.pid for t in self.tasks],
+            "task_starttimes": [_starttime(t.pid) for t in self.tasks],
+            "start_time": self.start_time})
+
+    def _connect(self) -> str | None:
+        """Connect to gsrun's I/O socket, trying until connect_timeout; the error."""
+        io = self.spec["io"]
+        limit = float(self.spec.get("connect_timeout") or CONNECT_TIMEOUT)
+        deadline = time.monotonic() + limit
+        last = ""
+        while True:
+            if self.pending & {signal.SIGTERM, signal.SIGINT}:
+                return "cancelled before the step started"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return (f"cannot reach gsrun's I/O socket at {io['host']}:{io['port']} "
+                        f"within {limit:g} s: {last}")
+            try:
+                sock = socket.create_connection((io["host"], int(io["port"])),
+                                                timeout=min(remaining, 2.0))
+            except OSError as exc:
+                last = exc.strerror or str(exc)
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            self.sock = sock
+            self.selector.register(sock, selectors.EVENT_READ, "io")
+            return None
+
+    # ------------------------------------------------------------ signals
+
+    def _install_handlers(self) -> None:
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+
+        def note(signum: int, frame: object) -> None:
+            self.pending.add(signum)
+
+        for sig in _HANDLED:
+            signal.signal(sig, note)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def _take_signals(self) -> set[int]:
+        taken, self.pending = self.pending, set()
+        while True:
+            try:
+                if not os.read(self.wake_r, 4096):
+                    break
+            except BlockingIOError:
+                break
+        return taken
+
+    def _act_on_signals(self) -> None:
+        taken = self._take_signals()
+        if taken & {signal.SIGTERM, signal.SIGINT}:
+            self._stop("cancelled")
+        if SIGNAL_REQUEST in taken:
+            try:
+                with open(os.path.join(self.stepdir, SIGNAL_FILE), encoding="utf-8") as f:
+                    number = int(json.load(f)["signal"])
+            except (OSError, ValueError, KeyError, TypeError):
+                number = 0
+            if 0 < number < signal.NSIG:
+                self._signal_tasks(number)
+
+    def _signal_tasks(self, sig: int) -> None:
+        """Send ``sig`` to every running task's process group."""
+        for task in self.tasks:
+            if not task.exited:
+                task.signal_group(sig)
+
+    def _stop(self, reason: str) -> None:
+        """End the step: SIGTERM now, everything killed after the kill grace."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        self.kill_at = time.monotonic() + float(self.spec.get("kill_grace", 0))
+        self._signal_tasks(signal.SIGTERM)
+        self._signal_tasks(signal.SIGCONT)  # a stopped task must wake up to see the TERM
+        self._signal_escaped(signal.SIGTERM)
+
+    def _signal_escaped(self, sig: int) -> None:
+        """Send ``sig`` to the step's processes that left their task's process group."""
+        if self.cgroup is None:
+            return
+        groups = {t.pid for t in self.tasks}
+        for pid in self.cgroup.pids():
+            try:
+                if os.getpgid(pid) not in groups:
+                    os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _kill_all(self) -> None:
+        for task in self.tasks:
+            task.signal_group(signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        self.killed = True
+
+    # ------------------------------------------------------------ the loop
+
+    def _supervise(self) -> None:
+        """Stream I/O and watch the tasks until every one has exited."""
+        for task in self.tasks:
+            for fd in task.streams:
+                self.selector.register(fd, selectors.EVENT_READ, task)
+        deadline = self._deadline()
+        while not all(t.exited for t in self.tasks):
+            now = time.monotonic()
+            if self.stop_reason is None and deadline is not None and now >= deadline:
+                self._stop("timeout")
+            if self.kill_at is not None and not self.killed and now >= self.kill_at:
+                self._kill_all()
+            self._update_interest()
+            wake = self._next_wakeup(deadline)
+            timeout = None if wake is None else max(0.0, wake - time.monotonic())
+            for key, events in self.selector.select(timeout):
+                self._ready(key, events)
+            self._act_on_signals()
+            for task in self.tasks:
+                if task.poll_exit():
+                    self._drain(task)
+                    self._send(stepio.exit_frame(task.task_id, task.exit_code, task.signal))
+
+    def _deadline(self) -> float | None:
+        """When the step must stop (monotonic clock), from the spec's epoch deadline."""
+        at = self.spec.get("deadline")
+        return None if at is None else time.monotonic() + float(at) - time.time()
+
+    def _next_wakeup(self, deadline: float | None) -> float | None:
+        if self.stop_reason is None:
+            return deadline
+        return None if self.killed else self.kill_at
+
+    def _update_interest(self) -> None:
+        """Read tasks' output only while gsrun keeps up; write to gsrun while there is
+        something to send; take gsrun's input while task 0 keeps up."""
+        reading = len(self.outbox) < MAX_BUFFERED
+        for task in self.tasks:
+            for fd in task.streams:
+                self._interest(fd, selectors.EVENT_READ if reading else 0, task)
+            if task.in_fd is not None:
+                self._interest(task.in_fd, selectors.EVENT_WRITE if task.stdin_buffer
+                               else 0, ("stdin", task))
+        if self.sock is not None:
+            stdin_full = any(len(t.stdin_buffer) >= MAX_STDIN_BUFFERED for t in self.tasks)
+            events = (0 if stdin_full else selectors.EVENT_READ) | (
+                selectors.EVENT_WRITE if self.outbox else 0)
+            self._interest(self.sock, events, "io")
+
+    def _interest(self, fd: Any, events: int, data: Any) -> None:
+        try:
+            key = self.selector.get_key(fd)
+        except KeyError:
+            if events:
+                self.selector.register(fd, events, data)
+            return
+        if not events:
+            self.selector.unregister(fd)
+        elif key.events != events:
+            self.selector.modify(fd, events, data)
+
+    def _ready(self, key: selectors.SelectorKey, events: int) -> None:
+        if key.data == "wake":
+            return  # the signals are taken after the select
+        if key.data == "io":
+            if events & selectors.EVENT_WRITE:
+                self._flush_some()
+            if events & selectors.EVENT_READ and self.sock is not None:
+                self._from_gsrun()
+        elif isinstance(key.data, tuple):
+            self._feed_stdin(key.data[1])
+        else:
+            self._read_stream(key.data, int(key.fd))
+
+    def _read_stream(self, task: StepTask, fd: int) -> bool:
+        """Send what a task wrote; close its pipe at end of file. Whether it read any."""
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        kind = stepio.STDOUT if fd == task.out_fd else stepio.STDERR
+        if data:
+            self._send_output(task.task_id, kind, data)
+            return True
+        self._interest(fd, 0, task)
+        os.close(fd)
+        if fd == task.out_fd:
+            task.out_fd = None
+        else:
+            task.err_fd = None
+        return False
+
+    def _drain(self, task: StepTask) -> None:
+        """Send what an exited task left in its pipes, before its EXIT frame."""
+        for fd in task.streams:
+            while len(self.outbox) < MAX_BUFFERED and self._read_stream(task, fd):
+                pass
+
+    def _finish_tasks(self) -> None:
+        """Every task has exited: kill what they left running, send the rest of their
+        output and flush it to gsrun."""
+        self._kill_all()
+        end = time.monotonic() + DRAIN_TIMEOUT
+        while any(t.streams for t in self.tasks) and time.monotonic() < end:
+            for key, events in self.selector.select(max(0.0, end - time.monotonic())):
+                if isinstance(key.data, StepTask):
+                    self._read_stream(key.data, int(key.fd))
+                elif key.data == "io" and events & selectors.EVENT_WRITE:
+                    self._flush_some()
+            self._update_interest()
+        self._flush(end)
+
+    # ------------------------------------------------------------ gsrun's side
+
+    def _from_gsrun(self) -> None:
+        assert self.sock is not None
+        try:
+            data = self.sock.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lost_gsrun("gsrun's connection closed")
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except stepio.FrameError as exc:
+            self._lost_gsrun(f"gsrun sent a bad frame: {exc}")
+            return
+        for frame in frames:
+            if frame.kind == stepio.SIGNAL:
+                number = _signal_number(frame.payload)
+                if number is not None:
+                    self._signal_tasks(number)
+            elif frame.kind == stepio.STDIN:
+                for task in self.tasks:
+                    if task.in_fd is not None and not task.stdin_closing:
+                        if frame.payload:
+                            task.stdin_buffer += frame.payload
+                        else:
+                            task.stdin_closing = True
+                        self._feed_stdin(task)
+            # WINSIZE: for a pseudo-terminal, which steps do not have yet
+
+    def _feed_stdin(self, task: StepTask) -> None:
+        if task.in_fd is None:
+            return
+        if task.stdin_buffer:
+            try:
+                sent = os.write(task.in_fd, task.stdin_buffer)
+            except BlockingIOError:
+                return
+            except OSError:  # the task closed its stdin or ended
+                self._interest(task.in_fd, 0, None)
+                task.close_stdin()
+                return
+            del task.stdin_buffer[:sent]
+        if not task.stdin_buffer and task.stdin_closing:
+            self._interest(task.in_fd, 0, None)
+            task.close_stdin()
+
+    def _lost_gsrun(self, why: str) -> None:
+        """gsrun is gone: nobody takes the output any more, so the step ends."""
+        if self.sock is not None:
+            self._interest(self.sock, 0, None)
+            self.sock.close()
+            self.sock = None
+        self.outbox.clear()
+        if not all(t.exited for t in self.tasks):
+            self.error = self.error or why
+            self._stop("cancelled")
+
+    def _send_output(self, task: int, kind: int, data: bytes) -> None:
+        for frame in stepio.chunks(kind, task, data):
+            self._send(frame)
+
+    def _send(self, frame: bytes) -> None:
+        if self.sock is not None:
+            self.outbox += frame
+
+    def _flush_some(self) -> None:
+        if self.sock is None or not self.outbox:
+            return
+        try:
+            sent = self.sock.send(self.outbox)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._lost_gsrun("gsrun's connection failed")
+            return
+        del self.outbox[:sent]
+
+    def _flush(self, deadline: float) -> None:
+        """Send what is left to gsrun (until ``deadline``), then close the connection."""
+        while self.sock is not None and self.outbox and time.monotonic() < deadline:
+            _, writable, _ = _select_write(self.sock, deadline - time.monotonic())
+            if writable:
+                self._flush_some()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    # ------------------------------------------------------------ the end
+
+    def _outcome(self, usage: Any) -> dict[str, Any]:
+        """The status of the step here once every task has ended."""
+        rss = cpu = 0
+        for task in self.tasks:
+            task_rss, task_cpu = task.reap()
+            rss, cpu = max(rss, task_rss), cpu + task_cpu
+        codes = [t.exit_code for t in self.tasks if t.exit_code is not None]
+        signals = [t.signal for t in self.tasks if t.signal is not None]
+        ok = not signals and all(c == 0 for c in codes)
+        outcome = self.stop_reason or ("completed" if ok else "failed")
+        status = self.status(outcome, self.error)
+        status.update(exit_code=max(codes) if codes else None,
+                      signal=max(signals) if signals else None,
+                      max_rss_bytes=rss, cpu_usec=cpu,
+                      tasks=[[t.task_id, t.exit_code, t.signal] for t in self.tasks])
+        if usage is not None:
+            if usage.peak_memory is not None:
+                status["max_rss_bytes"] = usage.peak_memory
+            if usage.cpu_usec is not None:
+                status["cpu_usec"] = usage.cpu_usec
+            if usage.oom_killed and outcome == "failed":
+                status["outcome"] = "out_of_memory"
+        return status
+
+    def status(self, outcome: str, error: str | None) -> dict[str, Any]:
+        """status.json for this outcome, ending now."""
+        return {"outcome": outcome, "exit_code": None, "signal": None,
+                "start_time": self.start_time or None, "end_time": time.time(),
+                "error": error, "max_rss_bytes": None, "cpu_usec": None,
+                "tasks": [[t.task_id, None, None] for t in self.tasks]}
+
+    def abort(self) -> None:
+        """Kill everything of the step at once (the supervisor itself is failing)."""
+        self._kill_all()
+        if self.cgroup is not None:
+            self.confine.remove_job_cgroup(self.cgroup)
+
+
+def _starttime(pid: int) -> int | None:
+    try:
+        return proc_starttime(pid)
+    except (OSError, ValueError, IndexError):
+        return None  # never started, or already gone (and unreaped)
+
+
+def _signal_number(payload: bytes) -> int | None:
+    """A SIGNAL frame's signal (ASCII digits), if it is one."""
+    if not payload.isdigit() or len(payload) > 3:
+        return None
+    number = int(payload)
+    return number if 0 < number < signal.NSIG else None
+
+
+def _select_write(sock: socket.socket, timeout: float) -> tuple[list[Any], list[Any], list[Any]]:
+    import select
+
+    return select.select([], [sock], [], max(0.0, timeout))
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _read_spec(stepdir: str) -> dict[str, Any]:
+    with open(os.path.join(stepdir, "spec.json"), "rb") as f:
+        spec = json.load(f)
+    for key in ("job_id", "step_id", "uid", "gid", "user", "argv", "cwd", "tasks", "io"):
+        if key not in spec:
+            raise ValueError(f"missing key {key!r}")
+    if not spec["argv"] or not spec["tasks"]:
+        raise ValueError("no command or no tasks")
+    return dict(spec)
+
+
+def _parse_args(argv: list[str]) -> tuple[str, int | None]:
+    if len(argv) == 2:
+        return argv[1], None
+    if len(argv) == 4 and argv[2] == "--lock-fd":
+        return argv[1], int(argv[3])
+    raise SystemExit("usage: stepsupervisor.py STEPDIR [--lock-fd N]")
+
+
+def main(argv: list[str]) -> int:
+    """Supervise the step part of STEPDIR; exit 0 once its status.json is written."""
+    stepdir, lock_fd = _parse_args(argv)
+    status_path = os.path.join(stepdir, "status.json")
+    if os.path.exists(status_path):
+        return 0
+    _ensure_std_fds()
+    if _take_lock(stepdir, lock_fd) is None or os.path.exists(status_path):
+        return 0  # another supervisor runs (or ran) this step
+    try:
+        spec = _read_spec(stepdir)
+    except (OSError, ValueError) as exc:
+        now = time.time()
+        write_json_atomic(status_path, {
+            "outcome": "launch_failed", "exit_code": None, "signal": None,
+            "start_time": now, "end_time": now, "error": f"bad step spec: {exc}"})
+        return 0
+    supervisor = StepSupervisor(stepdir, spec)
+    try:
+        status = supervisor.run()
+    except BaseException as exc:
+        supervisor.abort()  # never leave tasks running unsupervised
+        status = supervisor.status("failed", f"step supervisor error: {exc!r}")
+        write_json_atomic(status_path, status)
+        raise
+    write_json_atomic(status_path, status)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

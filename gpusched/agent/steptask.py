@@ -1,0 +1,192 @@
+"""One task of a job step, in the step supervisor: its process (forked, confined,
+turned into the job's user, exec'd) and the pipes of its streamed stdin, stdout and
+stderr. Stdlib only, like the step supervisor that imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from gpusched.agent.supervisor import LaunchError, _drop_privileges
+
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+EXEC_FAILED_EXIT = 2  # what srun's task shows when its command cannot be executed
+
+
+class StepTask:
+    """One task: its spec (``task_id``, ``env``, ``stdout``, ``stderr``, ``stdin``,
+    ``stdin_frames``), its process once started, and the parent's ends of its pipes
+    (None where the stream goes to a file or is not streamed)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.task_id = int(spec["task_id"])
+        self.spec = spec
+        self.pid = 0
+        self.out_fd: int | None = None
+        self.err_fd: int | None = None
+        self.in_fd: int | None = None
+        self.stdin_buffer = bytearray()
+        self.stdin_closing = False  # an empty STDIN frame came: close once flushed
+        self.exited = False
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+
+    @property
+    def streams(self) -> list[int]:
+        """The parent's read ends still open."""
+        return [fd for fd in (self.out_fd, self.err_fd) if fd is not None]
+
+    def start(self, step: dict[str, Any], cgroup: Any) -> str | None:
+        """Fork and exec the task; the error text when it could not be started (the
+        child then exits EXEC_FAILED_EXIT), else None."""
+        child_fds: list[int] = []
+        ends = {}
+        for name, streamed in (("stdout", self.spec.get("stdout") is None),
+                               ("stderr", self.spec.get("stderr") is None)):
+            if streamed:
+                read_end, write_end = os.pipe()
+                os.set_blocking(read_end, False)
+                ends[name] = write_end
+                child_fds.append(write_end)
+                setattr(self, "out_fd" if name == "stdout" else "err_fd", read_end)
+        if self.spec.get("stdin_frames"):
+            read_end, write_end = os.pipe()
+            os.set_blocking(write_end, False)
+            ends["stdin"] = read_end
+            child_fds.append(read_end)
+            self.in_fd = write_end
+        report_r, report_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(report_r)
+            _child_main(step, self.spec, ends, report_w, cgroup)
+        os.close(report_w)
+        for fd in child_fds:
+            os.close(fd)
+        chunks = []
+        while chunk := os.read(report_r, 4096):
+            chunks.append(chunk)
+        os.close(report_r)
+        return b"".join(chunks).decode(errors="replace") if chunks else None
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the task's process group. The task's process stays unreaped
+        until the step ends, so the group id cannot have been reused."""
+        if self.pid > 0:
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def poll_exit(self) -> bool:
+        """Whether the task has just been seen to exit (left unreaped); its exit code or
+        signal are noted."""
+        if self.exited or self.pid <= 0:
+            return False
+        info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is None:
+            return False
+        self.exited = True
+        if info.si_code == os.CLD_EXITED:
+            self.exit_code = info.si_status
+        else:
+            self.signal = info.si_status
+        return True
+
+    def reap(self) -> tuple[int, int]:
+        """Reap the task's process: its peak RSS in bytes and CPU time in microseconds
+        (with its descendants that it waited for)."""
+        if self.pid <= 0:
+            return 0, 0
+        try:
+            _, _, usage = os.wait4(self.pid, 0)
+        except ChildProcessError:
+            return 0, 0
+        cpu = int((usage.ru_utime + usage.ru_stime) * 1_000_000)
+        return usage.ru_maxrss * 1024, cpu
+
+    def close_stdin(self) -> None:
+        if self.in_fd is not None:
+            os.close(self.in_fd)
+            self.in_fd = None
+        self.stdin_buffer.clear()
+
+
+# ---------------------------------------------------------------- the task child
+
+
+def _open_as_user(path: str, flags: int, what: str) -> int:
+    try:
+        return os.open(path, flags, 0o666)  # less the user's umask
+    except OSError as exc:
+        raise LaunchError(f"cannot open {what} file {path}: {exc.strerror}") from None
+
+
+def _task_fds(task: dict[str, Any], ends: dict[str, int]) -> tuple[int, int, int]:
+    """stdin, stdout, stderr of the task: its pipes, or its files opened as its user."""
+    out = ends.get("stdout")
+    if out is None:
+        out = _open_as_user(task["stdout"], _WRITE_FLAGS, "output")
+    err = ends.get("stderr")
+    if err is None:
+        err = out if task["stderr"] == task.get("stdout") else _open_as_user(
+            task["stderr"], _WRITE_FLAGS, "error")
+    stdin = ends.get("stdin")
+    if stdin is None:
+        stdin = _open_as_user(task.get("stdin") or os.devnull, _READ_FLAGS, "input")
+    return stdin, out, err
+
+
+def _become_task(step: dict[str, Any], task: dict[str, Any], ends: dict[str, int],
+                 cgroup: Any) -> None:
+    """In the forked child: become the task. Returns only by raising LaunchError."""
+    os.setsid()  # its own process group: signals reach all it starts
+    if cgroup is not None:
+        try:
+            cgroup.add(os.getpid())  # as root, before anything of the task runs
+        except OSError as exc:
+            raise LaunchError(f"cannot join the step's cgroup: {exc.strerror}") from None
+    _drop_privileges(step)
+    os.umask(int(step.get("umask", 0o022)) & 0o777)
+    stdin, out, err = _task_fds(task, ends)
+    os.dup2(stdin, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    try:
+        os.chdir(step["cwd"])
+    except OSError as exc:
+        raise LaunchError(f"cannot change to working directory {step['cwd']}: "
+                          f"{exc.strerror}") from None
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    argv = step["argv"]
+    try:
+        os.execvpe(argv[0], argv, task["env"])
+    except OSError as exc:
+        raise LaunchError(f"cannot execute {argv[0]}: {exc.strerror}") from None
+
+
+def _child_main(step: dict[str, Any], task: dict[str, Any], ends: dict[str, int],
+                report_fd: int, cgroup: Any) -> None:
+    """Run in the fork; never returns. A failure goes up the CLOEXEC report pipe (the
+    step supervisor sends it to gsrun as the task's stderr)."""
+    try:
+        _become_task(step, task, ends, cgroup)
+        message = "exec returned"
+    except LaunchError as exc:
+        message = str(exc)
+    except BaseException as exc:  # anything at all must reach the parent, not a traceback
+        message = f"cannot start the task: {exc!r}"
+    try:
+        os.write(report_fd, message.encode()[:4000])
+    finally:
+        os._exit(EXEC_FAILED_EXIT)
