@@ -3,6 +3,7 @@ claim is in db/commands.py; node failure and fencing in db/node_failure.py)."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,12 +12,13 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from gpusched.core.topology import LINK_KINDS
-from gpusched.db import commands, node_drain
+from gpusched.db import commands, node_drain, steps
 from gpusched.db.engine import rowcount
 from gpusched.db.health import may_requeue
 from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
 from gpusched.messages import JobEnd, NodeHealth
+from gpusched.messages.steps import MAX_HOST
 
 # The state each outcome of gpusched.messages.OUTCOMES ends a job in.
 OUTCOME_STATES = {
@@ -32,6 +34,7 @@ OUTCOME_STATES = {
 
 LAUNCH_FAILED_REASON = "LaunchFailed"
 MAX_ENFORCEMENT = 256  # characters of how a node confines its jobs (or why it cannot)
+_HOST = re.compile(r"[A-Za-z0-9._:\-\[\]%]+")  # a host name or an IPv4/IPv6 address
 
 
 def registered_node(session: Session, name: str) -> Node:
@@ -62,9 +65,11 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
     if block is not None and not isinstance(block, str):
         raise UsageError("block: expected a topology block name")
     enforced, enforcement = _enforcement(body)
+    address = _address(body.get("address"))
     values: dict[str, Any] = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
                               "registered_at": now, "last_seen": now, "cpus": cpus,
                               "memory_mb": memory_mb, "block": block, "lost_at": None,
+                              "address": address,
                               "enforced": enforced, "enforcement": enforcement,
                               "drained_by": None}
     stmt = insert(Node).values(name=name, **values)
@@ -98,6 +103,18 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
     session.execute(update(Gpu).where(Gpu.node_id == node.id, Gpu.uuid.not_in(seen))
                     .values(present=False))
     return node
+
+
+def _address(value: object) -> str | None:
+    """Where other nodes and clients reach the node: an IP address or host name of at
+    most MAX_HOST characters (absent: its name is used)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_HOST \
+            or not _HOST.fullmatch(value):
+        raise UsageError(f"address: expected an IP address or host name of at most "
+                         f"{MAX_HOST} characters, got {str(value)[:64]!r}")
+    return value
 
 
 def _enforcement(body: dict[str, Any]) -> tuple[bool, str | None]:
@@ -185,6 +202,7 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
             or job.node_id != node.id:
         _drain_after_epilog(session, node, end)
         return False, True
+    run, job_nodes = job.restarts, tuple(job.node_names or (node.name,))
     values = _end_values(session, job, node, end)
     if end.max_rss_bytes is not None or end.cpu_usec is not None:
         values.update(max_rss_bytes=end.max_rss_bytes, cpu_usec=end.cpu_usec)
@@ -195,6 +213,8 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
     ))
     if changed:
         release_job(session, job_id)
+        # Its batch node's agent ends the job's steps there itself.
+        steps.end_with_job(session, job_id, run, job_nodes, values["state"], skip=(node.name,))
         if end.outcome == "prolog_failed":
             node_drain.drain_for_site_program(
                 session, node.id, node_drain.drain_reason(end.error, "prolog failed"))

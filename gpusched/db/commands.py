@@ -1,5 +1,6 @@
 """Node commands: the work a node's agent must do (launch, cancel, signal, a new time
-limit, kill an ended run), one row each in ``node_commands``.
+limit, kill an ended run and its steps, start or end its part of a job step), one row
+each in ``node_commands``.
 
 A command is made in the transaction that decides it, stamped with the job's run (its
 ``restarts`` then) and the leader epoch. The agent's poll claims its node's open
@@ -27,6 +28,7 @@ from gpusched.db.placements import job_placements
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
 from gpusched.messages.agent import LimitJob, SignalJob
+from gpusched.messages.steps import StepCancel, StepLaunch
 
 if TYPE_CHECKING:
     from gpusched.messages.agent import Payload
@@ -79,7 +81,7 @@ def claim(session: Session, node: Node, reclaim_after: float = RECLAIM_AFTER,
     jobs = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(job_ids)))} \
         if job_ids else {}
     current = [row for row in rows
-               if row[1] == "kill" or _is_current(jobs.get(row[2]), row[3], node.id)]
+               if row[1] == "kill" or _is_current(jobs.get(row[2]), row[3], node, row[1])]
     stale = [row[0] for row in rows if row not in current]
     if stale:
         session.execute(update(NodeCommand).where(NodeCommand.id.in_(stale))
@@ -91,11 +93,15 @@ def claim(session: Session, node: Node, reclaim_after: float = RECLAIM_AFTER,
             for command_id, kind, job_id, run, payload in current]
 
 
-def _is_current(job: Job | None, run: int, node_id: int) -> bool:
-    """Whether a command for ``run`` of ``job`` on ``node_id`` still means something:
-    the job runs that run there (its batch script runs on its first node)."""
-    return job is not None and job.state == "RUNNING" and job.restarts == run \
-        and job.node_id == node_id
+def _is_current(job: Job | None, run: int, node: Node, kind: str) -> bool:
+    """Whether a ``kind`` command for ``run`` of ``job`` on ``node`` still means
+    something: the job runs that run there (its batch script runs on its first node;
+    its steps on any of its nodes)."""
+    if job is None or job.state != "RUNNING" or job.restarts != run:
+        return False
+    if kind in ("step", "step_cancel"):
+        return job.node_id == node.id or node.name in (job.node_names or ())
+    return job.node_id == node.id
 
 
 def _payload(kind: str, stored: dict[str, Any], order: LaunchOrder | None) -> Payload:
@@ -106,6 +112,10 @@ def _payload(kind: str, stored: dict[str, Any], order: LaunchOrder | None) -> Pa
     if kind == "limit":
         limit = stored.get("time_limit")
         return LimitJob(None if limit is None else int(limit))
+    if kind == "step":
+        return StepLaunch.parse(stored)
+    if kind == "step_cancel":
+        return StepCancel.parse(stored)
     return None
 
 

@@ -325,6 +325,8 @@ class JobStep(Base):
     max_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cpu_usec: Mapped[int | None] = mapped_column(BigInteger)
     nodes_ended: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    # Each reporting node's outcome (StepEnd.outcome), in the order of nodes_ended.
+    outcomes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     error: Mapped[str | None] = mapped_column(Text)
 
 

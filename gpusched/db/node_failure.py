@@ -25,7 +25,7 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core import bounds
-from gpusched.db import commands
+from gpusched.db import commands, steps
 from gpusched.db.agents import release_job, requeued
 from gpusched.db.engine import rowcount
 from gpusched.db.health import may_requeue
@@ -81,6 +81,7 @@ def _end_on_lost_node(session: Session, job: Job, node: str, now: datetime,
                       result: LostNodes) -> None:
     """End the current run of ``job``, which was running on lost ``node``."""
     failure = f"node {node} failed ({NOT_RESPONDING})"
+    run, job_nodes = job.restarts, tuple(job.node_names or (node,))
     values: dict[str, Any]
     if job.gpu_failure is not None:
         done = result.requeued if may_requeue(session, job) else result.failed
@@ -103,6 +104,10 @@ def _end_on_lost_node(session: Session, job: Job, node: str, now: datetime,
             .values(**values))):
         release_job(session, job.id)
         done.append(job.id)
+        # Its steps end with it; the batch node's kill is made by the caller.
+        result.kill_on.update(steps.end_with_job(
+            session, job.id, run, job_nodes, values["state"], skip=job_nodes[:1],
+            lost=result.nodes))
 
 
 def parse_runs(raw: object) -> list[tuple[int, int]]:

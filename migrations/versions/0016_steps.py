@@ -4,10 +4,10 @@ commands that start and end steps.
 ``job_steps`` holds one row per step (``step_id`` counts from 0 within its job):
 where its tasks run (``layout``, {node: [task ids]}), what it holds on each node
 (``gpus``, ``cpus``) so that concurrent steps do not share them unless ``overlap``,
-its state, and, once every node has reported (``nodes_ended``), its exit code and the
-usage its nodes measured. ``nodes.address`` is where other nodes and clients reach a
-node (its agent registers it; None: its name). ``node_commands.kind`` gains ``step``
-and ``step_cancel``.
+its state, and, once every node has reported (``nodes_ended``, each node's outcome in
+``outcomes`` in the same order), its exit code and the usage its nodes measured.
+``nodes.address`` is where other nodes and clients reach a node (its agent registers
+it; None: its name). ``node_commands.kind`` gains ``step`` and ``step_cancel``.
 
 Revision ID: 0016
 Revises: 0015
@@ -59,6 +59,8 @@ def upgrade() -> None:
         sa.Column("max_rss_bytes", sa.BigInteger(), nullable=True),
         sa.Column("cpu_usec", sa.BigInteger(), nullable=True),
         sa.Column("nodes_ended", postgresql.ARRAY(sa.Text()), server_default=sa.text("'{}'"),
+                  nullable=False),
+        sa.Column("outcomes", postgresql.ARRAY(sa.Text()), server_default=sa.text("'{}'"),
                   nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.CheckConstraint(f"state IN ({_STEP_STATES})", name="state"),
