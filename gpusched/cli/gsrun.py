@@ -229,18 +229,16 @@ def create_step(client: Any, job_id: int, request: dict[str, Any],
 def step_state(client: Any, job_id: int, step_id: int) -> StepState | None:
     """The step's state as the controller has it (None: no answer now)."""
     try:
-        answer = client.request("GET", f"/v1/jobs/{job_id}/steps", timeout=POLL_TIMEOUT)
+        step = client.request("GET", f"/v1/jobs/{job_id}/steps/{step_id}",
+                              timeout=POLL_TIMEOUT)
     except NotFound as err:
         return StepState("GONE", err.message)
     except GpuschedError:
         return None
-    steps = answer.get("steps")
-    for step in steps if isinstance(steps, list) else []:
-        if isinstance(step, dict) and step.get("step_id") == step_id:
-            state, error = step.get("state"), step.get("error")
-            if isinstance(state, str):
-                return StepState(state, error if isinstance(error, str) else None)
-    return StepState("GONE", f"step {job_id}.{step_id} is not known to the controller")
+    state, error = step.get("state"), step.get("error")
+    if not isinstance(state, str):
+        return None
+    return StepState(state, error if isinstance(error, str) else None)
 
 
 def kill_step(client: Any, job_id: int, step_id: int, task: int,

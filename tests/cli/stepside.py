@@ -65,8 +65,8 @@ class FakeNode:
 
 class FakeController:
     """Answers gsrun's requests on a Unix socket. ``on_create(body)`` gives the answer
-    to each ``POST /v1/jobs/{job}/steps`` as (status, JSON body); ``steps`` is what
-    ``GET /v1/jobs/{job}/steps`` lists. Every request is kept in ``requests``."""
+    to each ``POST /v1/jobs/{job}/steps`` as (status, JSON body); ``steps`` are what
+    ``GET /v1/jobs/{job}/steps/{step}`` shows. Every request is kept in ``requests``."""
 
     def __init__(self, path: Path,
                  on_create: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]) -> None:
@@ -120,9 +120,17 @@ class FakeController:
 
     def _answer(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "POST" and path.endswith("/steps"):
-            return self.on_create(body)
-        if method == "GET" and path.endswith("/steps"):
-            return 200, {"steps": self.steps}
+            status, answer = self.on_create(body)
+            if status == 201:
+                self.steps.append({"step_id": answer["step_id"], "state": "RUNNING",
+                                   "error": None})
+            return status, answer
+        if method == "GET" and "/steps/" in path:
+            step_id = int(path.rsplit("/", 1)[1])
+            for step in self.steps:
+                if step["step_id"] == step_id:
+                    return 200, step
+            return 404, {"error": {"code": "not_found", "message": f"no step {step_id}"}}
         if method == "POST" and path.endswith("/cancel"):
             return 200, {"cancelled": True}
         return 404, {"error": {"code": "not_found", "message": f"no route {path}"}}

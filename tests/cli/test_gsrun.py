@@ -471,3 +471,19 @@ def test_gsrun_starts_without_typer_rich_or_the_database_layer() -> None:
         n == h or n.startswith(h + ".") for h in heavy)) == []
     assert result.returncode == 1
     assert "gsrun: error: cannot reach the gpusched controller" in result.stderr
+
+
+def test_the_steps_state_as_the_controller_has_it(side_dir: Path) -> None:
+    from gpusched.client import ApiClient
+
+    controller = FakeController(side_dir / "c.sock", lambda body: (201, created(0, {})))
+    controller.steps = [{"step_id": 0, "state": "RUNNING", "error": None},
+                        {"step_id": 1, "state": "FAILED", "error": "node2: no such user"}]
+    with ApiClient(controller.path, timeout=5) as client:
+        assert gsrun.step_state(client, 7, 0) == StepState("RUNNING")
+        assert gsrun.step_state(client, 7, 1) == StepState("FAILED", "node2: no such user")
+        gone = gsrun.step_state(client, 7, 2)
+        assert gone is not None and not gone.running and gone.state == "GONE"
+    controller.close()
+    with ApiClient(side_dir / "nothing.sock", timeout=1) as client:
+        assert gsrun.step_state(client, 7, 0) is None  # no answer: unknown, not ended
