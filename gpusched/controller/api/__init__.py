@@ -17,6 +17,7 @@ from gpusched.controller.api.agent import AgentRoutes
 from gpusched.controller.api.common import ApiContext, CheckedRouter, Routes
 from gpusched.controller.api.jobs import JobRoutes
 from gpusched.controller.api.nodes import NodeRoutes
+from gpusched.controller.api.steps import StepRoutes
 from gpusched.controller.events import Events
 from gpusched.controller.http import Request, Router
 from gpusched.core.model import Policy
@@ -37,7 +38,7 @@ class Api:
             admins=AdminPolicy(admin_group))
         self.resources: tuple[Routes, ...] = (JobRoutes(self.context), NodeRoutes(self.context),
                           AccountingRoutes(self.context), AdminRoutes(self.context),
-                          AgentRoutes(self.context))
+                          AgentRoutes(self.context), StepRoutes(self.context))
 
     def router(self) -> Router:
         """All routes of docs/api.md."""
