@@ -27,6 +27,8 @@ from gpusched.agent.healthcheck import HealthCheck
 from gpusched.agent.inventory import node_inventory
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
 from gpusched.agent.nvml import NvmlUnavailable
+from gpusched.agent.stepagent import NodeSteps
+from gpusched.agent.steps import node_address
 from gpusched.client import ApiClient
 from gpusched.client.settings import controllers_from, node_credentials
 from gpusched.config import Config
@@ -47,6 +49,7 @@ from gpusched.messages import (
     error_text,
     launch_job_of,
 )
+from gpusched.messages.steps import StepCancel, StepLaunch
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
@@ -69,6 +72,8 @@ class Agent:
         self.confinement = open_confinement(self.config)
         self._gpus: dict[str, dict[str, Any]] = {}  # the registered GPUs, by UUID
         self.launcher = Launcher(self.config.state_dir / "jobs")
+        self.steps = NodeSteps(self.config, self.confinement, self.config.state_dir / "jobs")
+        self._address: str | None = None  # where other nodes reach this one (steps)
         # (job id, run) of runs whose end the controller acknowledged. A launch claimed
         # just before that could still come; the run's directory is gone, so only this
         # stops a rerun. A requeued job comes back under the same id as its next run.
@@ -104,7 +109,10 @@ class Agent:
     def inventory(self) -> dict[str, Any]:
         """What this agent registers (gpusched.agent.inventory), with how it confines
         jobs."""
-        return {**node_inventory(self.config), **self.confinement.registration()}
+        if self._address is None:
+            self._address = node_address(self.config.address, self.controllers)
+        return {**node_inventory(self.config), **self.confinement.registration(),
+                "address": self._address}
 
     def run(self) -> None:
         """Adopt surviving jobs, register, then serve launches and cancels until stopped."""
@@ -114,6 +122,9 @@ class Agent:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         reporter = threading.Thread(target=self._report_loop, name="reporter", daemon=True)
         reporter.start()
+        self.steps.adopt()
+        threading.Thread(target=self._step_report_loop, name="step-reporter",
+                         daemon=True).start()
         watcher = threading.Thread(target=self._inventory_loop, name="inventory", daemon=True)
         watcher.start()
         if self.config.gpu_source != "static":
@@ -190,7 +201,9 @@ class Agent:
 
     def _kill_run(self, job_id: int, run: int) -> None:
         """Stop a run the controller has ended, if this node still runs that very run;
-        its supervisor ends it and the end report, for a run long over, is ignored."""
+        its supervisor ends it and the end report, for a run long over, is ignored.
+        The job's steps here end with it."""
+        self.steps.end_job(job_id, run)
         if self.launcher.run_of(job_id) == run and self.launcher.cancel(job_id):
             log.warning("job %d: killing run %d, which the controller has ended", job_id, run)
 
@@ -318,6 +331,10 @@ class Agent:
                 # Cancelled before it was ever launched here: report that directly.
                 self._queue_end(JobEnd(job_id, "cancelled", None, None, None, time.time(),
                                        None, run))
+        elif command.kind == "step" and isinstance(command.payload, StepLaunch):
+            self.steps.launch(command.payload, self._gpus, self.launcher.held_cpus())
+        elif command.kind == "step_cancel" and isinstance(command.payload, StepCancel):
+            self.steps.cancel(job_id, command.payload.step_id, command.payload.signal)
         elif command.kind == "signal" and isinstance(command.payload, SignalJob):
             sent = ours and self.launcher.signal(job_id, command.payload.signal)
             log.info("signal %d to job %d: %s", command.payload.signal, job_id,
@@ -385,6 +402,8 @@ class Agent:
         with self._client() as client:
             while not self._stop.is_set():
                 ended = self.launcher.wait_ended(timeout=0.5)  # unreported ends stay on disk
+                for end in ended:  # the batch run is over: so are the job's steps here
+                    self.steps.end_job(end.job_id, end.run)
                 with self._lock:
                     synthetic, self._extra_ends = self._extra_ends, []
                 for end in ended if stages.on() else ():
@@ -403,6 +422,10 @@ class Agent:
                         self._extra_ends[:0] = synthetic  # kept only in memory: retry them
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _step_report_loop(self) -> None:
+        with self._client() as client:
+            self.steps.report_loop(client, self._stop)
 
     def _report(self, client: ApiClient, end: JobEnd, synthetic: bool) -> None:
         report = EndReport(node=self.node, run=end.run, outcome=end.outcome,
