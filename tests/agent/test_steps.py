@@ -21,7 +21,15 @@ from typing import Any
 
 import pytest
 
-from gpusched.agent.steps import StepRunner, node_address, step_spec, task_environment
+from gpusched.agent.cgroups import detect
+from gpusched.agent.confine import Confinement
+from gpusched.agent.steps import (
+    StepRunner,
+    node_address,
+    step_cgroup_spec,
+    step_spec,
+    task_environment,
+)
 from gpusched.client.endpoints import Endpoint
 from gpusched.messages import stepio
 from gpusched.messages.steps import StepIO, StepLaunch, StepTask
@@ -398,3 +406,30 @@ def test_a_step_started_in_a_fresh_interpreter(
         assert (gsrun.text(stepio.STDOUT, 2), gsrun.text(stepio.STDOUT, 3)) == ("2\n", "3\n")
     finally:
         plain.close()
+
+
+def test_a_confined_step_runs_in_its_own_cgroup_with_the_jobs_memory(
+        runner: StepRunner, gsrun: FakeGsrun, work_dir: Path, cgroup2: Path,
+        wait_for: Callable[..., Any]) -> None:
+    tree = detect(cgroup2 / f"gpusched-steps-test-{os.getpid()}")
+    try:
+        launch = launch_for(gsrun.io(), ["/bin/sh", "-c", 'sed -n "s/^0:://p" /proc/self/cgroup'],
+                            str(work_dir), mem_mb=64, cpus=1)
+        inventory = {GPU_A: {"index": 0, "uuid": GPU_A, "minor": 3},
+                     GPU_B: {"index": 1, "uuid": GPU_B, "minor": 5}}
+        cgroup = step_cgroup_spec(Confinement(tree, tree.describe()), launch, inventory,
+                                  None, set())
+        assert cgroup is not None and cgroup["name"] == "job_41_step_3_0"
+        limited = "memory" in tree.controllers()  # not where memory is a v1 hierarchy
+        assert cgroup["memory_bytes"] == (64 << 20 if limited else None)
+        start(runner, launch, cgroup=cgroup)
+        end = ended(runner, wait_for)
+        assert end.outcome == "completed", gsrun.text(stepio.STDERR, 2)
+        path = f"/gpusched-steps-test-{os.getpid()}/job_41_step_3_0"
+        assert gsrun.text(stepio.STDOUT, 2) == gsrun.text(stepio.STDOUT, 3) == f"{path}\n"
+        assert end.max_rss_bytes is not None and end.cpu_usec is not None
+        assert tree.root is not None
+        assert not (tree.root / "job_41_step_3_0").exists()  # removed at the end
+    finally:
+        if tree.root is not None:
+            tree.root.rmdir()
