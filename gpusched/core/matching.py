@@ -138,7 +138,7 @@ class MatchingMixin(PassResources):
 
     def take(self, index: int, kind: str, shape: Shape) -> tuple[GpuView, ...]:
         """Start ``shape`` on node ``index`` now: the units it gets, chosen by topology."""
-        node = self.nodes[index]
+        node = self._own(index)
         gpus: tuple[GpuView, ...] = ()
         if shape.gpus:
             free = node.free[kind]

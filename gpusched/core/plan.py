@@ -26,6 +26,7 @@ from gpusched.core.model import (
     Start,
     StartKind,
 )
+from gpusched.core.occupancy import Occupancy
 from gpusched.core.pools import UnitPools
 from gpusched.core.priority import PriorityBreakdown, PriorityScale, ranked_fields
 from gpusched.core.units import INF, Shape
@@ -146,18 +147,17 @@ class SchedulingPass:
     """
 
     def __init__(self, snapshot: Snapshot, now: float, policy: Policy,
-                 watch: int | None = None) -> None:
+                 watch: int | None = None, occupancy: Occupancy | None = None) -> None:
         self.snapshot, self.now, self.policy, self.watch = snapshot, now, policy, watch
         self.partitions = {part.name: part for part in snapshot.partitions}
         # Partitions that hold no job back by their own rules: most, usually.
         self.open_partitions = frozenset(
             part.name for part in snapshot.partitions if _partition_open(part))
-        self.capacity = Capacity(snapshot.nodes, snapshot.running, now)
+        # A kept occupancy (the simulator's) must be that of snapshot.running.
+        self.capacity = Capacity(snapshot.nodes, snapshot.running, now, occupancy)
         # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
         self.pools = UnitPools(self.capacity) if policy.backfill == "conservative" else None
-        index = self.capacity.index
-        self.members = {part.name: frozenset(index[n] for n in part.nodes if n in index)
-                        for part in snapshot.partitions}
+        self.members = self.capacity.inventory.members(snapshot.partitions)
         # Node sets of jobs that name or exclude nodes, by (partition, nodelist, exclude,
         # exclusive).
         self.restricted: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool],

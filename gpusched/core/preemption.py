@@ -23,7 +23,7 @@ class PreemptionMixin(PassResources):
         for name in job.nodes or (job.node,):
             index = self.index.get(name)
             if index is not None:
-                node = self.nodes[index]
+                node = self._own(index)
                 node.releases = [e for e in node.releases if e[5] != job.job_id]
                 self._touched(index)
         self._add_releases(job, at)

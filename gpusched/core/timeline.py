@@ -157,7 +157,7 @@ class TimelineMixin(PassResources):
         """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
         for index, kind in where:
             self.owners[(index, at)] = job_id
-            node = self.nodes[index]
+            node = self._own(index)
             node.reserved.append((at, at + shape.duration, kind, shape.gpus,
                                   float(shape.cpus), float(shape.mem_mb)))
             self.reserved_nodes.add(index)

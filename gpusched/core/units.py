@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from gpusched.core.model import GpuView, NodeState, NodeView, PendingJob
+from gpusched.core.model import GpuView, NodeState, NodeView, PartitionView, PendingJob
 from gpusched.core.shapes import is_mig_profile
 
 INF = math.inf
@@ -104,6 +104,18 @@ class Inventory:
         self.most = max((units for node in self.nodes for units in node.total.values()),
                         default=0)
         self.restricted = any(node.view.run_uid is not None for node in self.nodes)
+        self._members: tuple[object, dict[str, frozenset[int]]] | None = None
+
+    def members(self, partitions: tuple[PartitionView, ...]) -> dict[str, frozenset[int]]:
+        """Each partition's usable nodes, by index; worked out once for the same tuple of
+        partitions (a replay gives every pass the same one)."""
+        last = self._members
+        if last is None or last[0] is not partitions:
+            index = self.index
+            last = self._members = (partitions, {
+                part.name: frozenset(index[n] for n in part.nodes if n in index)
+                for part in partitions})
+        return dict(last[1])
 
 
 _last_inventory: tuple[tuple[NodeView, ...], Inventory] | None = None

@@ -25,6 +25,7 @@ from gpusched.core.model import (
     Snapshot,
     StartKind,
 )
+from gpusched.core.occupancy import Occupancy
 from gpusched.core.plan import SchedulingPass, queue_order
 from gpusched.core.priority import PriorityWeights
 from gpusched.core.units import INF, Shape, any_could_start
@@ -193,8 +194,8 @@ class FitsEver:
 class Replay:
     """One simulation in progress: the virtual clock, the queue and the running jobs."""
 
-    def __init__(self, cluster: SimCluster, policy: SimPolicy) -> None:
-        self.cluster, self.policy = cluster, policy
+    def __init__(self, cluster: SimCluster, policy: SimPolicy, shortcuts: bool = True) -> None:
+        self.cluster, self.policy, self.shortcuts = cluster, policy, shortcuts
         self.core = policy.core()
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, RunningJob] = {}
@@ -212,7 +213,13 @@ class Replay:
         # first come, first served, nothing ended since, no job past its limit.
         self.last: SchedulingPass | None = None
         self.arrived: list[PendingJob] = []
-        self.incremental = policy.order == "fcfs" and policy.kill
+        self.incremental = shortcuts and policy.order == "fcfs" and policy.kill
+        # What the running jobs hold, kept between passes and told of each start and
+        # end, so that a pass does not set up every node again. Not with --no-kill (a
+        # job past its limit is given a new end at every pass), nor for conservative
+        # backfill, whose pools change the nodes they hold in place.
+        self.occupancy = (Occupancy.kept_for(cluster.nodes) if shortcuts and policy.kill
+                          and policy.backfill != "conservative" else None)
         # Free GPUs per node and the (GPUs per node, nodes) of waiting jobs: a moment
         # where no waiting job could have its GPUs needs no pass, as it would start none.
         self.node_of = {gpu.uuid: node.name for node in cluster.nodes for gpu in node.gpus}
@@ -236,6 +243,8 @@ class Replay:
             at, job_id = heapq.heappop(self.ends)
             run = self.running.pop(job_id)
             self.last = None
+            if self.occupancy is not None:
+                self.occupancy.remove(run)
             self.busy -= len(run.gpu_uuids)
             for uuid in run.gpu_uuids:
                 self.free_on[self.node_of[uuid]] += 1
@@ -249,7 +258,7 @@ class Replay:
     def schedule(self, now: float) -> None:
         """One pass at ``now``: start what the core decides."""
         arrived, self.arrived = self.arrived, []
-        if not any_could_start(self.free_on.values(), self.shapes):
+        if self.shortcuts and not any_could_start(self.free_on.values(), self.shapes):
             self.last = None
             return
         if self.last is not None and self.incremental and self.last.extendable:
@@ -261,7 +270,7 @@ class Replay:
                 pending=tuple(self.pending.values()), running=self._running(now),
                 accounts=tuple(self.accounts.values()), user_shares=tuple(self.users.values()),
                 usage=self._usage(now))
-            scheduling = SchedulingPass(snapshot, now, self.core)
+            scheduling = SchedulingPass(snapshot, now, self.core, occupancy=self.occupancy)
             decisions = scheduling.run(queue_order(snapshot, now, self.core))
             self.last = scheduling
         for start in decisions.starts:
@@ -299,10 +308,12 @@ class Replay:
         state = "COMPLETED"
         if self.policy.kill and job.run_time > job.time_limit:
             end, state = limit_end, "TIMEOUT"
-        self.running[job_id] = RunningJob(
+        running = self.running[job_id] = RunningJob(
             job_id, node, uuids, pending.user, pending.account, end_time=limit_end,
             cpus=pending.cpus, mem_mb=pending.mem_mb, nodes=nodes if len(nodes) > 1 else (),
             start_time=now)
+        if self.occupancy is not None:
+            self.occupancy.add(running)
         self.busy += len(uuids)
         for uuid in uuids:
             self.free_on[self.node_of[uuid]] -= 1
@@ -316,13 +327,16 @@ class Replay:
 
 
 def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
-             progress: Callable[[int], None] | None = None) -> SimResult:
+             progress: Callable[[int], None] | None = None,
+             shortcuts: bool = True) -> SimResult:
     """Replay ``jobs`` (in submit order) on ``cluster`` under ``policy``.
 
-    ``progress(n)`` is told each time ``n`` more jobs have arrived.
+    ``progress(n)`` is told each time ``n`` more jobs have arrived. ``shortcuts=False``
+    runs a fresh pass, set up from nothing, at every moment: the same decisions, slowly
+    (tests hold the shortcuts to it).
     """
     began = time.perf_counter()
-    replay = Replay(cluster, policy)
+    replay = Replay(cluster, policy, shortcuts)
     gpus_per_node = cluster.max_gpus_per_node
     never: list[int] = []
     fits_ever = FitsEver(cluster)

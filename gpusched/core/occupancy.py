@@ -1,0 +1,261 @@
+"""What the running jobs hold on each usable node, and when they give it back: the state
+every pass starts from.
+
+A pass builds one from its snapshot and makes it its own. The simulator instead keeps
+one between passes (``Occupancy.kept``) and tells it of each job that starts or ends
+(``add``, ``remove``), so that a pass costs what it looks at rather than the size of the
+cluster. A kept occupancy is shared: its nodes are sealed (changing one raises), a pass
+copies a node before it changes it (``PassResources._own``), and ``add``/``remove``
+replace the nodes they change instead of changing them, so a pass still running sees
+the occupancy it started from.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Iterable, Iterator
+from typing import Any, NoReturn, TypeVar
+
+from gpusched.core.model import NodeView, RunningJob
+from gpusched.core.node_timeline import NodeTimeline
+from gpusched.core.units import INF, inventory
+
+_T = TypeVar("_T")
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+Release = tuple[float, str, int, float, float, int]
+
+
+def _shared(*_: Any, **__: Any) -> NoReturn:
+    raise TypeError("a node of a kept occupancy is shared between passes: a pass changes "
+                    "only its own copy (PassResources._own)")
+
+
+class SealedList(list[_T]):
+    """A list that refuses every change."""
+
+    __slots__ = ()
+    append = extend = insert = remove = pop = clear = sort = reverse = _shared
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _shared
+
+
+class SealedDict(dict[_K, _V]):
+    """A dict that refuses every change."""
+
+    __slots__ = ()
+    pop = popitem = clear = update = setdefault = _shared
+    __setitem__ = __delitem__ = __ior__ = _shared
+
+
+_NOTHING_RESERVED: SealedList[tuple[float, float, str, int, float, float]] = SealedList()
+_new = object.__new__
+
+
+def copy_node(node: NodeTimeline) -> NodeTimeline:
+    """A copy of ``node`` whose free units, releases and reservations are its own."""
+    copy = _new(NodeTimeline)
+    for name in NodeTimeline.__slots__:
+        setattr(copy, name, getattr(node, name))
+    copy.free = {kind: list(units) for kind, units in node.free.items()}
+    copy.releases = list(node.releases)
+    copy.reserved = list(node.reserved)
+    return copy
+
+
+def _sealed(node: NodeTimeline) -> NodeTimeline:
+    node.free = SealedDict({kind: SealedList(units) for kind, units in node.free.items()})
+    node.releases = SealedList(node.releases)
+    node.reserved = _NOTHING_RESERVED
+    return node
+
+
+def releases_of(job: RunningJob, end: float, index: dict[str, int],
+                kind_of: dict[str, tuple[int, str]]) -> Iterator[tuple[int, Release]]:
+    """(node, release) for what ``job`` gives back at ``end`` on each of its nodes: its
+    CPUs and memory, and its units of each kind."""
+    if end == INF:
+        return
+    held: dict[tuple[int, str], int] = {}
+    for uuid in job.gpu_uuids:
+        where = kind_of.get(uuid)
+        if where is not None:
+            held[where] = held.get(where, 0) + 1
+    cpus, mem = float(job.cpus), float(job.mem_mb)
+    for name in job.nodes or (job.node,) if cpus or mem else ():
+        at = index.get(name)
+        if at is not None:
+            yield at, (end, "", 0, cpus, mem, job.job_id)
+    for (at, kind), count in held.items():
+        yield at, (end, kind, count, 0.0, 0.0, job.job_id)
+
+
+def hold_whole(node: NodeTimeline, until: float) -> None:
+    """Hold what is still free on ``node`` until ``until`` (INF: for good) for an
+    exclusive job: nothing else starts or is planned there before. The caller moves the
+    node to the empty buckets."""
+    for kind, free in node.free.items():
+        if free:
+            if until < INF:
+                insort(node.releases, (until, kind, len(free), 0.0, 0.0, -1))
+            node.free[kind] = []
+    if until < INF and (node.cpus or node.mem):
+        insort(node.releases, (until, "", 0, node.cpus, node.mem, -1))
+    node.cpus = node.mem = 0.0
+
+
+class Occupancy:
+    """The usable nodes as the running jobs leave them: free units, CPUs and memory,
+    releases, the nodes held whole, and the buckets of nodes by free units."""
+
+    def __init__(self, nodes: Iterable[NodeView], running: Iterable[RunningJob]) -> None:
+        self.views = nodes
+        self.running = list(running)
+        known = self.inventory = inventory(nodes)
+        self.index = known.index
+        self.kind_of = known.kind_of
+        self.kept = False
+        self._jobs: dict[int, RunningJob] = {}
+        self._build()
+
+    @classmethod
+    def kept_for(cls, nodes: tuple[NodeView, ...],
+                 running: Iterable[RunningJob] = ()) -> Occupancy:
+        """An occupancy to keep between passes, told of starts and ends."""
+        occupancy = cls(nodes, running)
+        occupancy._keep()
+        return occupancy
+
+    def _build(self) -> None:
+        known, running = self.inventory, self.running
+        allocated = {uuid for job in running for uuid in job.gpu_uuids}
+        busy = {self.index.get(name) for job in running for name in job.nodes or (job.node,)}
+        self.nodes = [NodeTimeline(i, units, allocated if i in busy else None)
+                      for i, units in enumerate(known.nodes)]
+        self.on_node: dict[int, list[RunningJob]] = {}
+        index, kind_of, nodes, on_node = self.index, self.kind_of, self.nodes, self.on_node
+        for job in running:
+            for name in job.nodes or (job.node,):
+                at = index.get(name)
+                if at is not None:
+                    node = nodes[at]
+                    node.cpus -= job.cpus
+                    node.mem -= job.mem_mb
+                    if at in on_node:
+                        on_node[at].append(job)
+                    else:
+                        on_node[at] = [job]
+            if job.end_time is not None:
+                for at, release in releases_of(job, job.end_time, index, kind_of):
+                    nodes[at].releases.append(release)
+        for at in on_node:
+            nodes[at].releases.sort()
+        self.whole: set[int] = set()  # nodes an exclusive job holds whole
+        for job in running:
+            if job.exclusive:
+                for name in job.nodes or (job.node,):
+                    if name in index:
+                        self.whole.add(index[name])
+                        hold_whole(nodes[index[name]], INF if job.end_time is None
+                                   else job.end_time)
+        # buckets[kind][n]: indexes of the nodes with exactly n free units of kind, sorted.
+        self.buckets: dict[str, list[list[int]]] = {
+            kind: [[] for _ in range(known.most + 1)] for kind in known.kinds}
+        for node in nodes:
+            for kind in node.total:
+                self.buckets[kind][node.count(kind)].append(node.index)
+
+    def _keep(self) -> None:
+        self.kept = True
+        self.nodes = [_sealed(node) for node in self.nodes]
+        self._jobs = {job.job_id: job for job in self.running}
+
+    # -- a kept occupancy, told of changes ----------------------------------------------
+    def _rebuild(self) -> None:
+        self.running = list(self._jobs.values())
+        self._build()
+        self._keep()
+
+    def _whole_involved(self, job: RunningJob) -> bool:
+        return job.exclusive or bool(self.whole) and any(
+            self.index.get(name) in self.whole for name in job.nodes or (job.node,))
+
+    def _touched_by(self, job: RunningJob) -> dict[int, NodeTimeline]:
+        """Own copies of the nodes ``job`` holds anything on."""
+        touched = {self.index[name] for name in job.nodes or (job.node,) if name in self.index}
+        touched.update(self.kind_of[uuid][0] for uuid in job.gpu_uuids if uuid in self.kind_of)
+        return {at: copy_node(self.nodes[at]) for at in sorted(touched)}
+
+    def _replace(self, changed: dict[int, NodeTimeline]) -> None:
+        """Put the changed nodes in place (sealed) and move them between buckets."""
+        for at, node in changed.items():
+            old = self.nodes[at]
+            for kind in node.total:
+                before, after = old.count(kind), node.count(kind)
+                if before != after:
+                    self.buckets[kind][before].remove(at)
+                    insort(self.buckets[kind][after], at)
+            self.nodes[at] = _sealed(node)
+
+    def add(self, job: RunningJob) -> None:
+        """``job`` started: it holds its units, CPUs and memory until its end time."""
+        if not self.kept:
+            raise ValueError("only a kept occupancy is told of starts and ends")
+        if job.job_id in self._jobs:
+            raise ValueError(f"job {job.job_id} is already running")
+        self._jobs[job.job_id] = job
+        if self._whole_involved(job):
+            self._rebuild()
+            return
+        changed = self._touched_by(job)
+        for name in job.nodes or (job.node,):
+            at = self.index.get(name)
+            if at is not None:
+                node = changed[at]
+                node.cpus -= job.cpus
+                node.mem -= job.mem_mb
+                self.on_node[at] = [*self.on_node.get(at, ()), job]
+        taken = set(job.gpu_uuids)
+        for uuid in job.gpu_uuids:
+            where = self.kind_of.get(uuid)
+            if where is not None and where[1] in changed[where[0]].free:
+                node = changed[where[0]]
+                node.free[where[1]] = [gpu for gpu in node.free[where[1]]
+                                       if gpu.uuid not in taken]
+        if job.end_time is not None:
+            for at, release in releases_of(job, job.end_time, self.index, self.kind_of):
+                insort(changed[at].releases, release)
+        self._replace(changed)
+
+    def remove(self, job: RunningJob) -> None:
+        """``job`` ended: what it held is free again."""
+        if not self.kept:
+            raise ValueError("only a kept occupancy is told of starts and ends")
+        if self._jobs.pop(job.job_id, None) is None:
+            raise ValueError(f"job {job.job_id} is not running")
+        if self._whole_involved(job):
+            self._rebuild()
+            return
+        changed = self._touched_by(job)
+        for name in job.nodes or (job.node,):
+            at = self.index.get(name)
+            if at is not None:
+                node = changed[at]
+                node.cpus += job.cpus
+                node.mem += job.mem_mb
+                left = [other for other in self.on_node.get(at, ()) if other.job_id != job.job_id]
+                if left:
+                    self.on_node[at] = left
+                else:
+                    self.on_node.pop(at, None)
+        returned = set(job.gpu_uuids)
+        for uuid in job.gpu_uuids:
+            where = self.kind_of.get(uuid)
+            if where is not None and where[1] in changed[where[0]].free:
+                node = changed[where[0]]
+                free = {gpu.uuid for gpu in node.free[where[1]]} | returned
+                node.free[where[1]] = [gpu for gpu in self.inventory.nodes[where[0]].units[where[1]]
+                                       if gpu.uuid in free]
+        for node in changed.values():
+            node.releases = [r for r in node.releases if r[5] != job.job_id]
+        self._replace(changed)
