@@ -99,6 +99,30 @@ class TimelineMixin(PassResources):
                 index not in self.reserved_nodes or self.nodes[index].fits(kind, shape, at))]
             if len(ready) >= shape.nodes:
                 return at, self._same_block(ready, shape.nodes)
+        # Only the first nodes of each side were looked at: with many reserved nodes the
+        # nodes free together may be others (conservative backfill reserves everywhere).
+        return self._earliest_together(shape, members)
+
+    def _earliest_together(self, shape: Shape, members: frozenset[int]
+                           ) -> tuple[float, list[tuple[int, str]]]:
+        """``earliest`` for several nodes, looking at every member node at every time
+        something comes back on one of them; slower, and only asked when the quick
+        search found no time."""
+        kinds = self.matching(shape.kinds) if shape.gpus else [""]
+        nodes = [self.nodes[i] for i in sorted(members) if self._usable(self.nodes[i], shape)]
+        times = {self.now}
+        for node in nodes:
+            times.update(t for t, *_ in node.releases if t > self.now)
+            times.update(end for _, end, *_ in node.reserved if self.now < end < INF)
+        for at in sorted(times):
+            ready = [(node.index, kind) for node in nodes for kind in kinds
+                     if (not kind or node.total.get(kind, 0) >= shape.gpus)
+                     and node.fits(kind, shape, at)]
+            if len({index for index, _ in ready}) >= shape.nodes:
+                one: dict[int, tuple[int, str]] = {}
+                for index, kind in ready:
+                    one.setdefault(index, (index, kind))
+                return at, self._same_block(list(one.values()), shape.nodes)
         return INF, []
 
     def where_to_reserve(self, shape: Shape, members: frozenset[int]
