@@ -82,6 +82,13 @@ class SupervisorSpawner:
                         raise
             raise AssertionError("unreachable")
 
+    def warm(self) -> None:
+        """Start the spawner process now, so that the first spawn need not wait for an
+        interpreter to start."""
+        with self._lock:
+            if self._sock is None:
+                self._start()
+
     def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

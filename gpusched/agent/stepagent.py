@@ -34,7 +34,8 @@ class NodeSteps:
         self.runner = StepRunner(config.state_dir / "steps", self.node)
 
     def adopt(self) -> None:
-        """Watch the steps that outlived an agent restart."""
+        """Watch the steps that outlived an agent restart, and get ready for new ones."""
+        self.runner.warm()
         adopted = self.runner.adopt()
         if adopted:
             log.info("re-adopted running steps %s",

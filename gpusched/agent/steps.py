@@ -183,6 +183,15 @@ class StepRunner:
         self._spawner = SupervisorSpawner(python, self.steps_dir / "spawner.log") \
             if spawner else None
 
+    def warm(self) -> None:
+        """Start the supervisor spawner ahead of the first step (it starts in tens of
+        milliseconds, a step should not wait for that)."""
+        if self._spawner is not None:
+            try:
+                self._spawner.warm()
+            except OSError as exc:
+                log.warning("cannot start the step supervisor spawner yet: %s", exc)
+
     def close(self) -> None:
         """Stop watching; the step supervisors keep running."""
         if self._spawner is not None:

@@ -433,3 +433,15 @@ def test_a_confined_step_runs_in_its_own_cgroup_with_the_jobs_memory(
     finally:
         if tree.root is not None:
             tree.root.rmdir()
+
+
+def test_a_warmed_runner_starts_its_spawner_before_the_first_step(
+        runner: StepRunner, gsrun: FakeGsrun, work_dir: Path,
+        wait_for: Callable[..., Any]) -> None:
+    runner.warm()
+    spawner = runner._spawner
+    assert spawner is not None and spawner._pid > 0
+    first = spawner._pid
+    start(runner, launch_for(gsrun.io(), ["true"], str(work_dir)))
+    assert ended(runner, wait_for).outcome == "completed"
+    assert spawner._pid == first  # the step was forked by the spawner started ahead
