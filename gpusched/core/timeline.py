@@ -166,7 +166,7 @@ class TimelineMixin(PassResources):
         reservations counted in their pool (``job_id``: the one that ends last), against
         jobs planned per node. ``holds`` keeps each node's hold, replaced by the next."""
         for index in indexes:
-            node = self.nodes[index]
+            node = self._own(index)
             earlier = holds.get(index)
             if earlier is not None:
                 node.reserved = [r for r in node.reserved if r is not earlier]
