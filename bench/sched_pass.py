@@ -2,14 +2,17 @@
 
     .venv/bin/python bench/sched_pass.py [--nodes 1000] [--pending 20000] [--running 5000]
                                          [--repeat 5] [--reservations 100]
+                                         [--backfill easy|conservative] [--budget 0]
 
 1,000 nodes of 8 NVLinked GPUs (A100s and H100s; one node in ten has two GPUs in MIG
 mode, each cut into seven 1g.10gb slices), 5,000 running jobs with time limits, and a
 queue of mixed shapes: 1-8 GPUs, typed requests, multi-node jobs, MIG slices and job
 arrays, from 500 users in a 3-level account tree. ``pass_ms`` is the median time of
 ``core.plan.plan`` (priority, Fair Tree, EASY backfill with the top ``--reservations``
-reservations) over ``--repeat`` passes on the same snapshot. ``--budget`` gives the pass
-a time budget as the controller does: half for reservations, then backfill only.
+reservations) over ``--repeat`` passes on the same snapshot. ``--backfill conservative``
+gives every job that cannot start a reservation instead (``--reservations`` is then not
+used). ``--budget`` gives the pass a time budget as the controller does: half for
+reservations, then backfill only.
 """
 
 from __future__ import annotations
@@ -134,7 +137,9 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=20_000)
     parser.add_argument("--running", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--reservations", type=int, default=100)
+    parser.add_argument("--reservations", type=int, default=100,
+                        help="reservations per partition with --backfill easy")
+    parser.add_argument("--backfill", choices=("easy", "conservative"), default="easy")
     parser.add_argument("--budget", type=float, default=0.0,
                         help="seconds a pass may plan for, as the controller's pass_budget "
                              "(0: no limit)")
@@ -150,7 +155,8 @@ def main() -> None:
         accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
         user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100},
     )
-    policy = Policy(backfill="easy", reservations=opts.reservations)
+    policy = (Policy(backfill="easy", reservations=opts.reservations)
+              if opts.backfill == "easy" else Policy(backfill="conservative"))
     times, result = [], None
     for _ in range(opts.repeat):
         started = time.perf_counter()
@@ -158,6 +164,8 @@ def main() -> None:
         result = plan(snapshot, NOW, policy, spent=spent)
         times.append(time.perf_counter() - started)
     assert result is not None
+    if opts.backfill != "easy":
+        print(f"backfill: {opts.backfill}")
     print(f"nodes: {opts.nodes}")
     print(f"pending_jobs: {opts.pending}")
     print(f"running_jobs: {opts.running}")
