@@ -53,7 +53,10 @@ def gacct(
         "--endtime", "-E", help="Jobs started (or ended) by this time (default: now).")] = None,
     state: Annotated[Optional[str], typer.Option(
         "--state", "-s", help="Only these states: R, CD, F, CA, TO, NF, OOM (or their names).")] = None,
-    jobs: Annotated[Optional[str], typer.Option("--jobs", "-j", help="Only these job ids.")] = None,
+    jobs: Annotated[Optional[str], typer.Option(
+        "--jobs", "-j", help="Only these job ids, or steps: 12.3, 12.batch.")] = None,
+    allocations: Annotated[bool, typer.Option(
+        "--allocations", "-X", help="Jobs only, without their steps.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     report: Annotated[bool, typer.Option(
         "--report", help="GPU-hours per account and user within the window instead.")] = False,
@@ -62,10 +65,12 @@ def gacct(
 ) -> None:
     """Finished and running jobs with elapsed time, state, exit code, GPUs, GPU-hours
     (every run of a requeued job), GPU-hours billed by GPU type, GPU utilisation, and
-    the peak memory (MAXRSS) and CPU time (TOTALCPU) of jobs confined in cgroups.
+    the peak memory (MAXRSS) and CPU time (TOTALCPU) of jobs confined in cgroups. A job
+    that ran steps (gsrun) is followed by a row for its batch script (12.batch) and one
+    for each step (12.0, 12.1, ...); -X shows jobs only.
 
-    Examples: gacct; gacct -S now-7days -u alice; gacct --report -S 2026-11-01 -E 2026-12-01
-    --plot usage.png
+    Examples: gacct; gacct -j 12.3; gacct -S now-7days -u alice; gacct --report -S 2026-11-01
+    -E 2026-12-01 --plot usage.png
     """
     from gpusched.client import ApiClient
 
@@ -85,10 +90,10 @@ def gacct(
     wanted_states = parse_states(state, "--state", STATES,
                                  "pending jobs have used nothing yet; expected R, CD, F, CA, TO, NF "
                                  "or OOM")
+    job_ids: list[int] = []
+    only_steps: dict[int, set[str]] = {}
     if jobs is not None:
-        from gpusched.cli.gcancel import parse_job_ids
-
-        job_ids = parse_job_ids([j for j in jobs.split(",") if j.strip()] or [jobs])
+        job_ids, only_steps = _job_and_step_ids(jobs)
     query: dict[str, str] = {}
     if report:
         query = {"start": str((start or now).timestamp()), "end": str((end or now).timestamp())}
@@ -113,18 +118,58 @@ def gacct(
     if as_json:
         typer.echo(json.dumps({"jobs": records}, indent=2))
         return
-    rows = [[_label(r), r["name"], r["partition"], r["account"] or "", r["user"], r["state"],
-             f"{r['exit_code'] if r['exit_code'] is not None else 0}:{r['signal'] or 0}",
-             format_duration(r["elapsed_s"]), str(r["gpus"]), _hours(r["gpu_hours"]),
-             _hours(r["billed_gpu_hours"]), _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"]),
-             format_max_rss(r.get("max_rss_bytes")) or "-",
-             format_total_cpu(r.get("cpu_usec")) or "-"]
-            for r in records]
+    rows = []
+    for r in records:
+        chosen = only_steps.get(r["job_id"])
+        if chosen is None:
+            rows.append([
+                _label(r), r["name"], r["partition"], r["account"] or "", r["user"],
+                r["state"], _exit(r), format_duration(r["elapsed_s"]), str(r["gpus"]),
+                _hours(r["gpu_hours"]), _hours(r["billed_gpu_hours"]),
+                _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"]),
+                format_max_rss(r.get("max_rss_bytes")) or "-",
+                format_total_cpu(r.get("cpu_usec")) or "-"])
+        if allocations and chosen is None:
+            continue
+        rows.extend([f"{_label(r)}.{step['step']}", step["name"], "", r["account"] or "",
+                     r["user"], step["state"], _exit(step), format_duration(step["elapsed_s"]),
+                     "", "", "", "", "", format_max_rss(step.get("max_rss_bytes")) or "-",
+                     format_total_cpu(step.get("cpu_usec")) or "-"]
+                    for step in r.get("steps") or ()
+                    if chosen is None or step["step"] in chosen)
     print_table(["JOBID", "JOBNAME", "PARTITION", "ACCOUNT", "USER", "STATE", "EXITCODE",
                  "ELAPSED", "GPUS", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK", "MAXRSS",
                  "TOTALCPU"], rows,
                 right_aligned=frozenset({0, 7, 8, 9, 10, 11, 12, 13, 14}),
                 shrinkable=frozenset({1, 2, 3, 4}))
+
+
+def _exit(record: dict[str, Any]) -> str:
+    """sacct's ExitCode: the exit status, a colon, the signal that ended it (0: none)."""
+    return f"{record['exit_code'] if record['exit_code'] is not None else 0}:{record['signal'] or 0}"
+
+
+def _job_and_step_ids(text: str) -> tuple[list[int], dict[int, set[str]]]:
+    """``-j``'s ids: jobs (``12``) and steps (``12.3``, ``12.batch``); the jobs to ask
+    for, and for a job named only by its steps, which of them to show."""
+    from gpusched.cli.gcancel import parse_job_ids
+
+    whole: list[str] = []
+    steps: dict[int, set[str]] = {}
+    for item in [j for j in text.split(",") if j.strip()] or [text]:
+        job, dot, step = item.strip().partition(".")
+        if not dot:
+            whole.append(item)
+            continue
+        if step != "batch" and not (step.isascii() and step.isdigit() and len(step) <= 10):
+            raise UsageError(f"invalid step id {item!r}: expected JOB.STEP such as 12.3 "
+                             "or 12.batch")
+        steps.setdefault(parse_job_ids([job])[0], set()).add(
+            step if step == "batch" else str(int(step)))
+    job_ids = parse_job_ids(whole) if whole else []
+    for job_id in job_ids:
+        steps.pop(job_id, None)  # the whole job is shown
+    return job_ids + [j for j in steps if j not in job_ids], steps
 
 
 def _label(record: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ app = new_app("Cancel gpusched jobs, like scancel.")
 def gcancel(
     job_ids: Annotated[Optional[list[str]], typer.Argument(
         metavar="ID...", show_default=False,
-        help="Jobs to cancel: 12, an array task 12_3, or tasks 12_[1-5,9].",
+        help="Jobs to cancel: 12, an array task 12_3, tasks 12_[1-5,9], or a step 12.3.",
     )] = None,
     user: Annotated[Optional[str], typer.Option(
         "--user", "-u", help="Only jobs of this user (alone: every job of the user).")] = None,
@@ -45,10 +45,12 @@ def gcancel(
     With ids and filters, only the ids the filters select are cancelled. Every failure is
     reported and the rest go on.
 
-    Examples: gcancel 17 18; gcancel 12_3 12_[5-9]; gcancel --me -t PD; gcancel -n sweep -u alice;
-    gcancel --signal USR1 17 (the job goes on running)
+    Examples: gcancel 17 18; gcancel 12_3 12_[5-9]; gcancel 12.3 (one step of job 12);
+    gcancel --me -t PD; gcancel -n sweep -u alice; gcancel --signal USR1 17 (the job goes on
+    running)
     """
-    targets = parse_targets(job_ids or [])
+    step_ids, job_texts = split_step_ids(job_ids or [])
+    targets = parse_targets(job_texts)
     signum = parse_signal(signal_name) if signal_name is not None else None
     if signum is not None and any(tasks is not None for _, tasks in targets):
         raise UsageError("--signal takes job ids (an array's id signals all its running tasks)")
@@ -56,10 +58,15 @@ def gcancel(
     wanted_states = parse_states(states, "--state", ("PENDING", "RUNNING"),
                                  "only PENDING (PD) and RUNNING (R) jobs can be cancelled")
     filtered = bool(user or me or partition or wanted_states or name)
-    if not targets and not filtered:
+    if step_ids and filtered:
+        raise UsageError("a step id (JOB.STEP) takes no filters: give steps alone")
+    if not targets and not filtered and not step_ids:
         raise UsageError("nothing to cancel: give job ids, or filters such as --me or -u USER")
     if me:
         user = only_me(user)
+    if step_ids:
+        worst = cancel_steps(step_ids, signum)
+        return max(worst, post_for_each(PROG, targets, action, body)) if targets else worst
     if not filtered:
         return post_for_each(PROG, targets, action, body)
     with ApiClient() as client:
@@ -94,6 +101,41 @@ def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: 
             except GpuschedError as err:
                 label = f"{job_id}_{tasks}" if tasks is not None else str(job_id)
                 print_error(prog, describe_failure(label, err.message))
+                worst = max(worst, err.exit_code)
+    return worst
+
+
+def split_step_ids(texts: Sequence[str]) -> tuple[list[tuple[int, int]], list[str]]:
+    """Step ids (``12.3``) as (job id, step id), duplicates dropped, and the other ids
+    as given; a bad step id is a usage error naming it."""
+    steps: list[tuple[int, int]] = []
+    rest: list[str] = []
+    for text in texts:
+        job, dot, step = text.strip().partition(".")
+        if not dot:
+            rest.append(text)
+            continue
+        if not (step.isascii() and step.isdigit()) or len(step) > 10:
+            raise UsageError(f"invalid step id {text!r}: expected JOB.STEP such as 12.3")
+        target = (parse_job_ids([job])[0], int(step))
+        if target not in steps:
+            steps.append(target)
+    return steps, rest
+
+
+def cancel_steps(steps: Sequence[tuple[int, int]], signum: int | None) -> int:
+    """Cancel (or, with ``signum``, signal) each step; report failures and go on; the
+    worst exit code."""
+    worst = 0
+    body = {} if signum is None else {"signal": signum}
+    with ApiClient() as client:
+        for job_id, step_id in steps:
+            try:
+                client.request("POST", f"/v1/jobs/{job_id}/steps/{step_id}/cancel", body)
+            except Unavailable:
+                raise
+            except GpuschedError as err:
+                print_error(PROG, describe_failure(f"{job_id}.{step_id}", err.message))
                 worst = max(worst, err.exit_code)
     return worst
 

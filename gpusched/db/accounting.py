@@ -10,8 +10,11 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from gpusched.db.models import Allocation, Gpu, GpuBilling, Job
+from gpusched.db.models import Allocation, Gpu, GpuBilling, Job, JobStep, Node
+from gpusched.db.steps import step_view, steps_of
 
+STEP_FIELDS = ("step_id", "name", "state", "exit_code", "signal", "node_names", "ntasks",
+               "start_time", "end_time", "elapsed_s", "max_rss_bytes", "cpu_usec", "error")
 SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                 "OUT_OF_MEMORY")
 
@@ -59,10 +62,15 @@ def job_records(session: Session, users: list[str] | None = None,
                 ids: list[int] | None = None, start: datetime | None = None,
                 end: datetime | None = None) -> list[dict[str, Any]]:
     """Finished and running jobs with elapsed time, GPU-hours (all of their runs) and
-    billed GPU-hours, and their GPU utilisation."""
+    billed GPU-hours, and their GPU utilisation; a job that ran steps lists them
+    (``steps``: its batch script as step ``batch``, then each step)."""
     now = datetime.now(UTC)
     found = _jobs(session, users, accounts, states, ids, start, end)
     held = _held(session, [j.id for j in found], None, None, now)
+    job_steps = steps_of(session, [j.id for j in found])
+    batch_nodes = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(
+        {j.node_id for j in found if j.id in job_steps and j.node_id is not None})))
+        .all()) if job_steps else {}
     records = []
     for job in found:
         gpu_s, billed_s = held.get(job.id, (0.0, 0.0))
@@ -80,8 +88,30 @@ def job_records(session: Session, users: list[str] | None = None,
             "gpu_util_avg": job.util_sum / job.util_samples if job.util_samples else None,
             "gpu_util_peak": job.util_peak, "gpu_mem_peak_mb": job.mem_peak_mb,
             "max_rss_bytes": job.max_rss_bytes, "cpu_usec": job.cpu_usec,
-            "error_message": job.error_message})
+            "error_message": job.error_message,
+            "steps": _step_records(job, job_steps.get(job.id, []), batch_nodes, now)})
     return records
+
+
+def _step_records(job: Job, steps: list[JobStep], batch_nodes: dict[int, str],
+                  now: datetime) -> list[dict[str, Any]]:
+    """The job's batch script as step ``batch`` and each of its steps, as sacct lists
+    them (none for a job that ran no steps)."""
+    if not steps:
+        return []
+    node = job.node_names[0] if job.node_names else batch_nodes.get(job.node_id or 0)
+    elapsed = ((job.end_time or now) - job.start_time).total_seconds() if job.start_time else 0.0
+    rows = [{"step": "batch", "step_id": None, "name": "batch", "state": job.state,
+             "exit_code": job.exit_code, "signal": job.signal,
+             "node_names": [node] if node else [], "ntasks": 1,
+             "start_time": job.start_time.isoformat() if job.start_time else None,
+             "end_time": job.end_time.isoformat() if job.end_time else None,
+             "elapsed_s": max(0.0, elapsed), "max_rss_bytes": job.max_rss_bytes,
+             "cpu_usec": job.cpu_usec, "error": None}]
+    for step in steps:
+        view = step_view(step, now)
+        rows.append({"step": str(step.step_id), **{k: view[k] for k in STEP_FIELDS}})
+    return rows
 
 
 def usage_report(session: Session, start: datetime, end: datetime) -> list[dict[str, Any]]:
