@@ -139,7 +139,8 @@ def run_step(args: GsrunArgs, job_id: int, env: Mapping[str, str]) -> int:
                     f"MASTER_PORT={created.master_port}, created in "
                     f"{(time.monotonic() - started) * 1000:.0f} ms")
             tally = ExitTally(plan.tasks, args.kill_on_bad_exit)
-            sink = OutputSink(sys.stdout.buffer, sys.stderr.buffer, args.label)
+            sink = OutputSink(sys.stdout.buffer, sys.stderr.buffer, args.label,
+                              args.unbuffered)
             sys.stdout.flush()
             server.serve(plan, sink, tally, ServeOptions(
                 stdin_fd=_stdin_fd() if args.input is None else None, signal_fd=signal_fd,

@@ -31,6 +31,8 @@ Options:
                              run beside this one.
       --overlap              Share CPUs and GPUs that other running steps hold.
   -l, --label                Prefix each line of output with its task id ("3: ...").
+  -u, --unbuffered           Show output as it comes, not a whole line at a time (the
+                             lines of different tasks may then mix).
   -o, --output PATTERN       Write each task's stdout to a file (%t task, %n node index,
                              %N node name, %j job, %s step, %u user, %x job name, %%),
                              relative to the working directory; stderr too unless -e.
@@ -58,6 +60,7 @@ _LONG: dict[str, tuple[str, str]] = {
     "--exact": ("exact", "flag"),
     "--overlap": ("overlap", "flag"),
     "--label": ("label", "flag"),
+    "--unbuffered": ("unbuffered", "flag"),
     "--output": ("output", "str"),
     "--error": ("error", "str"),
     "--input": ("input", "str"),
@@ -71,7 +74,7 @@ _LONG: dict[str, tuple[str, str]] = {
     "--help": ("help", "flag"),
 }
 _SHORT = {"-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task", "-l": "--label",
-          "-o": "--output", "-e": "--error", "-i": "--input", "-K": "--kill-on-bad-exit",
+          "-u": "--unbuffered", "-o": "--output", "-e": "--error", "-i": "--input", "-K": "--kill-on-bad-exit",
           "-J": "--job-name", "-D": "--chdir", "-v": "--verbose", "-h": "--help"}
 _FLAG_VALUES = {"0": False, "1": True, "no": False, "yes": True}  # --kill-on-bad-exit=1
 
@@ -80,7 +83,7 @@ class GsrunArgs:
     """What gsrun was asked: the step's options and the command."""
 
     __slots__ = ("nodes", "ntasks", "ntasks_per_node", "gpus_per_task", "cpus_per_task",
-                 "exact", "overlap", "label", "output", "error", "input",
+                 "exact", "overlap", "label", "unbuffered", "output", "error", "input",
                  "kill_on_bad_exit", "name", "chdir", "export", "jobid", "pty", "verbose",
                  "help", "command")
 
@@ -93,6 +96,7 @@ class GsrunArgs:
         self.exact = False
         self.overlap = False
         self.label = False
+        self.unbuffered = False
         self.output: str | None = None
         self.error: str | None = None
         self.input: str | None = None

@@ -30,40 +30,51 @@ def describe_end(exit_code: int | None, signal: int | None) -> str:
 
 
 class OutputSink:
-    """Writes the tasks' output to gsrun's stdout and stderr; with ``label`` each line is
-    prefixed ``TASK: `` and a line is shown once whole (or when the task ends)."""
+    """Writes the tasks' output to gsrun's stdout and stderr, a line at a time so that
+    the tasks' lines do not mix (as slurmstepd buffers them): a line is shown once
+    whole, or when its task ends. With ``label`` each line is prefixed ``TASK: ``;
+    ``unbuffered`` shows output as it comes (srun -u), lines of tasks may then mix."""
 
-    def __init__(self, out: BinaryIO, err: BinaryIO, label: bool) -> None:
+    def __init__(self, out: BinaryIO, err: BinaryIO, label: bool,
+                 unbuffered: bool = False) -> None:
         self._streams = (out, err)
         self._label = label
+        self._unbuffered = unbuffered and not label
         self._partial: dict[tuple[int, int], bytes] = {}  # (stream, task) -> held bytes
         self._gone = [False, False]  # a reader of that stream went away
 
     def write(self, stream: int, task: int, data: bytes) -> None:
         """Output of ``task`` on ``stream`` (0: stdout, 1: stderr)."""
-        if not self._label:
+        if self._unbuffered:
             self._emit(stream, data)
             return
         key = (stream, task)
         held = self._partial.pop(key, b"") + data
         end = held.rfind(b"\n")
         if end >= 0:
-            prefix = f"{task}: ".encode()
-            lines = held[:end].split(b"\n")
-            self._emit(stream, b"".join(prefix + line + b"\n" for line in lines))
+            if self._label:
+                prefix = f"{task}: ".encode()
+                lines = held[:end].split(b"\n")
+                self._emit(stream, b"".join(prefix + line + b"\n" for line in lines))
+            else:
+                self._emit(stream, held[:end + 1])
             held = held[end + 1:]
         if len(held) > MAX_PARTIAL:
-            self._emit(stream, f"{task}: ".encode() + held + b"\n")
+            self._emit(stream, self._prefix(task) + held + b"\n")
             held = b""
         if held:
             self._partial[key] = held
 
     def task_ended(self, task: int) -> None:
-        """Show what ``task`` left without a final newline."""
+        """Show what ``task`` left without a final newline (labelled: with one)."""
         for stream in (0, 1):
             held = self._partial.pop((stream, task), b"")
             if held:
-                self._emit(stream, f"{task}: ".encode() + held + b"\n")
+                self._emit(stream, self._prefix(task) + held
+                           + (b"\n" if self._label else b""))
+
+    def _prefix(self, task: int) -> bytes:
+        return f"{task}: ".encode() if self._label else b""
 
     def flush(self) -> None:
         """Push what was written to the readers."""

@@ -60,8 +60,8 @@ def test_defaults_grouped_flags_and_double_dash() -> None:
     assert (req.nodes, req.ntasks, req.gpus_per_task) == (None, None, None)
     assert req.name == "hostname" and req.work_dir == "/work/here"
     assert req.output is None and req.error is None and not req.kill_on_bad_exit
-    args = parse_args(["-lKN2", "-v", "-v", "--kill-on-bad-exit=0", "--", "-x", "y"])
-    assert args.label and args.nodes == 2 and args.verbose == 2
+    args = parse_args(["-lKN2", "-v", "-uv", "--kill-on-bad-exit=0", "--", "-x", "y"])
+    assert args.label and args.nodes == 2 and args.verbose == 2 and args.unbuffered
     assert not args.kill_on_bad_exit and args.command == ["-x", "y"]
     assert request(["-D", "/abs", "/bin/true"]).name == "true"
 
@@ -127,11 +127,19 @@ def test_labels_hold_partial_lines_per_task_and_stream() -> None:
     sink.task_ended(1)
     assert out.getvalue() == b"1: one\n0: hello\n0: world\n1: tw\n"
     assert err.getvalue() == b"0: oops\n"
+    # Without labels too, the lines of tasks do not mix; -u shows bytes as they come.
     plain_out = io.BytesIO()
     plain = OutputSink(plain_out, io.BytesIO(), label=False)
-    plain.write(0, 3, b"as ")
-    plain.write(0, 2, b"it comes")
-    assert plain_out.getvalue() == b"as it comes"
+    plain.write(0, 3, b"three ")
+    plain.write(0, 2, b"two\nand")
+    plain.write(0, 3, b"more\n")
+    plain.task_ended(2)
+    assert plain_out.getvalue() == b"two\nthree more\nand"
+    raw_out = io.BytesIO()
+    raw = OutputSink(raw_out, io.BytesIO(), label=False, unbuffered=True)
+    raw.write(0, 3, b"as ")
+    raw.write(0, 2, b"it comes")
+    assert raw_out.getvalue() == b"as it comes"
 
 
 def test_exit_status_is_the_worst_task() -> None:
