@@ -57,6 +57,25 @@ def wait_done(client, ids: list[int], timeout: float, interval: float = 0.01) ->
     return client.request("GET", f"/v1/jobs?all=1&ids={wanted}")["jobs"]
 
 
+def wait_stamp(path: Path, timeout: float) -> float:
+    """The time a job wrote to ``path`` (its first instruction), once it is there.
+
+    Watched on the file system, not through the API, so that watching loads the
+    controller with nothing.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = path.read_text()
+            if text.endswith("\n"):
+                return float(text)
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no job wrote {path} within {timeout}s")
+        time.sleep(0.001)
+
+
 def submit_to_start(client, work: Path, trials: int  # type: ignore[no-untyped-def]
                     ) -> tuple[float, list[tuple[int, float, float]]]:
     """Median seconds from just before the submit request to the job's first
@@ -68,8 +87,8 @@ def submit_to_start(client, work: Path, trials: int  # type: ignore[no-untyped-d
         script = f"#!/bin/sh\ndate +%s.%N > {stamp}\n"
         before = time.time()
         job_id = submit(client, script, work)
-        wait_done(client, [job_id], 30)
-        first = float(stamp.read_text())
+        first = wait_stamp(stamp, 30)
+        wait_done(client, [job_id], 30, interval=0.02)
         latencies.append(first - before)
         seen.append((job_id, before, first))
     return statistics.median(latencies), seen

@@ -177,7 +177,7 @@ def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> Non
     try:
         if cgroup is not None:
             try:
-                cgroup.add(os.getpid())  # as root, before anything of the job runs
+                cgroup.enter()  # as root, before anything of the job runs
             except OSError as exc:
                 raise LaunchError(f"cannot join the job's cgroup: {exc.strerror}") from None
         _exec_job(spec)

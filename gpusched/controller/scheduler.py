@@ -24,10 +24,12 @@ log = logging.getLogger(__name__)
 STANDBY_RETRY = 1.0
 LEADERSHIP_CHECK = 1.0  # seconds between looks at whether we still lead, when idle
 BACKSTOP_PASS = 30.0  # seconds after which a leader runs a pass even if never woken
-# After a wake-up, gather the events of the next few milliseconds into the same pass: a
-# burst of job ends or submits then costs one pass, not one each. After a long pass the
-# wait is as long as that pass (up to MAX_COALESCE_SECONDS), so passes woken back to back
-# take at most about half of the leader's time and API requests keep the rest.
+# Passes woken back to back keep a gap between them as long as the last pass (at least
+# COALESCE_SECONDS, at most MAX_COALESCE_SECONDS): the events of the gap gather into the
+# next pass, a burst of job ends or submits costs a pass or two rather than one each, and
+# passes take at most about half of the leader's time, API requests keeping the rest. A
+# wake-up after a quiet spell of that long runs its pass at once: on an idle cluster a
+# job starts as soon as it is submitted, or as soon as a job ending frees its GPUs.
 COALESCE_SECONDS = 0.01
 MAX_COALESCE_SECONDS = 1.0
 
@@ -80,7 +82,7 @@ class SchedulerLoop:
         self.leadership.release()
 
     def _run(self) -> None:
-        last_pass = 0.0
+        last_pass = last_end = 0.0
         while not self._stop.is_set():
             if not self.leadership.is_held:
                 if not self.leadership.try_acquire():
@@ -96,8 +98,10 @@ class SchedulerLoop:
                 continue
             self._woken_at = time.time()
             if woken:
-                self._stop.wait(max(COALESCE_SECONDS,
-                                    min(self.stats.last_seconds, MAX_COALESCE_SECONDS)))
+                gap = max(COALESCE_SECONDS, min(self.stats.last_seconds, MAX_COALESCE_SECONDS))
+                rest = gap - (time.monotonic() - last_end)
+                if rest > 0:
+                    self._stop.wait(rest)
             self.events.scheduler.clear()
             if self._stop.is_set() or not self.leadership.held():
                 continue
@@ -118,6 +122,7 @@ class SchedulerLoop:
             except Exception:
                 log.exception("scheduling pass failed; the next one starts over")
                 self._stop.wait(0.5)
+            last_end = time.monotonic()
 
     def run_pass(self) -> set[str]:
         """One pass: snapshot, plan, apply in one transaction (refused with NotLeader

@@ -178,6 +178,46 @@ def test_gpu_devices_not_given_are_refused(tree: CgroupTree, tmp_path: Path) -> 
         job.remove()
 
 
+def _cgroups_of(pid: int) -> dict[str, str]:
+    """The cgroup path of ``pid`` in each hierarchy, by controller ("" for v2)."""
+    found = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for ctrl in controllers.split(",") if controllers else [""]:
+            found[ctrl] = path
+    return found
+
+
+def test_enter_moves_the_forked_child_and_what_it_starts(tree: CgroupTree) -> None:
+    job = JobCgroup.create(tree, "job-enter")
+    res_r, res_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(res_r)
+            job.enter()
+            sleep = subprocess.Popen(["sleep", "30"])
+            os.write(res_w, f"{sleep.pid}\n".encode())
+            sleep.wait()
+        finally:
+            os._exit(0)
+    os.close(res_w)
+    try:
+        with os.fdopen(res_r, "rb") as f:
+            sleep_pid = int(f.readline())
+        assert job.pids() == {pid, sleep_pid}
+        for member in (pid, sleep_pid):
+            where = _cgroups_of(member)
+            for ctrl in job.paths:
+                assert where[ctrl].endswith("/job-enter"), (ctrl, where)
+        ours = _cgroups_of(os.getpid())  # the parent stays where it was
+        assert not any(ours[ctrl].endswith("/job-enter") for ctrl in job.paths)
+    finally:
+        job.kill()
+        os.waitpid(pid, 0)
+        job.remove()
+
+
 @pytest.mark.parametrize("freeze", [False, True], ids=["kill-file", "freeze-and-kill"])
 def test_kill_ends_a_double_forked_setsid_sleep(tree: CgroupTree, freeze: bool) -> None:
     job = JobCgroup.create(tree, "job-kill")
