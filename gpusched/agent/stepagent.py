@@ -14,7 +14,8 @@ from typing import Any
 
 from gpusched.agent.confine import Confinement, LaunchRefused
 from gpusched.agent.settings import AgentConfig
-from gpusched.agent.steps import StepDone, StepRunner, step_cgroup_spec, step_spec
+from gpusched.agent.steps import StepDone, StepRunner
+from gpusched.agent.stepspec import step_cgroup_spec, step_spec
 from gpusched.client import ApiClient
 from gpusched.errors import Conflict, GpuschedError, NotFound, UsageError
 from gpusched.messages.steps import StepLaunch

@@ -1,8 +1,8 @@
 """The agent's side of job steps: each node's part of a step runs under a step
 supervisor (gpusched.agent.stepsupervisor) in ``state_dir/steps/<job>/step-<step>/``;
-this module writes its spec (tasks, their environment and files, the step's cgroup),
-starts it through the supervisor spawner, cancels or signals it, finds how it ended
-and kills every step of a job that has ended.
+StepRunner writes its spec (gpusched.agent.stepspec), starts it through the
+supervisor spawner, cancels or signals it, finds how it ended and ends every step of
+a job that has ended.
 
 Steps live apart from the batch runs of ``jobs_dir``: a node may run steps of a job
 whose batch script runs elsewhere, and a batch run's directory is removed once its
@@ -20,20 +20,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpusched.agent import procs
-from gpusched.agent.confine import (
-    MIB,
-    Confinement,
-    agent_cpus,
-    device_rules,
-    numa_cpus,
-)
-from gpusched.agent.cpubind import choose_cpus
 from gpusched.agent.spawn import (
     LOCK_FD_IN_SUPERVISOR,
     STEP_SUPERVISOR,
@@ -42,119 +34,12 @@ from gpusched.agent.spawn import (
 )
 from gpusched.agent.stepsupervisor import SIGNAL_FILE, SIGNAL_REQUEST
 from gpusched.agent.supervisor import write_json_atomic
-from gpusched.core.hostlist import compress_hostlist
-from gpusched.core.outputs import StepPlace, expand_output_pattern
-from gpusched.core.steps import tasks_per_node_text
 from gpusched.messages import error_text
 from gpusched.messages.steps import StepEnd, StepLaunch
 
 log = logging.getLogger(__name__)
 STEP_PREFIX = "step-"
 STEP_LOST = "step supervisor lost"
-DEFAULT_UMASK = 0o022
-
-
-# ------------------------------------------------------------------ the spec
-
-
-def task_environment(launch: StepLaunch, task_id: int, local_id: int,
-                     gpu_uuids: Collection[str]) -> dict[str, str]:
-    """One task's environment: gsrun's, then the step's variables (each ``SLURM_X``
-    also as ``GPUSCHED_X``), CUDA's and torch.distributed's."""
-    nodes = list(launch.node_names)
-    per_node = tasks_per_node_text(launch.tasks_per_node)
-    step_gpus = ",".join(dict.fromkeys(u for t in launch.tasks for u in t.gpu_uuids))
-    slurm = {
-        "JOB_ID": launch.job_id, "JOBID": launch.job_id, "STEP_ID": launch.step_id,
-        "STEPID": launch.step_id, "PROCID": task_id, "LOCALID": local_id,
-        "NODEID": launch.node_index, "NTASKS": launch.ntasks, "NPROCS": launch.ntasks,
-        "NNODES": len(nodes), "STEP_NUM_TASKS": launch.ntasks,
-        "STEP_NUM_NODES": len(nodes), "STEP_NODELIST": compress_hostlist(nodes),
-        "STEP_TASKS_PER_NODE": per_node, "TASKS_PER_NODE": per_node,
-        "STEP_GPUS": step_gpus,
-    }
-    env = dict(launch.environment)
-    for key, value in slurm.items():
-        env[f"SLURM_{key}"] = env[f"GPUSCHED_{key}"] = str(value)
-    env["SLURMD_NODENAME"] = env["GPUSCHED_NODENAME"] = launch.node
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_uuids)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    # A rendezvous address gsrun's environment names is kept, as the controller keeps it.
-    env.setdefault("MASTER_ADDR", launch.master_addr)
-    env.setdefault("MASTER_PORT", str(launch.master_port))
-    env.update(WORLD_SIZE=str(launch.ntasks), RANK=str(task_id), LOCAL_RANK=str(local_id),
-               LOCAL_WORLD_SIZE=str(len(launch.tasks)), GROUP_RANK=str(launch.node_index))
-    return env
-
-
-def _task_files(launch: StepLaunch, task_id: int) -> dict[str, Any]:
-    """Where a task's stdout, stderr and stdin go (None: streamed through gsrun)."""
-    place = StepPlace(launch.step_id, task_id, launch.node_index)
-
-    def path(pattern: str) -> str:
-        return os.path.join(launch.work_dir, expand_output_pattern(
-            pattern, launch.job_id, launch.job_name, launch.user, node=launch.node,
-            step=place))
-
-    stdout = None if launch.output is None else path(launch.output)
-    stderr = path(launch.error) if launch.error is not None else stdout
-    if launch.input is None:
-        return {"stdout": stdout, "stderr": stderr, "stdin": None,
-                "stdin_frames": task_id == 0}
-    stdin = None if launch.input == "none" else path(launch.input)
-    return {"stdout": stdout, "stderr": stderr, "stdin": stdin, "stdin_frames": False}
-
-
-def step_spec(launch: StepLaunch, kill_grace: float, min_uid: int,
-              cgroup: dict[str, Any] | None = None,
-              refusal: str | None = None) -> dict[str, Any]:
-    """The step supervisor's spec for this node's part of a step."""
-    tasks = [{"task_id": t.task_id, "local_id": t.local_id,
-              "env": task_environment(launch, t.task_id, t.local_id, t.gpu_uuids),
-              **_task_files(launch, t.task_id)} for t in launch.tasks]
-    return {
-        "job_id": launch.job_id, "run": launch.run, "step_id": launch.step_id,
-        "node": launch.node, "node_index": launch.node_index, "uid": launch.uid,
-        "gid": launch.gid, "user": launch.user, "min_uid": int(min_uid),
-        "argv": list(launch.argv), "cwd": launch.work_dir,
-        "umask": DEFAULT_UMASK if launch.umask is None else launch.umask,
-        "kill_grace": float(kill_grace), "deadline": launch.deadline,
-        "io": launch.io.to_json(), "tasks": tasks, "cgroup": cgroup, "refusal": refusal,
-    }
-
-
-def step_cgroup_spec(confinement: Confinement, launch: StepLaunch,
-                     gpus: Mapping[str, Mapping[str, Any]],
-                     job_cpus: Collection[int] | None,
-                     held_cpus: Collection[int]) -> dict[str, Any] | None:
-    """The cgroup the step supervisor makes (None: steps here are not confined): the
-    job's GPUs on this node, its memory here, and the CPUs of its batch run where that
-    runs on this node (``job_cpus``), else CPUs chosen as for a job. LaunchRefused when
-    the devices cannot be allowed."""
-    tree = confinement.tree
-    if tree is None:
-        return None
-    controllers = tree.controllers()
-    memory = launch.mem_mb * MIB if launch.mem_mb > 0 and "memory" in controllers else None
-    cpus = mems = None
-    if "cpuset" in controllers:
-        if job_cpus:
-            cpus = sorted(job_cpus)
-        else:
-            numa = numa_cpus()
-            gpu_numa = {gpus[u]["numa_node"] for u in launch.gpu_uuids
-                        if u in gpus and gpus[u].get("numa_node") is not None}
-            choice = choose_cpus(launch.cpus, agent_cpus(tree), held_cpus, gpu_numa, numa)
-            if choice.cpus is not None:
-                cpus = sorted(choice.cpus)
-                mems = None if choice.mems is None else sorted(choice.mems)
-    return {
-        "tree": tree.to_json(),
-        "name": f"job_{launch.job_id}_step_{launch.step_id}_{launch.run}",
-        "memory_bytes": memory, "swap": confinement.allow_swap, "cpus": cpus,
-        "mems": mems, "devices": [list(r) for r in device_rules(launch.gpu_uuids, gpus)],
-        "notes": [],
-    }
 
 
 # ------------------------------------------------------------------ running steps
@@ -455,5 +340,4 @@ def node_address(configured: str | None, controllers: Iterable[Any]) -> str:
     return "127.0.0.1"
 
 
-__all__ = ["StepDone", "StepRunner", "node_address", "step_cgroup_spec",
-           "step_spec", "task_environment"]
+__all__ = ["StepDone", "StepRunner", "node_address"]

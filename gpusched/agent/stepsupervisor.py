@@ -30,7 +30,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import sys
 import time
 from typing import Any
@@ -39,6 +38,7 @@ if not __package__:  # run as a script: make this file's package importable
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.realpath(__file__)))))
 
+from gpusched.agent.steplink import READ_SIZE, GsrunLink  # noqa: E402
 from gpusched.agent.steptask import StepTask  # noqa: E402
 from gpusched.agent.supervisor import (  # noqa: E402
     _ensure_std_fds,
@@ -52,11 +52,11 @@ from gpusched.messages import stepio  # noqa: E402
 SIGNAL_FILE = "signal.json"
 SIGNAL_REQUEST = signal.SIGUSR1  # the agent wrote signal.json: deliver that signal
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, SIGNAL_REQUEST)
+_CANCELS = frozenset({signal.SIGTERM, signal.SIGINT})
 CONNECT_TIMEOUT = 10.0  # seconds to reach gsrun's I/O socket
 MAX_BUFFERED = 4 << 20  # bytes of output held for gsrun before tasks' pipes are left unread
 MAX_STDIN_BUFFERED = 1 << 20  # bytes of gsrun's input held for task 0
 DRAIN_TIMEOUT = 2.0  # seconds to send what is left once the tasks have ended
-READ_SIZE = stepio.MAX_PAYLOAD
 
 
 class StepSupervisor:
@@ -66,9 +66,7 @@ class StepSupervisor:
         self.stepdir = stepdir
         self.spec = spec
         self.tasks = [StepTask(t) for t in spec["tasks"]]
-        self.sock: socket.socket | None = None
-        self.outbox = bytearray()
-        self.decoder = stepio.Decoder(stepio.TO_NODE)
+        self.link = GsrunLink()
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         self.start_time = 0.0
@@ -86,13 +84,16 @@ class StepSupervisor:
         """Connect, start the tasks, supervise them; the status to record."""
         self.start_time = time.time()
         self._install_handlers()
-        error = self._connect()
+        io = self.spec["io"]
+        error = self.link.connect(io["host"], int(io["port"]),
+                                  float(self.spec.get("connect_timeout") or CONNECT_TIMEOUT),
+                                  lambda: bool(self.pending & _CANCELS))
         if error is not None:
-            cancelled = self.pending & {signal.SIGTERM, signal.SIGINT}
+            cancelled = self.pending & _CANCELS
             return self.status("cancelled" if cancelled else "launch_failed", error)
-        self._send(stepio.hello(self.spec["io"]["token"], int(self.spec["job_id"]),
-                                int(self.spec["step_id"]), int(self.spec["node_index"]),
-                                [t.task_id for t in self.tasks]))
+        self.link.send(stepio.hello(io["token"], int(self.spec["job_id"]),
+                                    int(self.spec["step_id"]), int(self.spec["node_index"]),
+                                    [t.task_id for t in self.tasks]))
         error = self._refusal() or self._make_cgroup()
         if error is not None:
             return self._launch_failed(error)
@@ -100,7 +101,7 @@ class StepSupervisor:
             for task in self.tasks:
                 failure = task.start(self.spec, self.cgroup)
                 if failure is not None:
-                    self._send_output(task.task_id, stepio.STDERR,
+                    self.link.send_output(task.task_id, stepio.STDERR,
                                       f"gpusched: error: task {task.task_id}: {failure}\n"
                                       .encode())
             self._write_info()
@@ -112,8 +113,8 @@ class StepSupervisor:
 
     def _launch_failed(self, error: str) -> dict[str, Any]:
         """Tell gsrun why nothing runs here; the launch_failed status."""
-        self._send(stepio.encode(stepio.ERROR, 0, error.encode()[:stepio.MAX_PAYLOAD]))
-        self._flush(time.monotonic() + DRAIN_TIMEOUT)
+        self.link.send(stepio.encode(stepio.ERROR, 0, error.encode()[:stepio.MAX_PAYLOAD]))
+        self.link.flush(time.monotonic() + DRAIN_TIMEOUT)
         return self.status("launch_failed", error)
 
     def _refusal(self) -> str | None:
@@ -150,32 +151,6 @@ class StepSupervisor:
             "task_starttimes": [_starttime(t.pid) for t in self.tasks],
             "start_time": self.start_time})
 
-    def _connect(self) -> str | None:
-        """Connect to gsrun's I/O socket, trying until connect_timeout; the error."""
-        io = self.spec["io"]
-        limit = float(self.spec.get("connect_timeout") or CONNECT_TIMEOUT)
-        deadline = time.monotonic() + limit
-        last = ""
-        while True:
-            if self.pending & {signal.SIGTERM, signal.SIGINT}:
-                return "cancelled before the step started"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return (f"cannot reach gsrun's I/O socket at {io['host']}:{io['port']} "
-                        f"within {limit:g} s: {last}")
-            try:
-                sock = socket.create_connection((io["host"], int(io["port"])),
-                                                timeout=min(remaining, 2.0))
-            except OSError as exc:
-                last = exc.strerror or str(exc)
-                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setblocking(False)
-            self.sock = sock
-            self.selector.register(sock, selectors.EVENT_READ, "io")
-            return None
-
     # ------------------------------------------------------------ signals
 
     def _install_handlers(self) -> None:
@@ -204,7 +179,7 @@ class StepSupervisor:
 
     def _act_on_signals(self) -> None:
         taken = self._take_signals()
-        if taken & {signal.SIGTERM, signal.SIGINT}:
+        if taken & _CANCELS:
             self._stop("cancelled")
         if SIGNAL_REQUEST in taken:
             try:
@@ -273,7 +248,8 @@ class StepSupervisor:
             for task in self.tasks:
                 if task.poll_exit():
                     self._drain(task)
-                    self._send(stepio.exit_frame(task.task_id, task.exit_code, task.signal))
+                    self.link.send(stepio.exit_frame(task.task_id, task.exit_code,
+                                                     task.signal))
 
     def _deadline(self) -> float | None:
         """When the step must stop (monotonic clock), from the spec's epoch deadline."""
@@ -288,18 +264,18 @@ class StepSupervisor:
     def _update_interest(self) -> None:
         """Read tasks' output only while gsrun keeps up; write to gsrun while there is
         something to send; take gsrun's input while task 0 keeps up."""
-        reading = len(self.outbox) < MAX_BUFFERED
+        reading = len(self.link.outbox) < MAX_BUFFERED
         for task in self.tasks:
             for fd in task.streams:
                 self._interest(fd, selectors.EVENT_READ if reading else 0, task)
             if task.in_fd is not None:
                 self._interest(task.in_fd, selectors.EVENT_WRITE if task.stdin_buffer
                                else 0, ("stdin", task))
-        if self.sock is not None:
+        if self.link.sock is not None:
             stdin_full = any(len(t.stdin_buffer) >= MAX_STDIN_BUFFERED for t in self.tasks)
             events = (0 if stdin_full else selectors.EVENT_READ) | (
-                selectors.EVENT_WRITE if self.outbox else 0)
-            self._interest(self.sock, events, "io")
+                selectors.EVENT_WRITE if self.link.outbox else 0)
+            self._interest(self.link.sock, events, "io")
 
     def _interest(self, fd: Any, events: int, data: Any) -> None:
         try:
@@ -319,7 +295,7 @@ class StepSupervisor:
         if key.data == "io":
             if events & selectors.EVENT_WRITE:
                 self._flush_some()
-            if events & selectors.EVENT_READ and self.sock is not None:
+            if events & selectors.EVENT_READ and self.link.sock is not None:
                 self._from_gsrun()
         elif isinstance(key.data, tuple):
             self._feed_stdin(key.data[1])
@@ -336,7 +312,7 @@ class StepSupervisor:
             data = b""
         kind = stepio.STDOUT if fd == task.out_fd else stepio.STDERR
         if data:
-            self._send_output(task.task_id, kind, data)
+            self.link.send_output(task.task_id, kind, data)
             return True
         self._interest(fd, 0, task)
         os.close(fd)
@@ -349,7 +325,7 @@ class StepSupervisor:
     def _drain(self, task: StepTask) -> None:
         """Send what an exited task left in its pipes, before its EXIT frame."""
         for fd in task.streams:
-            while len(self.outbox) < MAX_BUFFERED and self._read_stream(task, fd):
+            while len(self.link.outbox) < MAX_BUFFERED and self._read_stream(task, fd):
                 pass
 
     def _finish_tasks(self) -> None:
@@ -364,26 +340,14 @@ class StepSupervisor:
                 elif key.data == "io" and events & selectors.EVENT_WRITE:
                     self._flush_some()
             self._update_interest()
-        self._flush(end)
+        self.link.flush(end)
 
     # ------------------------------------------------------------ gsrun's side
 
     def _from_gsrun(self) -> None:
-        assert self.sock is not None
-        try:
-            data = self.sock.recv(READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._lost_gsrun("gsrun's connection closed")
-            return
-        try:
-            frames = self.decoder.feed(data)
-        except stepio.FrameError as exc:
-            self._lost_gsrun(f"gsrun sent a bad frame: {exc}")
-            return
+        frames, lost = self.link.receive()
+        if lost is not None:
+            self._lost_gsrun(lost)
         for frame in frames:
             if frame.kind == stepio.SIGNAL:
                 number = _signal_number(frame.payload)
@@ -418,44 +382,17 @@ class StepSupervisor:
 
     def _lost_gsrun(self, why: str) -> None:
         """gsrun is gone: nobody takes the output any more, so the step ends."""
-        if self.sock is not None:
-            self._interest(self.sock, 0, None)
-            self.sock.close()
-            self.sock = None
-        self.outbox.clear()
+        if self.link.sock is not None:
+            self._interest(self.link.sock, 0, None)
+        self.link.close()
         if not all(t.exited for t in self.tasks):
             self.error = self.error or why
             self._stop("cancelled")
 
-    def _send_output(self, task: int, kind: int, data: bytes) -> None:
-        for frame in stepio.chunks(kind, task, data):
-            self._send(frame)
-
-    def _send(self, frame: bytes) -> None:
-        if self.sock is not None:
-            self.outbox += frame
-
     def _flush_some(self) -> None:
-        if self.sock is None or not self.outbox:
-            return
-        try:
-            sent = self.sock.send(self.outbox)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._lost_gsrun("gsrun's connection failed")
-            return
-        del self.outbox[:sent]
-
-    def _flush(self, deadline: float) -> None:
-        """Send what is left to gsrun (until ``deadline``), then close the connection."""
-        while self.sock is not None and self.outbox and time.monotonic() < deadline:
-            _, writable, _ = _select_write(self.sock, deadline - time.monotonic())
-            if writable:
-                self._flush_some()
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        failure = self.link.flush_some()
+        if failure is not None:
+            self._lost_gsrun(failure)
 
     # ------------------------------------------------------------ the end
 
@@ -510,12 +447,6 @@ def _signal_number(payload: bytes) -> int | None:
         return None
     number = int(payload)
     return number if 0 < number < signal.NSIG else None
-
-
-def _select_write(sock: socket.socket, timeout: float) -> tuple[list[Any], list[Any], list[Any]]:
-    import select
-
-    return select.select([], [sock], [], max(0.0, timeout))
 
 
 # ---------------------------------------------------------------- entry point

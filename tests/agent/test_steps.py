@@ -23,13 +23,8 @@ import pytest
 
 from gpusched.agent.cgroups import detect
 from gpusched.agent.confine import Confinement
-from gpusched.agent.steps import (
-    StepRunner,
-    node_address,
-    step_cgroup_spec,
-    step_spec,
-    task_environment,
-)
+from gpusched.agent.steps import StepRunner, node_address
+from gpusched.agent.stepspec import step_cgroup_spec, step_spec, task_environment
 from gpusched.client.endpoints import Endpoint
 from gpusched.messages import stepio
 from gpusched.messages.steps import StepIO, StepLaunch, StepTask
@@ -262,7 +257,9 @@ def test_the_jobs_end_ends_its_steps_only(
     assert runner.end_job(41, run=0) == [3, 4]
     assert ended(runner, wait_for, 41, 3).outcome == "cancelled"
     assert ended(runner, wait_for, 41, 4).outcome == "cancelled"
-    assert runner.running() == [(42, 0)]
+    # Their supervisors exit just after writing their status; job 42's step runs on.
+    wait_for(lambda: runner.running() == [(42, 0)], "job 41's step supervisors to exit",
+             seen=runner.running)
 
 
 def test_the_jobs_time_limit_ends_the_step(
