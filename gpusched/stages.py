@@ -2,13 +2,14 @@
 
 Each stage the controller and the agent pass a job through (its row committed, the pass
 woken and done, its launch order sent and received, its supervisor spawned, its end
-seen and recorded) is one line of the ``gpusched.stages`` logger at debug::
+seen and recorded), and the controller's time on each API request (``answered``), is
+one line of the ``gpusched.stages`` logger at debug::
 
     stage NAME t=EPOCH_SECONDS jobs=ID,ID,... [key=value ...]
 
 Off unless the daemon runs with ``GPUSCHED_LOG_STAGES=1`` in its environment (or with
 its whole log at debug); off, a stamp costs one level check. ``bench/lifecycle.py``
-turns it on and reads the lines back to split its figures by stage.
+and ``bench/api_submit.py`` turn it on and read the lines back.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
+from gpusched import stages
 from gpusched.controller.admission import (
     Complaints,
     OpenConnections,
@@ -220,7 +221,11 @@ class HttpService:
                     conn.send_answer(refused.status, _encode(error_body(
                         refused.code, refused.message)), close=True, extra=refused.extra)
                     return
+                began = time.perf_counter()
                 status, payload = self._answer(raw, caller)
+                if stages.on():
+                    stages.stamp("answered", method=raw.method, path=raw.target.split("?")[0],
+                                 status=status, ms=(time.perf_counter() - began) * 1000)
                 conn.send_answer(status, payload, close=not raw.keep_alive)
                 if not raw.keep_alive:
                     return

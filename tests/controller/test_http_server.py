@@ -272,6 +272,29 @@ def test_an_idle_keep_alive_connection_is_closed_and_the_client_reconnects(
         assert client.request("POST", "/echo", {"b": 2}) == {"body": {"b": 2}}
 
 
+def test_keep_alive_requests_are_answered_on_one_connection_until_it_idles_out(
+        tmp_path: Path, handlers: Handlers) -> None:
+    """Each request is answered on the connection it came on, which stays open (no
+    Connection: close) for the next, and is closed once idle for the timeout."""
+    with serving(tmp_path, handlers, idle_timeout=0.5) as server, connect(server) as sock:
+        reader = sock.makefile("rb")
+        for n in range(50):
+            body = json.dumps({"n": n}).encode()
+            send(sock, HEAD + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            status = int(reader.readline().split(b" ")[1])
+            headers = {}
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("ascii").partition(":")
+                headers[name.lower()] = value.strip()
+            answer = json.loads(reader.read(int(headers["content-length"])))
+            assert status == 200 and answer == {"body": {"n": n}}
+            assert "connection" not in headers
+            assert server.connections.count() == 1
+        assert handlers.bodies == [{"n": n} for n in range(50)]
+        assert reader.read() == b""  # idle: the server closes it
+        wait_for(lambda: server.connections.count() == 0, ANSWER_WITHIN, "connection released")
+
+
 def test_a_wait_on_the_server_side_is_not_cut_by_the_idle_timeout(
         tmp_path: Path, handlers: Handlers) -> None:
     """Long polls wait in the handler, not on the client: the timeout does not apply."""

@@ -1,0 +1,148 @@
+"""Submissions per second through the API on one keep-alive connection; prints
+``name: value`` lines.
+
+    .venv/bin/python bench/api_submit.py [--submits 500] [--runs 3]
+
+A real controller (and agent) on a scratch PostgreSQL. One ``http.client`` connection
+is opened and kept: every submission (a script, its directory, a submit_key, held so
+that no pass starts jobs meanwhile) goes over it, one after the other, and each answer
+must be 201 on a connection the server keeps open:
+
+- ``api_keepalive_submits_per_s``: over the Unix socket (the caller known by
+  SO_PEERCRED);
+- ``api_keepalive_tcp_key_submits_per_s``: over TCP, each request with a key-method
+  token signed in process (as root or an agent does, holding a host key);
+- ``*_server_ms_median``: the controller's own time per submission (from reading the
+  request to its answer being ready, its stage log), the rest being the client, the
+  socket and the encoding;
+- ``*_reconnects``: connections opened again during the timed submissions (0: the
+  controller kept the first one open throughout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpusched.auth.keys import (  # noqa: E402
+    derive_host_key,
+    new_master_key,
+    render_master_key,
+    write_key_file,
+)
+from gpusched.auth.keytoken import KeySigner  # noqa: E402
+from tests.e2e.cluster import scratch_cluster  # noqa: E402
+
+_ANSWERED = re.compile(r"stage answered t=\S+ jobs=- method=POST path=/v1/jobs status=201 "
+                       r"ms=(\S+)")
+
+
+class UnixConnection(http.client.HTTPConnection):
+    """http.client over the controller's Unix socket."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=30)
+        self.path = str(path)
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.path)
+        self.sock = sock
+
+
+def submits_per_s(conn: http.client.HTTPConnection, work: Path, count: int,
+                  authorization: Callable[[], str] | None = None) -> tuple[float, int]:
+    """Sequential held submissions on ``conn``; the rate, and how many times the
+    connection was opened again while timed (0: kept alive throughout)."""
+    opened = 0
+    body = {"script": "#!/bin/sh\ntrue\n", "work_dir": str(work), "hold": True, "gpus": 1}
+
+    def one() -> None:
+        nonlocal opened
+        if conn.sock is None:
+            opened += 1
+        headers = {"Content-Type": "application/json"}
+        if authorization is not None:
+            headers["Authorization"] = authorization()
+        payload = json.dumps({**body, "submit_key": os.urandom(16).hex()})
+        conn.request("POST", "/v1/jobs", payload, headers)
+        answer = conn.getresponse()
+        data = answer.read()
+        if answer.status != 201:
+            raise SystemExit(f"submit answered {answer.status}: {data[:200]!r}")
+        if answer.getheader("Connection", "").lower() == "close":
+            raise SystemExit("the controller closed a keep-alive connection")
+
+    for _ in range(20):  # warm up: the connection, caches, the first queries
+        one()
+    opened = 0
+    began = time.perf_counter()
+    for _ in range(count):
+        one()
+    return count / (time.perf_counter() - began), opened
+
+
+def server_ms(log: Path, skip: int) -> float:
+    """Median controller-side ms of the POST /v1/jobs answers in ``log`` after the
+    first ``skip``."""
+    found = [float(m.group(1)) for m in _ANSWERED.finditer(log.read_text(errors="replace"))]
+    return statistics.median(found[skip:]) if found[skip:] else float("nan")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--submits", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    os.environ["GPUSCHED_LOG_STAGES"] = "1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    site = Path(f"/tmp/gpusched-bench-api-{os.getpid()}")
+    site.mkdir(mode=0o755)
+    master = new_master_key()
+    write_key_file(site / "master.key", render_master_key(master))
+    auth = f'[auth]\nmethod = "key"\nkey_file = "{site / "master.key"}"\nreplay_cache = 10000000\n'
+    signer = KeySigner(derive_host_key(master, "login1"))
+    try:
+        with scratch_cluster(listen=[f"127.0.0.1:{port}"], auth_toml=auth) as (cluster, _):
+            log = cluster.root / "controller.log"
+            seen = 0
+            for run in range(args.runs):
+                conn = UnixConnection(cluster.socket)
+                rate, opened = submits_per_s(conn, cluster.work, args.submits)
+                conn.close()
+                print(f"api_keepalive_submits_per_s: {rate:.0f}")
+                print(f"api_keepalive_reconnects: {opened}")
+                print(f"api_keepalive_server_ms_median: {server_ms(log, seen + 20):.2f}")
+                seen += 20 + args.submits
+                tcp = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                rate, opened = submits_per_s(tcp, cluster.work, args.submits,
+                                             signer.authorization)
+                tcp.close()
+                print(f"api_keepalive_tcp_key_submits_per_s: {rate:.0f}")
+                print(f"api_keepalive_tcp_key_reconnects: {opened}")
+                print(f"api_keepalive_tcp_key_server_ms_median: {server_ms(log, seen + 20):.2f}")
+                seen += 20 + args.submits
+    finally:
+        for path in site.iterdir():
+            path.unlink()
+        site.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
