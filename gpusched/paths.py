@@ -3,44 +3,27 @@
 from __future__ import annotations
 
 import os
-import socket
 import stat
 from pathlib import Path
 
-SYSTEM_STATE_DIR = Path("/var/lib/gpusched")
-SYSTEM_SOCKET = Path("/run/gpusched/controller.sock")
-SYSTEM_CONFIG = Path("/etc/gpusched/gpusched.toml")
-SOCKET_NAME = "controller.sock"
+from gpusched import places
+
+SYSTEM_STATE_DIR = Path(places.SYSTEM_STATE_DIR)
+SYSTEM_SOCKET = Path(places.SYSTEM_SOCKET)
+SYSTEM_CONFIG = Path(places.SYSTEM_CONFIG)
+SOCKET_NAME = places.SOCKET_NAME
 
 
 def local_state_dir() -> Path:
-    """State directory of the local cluster that ``gpusched up`` manages.
-
-    ``$XDG_STATE_HOME/gpusched`` (default ``~/.local/state/gpusched``); for root
-    without ``XDG_STATE_HOME`` it is ``/var/lib/gpusched``, a place the unprivileged
-    PostgreSQL user can reach.
-    """
-    xdg = os.environ.get("XDG_STATE_HOME")
-    if xdg:
-        return Path(xdg) / "gpusched"
-    if os.geteuid() == 0:
-        return SYSTEM_STATE_DIR
-    return Path.home() / ".local" / "state" / "gpusched"
+    """State directory of the local cluster that ``gpusched up`` manages (see
+    ``gpusched.places.local_state_dir``)."""
+    return Path(places.local_state_dir())
 
 
 def default_socket_path() -> Path:
-    """The controller socket a CLI talks to when none is given.
-
-    ``$GPUSCHED_SOCKET``, else the local cluster's socket if it exists, else the
-    system one.
-    """
-    env = os.environ.get("GPUSCHED_SOCKET")
-    if env:
-        return Path(env)
-    local = local_state_dir() / SOCKET_NAME
-    if local.exists():
-        return local
-    return SYSTEM_SOCKET
+    """The controller socket a CLI talks to when none is given (see
+    ``gpusched.places.default_socket``)."""
+    return Path(places.default_socket())
 
 
 def default_config_path() -> Path | None:
@@ -61,6 +44,8 @@ def claim_socket_path(path: Path) -> bool:
         return True
     if not stat.S_ISSOCK(st.st_mode):
         raise ValueError(f"{path}: refused: exists and is not a socket")
+    import socket
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:

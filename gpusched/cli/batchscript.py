@@ -3,8 +3,6 @@ and refused the way sbatch refuses one."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gpusched.errors import UsageError
 
 # sbatch's own words, so that users who search for them find the answer.
@@ -23,7 +21,8 @@ def read_batch_script(path: str) -> str:
     """The text of a batch script, refused the way sbatch refuses it."""
     try:
         # Bytes, not read_text(): universal newlines would hide DOS line breaks.
-        text = Path(path).read_bytes().decode("utf-8")
+        with open(path, "rb") as script:
+            text = script.read().decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"batch script {path!r} is not UTF-8 text") from None
     except OSError as err:

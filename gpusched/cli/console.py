@@ -14,9 +14,21 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from importlib import import_module
-from typing import NoReturn
+
+# The quick paths load no module they do not use (tests/cli/test_cli_imports.py holds
+# gsubmit's and gqueue's to a short list): typing, re, json, socket, pathlib and
+# datetime each cost a few milliseconds of a command that takes twenty.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn
+
+
+def import_module(name: str) -> Any:
+    """The module ``name``, imported (``importlib.import_module`` without loading
+    importlib's package, and warnings with it)."""
+    __import__(name)
+    return sys.modules[name]
 
 
 def _run(command: str) -> NoReturn:

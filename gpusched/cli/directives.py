@@ -8,20 +8,28 @@ unquoted ``#`` that starts a word ends it as a comment.
 
 from __future__ import annotations
 
-import shlex
-from typing import NamedTuple
-
 from gpusched.errors import UsageError
 
 DIRECTIVE_PREFIXES = ("#GSUB", "#SBATCH")
 
 
-class Directive(NamedTuple):
+class Directive:
     """One directive line: its 1-based line number, its prefix and its arguments."""
 
-    line: int
-    prefix: str
-    args: tuple[str, ...]
+    # A plain class, not a NamedTuple: gsubmit's quick path leaves typing unloaded.
+    __slots__ = ("line", "prefix", "args")
+
+    def __init__(self, line: int, prefix: str, args: tuple[str, ...]) -> None:
+        self.line = line
+        self.prefix = prefix
+        self.args = args
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Directive) and (self.line, self.prefix, self.args) == (
+            other.line, other.prefix, other.args)
+
+    def __repr__(self) -> str:
+        return f"Directive(line={self.line!r}, prefix={self.prefix!r}, args={self.args!r})"
 
 
 def read_directives(script_text: str) -> list[str]:
@@ -61,6 +69,8 @@ def _directive_prefix(line: str) -> str | None:
 
 def _split_directive(text: str, number: int, prefix: str) -> list[str]:
     """Split a directive's text into arguments, honouring quotes and `` #`` comments."""
+    import shlex  # only a script with directives needs it (it loads re)
+
     try:
         return shlex.split(_strip_comment(text))
     except ValueError as err:  # shlex reports an unclosed quote this way

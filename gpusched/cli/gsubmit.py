@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -12,8 +13,6 @@ from gpusched.cli.submission import (
     IGNORED,
     INPUT_VARIABLES,
     UNLIMITED,
-    OptionParser,
-    ParsedArgs,
     Submission,
     merge_directives,
     mig_warning,
@@ -21,6 +20,9 @@ from gpusched.cli.submission import (
     submit,
 )
 from gpusched.cli.submission import resolve_submission as resolve_parsed
+
+if TYPE_CHECKING:
+    from gpusched.cli.submission import OptionParser, ParsedArgs
 from gpusched.cli.submitoptions import (
     AccountOpt,
     AcctgFreqOpt,

@@ -3,13 +3,14 @@ from gsubmit's options and directives, as sbatch reads them."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from typing import Any
-
-from gpusched.core.hostlist import HostlistError, expand_hostlist
-from gpusched.core.shapes import parse_gpus, parse_gres, parse_memory
 from gpusched.errors import UsageError
+
+# The parsers of host lists, GPU requests and memory sizes load re: they are imported
+# where an option needs them, so that a job asking for nothing special loads none.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 
 def option_value(values: dict[str, Any], origins: dict[str, str], key: str,
@@ -51,6 +52,8 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
 
     kinds: tuple[str, ...] = ()
     per_node = 0
+    if given:
+        from gpusched.core.shapes import parse_gpus, parse_gres
     if given == ["gpus"]:
         kinds, total = parse("gpus", parse_gpus)
         if total % nodes:
@@ -64,7 +67,7 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
     tasks, per_task = values["ntasks"], values["cpus_per_task"]
     node_tasks = values["ntasks_per_node"]
     # sbatch: each node runs its share of the tasks (or --ntasks-per-node of them).
-    tasks_here = node_tasks or math.ceil((tasks or nodes) / nodes)
+    tasks_here = node_tasks or -(-(tasks or nodes) // nodes)
     if given == ["gpus_per_task"]:
         kinds, per_task_gpus = parse("gpus_per_task", parse_gpus, "--gpus-per-task")
         per_node = per_task_gpus * tasks_here
@@ -76,6 +79,8 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
         cpus = tasks_here * (per_task or 1)
     else:
         cpus = (values["cpus_per_gpu"] or 0) * per_node
+    if memory:
+        from gpusched.core.shapes import parse_memory
     mem = (parse("mem", parse_memory) if values["mem"] is not None
            else parse("mem_per_gpu", parse_memory, "--mem-per-gpu") * per_node
            if values["mem_per_gpu"] is not None
@@ -90,6 +95,8 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
 
 def _hosts(text: str, flag: str) -> list[str]:
     """The node names of a host list (sbatch: node[01-04],gpu7)."""
+    from gpusched.core.hostlist import HostlistError, expand_hostlist
+
     try:
         return expand_hostlist(text)
     except HostlistError as err:

@@ -6,20 +6,22 @@ framework (see ``gpusched.cli.console``).
 
 from __future__ import annotations
 
-import json
-import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
-from typing import Any, NamedTuple
-from urllib.parse import urlencode
 
 from gpusched.cli.output import print_columns, print_table
-from gpusched.client import ApiClient
-from gpusched.core.hostlist import compress_hostlist
+from gpusched.client import ApiClient, jsontext
 from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import format_duration
 from gpusched.errors import GpuschedError, UsageError
+
+# A bare gqueue and gqueue --json load no json, re, datetime, typing or urllib (see
+# gpusched.cli.console): times are parsed only for jobs that started, and the rare
+# forms (--format, --start, a multi-node job's host list) load what they need.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from datetime import datetime
+    from typing import Any
 
 HEADERS = ("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
 RIGHT_ALIGNED = frozenset({0, 5, 6})
@@ -49,13 +51,12 @@ def show(path: str, as_json: bool = False, start: bool = False, noheader: bool =
             return
         answer = client.request("GET", path)
     if fields is None and not as_json and not start:
-        print_columns(HEADERS, queue_columns(job_columns(answer, TABLE_FIELDS),
-                                             datetime.now(timezone.utc)),
+        print_columns(HEADERS, queue_columns(job_columns(answer, TABLE_FIELDS)),
                       right_aligned=RIGHT_ALIGNED, shrinkable=SHRINKABLE, show_header=not noheader)
         return
     jobs = job_objects(answer)
     if fields is not None and not as_json:
-        now = datetime.now(timezone.utc)
+        now = _now()
         if not noheader:
             print(render_format(fields, None, now))
         for job in jobs:
@@ -65,7 +66,7 @@ def show(path: str, as_json: bool = False, start: bool = False, noheader: bool =
                 shrinkable=frozenset({1, 2, 3, 7}), show_header=not noheader)
 
 
-_RAW_CONTROL = re.compile(rb"[\x00-\x1f\x7f-\xff]")
+_CONTROL_BYTES = bytes([*range(0x20), 0x7f])
 
 
 def print_jobs_json(data: bytes) -> None:
@@ -74,17 +75,24 @@ def print_jobs_json(data: bytes) -> None:
     characters escaped, as the controller writes them): re-encoding a long queue's JSON
     costs more than the rest of the command."""
     try:
-        answer = json.loads(data)
+        answer = jsontext.loads(data)
     except ValueError:
         raise GpuschedError("the gpusched controller sent a non-JSON answer") from None
     if not isinstance(answer, dict):
         raise GpuschedError("the gpusched controller sent a non-JSON answer")
     text = data.strip()
-    if list(answer) == ["jobs"] and not _RAW_CONTROL.search(text):
+    if list(answer) == ["jobs"] and _printable_ascii(text):
         sys.stdout.flush()
         sys.stdout.buffer.write(text + b"\n")
         return
+    import json
+
     print(json.dumps({"jobs": job_objects(answer)}))
+
+
+def _printable_ascii(text: bytes) -> bool:
+    """Whether ``text`` holds only printable ASCII (no control character, no DEL)."""
+    return text.isascii() and len(text.translate(None, _CONTROL_BYTES)) == len(text)
 
 
 def job_objects(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -146,7 +154,20 @@ def jobs_path(*, user: str | None, states: Iterable[str] | None, show_all: bool,
         query["user"] = user
     if state_list is not None:
         query["state"] = ",".join(state_list)
-    return "/v1/jobs" + (f"?{urlencode(query, safe=',')}" if query else "")
+    return "/v1/jobs" + (f"?{query_text(query)}" if query else "")
+
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~,")
+
+
+def query_text(query: Mapping[str, str]) -> str:
+    """``urllib.parse.urlencode(query, safe=",")``, without loading urllib (and re)."""
+    return "&".join(f"{_quote_plus(key)}={_quote_plus(value)}" for key, value in query.items())
+
+
+def _quote_plus(text: str) -> str:
+    return "".join(chr(byte) if byte in _UNRESERVED else "+" if byte == 32 else f"%{byte:02X}"
+                   for byte in text.encode("utf-8"))
 
 
 def job_columns(answer: Mapping[str, Any], names: Iterable[str]) -> dict[str, Sequence[Any]]:
@@ -162,9 +183,11 @@ def job_columns(answer: Mapping[str, Any], names: Iterable[str]) -> dict[str, Se
     return {name: [job.get(name) for job in jobs] for name in names}
 
 
-def queue_columns(values: Mapping[str, Sequence[Any]], now: datetime) -> list[list[str]]:
+def queue_columns(values: Mapping[str, Sequence[Any]], now: datetime | None = None
+                  ) -> list[list[str]]:
     """The squeue-style table, column by column, from ``job_columns(.., TABLE_FIELDS)``:
-    a queue of 10,000 jobs is built in a few milliseconds this way."""
+    a queue of 10,000 jobs is built in a few milliseconds this way. ``now`` (default:
+    the clock) is read only when a job has started."""
     states = values["state"]
     labels = [str(shown or job_id or "") for shown, job_id in zip(values["display_id"], values["job_id"])]
     return [
@@ -173,13 +196,21 @@ def queue_columns(values: Mapping[str, Sequence[Any]], now: datetime) -> list[li
         [str(text or "") for text in values["name"]],
         [str(text or "") for text in values["user"]],
         [short_state(str(state or "")) for state in states],
-        # Most of a long queue never started: skip the time arithmetic for those.
-        [format_duration(_elapsed(start, end, now)) if start else NEVER_RAN
-         for start, end in zip(values["start_time"], values["end_time"])],
+        _run_times(values["start_time"], values["end_time"], now),
         [str(gpus or 0) for gpus in values["gpus"]],
         [_node_or_reason(*cells) for cells in zip(
             states, values["reason"], values["node"], values["node_names"])],
     ]
+
+
+def _run_times(starts: Sequence[Any], ends: Sequence[Any], now: datetime | None) -> list[str]:
+    """The TIME column. Most of a long queue never started: no clock or time arithmetic
+    for those."""
+    if not any(starts):
+        return [NEVER_RAN] * len(starts)
+    clock = now or _now()
+    return [format_duration(_elapsed(start, end, clock)) if start else NEVER_RAN
+            for start, end in zip(starts, ends)]
 
 
 def job_row(job: Mapping[str, Any], now: datetime) -> list[str]:
@@ -277,13 +308,25 @@ def _node_or_reason(state: object, reason: object, node: object, names: list[str
 
 
 def _node_list(node: object, names: list[str] | None) -> str:
-    return compress_hostlist(names) if names else str(node or "")
+    if not names:
+        return str(node or "")
+    from gpusched.core.hostlist import compress_hostlist
+
+    return compress_hostlist(names)
+
+
+def _now() -> datetime:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
 
 
 def _parse_time(value: object) -> datetime | None:
     """An ISO 8601 time of the API; a time without zone is taken as UTC."""
     if not isinstance(value, str) or not value:
         return None
+    from datetime import datetime, timezone
+
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
@@ -293,13 +336,23 @@ def _parse_time(value: object) -> datetime | None:
 
 # -- -o/--format ---------------------------------------------------------------------
 
-class Field(NamedTuple):
+class Field:
     """One piece of a format: literal text, or a field code with its width."""
 
-    code: str  # "" for literal text
-    width: int | None
-    right: bool
-    text: str = ""
+    __slots__ = ("code", "width", "right", "text")
+
+    def __init__(self, code: str, width: int | None, right: bool, text: str = "") -> None:
+        self.code = code  # "" for literal text
+        self.width = width
+        self.right = right
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Field) and (self.code, self.width, self.right, self.text) == (
+            other.code, other.width, other.right, other.text)
+
+    def __repr__(self) -> str:
+        return f"Field({self.code!r}, {self.width!r}, {self.right!r}, {self.text!r})"
 
 
 # The JOB fields the plain table and --start show.
@@ -342,7 +395,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "e": ("END_TIME", lambda j, now: _local(j.get("end_time"))),
     "Q": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
 }
-_CODE = re.compile(r"%(\.?)(\d*)([A-Za-z%])")
+_CODE = r"%(\.?)(\d*)([A-Za-z%])"
 
 
 def _gres(job: Mapping[str, Any]) -> str:
@@ -361,9 +414,11 @@ def _local(value: object) -> str:
 def parse_format(text: str) -> list[Field]:
     """squeue's ``-o`` format: ``%[.][width]code`` pieces and literal text; ``.`` right-
     justifies. An unknown code is a usage error naming it."""
+    import re
+
     fields: list[Field] = []
     at = 0
-    for match in _CODE.finditer(text):
+    for match in re.finditer(_CODE, text):
         if match.start() > at:
             fields.append(Field("", None, False, text[at:match.start()]))
         dot, width, code = match.groups()

@@ -12,10 +12,13 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Sequence
-from typing import Literal, TextIO
 
 from gpusched.core.terminal import terminal_safe, terminal_safe_cells
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Literal, TextIO
 
 PLAIN_WIDTH = 80
 TRUNCATED = "+"  # sacct's mark for a cut field; plain ASCII survives any locale

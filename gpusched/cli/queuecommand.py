@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -31,6 +30,8 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
 
         with ApiClient() as client:
             answer = client.request("GET", f"/v1/jobs/{explain}/explain")
+        import json
+
         print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
         return
     if me:

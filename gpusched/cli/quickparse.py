@@ -12,29 +12,39 @@ which gives its usual answer or error.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+# Nothing here imports typing, re or collections at run time: this module is on the
+# path of every common gsubmit and gqueue (see tests/cli/test_cli_imports.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
 
-
-class Table(NamedTuple):
+class Table:
     """What a command accepts, as the typer command declares it."""
 
-    # Each option string: (parameter, kind, extra). kind "flag": extra is the value it
-    # sets; "int": extra is the minimum (or None); "str"; "typer": only typer parses it.
-    options: Mapping[str, tuple[str, str, Any]]
-    # (parameter, nargs) of each argument in order; nargs 1 or -1 (all the rest).
-    arguments: tuple[tuple[str, int], ...]
-    interspersed: bool  # whether options may follow arguments
-    defaults: Mapping[str, Any]  # every parameter's value when nothing is given
+    __slots__ = ("options", "arguments", "interspersed", "defaults")
+
+    def __init__(self, options: Mapping[str, tuple[str, str, Any]],
+                 arguments: tuple[tuple[str, int], ...], interspersed: bool,
+                 defaults: Mapping[str, Any]) -> None:
+        # Each option string: (parameter, kind, extra). kind "flag": extra is the value
+        # it sets; "int": extra is the minimum (or None); "str"; "typer": only typer
+        # parses it.
+        self.options = options
+        # (parameter, nargs) of each argument in order; nargs 1 or -1 (all the rest).
+        self.arguments = arguments
+        self.interspersed = interspersed  # whether options may follow arguments
+        self.defaults = defaults  # every parameter's value when nothing is given
 
 
-class Source(NamedTuple):
+class Source:
     """Where a value came from, named as click's ParameterSource names it."""
 
-    name: str
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 COMMANDLINE = Source("COMMANDLINE")
@@ -120,7 +130,10 @@ def _value(kind: str, extra: Any, value: str | None) -> Any:
         return value
     if kind == "int" and value is not None:
         text = value.strip()
-        if not _INTEGER.fullmatch(text) or (extra is not None and int(text) < extra):
+        digits = text[1:] if text[:1] in ("+", "-") else text
+        # [+-]?[0-9]+ only: int() would also take "1_000" and other digits ("٣").
+        if not (digits.isascii() and digits.isdigit()) or (
+                extra is not None and int(text) < extra):
             raise Declined(value)
         return int(text)
     raise Declined(value or kind)

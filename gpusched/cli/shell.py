@@ -4,10 +4,12 @@ environment (``--export``) and its umask."""
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Mapping
 
 from gpusched.errors import UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 def current_umask() -> int:
@@ -25,7 +27,10 @@ def job_dir(chdir: str | None) -> str:
     return os.path.normpath(path)
 
 
-_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+def is_variable_name(name: str) -> bool:
+    """Whether ``name`` is a shell variable name: ``[A-Za-z_][A-Za-z0-9_]*``."""
+    return (name.isascii() and name.replace("_", "a").isalnum()
+            and not name[0].isdigit())
 
 
 def exported(text: str | None, environment: Mapping[str, str]) -> dict[str, str]:
@@ -43,7 +48,7 @@ def exported(text: str | None, environment: Mapping[str, str]) -> dict[str, str]
         items = items[1:]
     for item in items:
         name, sep, value = item.partition("=")
-        if not _VARIABLE.match(name) or name.upper() in ("ALL", "NONE"):
+        if not is_variable_name(name) or name.upper() in ("ALL", "NONE"):
             raise UsageError(f"invalid --export {text!r}: {item!r} is not VAR or VAR=value")
         if sep:
             result[name] = value

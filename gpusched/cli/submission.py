@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
 from gpusched.cli.directives import Directive, read_directive_lines
@@ -21,7 +18,12 @@ from gpusched.core.shapes import is_mig_profile
 from gpusched.core.timefmt import parse_begin, parse_time_limit
 from gpusched.errors import UsageError
 
+# No typing at run time (see gpusched.cli.console): annotations only.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, Protocol
+
     from gpusched.core.signals import WarnSignal
 
 PROG = "gsubmit"
@@ -65,54 +67,73 @@ INPUT_VARIABLES = {"partition": "GPUSCHED_PARTITION", "account": "GPUSCHED_ACCOU
                    "dependency": "GPUSCHED_DEPENDENCY", "array": "GPUSCHED_ARRAY"}
 
 
-class ParsedArgs(Protocol):
-    """A parsed argument list: the part of a click context that merging reads."""
+if TYPE_CHECKING:
+    class ParsedArgs(Protocol):
+        """A parsed argument list: the part of a click context that merging reads."""
 
-    params: dict[str, Any]
+        params: dict[str, Any]
 
-    def get_parameter_source(self, name: str) -> Any:
-        """Where the value of ``name`` came from (click's ParameterSource)."""
+        def get_parameter_source(self, name: str) -> Any:
+            """Where the value of ``name`` came from (click's ParameterSource)."""
+
+    # Parses a directive line's options as the command line's are parsed; a line it
+    # refuses is a UsageError saying why.
+    OptionParser = Callable[[list[str]], ParsedArgs]
 
 
-# Parses a directive line's options as the command line's are parsed; a line it
-# refuses is a UsageError saying why.
-OptionParser = Callable[[list[str]], ParsedArgs]
-
-
-class Submission(NamedTuple):
+class Submission:
     """A validated submission, before the caller's directory and environment are added."""
 
-    script: str
-    args: tuple[str, ...]
-    name: str
-    gpus: int
-    time_limit: int | str | None  # seconds, "UNLIMITED", or None for the partition default
-    partition: str | None
-    output: str | None
-    error: str | None
-    parsable: bool
-    account: str | None = None
-    qos: str | None = None
-    hold: bool = False
-    exclusive: bool = False  # --exclusive
-    begin_time: str | None = None  # ISO 8601 with the submitter's zone
-    dependency: str | None = None
-    array: str | None = None  # canonical task ids and cap, as parse_array gives them
-    requeue: bool | None = None  # after a GPU failure; None: the partition's default
-    chdir: str | None = None  # the job's working directory (default: the current one)
-    ntasks: int | None = None  # sbatch's --ntasks, shown to the job as SLURM_NTASKS
-    ntasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    ignored: tuple[str, ...] = ()  # warnings for options accepted and ignored
-    export: str | None = None  # --export: ALL, NONE, or VAR[=value] lists
-    gpu_types: tuple[str, ...] = ()
-    nodes: int = 1
-    cpus: int = 0  # on each node; 0: not counted
-    mem_mb: int = 0  # on each node; 0: not counted
-    nodelist: tuple[str, ...] = ()  # --nodelist, expanded
-    warn_signal: WarnSignal | None = None  # --signal
-    exclude: tuple[str, ...] = ()  # --exclude, expanded
-    gres_flags: str | None = None  # --gres-flags: enforce-binding or disable-binding
+    # A plain class rather than a NamedTuple: typing is not loaded on gsubmit's path.
+    __slots__ = ("script", "args", "name", "gpus", "time_limit", "partition", "output",
+                 "error", "parsable", "account", "qos", "hold", "exclusive", "begin_time",
+                 "dependency", "array", "requeue", "chdir", "ntasks", "ntasks_per_node",
+                 "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
+                 "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags")
+
+    def __init__(
+        self, *, script: str, args: tuple[str, ...], name: str, gpus: int,
+        time_limit: int | str | None,  # seconds, "UNLIMITED", or None: the partition's
+        partition: str | None, output: str | None, error: str | None, parsable: bool,
+        account: str | None = None, qos: str | None = None, hold: bool = False,
+        exclusive: bool = False,  # --exclusive
+        begin_time: str | None = None,  # ISO 8601 with the submitter's zone
+        dependency: str | None = None,
+        array: str | None = None,  # canonical task ids and cap, as parse_array gives them
+        requeue: bool | None = None,  # after a GPU failure; None: the partition's default
+        chdir: str | None = None,  # the job's working directory (default: the current one)
+        ntasks: int | None = None,  # sbatch's --ntasks, shown to the job as SLURM_NTASKS
+        ntasks_per_node: int | None = None, cpus_per_task: int | None = None,
+        ignored: tuple[str, ...] = (),  # warnings for options accepted and ignored
+        export: str | None = None,  # --export: ALL, NONE, or VAR[=value] lists
+        gpu_types: tuple[str, ...] = (),
+        nodes: int = 1,
+        cpus: int = 0,  # on each node; 0: not counted
+        mem_mb: int = 0,  # on each node; 0: not counted
+        nodelist: tuple[str, ...] = (),  # --nodelist, expanded
+        warn_signal: WarnSignal | None = None,  # --signal
+        exclude: tuple[str, ...] = (),  # --exclude, expanded
+        gres_flags: str | None = None,  # --gres-flags: enforce-binding or disable-binding
+    ) -> None:
+        self.script, self.args, self.name, self.gpus = script, args, name, gpus
+        self.time_limit, self.partition, self.output, self.error = (
+            time_limit, partition, output, error)
+        self.parsable, self.account, self.qos, self.hold = parsable, account, qos, hold
+        self.exclusive, self.begin_time, self.dependency, self.array = (
+            exclusive, begin_time, dependency, array)
+        self.requeue, self.chdir, self.ntasks = requeue, chdir, ntasks
+        self.ntasks_per_node, self.cpus_per_task = ntasks_per_node, cpus_per_task
+        self.ignored, self.export, self.gpu_types, self.nodes = ignored, export, gpu_types, nodes
+        self.cpus, self.mem_mb, self.nodelist = cpus, mem_mb, nodelist
+        self.warn_signal, self.exclude, self.gres_flags = warn_signal, exclude, gres_flags
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Submission) and all(
+            getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"Submission({fields})"
 
 
 def submit(parsed: ParsedArgs, parse_options: OptionParser) -> None:
@@ -182,7 +203,7 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
     def option(key: str, parse: Callable[[str], Any], flag: str = "") -> Any:
         return option_value(values, origins, key, parse, flag)
 
-    default_name = Path(script_path).name if script_path is not None else "wrap"
+    default_name = os.path.basename(script_path) if script_path is not None else "wrap"
     return Submission(
         script=text,
         args=tuple(parsed.params["args"] or ()),

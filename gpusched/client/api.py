@@ -11,17 +11,11 @@ pause between them, all within the request's timeout.
 
 from __future__ import annotations
 
-import json
-import re
-import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from _thread import allocate_lock
 
+from gpusched.client import jsontext
 from gpusched.client.connection import (
-    Connector,
     HttpConnection,
     NotSent,
     TcpConnector,
@@ -38,8 +32,18 @@ from gpusched.errors import (
     from_code,
 )
 
+# A user command loads none of typing, re, threading, json or pathlib through here
+# (tests/cli/test_cli_imports.py): each costs a few milliseconds on every call.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from pathlib import Path
+    from re import Pattern
+    from types import TracebackType
+    from typing import Any
+
     from gpusched.auth.settings import AuthConfig
+    from gpusched.client.connection import Connector
     from gpusched.client.endpoints import Endpoint
 
 ROUNDS = 3  # passes over the list of controllers for one request, at most
@@ -52,13 +56,14 @@ _BY_STATUS: dict[int, type[GpuschedError]] = {
 # POSTs whose effect is the same when applied twice. Not listed, so never sent again
 # once they may have been applied: a submission without a submit_key (a second job),
 # signal (a second signal), requeue (a second run), samples (counted twice).
-_REPEATABLE_POSTS = re.compile(
+REPEATABLE_POSTS = (
     r"/v1/jobs/test|/v1/jobs/[0-9]+/(cancel|hold|release|update)|/v1/admin/apply"
     r"|/v1/gpus/(drain|resume)|/v1/nodes/[^/?]+/(drain|resume)|/agent/v1/(register|health)"
     r"|/agent/v1/jobs/[0-9]+/(launched|ended|signalled)|/agent/v1/commands/[0-9]+/done")
+_repeatable_posts: list[Pattern[str]] = []  # compiled on first use
 # The controller each list of controllers last got an answer from, for this process.
 _PREFERRED: dict[tuple[str, ...], int] = {}
-_PREFERRED_LOCK = threading.Lock()
+_PREFERRED_LOCK = allocate_lock()
 
 
 def retry_safe(method: str, path: str, body: dict[str, Any] | None) -> bool:
@@ -70,7 +75,11 @@ def retry_safe(method: str, path: str, body: dict[str, Any] | None) -> bool:
         return False
     if route == "/v1/jobs":
         return isinstance(body, dict) and isinstance(body.get("submit_key"), str)
-    return _REPEATABLE_POSTS.fullmatch(route) is not None
+    if not _repeatable_posts:
+        import re
+
+        _repeatable_posts.append(re.compile(REPEATABLE_POSTS))
+    return _repeatable_posts[0].fullmatch(route) is not None
 
 
 class ApiClient:
@@ -100,23 +109,23 @@ class ApiClient:
                 settings = client_settings()
                 controllers, auth = settings.controllers or None, settings.auth
         self.timeout = timeout
-        self.socket_path: Path | None = None
+        self._socket_text: str | None = None
         connectors: list[Connector]
         if controllers:
             connectors = [TcpConnector(endpoint) for endpoint in controllers]
             self.rounds = max(1, rounds)
         else:
-            from gpusched.paths import default_socket_path
+            from gpusched.places import default_socket
 
-            self.socket_path = Path(socket_path) if socket_path is not None else default_socket_path()
-            connectors = [UnixConnector(self.socket_path, trusted_server_uids)]
+            self._socket_text = str(socket_path) if socket_path is not None else default_socket()
+            connectors = [UnixConnector(self._socket_text, trusted_server_uids)]
             self.rounds = 1  # the local socket: one controller, as it answers
         self.trusted_server_uids = trusted_server_uids
         self._connections = [HttpConnection(c) for c in connectors]
         self._key = tuple(c.name for c in connectors)
         self._credentials = credentials
         self._auth = auth
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
 
     def __enter__(self) -> ApiClient:
         return self
@@ -128,6 +137,15 @@ class ApiClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    @property
+    def socket_path(self) -> Path | None:
+        """The Unix socket this client talks to; None when it talks to controllers over TCP."""
+        if self._socket_text is None:
+            return None
+        from pathlib import Path
+
+        return Path(self._socket_text)
 
     @property
     def controllers(self) -> list[str]:
@@ -161,7 +179,7 @@ class ApiClient:
     def _exchange(self, method: str, path: str, body: dict[str, Any] | None,
                   timeout: float | None, repeatable: bool | None) -> tuple[int, bytes]:
         method = method.upper()
-        payload = b"" if body is None else json.dumps(body).encode()
+        payload = b"" if body is None else jsontext.dumps(body).encode()
         limit = self.timeout if timeout is None else timeout
         safe = retry_safe(method, path, body) if repeatable is None else repeatable
         with self._lock:
@@ -268,7 +286,7 @@ def _encode_request(method: str, path: str, payload: bytes, host: str = "localho
 def _answer_error(status: int, data: bytes) -> GpuschedError:
     """The GpuschedError a non-2xx answer stands for."""
     try:
-        decoded: Any = json.loads(data) if data.strip() else {}
+        decoded: Any = jsontext.loads(data) if data.strip() else {}
     except ValueError:
         decoded = None
     error = decoded.get("error") if isinstance(decoded, dict) else None
@@ -284,7 +302,7 @@ def _decode_answer(status: int, data: bytes) -> dict[str, Any]:
     if not 200 <= status < 300:
         raise _answer_error(status, data)
     try:
-        decoded: Any = json.loads(data) if data.strip() else {}
+        decoded: Any = jsontext.loads(data) if data.strip() else {}
     except ValueError:
         decoded = None
     if not isinstance(decoded, dict):

@@ -12,14 +12,19 @@ applied).
 
 from __future__ import annotations
 
-import socket
-import struct
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+import _socket
 
 from gpusched.errors import GpuschedError, Unavailable
 
+# The local socket is opened with _socket, the C module under ``socket``: the user
+# commands then never load socket.py, which builds its enums and selectors on import
+# (a few milliseconds). TCP, for remote controllers, uses socket.create_connection.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
+    from socket import socket as Socket
+    from typing import Protocol
+
     from gpusched.client.endpoints import Endpoint
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -47,15 +52,16 @@ class _ConnectionLost(Exception):
     """The peer closed the connection before sending any byte of the answer."""
 
 
-class Connector(Protocol):
-    """Opens connections to one controller."""
+if TYPE_CHECKING:
+    class Connector(Protocol):
+        """Opens connections to one controller."""
 
-    name: str  # how messages name the controller: a socket path or host:port
-    remote: bool  # TCP: requests carry a credential
+        name: str  # how messages name the controller: a socket path or host:port
+        remote: bool  # TCP: requests carry a credential
 
-    def connect(self, timeout: float) -> socket.socket:
-        """A new connected socket; NotSent when the controller cannot be reached."""
-        ...
+        def connect(self, timeout: float) -> Socket:
+            """A new connected socket; NotSent when the controller cannot be reached."""
+            ...
 
 
 class UnixConnector:
@@ -63,7 +69,8 @@ class UnixConnector:
 
     remote = False
 
-    def __init__(self, path: Path, trusted_server_uids: frozenset[int] | None = None) -> None:
+    def __init__(self, path: str | Path,
+                 trusted_server_uids: frozenset[int] | None = None) -> None:
         self.path = path
         self.name = str(path)
         # When set, a connection whose server process (SO_PEERCRED) runs as another uid
@@ -71,11 +78,11 @@ class UnixConnector:
         # must not hand a root agent its work.
         self.trusted_server_uids = trusted_server_uids
 
-    def connect(self, timeout: float) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def connect(self, timeout: float) -> Socket:
+        sock: Socket = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # type: ignore[assignment]
         sock.settimeout(timeout)
         try:
-            sock.connect(str(self.path))
+            sock.connect(self.name)
         except OSError as err:
             sock.close()
             reason = err.strerror or str(err)
@@ -102,7 +109,9 @@ class TcpConnector:
         self.endpoint = endpoint
         self.name = str(endpoint)
 
-    def connect(self, timeout: float) -> socket.socket:
+    def connect(self, timeout: float) -> Socket:
+        import socket
+
         try:
             sock = socket.create_connection((self.endpoint.host, self.endpoint.port),
                                             timeout=min(timeout, CONNECT_TIMEOUT))
@@ -126,7 +135,7 @@ class HttpConnection:
     def __init__(self, connector: Connector) -> None:
         self.connector = connector
         self.name = connector.name
-        self._sock: socket.socket | None = None
+        self._sock: Socket | None = None
         self._buffer = bytearray()
 
     def close(self) -> None:
@@ -194,14 +203,14 @@ class HttpConnection:
             self.close()
         return status, data
 
-    def _connection(self, timeout: float) -> socket.socket:
+    def _connection(self, timeout: float) -> Socket:
         """The open connection, or a new one."""
         if self._sock is None:
             self._sock = self.connector.connect(timeout)
             self._buffer.clear()
         return self._sock
 
-    def _read_head(self, sock: socket.socket) -> tuple[int, dict[str, str]]:
+    def _read_head(self, sock: Socket) -> tuple[int, dict[str, str]]:
         """Read the status line and headers; header names come back lower-cased."""
         while (end := self._buffer.find(b"\r\n\r\n")) < 0:
             if len(self._buffer) > MAX_HEAD_BYTES:
@@ -222,7 +231,7 @@ class HttpConnection:
             headers["connection"] = "close"
         return int(parts[1]), headers
 
-    def _read_body(self, sock: socket.socket, headers: dict[str, str]) -> bytes:
+    def _read_body(self, sock: Socket, headers: dict[str, str]) -> bytes:
         """Read exactly the body the headers announce."""
         if "chunked" in headers.get("transfer-encoding", "").lower():
             return self._read_chunked(sock)
@@ -237,7 +246,7 @@ class HttpConnection:
             raise self._protocol_error(f"bad Content-Length {length_text!r}")
         return self._read_exact(sock, int(length_text))
 
-    def _read_chunked(self, sock: socket.socket) -> bytes:
+    def _read_chunked(self, sock: Socket) -> bytes:
         """Decode a chunked body (the controller sends lengths, but be lenient)."""
         body = bytearray()
         while True:
@@ -253,7 +262,7 @@ class HttpConnection:
             body += self._read_exact(sock, size)
             self._read_exact(sock, 2)  # the CRLF after each chunk
 
-    def _read_line(self, sock: socket.socket) -> bytes:
+    def _read_line(self, sock: Socket) -> bytes:
         """Read up to the next CRLF, which is consumed and not returned."""
         while (end := self._buffer.find(b"\r\n")) < 0:
             self._require(sock)
@@ -261,13 +270,13 @@ class HttpConnection:
         del self._buffer[:2]
         return line
 
-    def _read_exact(self, sock: socket.socket, count: int) -> bytes:
+    def _read_exact(self, sock: Socket, count: int) -> bytes:
         """Read exactly ``count`` bytes."""
         while len(self._buffer) < count:
             self._require(sock)
         return self._take(count)
 
-    def _require(self, sock: socket.socket) -> None:
+    def _require(self, sock: Socket) -> None:
         """Read more bytes; the connection ending here cuts the answer short."""
         if not self._fill(sock, lost_if_empty=False):
             raise self._protocol_error("the connection closed in the middle of the answer")
@@ -277,7 +286,7 @@ class HttpConnection:
         del self._buffer[:count]
         return data
 
-    def _fill(self, sock: socket.socket, *, lost_if_empty: bool) -> bool:
+    def _fill(self, sock: Socket, *, lost_if_empty: bool) -> bool:
         """Append what the socket has to the buffer; False at the end of the stream.
 
         With ``lost_if_empty``, an end or reset before the first byte of the answer is a
@@ -297,19 +306,21 @@ class HttpConnection:
         return GpuschedError(f"bad answer from the gpusched controller at {self.name}: {what}")
 
 
-def _peer_uid(sock: socket.socket) -> int:
+def _peer_uid(sock: Socket) -> int:
     """The uid of the process at the other end of a connected Unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    import struct
+
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
+def _closed_by_peer(sock: Socket) -> bool:
     """True when an idle keep-alive connection was closed by the server (or is unusable)."""
     timeout = sock.gettimeout()
     sock.setblocking(False)  # with a timeout set, recv would wait for data instead
     try:
         # Any byte waiting on an idle connection is a protocol error, so drop it too.
-        sock.recv(1, socket.MSG_PEEK)
+        sock.recv(1, _socket.MSG_PEEK)
         return True
     except BlockingIOError:
         return False

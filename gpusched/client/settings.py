@@ -10,13 +10,15 @@ the configuration.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
 
 from gpusched.errors import ConfigError
 
+# Every ApiClient() asks local_socket_only(): this module loads nothing beyond os.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+
     from gpusched.auth.settings import AuthConfig
     from gpusched.client.endpoints import Endpoint
 
@@ -29,23 +31,44 @@ def _no_auth() -> AuthConfig:
     return AuthConfig()
 
 
-class ClientSettings(NamedTuple):
+class ClientSettings:
     """The controllers to try in turn (none: the Unix socket) and the ``[auth]`` settings."""
 
-    controllers: tuple[Endpoint, ...]
-    auth: AuthConfig
-    source: str
+    __slots__ = ("controllers", "auth", "source")
+
+    def __init__(self, controllers: tuple[Endpoint, ...], auth: AuthConfig, source: str) -> None:
+        self.controllers = controllers
+        self.auth = auth
+        self.source = source
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClientSettings) and (
+            self.controllers, self.auth, self.source) == (
+            other.controllers, other.auth, other.source)
+
+    def __repr__(self) -> str:
+        return (f"ClientSettings(controllers={self.controllers!r}, auth={self.auth!r}, "
+                f"source={self.source!r})")
 
 
 def settings_file(environ: Mapping[str, str] | None = None) -> Path | None:
     """The configuration file a client reads (``$GPUSCHED_CONFIG``, else the system file
     when it exists and this user may read it), or None."""
-    from gpusched.paths import SYSTEM_CONFIG
+    named = _settings_file_name(environ)
+    if named is None:
+        return None
+    from pathlib import Path
+
+    return Path(named)
+
+
+def _settings_file_name(environ: Mapping[str, str] | None) -> str | None:
+    from gpusched.places import SYSTEM_CONFIG
 
     env = os.environ if environ is None else environ
     named = env.get("GPUSCHED_CONFIG")
     if named:
-        return Path(named)
+        return named
     # An unreadable system file is a controller host's, for its daemons only.
     return SYSTEM_CONFIG if os.access(SYSTEM_CONFIG, os.R_OK) else None
 
@@ -55,7 +78,7 @@ def local_socket_only(environ: Mapping[str, str] | None = None) -> bool:
     a configuration file to read. A client then needs no settings (the user commands skip
     reading them: a few milliseconds of imports)."""
     env = os.environ if environ is None else environ
-    return not env.get(ENV_CONTROLLERS, "").strip() and settings_file(env) is None
+    return not env.get(ENV_CONTROLLERS, "").strip() and _settings_file_name(env) is None
 
 
 def client_settings(environ: Mapping[str, str] | None = None) -> ClientSettings:

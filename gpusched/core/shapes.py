@@ -7,22 +7,26 @@ prefix such as ``a100`` takes every A100 variant) or a MIG profile (``1g.10gb``)
 
 from __future__ import annotations
 
-import re
-
-_KIND = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
-_MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
-_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+# Patterns, matched through re's own cache: re is loaded by the first check that needs
+# one, so gsubmit -G 2 (a plain count) never loads it.
+_KIND = r"^[a-z0-9][a-z0-9._+-]*$"
+_MIG_PROFILE = r"^\d+g\.\d+gb(\+me)?$"
+_MEM = r"(?i)^(\d+)([KMGT]?)B?$"
 _MEM_FACTORS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1}
 
 
 def is_mig_profile(kind: str) -> bool:
     """``1g.10gb``, ``3g.40gb``, ``1g.10gb+me``: names of MIG slices, not GPU types."""
-    return _MIG_PROFILE.match(kind) is not None
+    import re
+
+    return re.match(_MIG_PROFILE, kind) is not None
 
 
 def is_gpu_kind(kind: str) -> bool:
     """Whether ``kind`` is written as a GPU type or MIG profile may be (lower case)."""
-    return _KIND.match(kind) is not None
+    import re
+
+    return re.match(_KIND, kind) is not None
 
 
 class ShapeError(ValueError):
@@ -75,7 +79,9 @@ def parse_gres(text: str) -> tuple[tuple[str, ...], int]:
 
 def parse_memory(text: str, what: str = "--mem") -> int:
     """A memory size in MiB: ``4096``, ``64G``, ``512M``, ``1T`` (no unit: MiB, as in Slurm)."""
-    match = _MEM.match(text.strip())
+    import re
+
+    match = re.match(_MEM, text.strip())
     if not match:
         raise ShapeError(f"invalid {what} {text.strip()!r}: expected a size such as 4096, "
                          f"512M, 64G or 1T")

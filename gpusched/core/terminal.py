@@ -24,7 +24,9 @@ cost is that ``\\x1b`` on screen may be a stored backslash followed by ``x1b``; 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the user commands escape every cell: no collections at run time
+    from collections.abc import Sequence
 
 _SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timedelta
+# Nothing is imported at the top: gsubmit -t and gqueue format times on every call, and
+# re and datetime are loaded only by the forms that need them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from datetime import datetime
 
-_FORMS = (
-    # D-H, D-H:M, D-H:M:S
-    (re.compile(r"^(\d+)-(\d+)$"), ("d", "h")),
-    (re.compile(r"^(\d+)-(\d+):(\d+)$"), ("d", "h", "m")),
-    (re.compile(r"^(\d+)-(\d+):(\d+):(\d+)$"), ("d", "h", "m", "s")),
-    # M, M:S, H:M:S
-    (re.compile(r"^(\d+)$"), ("m",)),
-    (re.compile(r"^(\d+):(\d+)$"), ("m", "s")),
-    (re.compile(r"^(\d+):(\d+):(\d+)$"), ("h", "m", "s")),
-)
+# The units of a time limit's numbers, by form: with a day (D-H, D-H:M, D-H:M:S) and
+# without (M, M:S, H:M:S).
+_DAY_FORMS = {2: ("d", "h"), 3: ("d", "h", "m"), 4: ("d", "h", "m", "s")}
+_CLOCK_FORMS = {1: ("m",), 2: ("m", "s"), 3: ("h", "m", "s")}
 _SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 UNLIMITED_WORDS = frozenset({"unlimited", "infinite", "inf"})
 
@@ -32,13 +29,15 @@ def parse_time_limit(text: str) -> int | None:
     value = text.strip()
     if value.lower() in UNLIMITED_WORDS:
         return None
-    for pattern, units in _FORMS:
-        match = pattern.match(value)
-        if match:
-            seconds = sum(int(part) * _SECONDS[unit] for part, unit in zip(match.groups(), units))
-            if seconds <= 0:
-                raise TimeFormatError(f"time limit must be positive, got {text!r}")
-            return seconds
+    day, dash, clock = value.partition("-")
+    parts = [day, *clock.split(":")] if dash else value.split(":")
+    units = (_DAY_FORMS if dash else _CLOCK_FORMS).get(len(parts))
+    # Each part is a run of decimal digits (any script's, as int() reads them).
+    if units is not None and all(part.isdecimal() for part in parts):
+        seconds = sum(int(part) * _SECONDS[unit] for part, unit in zip(parts, units))
+        if seconds <= 0:
+            raise TimeFormatError(f"time limit must be positive, got {text!r}")
+        return seconds
     raise TimeFormatError(
         f"invalid time {text!r}: expected M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED"
     )
@@ -73,6 +72,9 @@ def parse_begin(text: str, now: datetime) -> datetime:
     ``YYYY-MM-DDTHH:MM[:SS]``, ``today``, ``tomorrow``, ``midnight``, ``noon``,
     ``teatime`` (16:00). Times without a zone are in ``now``'s zone.
     """
+    import re
+    from datetime import datetime, timedelta
+
     value = text.strip().lower()
     relative = re.fullmatch(r"now(?:\+(\d+)([a-z]*))?", value)
     if relative:
@@ -105,6 +107,9 @@ def parse_when(text: str, now: datetime, what: str = "time") -> datetime:
     """sacct's ``--starttime``/``--endtime`` forms, relative to the aware ``now``:
     ``now``, ``now-N[units]``, ``now+N[units]``, ``today``, ``yesterday``, ``YYYY-MM-DD``,
     ``YYYY-MM-DDTHH:MM[:SS]`` (without a zone: ``now``'s zone)."""
+    import re
+    from datetime import datetime, timedelta
+
     value = text.strip().lower()
     relative = re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", value)
     if relative:

@@ -134,3 +134,75 @@ def console_run(cwd: Path, prog: str, argv: list[str]) -> tuple[set[str], Any]:
     result.stderr = "".join(line + "\n" for line in result.stderr.splitlines()
                             if not line.startswith("import time:"))
     return names, result
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# What the quick paths of gsubmit and gqueue may load beyond the interpreter's own start
+# (python -S) and gpusched's modules: os (and what it stands on), gc, and the C
+# modules under json and socket. typing, re, json, socket, pathlib, datetime,
+# threading and urllib cost a few milliseconds each, on every call.
+QUICK_PATH_STDLIB = frozenset({
+    "__future__", "os", "os.path", "posixpath", "genericpath", "stat", "_stat",
+    "_collections_abc", "gc", "_json", "_socket",
+})
+QUICK_PATH_CODE = """
+import os, sys
+sys.path.insert(0, {root!r})
+before = set(sys.modules)
+sys.argv = [{prog!r}, *{argv!r}]
+from gpusched.cli import console
+def leave(code):
+    sys.stderr.flush()
+    print(" ".join(sorted(set(sys.modules) - before)))
+    sys.stdout.flush()
+    os._exit(code)
+console._leave = leave
+console.{prog}()
+"""
+
+
+@pytest.mark.parametrize("prog, argv, script", [
+    ("gsubmit", ["--wrap", "true"], None),
+    ("gsubmit", ["-G", "2", "-t", "1:00:00", "-p", "gpu", "--parsable", "--wrap", "true"], None),
+    ("gsubmit", ["job.sh"], "#!/bin/sh\ntrue\n"),
+    ("gqueue", [], None),
+    ("gqueue", ["--json"], None),
+    ("gqueue", ["-u", "alice", "-t", "PD,R", "-p", "gpu", "-h"], None),
+])
+def test_the_quick_paths_load_only_an_allowed_list(
+        tmp_path: Path, prog: str, argv: list[str], script: str | None) -> None:
+    """Started without site (so that nothing site or an editable install's finder loads
+    hides a module), a common command line loads gpusched's modules and the short list
+    above, nothing else; the command runs (here it cannot reach a controller)."""
+    if script is not None:
+        (tmp_path / "job.sh").write_text(script)
+    env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
+    env.pop("GPUSCHED_CONTROLLERS", None)
+    env.pop("GPUSCHED_CONFIG", None)
+    code = QUICK_PATH_CODE.format(root=str(ROOT), prog=prog, argv=argv)
+    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert f"{prog}: error: cannot reach the gpusched controller" in result.stderr
+    loaded = set(result.stdout.split())
+    assert "gpusched.client.api" in loaded
+    assert sorted(n for n in loaded if n.split(".")[0] != "gpusched"
+                  and n not in QUICK_PATH_STDLIB) == []
+
+
+def test_the_client_opens_the_local_socket_without_the_socket_module() -> None:
+    """ApiClient over the Unix socket: no socket.py, threading, json or pathlib."""
+    code = ("import sys; sys.path.insert(0, %r); before = set(sys.modules)\n"
+            "from gpusched.client import ApiClient\n"
+            "try:\n    ApiClient().request('GET', '/v1/ping')\nexcept Exception as exc:\n"
+            "    print(type(exc).__name__)\n"
+            "print(' '.join(sorted(set(sys.modules) - before)))" % str(ROOT))
+    env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
+    env.pop("GPUSCHED_CONTROLLERS", None)
+    env.pop("GPUSCHED_CONFIG", None)
+    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True,
+                            text=True, env=env, timeout=60)
+    error, loaded = result.stdout.splitlines()
+    assert error == "Unavailable"
+    assert sorted(set(loaded.split()) & {"socket", "threading", "json", "pathlib", "typing",
+                                         "re", "selectors", "enum"}) == []
