@@ -9,8 +9,9 @@ nothing: it shares). Each of its nodes gets a ``step`` command; each reports its
 
 When the job's run ends first, its running steps end with it (CANCELLED, TIMEOUT or
 NODE_FAIL after the job's end) and every other node of the job gets a ``kill``; reports
-its nodes send afterwards still settle the state once all are in, unless they only say
-that the kill stopped the tasks.
+its nodes send afterwards still settle the state once all are in when they say the
+tasks ended on their own (exit codes, no signal). A step whose tasks die while its job
+is being cancelled ends CANCELLED, as scancel's steps do.
 """
 
 from __future__ import annotations
@@ -264,15 +265,25 @@ def record_step_end(session: Session, job_id: int, step_id: int,
     final = final_state(outcomes, cancelled, bad_exit, exit_code, signum)
     error_now: Any = JobStep.error
     if state != "RUNNING":  # the job's end closed it before every node had reported
-        if final == "CANCELLED" and not cancelled:
-            final = state  # its kill stopped the tasks: the job's reason stands
-        elif final != state:
+        if cancelled or final == "COMPLETED" or (final == "FAILED" and signum is None):
+            # it ended on its own, or its own cancel ended it
             error_now = func.nullif(JobStep.error, ENDED_WITH_JOB)
+        else:
+            final = state  # the job's end stopped its tasks: the job's reason stands
+    elif final in ("FAILED", "CANCELLED") and not bad_exit \
+            and "launch_failed" not in outcomes and _job_stopping(session, job_id):
+        final = "CANCELLED"  # its tasks died of the job's cancel (scancel ends steps so)
     session.execute(update(JobStep).where(
         JobStep.job_id == job_id, JobStep.step_id == step_id).values(
             state=final, signal=None if bad_exit and final == "FAILED" else signum,
             error=error_now))
     return True, False
+
+
+def _job_stopping(session: Session, job_id: int) -> bool:
+    """Whether the job is being (or was) cancelled, requeued or preempted."""
+    return bool(session.scalar(select(Job.cancel_requested_at.is_not(None)).where(
+        Job.id == job_id)))
 
 
 def _texts(values: list[str]) -> Any:
@@ -307,6 +318,7 @@ def end_with_job(session: Session, job_id: int, run: int, nodes: Iterable[str],
     if lost_nodes:
         state = case((JobStep.node_names.overlap(_texts(lost_nodes)), "NODE_FAIL"),
                      else_=state)
+    state = case((JobStep.bad_exit, "FAILED"), else_=state)  # gsrun -K was ending it
     steps_nodes = session.execute(
         update(JobStep).where(JobStep.job_id == job_id, JobStep.state == "RUNNING")
         .values(state=state,

@@ -360,3 +360,43 @@ def test_a_node_registers_its_address_bounded(db: sessionmaker[Session]) -> None
     with db() as s, s.begin():
         agents.register_node(s, _inventory("n2"))  # no address: its name
     assert _create(db, job_id, overlap=True).master_addr == "n2"
+
+
+def test_tasks_killed_by_the_jobs_cancel_end_the_step_cancelled(
+        db: sessionmaker[Session]) -> None:
+    job_id = _running(db)
+    _create(db, job_id)
+    _create(db, job_id, overlap=True)
+    with db() as s, s.begin():
+        jobs.cancel_job(s, job_id, ALICE)
+    # gsrun passes the batch script's SIGTERM on: the tasks die of it.
+    for node in ("n1", "n2"):
+        _report(db, job_id, 0, node, "failed", signal=15)
+    assert _step(db, job_id, 0)["state"] == "CANCELLED"
+    _report(db, job_id, 1, "n1", "failed", signal=15)
+    with db() as s, s.begin():
+        agents.record_run_end(s, job_id, {"node": "n1", "outcome": "cancelled", "signal": 15})
+    _report(db, job_id, 1, "n2", "failed", signal=9)
+    assert _step(db, job_id, 1)["state"] == "CANCELLED"
+    # Without a cancel, tasks that die of a signal fail the step.
+    other = _running(db)
+    _create(db, other)
+    for node in ("n1", "n2"):
+        _report(db, other, 0, node, "failed", signal=15)
+    assert _step(db, other, 0)["state"] == "FAILED"
+
+
+def test_a_bad_exit_step_stays_failed_when_its_job_ends_first(
+        db: sessionmaker[Session]) -> None:
+    job_id = _running(db)
+    _create(db, job_id, kill_on_bad_exit=True)
+    _report(db, job_id, 0, "n2", "failed", exit_code=3)
+    with db() as s, s.begin():
+        steps.cancel_step(s, job_id, 0, ALICE, bad_exit=True)
+    with db() as s, s.begin():  # gsrun exits 3 and the batch script ends at once
+        agents.record_run_end(s, job_id, {"node": "n1", "outcome": "completed", "exit_code": 0})
+    assert _step(db, job_id, 0)["state"] == "FAILED"
+    _report(db, job_id, 0, "n1", "cancelled", signal=15)
+    view = _step(db, job_id, 0)
+    assert (view["state"], view["exit_code"], view["signal"], view["error"]) == (
+        "FAILED", 3, None, None)
