@@ -32,8 +32,11 @@ from gpusched.agent.spawn import (
     SupervisorSpawner,
     spawn_supervisor_process,
 )
-from gpusched.agent.stepsupervisor import SIGNAL_FILE, SIGNAL_REQUEST
-from gpusched.agent.supervisor import write_json_atomic
+from gpusched.agent.stepsupervisor import (
+    SIGNAL_FILE,
+    SIGNAL_REQUEST,
+    write_json_replace,
+)
 from gpusched.messages import error_text
 from gpusched.messages.steps import StepEnd, StepLaunch
 
@@ -99,7 +102,7 @@ class StepRunner:
         except FileExistsError:
             return False
         try:
-            write_json_atomic(str(stepdir / "spec.json"), spec)
+            write_json_replace(str(stepdir / "spec.json"), spec)
             pid = self._spawn(stepdir)
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
@@ -140,7 +143,7 @@ class StepRunner:
                 if signum is None:
                     signal.pidfd_send_signal(pidfd, signal.SIGTERM)
                 else:
-                    write_json_atomic(str(stepdir / SIGNAL_FILE), {"signal": int(signum)})
+                    write_json_replace(str(stepdir / SIGNAL_FILE), {"signal": int(signum)})
                     if not (stepdir / "supervisor.json").exists():
                         return False  # not yet listening for it
                     signal.pidfd_send_signal(pidfd, SIGNAL_REQUEST)
@@ -308,7 +311,7 @@ def _float(value: object) -> float | None:
 
 def _write_status(stepdir: Path, outcome: str, error: str) -> None:
     now = time.time()
-    write_json_atomic(str(stepdir / "status.json"), {
+    write_json_replace(str(stepdir / "status.json"), {
         "outcome": outcome, "exit_code": None, "signal": None, "start_time": None,
         "end_time": now, "error": error})
 

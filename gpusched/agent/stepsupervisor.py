@@ -26,6 +26,7 @@ cgroup could not be made; gsrun gets an ERROR frame where it can be reached).
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401 - what connecting to a host name needs, loaded ahead
 import json
 import os
 import selectors
@@ -45,7 +46,6 @@ from gpusched.agent.supervisor import (  # noqa: E402
     _take_lock,
     confinement_module,
     proc_starttime,
-    write_json_atomic,
 )
 from gpusched.messages import stepio  # noqa: E402
 
@@ -57,6 +57,20 @@ CONNECT_TIMEOUT = 10.0  # seconds to reach gsrun's I/O socket
 MAX_BUFFERED = 4 << 20  # bytes of output held for gsrun before tasks' pipes are left unread
 MAX_STDIN_BUFFERED = 1 << 20  # bytes of gsrun's input held for task 0
 DRAIN_TIMEOUT = 2.0  # seconds to send what is left once the tasks have ended
+
+
+def write_json_replace(path: str, data: dict[str, Any]) -> None:
+    """Write JSON so readers see the old file or the whole new one (readable by the
+    writer alone). Not synced to disk: a step's files matter only while its node runs
+    (a crash of the node ends the step, and its controller records that), and a sync
+    would cost each step tens of milliseconds."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
 
 
 class StepSupervisor:
@@ -94,12 +108,15 @@ class StepSupervisor:
         self.link.send(stepio.hello(io["token"], int(self.spec["job_id"]),
                                     int(self.spec["step_id"]), int(self.spec["node_index"]),
                                     [t.task_id for t in self.tasks]))
+        self._flush_some()  # gsrun learns at once that this node is there
         error = self._refusal() or self._make_cgroup()
         if error is not None:
             return self._launch_failed(error)
         try:
             for task in self.tasks:
-                failure = task.start(self.spec, self.cgroup)
+                task.start(self.spec, self.cgroup)
+            for task in self.tasks:
+                failure = task.launch_error()
                 if failure is not None:
                     self.link.send_output(task.task_id, stepio.STDERR,
                                       f"gpusched: error: task {task.task_id}: {failure}\n"
@@ -145,7 +162,7 @@ class StepSupervisor:
         return None if cgroup is None else self.confine.end_job_cgroup(cgroup)
 
     def _write_info(self) -> None:
-        write_json_atomic(os.path.join(self.stepdir, "supervisor.json"), {
+        write_json_replace(os.path.join(self.stepdir, "supervisor.json"), {
             "supervisor_pid": os.getpid(), "supervisor_starttime": proc_starttime("self"),
             "task_pids": [t.pid for t in self.tasks],
             "task_starttimes": [_starttime(t.pid) for t in self.tasks],
@@ -484,7 +501,7 @@ def main(argv: list[str]) -> int:
         spec = _read_spec(stepdir)
     except (OSError, ValueError) as exc:
         now = time.time()
-        write_json_atomic(status_path, {
+        write_json_replace(status_path, {
             "outcome": "launch_failed", "exit_code": None, "signal": None,
             "start_time": now, "end_time": now, "error": f"bad step spec: {exc}"})
         return 0
@@ -494,9 +511,9 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:
         supervisor.abort()  # never leave tasks running unsupervised
         status = supervisor.status("failed", f"step supervisor error: {exc!r}")
-        write_json_atomic(status_path, status)
+        write_json_replace(status_path, status)
         raise
-    write_json_atomic(status_path, status)
+    write_json_replace(status_path, status)
     return 0
 
 

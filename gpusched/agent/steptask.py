@@ -33,15 +33,17 @@ class StepTask:
         self.exited = False
         self.exit_code: int | None = None
         self.signal: int | None = None
+        self._report_fd: int | None = None
 
     @property
     def streams(self) -> list[int]:
         """The parent's read ends still open."""
         return [fd for fd in (self.out_fd, self.err_fd) if fd is not None]
 
-    def start(self, step: dict[str, Any], cgroup: Any) -> str | None:
-        """Fork and exec the task; the error text when it could not be started (the
-        child then exits EXEC_FAILED_EXIT), else None."""
+    def start(self, step: dict[str, Any], cgroup: Any) -> None:
+        """Fork the task, which execs its command; ``launch_error`` says how that went.
+        Every task of a node is forked before any is waited for, so that they start
+        side by side."""
         child_fds: list[int] = []
         ends = {}
         for name, streamed in (("stdout", self.spec.get("stdout") is None),
@@ -66,10 +68,18 @@ class StepTask:
         os.close(report_w)
         for fd in child_fds:
             os.close(fd)
+        self._report_fd = report_r
+
+    def launch_error(self) -> str | None:
+        """Once the task has exec'd its command: None; the error text when it could not
+        (the child then exits EXEC_FAILED_EXIT)."""
+        if self._report_fd is None:
+            return None
         chunks = []
-        while chunk := os.read(report_r, 4096):
+        while chunk := os.read(self._report_fd, 4096):  # closed by the exec (CLOEXEC)
             chunks.append(chunk)
-        os.close(report_r)
+        os.close(self._report_fd)
+        self._report_fd = None
         return b"".join(chunks).decode(errors="replace") if chunks else None
 
     def signal_group(self, sig: int) -> None:
