@@ -486,7 +486,7 @@ def test_each_kind_of_command_carries_its_payload() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"kind": "reboot"}, "kind: expected one of ['cancel', 'kill', 'launch', 'limit', "
-                         "'signal']"),
+                         "'signal', 'step', 'step_cancel']"),
     ({"kind": "kill", "payload": {"signal": 9}}, "unknown field 'signal' in a kill command"),
     ({"seq": 0}, "seq: expected a command number from 1 to"),
     ({"run": None}, "run: expected a restart count, got nothing"),
