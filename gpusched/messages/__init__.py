@@ -11,24 +11,43 @@ gives the shape ``parse`` takes back.
 Pure: no database, no I/O (docs/api.md describes the shapes).
 """
 
-from gpusched.messages.agent import (
-    COMMAND_KINDS,
-    GRES_FLAGS,
-    MAX_ERROR_TEXT,
-    OUTCOMES,
-    JobEnd,
-    LaunchOrder,
-    LimitJob,
-    NodeCommand,
-    NodeHealth,
-    SignalJob,
-    error_text,
-    launch_job_of,
-)
-from gpusched.messages.jobs import SUBMIT_FIELDS, UNLIMITED, JobRequest, JobUpdate
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpusched.messages.agent import (
+        COMMAND_KINDS,
+        GRES_FLAGS,
+        MAX_ERROR_TEXT,
+        OUTCOMES,
+        JobEnd,
+        LaunchOrder,
+        LimitJob,
+        NodeCommand,
+        NodeHealth,
+        SignalJob,
+        error_text,
+        launch_job_of,
+    )
+    from gpusched.messages.jobs import SUBMIT_FIELDS, UNLIMITED, JobRequest, JobUpdate
 
 __all__ = [
     "COMMAND_KINDS", "GRES_FLAGS", "MAX_ERROR_TEXT", "OUTCOMES", "SUBMIT_FIELDS", "UNLIMITED", "JobEnd",
     "JobRequest", "JobUpdate", "LaunchOrder", "LimitJob", "NodeCommand", "NodeHealth", "SignalJob",
     "error_text", "launch_job_of",
 ]
+
+# Each name is imported from its module when first asked for: a process that needs one
+# small module of this package (gsrun and the step supervisor need only ``stepio``) does
+# not pay for the submission's parsers (dependencies, shapes, the priority model).
+_JOBS_NAMES = frozenset({"SUBMIT_FIELDS", "UNLIMITED", "JobRequest", "JobUpdate"})
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    module = import_module(f"{__name__}.{'jobs' if name in _JOBS_NAMES else 'agent'}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
