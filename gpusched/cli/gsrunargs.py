@@ -9,8 +9,11 @@ Pure: no environment, no I/O. Every fault is one UsageError naming the option.
 from __future__ import annotations
 
 from gpusched.core import bounds
-from gpusched.core.steps import MAX_TASKS_PER_STEP
 from gpusched.errors import UsageError
+
+# gpusched.core.steps.MAX_TASKS_PER_STEP (tests/cli/test_gsrun.py holds them equal):
+# that module's dataclasses would cost gsrun's every start tens of milliseconds.
+MAX_TASKS_PER_STEP = 65_536
 
 USAGE = """\
 Usage: gsrun [OPTIONS] COMMAND [ARGS]...

@@ -17,7 +17,6 @@ import selectors
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from gpusched.cli.output import one_line
 from gpusched.cli.stepoutput import ExitTally, OutputSink, describe_end
@@ -37,53 +36,80 @@ FINAL_GRACE = 3.0  # seconds nodes still have after the controller says the step
 Say = Callable[[str], None]
 
 
-@dataclass(frozen=True)
 class StepState:
     """The step as the controller has it: its state and its error (None: none)."""
 
-    state: str
-    error: str | None = None
+    __slots__ = ("state", "error")
+
+    def __init__(self, state: str, error: str | None = None) -> None:
+        self.state = state
+        self.error = error
 
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StepState) and (self.state, self.error) == (
+            other.state, other.error)
 
-@dataclass(frozen=True)
+    def __hash__(self) -> int:
+        return hash((self.state, self.error))
+
+    def __repr__(self) -> str:
+        return f"StepState({self.state!r}, {self.error!r})"
+
+
 class StepPlan:
     """The step gsrun serves: ids, nodes in order and each node's task ids."""
 
-    job_id: int
-    step_id: int
-    node_names: tuple[str, ...]
-    layout: dict[str, tuple[int, ...]]
+    __slots__ = ("job_id", "step_id", "node_names", "layout")
+
+    def __init__(self, job_id: int, step_id: int, node_names: tuple[str, ...],
+                 layout: dict[str, tuple[int, ...]]) -> None:
+        self.job_id = job_id
+        self.step_id = step_id
+        self.node_names = node_names
+        self.layout = layout
 
     @property
     def tasks(self) -> list[int]:
         return sorted(t for tasks in self.layout.values() for t in tasks)
 
 
-@dataclass
 class _Link:
     """One node's connection."""
 
-    sock: socket.socket
-    deadline: float  # for its HELLO
-    decoder: stepio.Decoder = field(default_factory=lambda: stepio.Decoder(stepio.FROM_NODE))
-    node: str | None = None  # set by its HELLO
-    tasks: frozenset[int] = frozenset()
-    queued: bytearray = field(default_factory=bytearray)
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline  # for its HELLO
+        self.decoder = stepio.Decoder(stepio.FROM_NODE)
+        self.node: str | None = None  # set by its HELLO
+        self.tasks: frozenset[int] = frozenset()
+        self.queued = bytearray()
 
 
-@dataclass
+def _say_nothing(line: str) -> None:
+    """The default ``say``."""
+
+
 class ServeOptions:
-    """How gsrun serves the step: what it forwards and whom it asks."""
+    """How gsrun serves the step: what it forwards and whom it asks.
 
-    stdin_fd: int | None = None  # forwarded to task 0 (None: the tasks read elsewhere)
-    signal_fd: int | None = None  # signal numbers, one byte each (signal.set_wakeup_fd)
-    on_bad_exit: Callable[[int], None] | None = None  # the first bad task, with -K
-    poll: Callable[[], StepState | None] | None = None  # the step's state, None: unknown
-    say: Say = lambda line: None  # one line on gsrun's stderr
+    ``stdin_fd`` is forwarded to task 0 (None: the tasks read elsewhere); ``signal_fd``
+    carries signal numbers, one byte each (signal.set_wakeup_fd); ``on_bad_exit`` gets
+    the first bad task, with -K; ``poll`` gives the step's state (None: unknown);
+    ``say`` writes one line on gsrun's stderr."""
+
+    def __init__(self, stdin_fd: int | None = None, signal_fd: int | None = None,
+                 on_bad_exit: Callable[[int], None] | None = None,
+                 poll: Callable[[], StepState | None] | None = None,
+                 say: Say = _say_nothing) -> None:
+        self.stdin_fd = stdin_fd
+        self.signal_fd = signal_fd
+        self.on_bad_exit = on_bad_exit
+        self.poll = poll
+        self.say = say
 
 
 class StepIOServer:

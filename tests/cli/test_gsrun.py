@@ -474,7 +474,8 @@ def test_gsrun_starts_without_typer_rich_or_the_database_layer() -> None:
              if line.startswith("import time:")}
     assert "gpusched.cli.stepio_server" in names and "gpusched.client.api" in names
     heavy = ("typer", "click", "rich", "pydantic", "sqlalchemy", "psycopg", "http.client",
-             "gpusched.db", "gpusched.controller")
+             "gpusched.db", "gpusched.controller", "gpusched.messages.jobs",
+             "gpusched.core.model", "gpusched.core.dependency")
     assert sorted(n for n in names if n.split(".")[0] in heavy or any(
         n == h or n.startswith(h + ".") for h in heavy)) == []
     assert result.returncode == 1
@@ -495,3 +496,10 @@ def test_the_steps_state_as_the_controller_has_it(side_dir: Path) -> None:
     controller.close()
     with ApiClient(side_dir / "nothing.sock", timeout=1) as client:
         assert gsrun.step_state(client, 7, 0) is None  # no answer: unknown, not ended
+
+
+def test_the_task_bound_is_the_layouts() -> None:
+    from gpusched.cli import gsrunargs
+    from gpusched.core.steps import MAX_TASKS_PER_STEP
+
+    assert gsrunargs.MAX_TASKS_PER_STEP == MAX_TASKS_PER_STEP
