@@ -52,12 +52,17 @@ _NOTHING_RESERVED: SealedList[tuple[float, float, str, int, float, float]] = Sea
 _new = object.__new__
 
 
+# Every slot of a NodeTimeline, as copy_node copies it (a test holds this to __slots__).
+COPIED_SLOTS = frozenset({"index", "view", "total", "slices", "free", "cpus", "mem",
+                          "releases", "reserved"})
+
+
 def copy_node(node: NodeTimeline) -> NodeTimeline:
     """A copy of ``node`` whose free units, releases and reservations are its own."""
     copy = _new(NodeTimeline)
-    for name in NodeTimeline.__slots__:
-        setattr(copy, name, getattr(node, name))
+    copy.index, copy.view, copy.total, copy.slices = node.index, node.view, node.total, node.slices
     copy.free = {kind: list(units) for kind, units in node.free.items()}
+    copy.cpus, copy.mem = node.cpus, node.mem
     copy.releases = list(node.releases)
     copy.reserved = list(node.reserved)
     return copy
