@@ -32,6 +32,7 @@ from gpusched.agent.steps import node_address
 from gpusched.client import ApiClient
 from gpusched.client.settings import controllers_from, node_credentials
 from gpusched.config import Config
+from gpusched.core.bounds import MAX_COMMANDS_ACKED
 from gpusched.errors import (
     ConfigError,
     GpuschedError,
@@ -282,22 +283,25 @@ class Agent:
         return work
 
     def _handle(self, client: ApiClient, work: dict[str, Any]) -> None:
-        """Do each command of a work answer in order, acknowledging each once done;
-        then the deferred launches whose way is now clear."""
+        """Do each command of a work answer in order, then the deferred launches whose
+        way is now clear; then acknowledge all that were done in one request (a launch
+        does not wait for the acknowledgement of the one before it)."""
+        done: list[int] = []
         for raw in work.get("commands", []):
             try:
                 command = NodeCommand.parse(raw)
             except UsageError as exc:
                 seq = self._refuse(raw, exc)
                 if seq is not None:
-                    self._ack(client, seq)
+                    done.append(seq)
                 continue
             if self._do(client, command):
-                self._ack(client, command.seq)
+                done.append(command.seq)
         for key, command in list(self._deferred.items()):
             if self._launch(client, command):
                 del self._deferred[key]
-                self._ack(client, command.seq)
+                done.append(command.seq)
+        self._ack(client, done)
 
     def _refuse(self, raw: object, exc: UsageError) -> int | None:
         """Log a command that does not parse (a launch fails its job); the number to
@@ -344,9 +348,13 @@ class Agent:
                 log.info("job %d: time limit now %s s", job_id, command.payload.time_limit)
         return True
 
-    def _ack(self, client: ApiClient, seq: int) -> None:
-        client.request("POST", f"/agent/v1/commands/{seq}/done", {"node": self.node})
-        self._done.append(seq)
+    def _ack(self, client: ApiClient, seqs: list[int]) -> None:
+        """Tell the controller these commands are done, as few requests as the bound allows."""
+        for first in range(0, len(seqs), MAX_COMMANDS_ACKED):
+            batch = seqs[first:first + MAX_COMMANDS_ACKED]
+            client.request("POST", "/agent/v1/commands/done", {"node": self.node,
+                                                               "seqs": batch})
+            self._done.extend(batch)
 
     def _launch(self, client: ApiClient, command: NodeCommand) -> bool:
         """Launch one run; an order this node cannot run fails its job (LaunchFailed,

@@ -31,6 +31,7 @@ class AgentRoutes:
         """Register the agents' routes."""
         r.add("POST", "/agent/v1/register", self.register)
         r.add("GET", "/agent/v1/work", self.work)
+        r.add("POST", "/agent/v1/commands/done", self.done_all)
         r.add("POST", "/agent/v1/commands/{command_id}/done", self.done)
         r.add("POST", "/agent/v1/jobs/{job_id}/ended", self.ended)
         r.add("POST", "/agent/v1/health", self.health)
@@ -94,6 +95,21 @@ class AgentRoutes:
         with ctx.sessions() as session, session.begin():
             node = agents.registered_node(session, str(request.body.get("node")))
             changed = commands.complete(session, node, int(raw))
+        return 200, {"ok": True, "changed": changed}
+
+    def done_all(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """The agent did these commands (``seqs``), acknowledged in one transaction;
+        ``changed``: those not done before."""
+        ctx = self.context
+        ctx.require_node(request, request.body.get("node"))
+        seqs = request.body.get("seqs")
+        if not isinstance(seqs, list) or not 1 <= len(seqs) <= bounds.MAX_COMMANDS_ACKED or any(
+                not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= bounds.MAX_JOB_ID
+                for s in seqs):
+            raise UsageError(f"seqs: expected 1 to {bounds.MAX_COMMANDS_ACKED} command numbers")
+        with ctx.sessions() as session, session.begin():
+            node = agents.registered_node(session, str(request.body.get("node")))
+            changed = [seq for seq in dict.fromkeys(seqs) if commands.complete(session, node, seq)]
         return 200, {"ok": True, "changed": changed}
 
     def ended(self, request: Request) -> tuple[int, dict[str, Any]]:
