@@ -27,7 +27,7 @@ def job_placements(session: Session, jobs: Iterable[tuple[int, int | None]]
     rows = session.execute(
         select(Allocation.job_id, Gpu.uuid, Allocation.allocated_at)
         .join(Gpu, Gpu.id == Allocation.gpu_id)
-        .where(Allocation.job_id.in_(list(placed))).order_by(Allocation.job_id, Gpu.index)
+        .where(Allocation.job_id.in_(list(placed))).order_by(Allocation.job_id, Gpu.index, Gpu.id)
     ).all()
     for job_id, _, at in rows:
         latest[job_id] = max(at, latest.get(job_id, at))

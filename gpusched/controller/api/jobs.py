@@ -90,12 +90,15 @@ class JobRoutes:
                      "reason": reason}
 
     def list_jobs(self, request: Request) -> Answer:
-        """The queue; a table of fields PostgreSQL can write is sent as it wrote it."""
+        """The queue, as the JSON text PostgreSQL writes (JOB objects, or a table of
+        fields) where it writes what job_views.list_jobs would."""
         with self.context.sessions() as session:
             if request.query.get("fields"):
-                table = job_views.job_table_json(session, request.query)
-                if table is not None:
-                    return 200, EncodedJson(table)
+                built = job_views.job_table_json(session, request.query)
+            else:
+                built = job_views.job_list_json(session, request.query)
+            if built is not None:
+                return 200, EncodedJson(built)
             return 200, job_views.list_jobs(session, request.query)
 
     def get_job(self, request: Request) -> tuple[int, dict[str, Any]]:
