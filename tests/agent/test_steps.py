@@ -136,11 +136,16 @@ def start(runner: StepRunner, launch: StepLaunch, **spec_fields: Any) -> Path:
 
 
 def ended(runner: StepRunner, wait_for: Callable[..., Any], job_id: int = 41,
-          step_id: int = 3, timeout: float = 15.0) -> Any:
+          step_id: int = 3, timeout: float = 15.0, gsrun: FakeGsrun | None = None) -> Any:
+    """The step's end, once reported; with ``gsrun``, once gsrun has also read all
+    the node sent (the node closes its connection after its last frame)."""
     def find() -> Any:
         return next((d.end for d in runner.wait_ended(0.05)
                      if (d.job_id, d.step_id) == (job_id, step_id)), None)
-    return wait_for(find, f"step {job_id}.{step_id} to end", timeout=timeout)
+    end = wait_for(find, f"step {job_id}.{step_id} to end", timeout=timeout)
+    if gsrun is not None:
+        wait_for(gsrun.closed.is_set, "the node to close its connection to gsrun")
+    return end
 
 
 SHOW = ("echo rank=$RANK local=$LOCAL_RANK procid=$SLURM_PROCID "
@@ -153,7 +158,7 @@ def test_tasks_run_with_their_ranks_and_stream_output(
         runner: StepRunner, gsrun: FakeGsrun, work_dir: Path,
         wait_for: Callable[..., Any]) -> None:
     start(runner, launch_for(gsrun.io(), ["/bin/sh", "-c", SHOW], str(work_dir)))
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
 
     hello = stepio.check_hello(gsrun.of(stepio.HELLO)[0], gsrun.token, 41, 3)
     assert (hello.node_index, hello.tasks) == (1, (2, 3))
@@ -176,7 +181,7 @@ def test_a_step_that_succeeds_everywhere_is_completed(
         runner: StepRunner, gsrun: FakeGsrun, work_dir: Path,
         wait_for: Callable[..., Any]) -> None:
     start(runner, launch_for(gsrun.io(), ["true"], str(work_dir)))
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert (end.outcome, end.exit_code) == ("completed", 0)
     runner.mark_reported(41, 3)
     assert not runner.stepdir(41, 3).exists() and runner.unreported() == []
@@ -189,7 +194,7 @@ def test_tasks_run_as_the_jobs_user_writing_their_own_files(
                         user=test_user.pw_name, uid=test_user.pw_uid, gid=test_user.pw_gid,
                         output="out-%j.%s-%t-%n.txt", umask=0o077)
     start(runner, launch)
-    assert ended(runner, wait_for).outcome == "completed"
+    assert ended(runner, wait_for, gsrun=gsrun).outcome == "completed"
 
     for task in (2, 3):
         path = user_dir / f"out-41.3-{task}-1.txt"
@@ -210,7 +215,7 @@ def test_stdin_goes_to_global_task_zero_alone(
     gsrun.send(stepio.STDIN, 0, b"hello ")
     gsrun.send(stepio.STDIN, 0, b"world\n")
     gsrun.send(stepio.STDIN, 0, b"")
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert gsrun.text(stepio.STDOUT, 0) == "hello world\n"
     assert gsrun.text(stepio.STDOUT, 1) == ""
     assert end.outcome == "completed"
@@ -224,7 +229,7 @@ def test_a_signal_frame_reaches_every_task(
     wait_for(lambda: "ready" in gsrun.text(stepio.STDOUT, 2)
              and "ready" in gsrun.text(stepio.STDOUT, 3), "both tasks to start")
     gsrun.send(stepio.SIGNAL, 0, str(int(signal.SIGUSR1)).encode())
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert gsrun.exits() == {2: (7, None), 3: (7, None)}
     assert (end.outcome, end.exit_code) == ("failed", 7)
 
@@ -240,7 +245,7 @@ def test_cancel_and_a_delivered_signal(
     wait_for(lambda: "got-hup" in gsrun.text(stepio.STDOUT, 2), "the HUP to be delivered")
     assert runner.running() == [(41, 3)]
     assert runner.cancel(41, 3)
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert (end.outcome, end.signal) == ("cancelled", signal.SIGTERM)
     assert gsrun.exits() == {2: (None, 15), 3: (None, 15)}
     assert not runner.cancel(41, 3)
@@ -268,7 +273,7 @@ def test_the_jobs_time_limit_ends_the_step(
     launch = launch_for(gsrun.io(), ["/bin/sh", "-c", 'trap "" TERM; sleep 600'],
                         str(work_dir), deadline=time.time() + 1.0)
     start(runner, launch)
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     # SIGTERM ignored: killed after the kill grace.
     assert (end.outcome, end.signal) == ("timeout", signal.SIGKILL)
 
@@ -296,7 +301,7 @@ def test_a_refused_step_tells_gsrun_why(
     launch = launch_for(gsrun.io(), ["/bin/sh", "-c", f"touch {marker}"], str(work_dir))
     spec = step_spec(launch, kill_grace=0.5, min_uid=1)  # root's step on this node: no
     assert runner.start(launch, spec)
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert end.outcome == "launch_failed" and "min_job_uid" in (end.error or "")
     errors = gsrun.of(stepio.ERROR)
     assert len(errors) == 1 and b"min_job_uid" in errors[0].payload
@@ -308,7 +313,7 @@ def test_a_command_that_cannot_run_fails_its_tasks_with_the_reason(
         runner: StepRunner, gsrun: FakeGsrun, work_dir: Path,
         wait_for: Callable[..., Any]) -> None:
     start(runner, launch_for(gsrun.io(), ["no-such-command-here"], str(work_dir)))
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert "cannot execute no-such-command-here" in gsrun.text(stepio.STDERR, 2)
     assert gsrun.exits() == {2: (2, None), 3: (2, None)}
     assert (end.outcome, end.exit_code) == ("failed", 2)
@@ -321,7 +326,7 @@ def test_losing_gsrun_ends_the_step(
                              str(work_dir)))
     wait_for(lambda: "up" in gsrun.text(stepio.STDOUT, 3), "the tasks to start")
     gsrun.close()
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert end.outcome == "cancelled" and "gsrun" in (end.error or "")
 
 
@@ -348,7 +353,7 @@ def test_a_lost_step_supervisor_is_recorded_and_its_tasks_killed(
     wait_for(lambda: (stepdir / "supervisor.json").exists(), "the step to start")
     info = json.loads((stepdir / "supervisor.json").read_text())
     os.kill(info["supervisor_pid"], signal.SIGKILL)
-    end = ended(runner, wait_for)
+    end = ended(runner, wait_for, gsrun=gsrun)
     assert (end.outcome, end.error) == ("failed", "step supervisor lost")
     for pid in info["task_pids"]:
         wait_for(lambda pid=pid: process_gone(pid), f"task process {pid} to be killed")
@@ -399,7 +404,7 @@ def test_a_step_started_in_a_fresh_interpreter(
     plain = StepRunner(runner.steps_dir, "node-b", spawner=False)
     try:
         start(plain, launch_for(gsrun.io(), ["/bin/sh", "-c", "echo $RANK"], str(work_dir)))
-        assert ended(plain, wait_for).outcome == "completed"
+        assert ended(plain, wait_for, gsrun=gsrun).outcome == "completed"
         assert (gsrun.text(stepio.STDOUT, 2), gsrun.text(stepio.STDOUT, 3)) == ("2\n", "3\n")
     finally:
         plain.close()
@@ -420,7 +425,7 @@ def test_a_confined_step_runs_in_its_own_cgroup_with_the_jobs_memory(
         limited = "memory" in tree.controllers()  # not where memory is a v1 hierarchy
         assert cgroup["memory_bytes"] == (64 << 20 if limited else None)
         start(runner, launch, cgroup=cgroup)
-        end = ended(runner, wait_for)
+        end = ended(runner, wait_for, gsrun=gsrun)
         assert end.outcome == "completed", gsrun.text(stepio.STDERR, 2)
         path = f"/gpusched-steps-test-{os.getpid()}/job_41_step_3_0"
         assert gsrun.text(stepio.STDOUT, 2) == gsrun.text(stepio.STDOUT, 3) == f"{path}\n"
@@ -440,5 +445,5 @@ def test_a_warmed_runner_starts_its_spawner_before_the_first_step(
     assert spawner is not None and spawner._pid > 0
     first = spawner._pid
     start(runner, launch_for(gsrun.io(), ["true"], str(work_dir)))
-    assert ended(runner, wait_for).outcome == "completed"
+    assert ended(runner, wait_for, gsrun=gsrun).outcome == "completed"
     assert spawner._pid == first  # the step was forked by the spawner started ahead
