@@ -256,3 +256,20 @@ def test_gsrun_outside_a_job_and_in_a_job_that_ended(two_nodes: LocalCluster) ->
                           timeout=60, cwd=two_nodes.root)
     assert late.returncode == 1 and late.stdout == "", late
     assert late.stderr.startswith("gsrun: error: ") and late.stderr.count("\n") == 1
+
+
+def test_stdin_reaches_task_0_and_output_files_are_per_task(two_nodes: LocalCluster) -> None:
+    job = two_nodes.submit_script("files", f"""
+echo "to task zero" | {BIN}/gsrun -N2 -l bash -c 'cat; echo "done $SLURM_PROCID"'
+{BIN}/gsrun -N2 -o {two_nodes.root}/out-%j-%t.txt bash -c 'echo "file of $SLURM_PROCID"'
+echo "files $?"
+""")
+    ended = two_nodes.wait_ended(job)
+    out = two_nodes.output(job)
+    assert ended["state"] == "COMPLETED", out
+    lines = out.splitlines()
+    assert sorted(lines[:3]) == ["0: done 0", "0: to task zero", "1: done 1"], out
+    assert lines.index("0: to task zero") < lines.index("0: done 0")
+    assert lines[3:] == ["files 0"], out
+    for task in (0, 1):
+        assert (two_nodes.root / f"out-{job}-{task}.txt").read_text() == f"file of {task}\n"
