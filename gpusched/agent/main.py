@@ -32,7 +32,7 @@ from gpusched.agent.steps import node_address
 from gpusched.client import ApiClient
 from gpusched.client.settings import controllers_from, node_credentials
 from gpusched.config import Config
-from gpusched.core.bounds import MAX_COMMANDS_ACKED
+from gpusched.core.bounds import MAX_COMMANDS_ACKED, MAX_ENDS_REPORTED
 from gpusched.errors import (
     ConfigError,
     GpuschedError,
@@ -418,11 +418,11 @@ class Agent:
                     stages.stamp("end_seen", (end.job_id,), started=end.start_time,
                                  ended=end.end_time)
                 try:
-                    for end in ended:
-                        self._report(client, end, synthetic=False)
+                    self._report(client, ended, synthetic=False)
                     while synthetic:
-                        self._report(client, synthetic[0], synthetic=True)
-                        synthetic.pop(0)
+                        batch = synthetic[:MAX_ENDS_REPORTED]
+                        self._report(client, batch, synthetic=True)
+                        del synthetic[:len(batch)]
                     backoff = 0.05
                 except GpuschedError as exc:
                     log.warning("cannot report job ends yet: %s", exc)
@@ -435,18 +435,36 @@ class Agent:
         with self._client() as client:
             self.steps.report_loop(client, self._stop)
 
-    def _report(self, client: ApiClient, end: JobEnd, synthetic: bool) -> None:
-        report = EndReport(node=self.node, run=end.run, outcome=end.outcome,
-                           exit_code=end.exit_code, signal=end.signal, end_time=end.end_time,
-                           error=error_text(end.error), max_rss_bytes=end.max_rss_bytes,
-                           cpu_usec=end.cpu_usec, epilog_error=error_text(end.epilog_error))
-        answer = client.request("POST", f"/agent/v1/jobs/{end.job_id}/ended", report.to_json())
+    def _report(self, client: ApiClient, ends: list[JobEnd], synthetic: bool) -> None:
+        """Report how runs ended, as many in one request as the bound allows; each is
+        forgotten here once the controller has recorded it."""
+        for first in range(0, len(ends), MAX_ENDS_REPORTED):
+            batch = ends[first:first + MAX_ENDS_REPORTED]
+            answer = client.request("POST", "/agent/v1/jobs/ended", {
+                "node": self.node,
+                "ends": [{"job_id": end.job_id, **self._end_report(end).to_json()}
+                         for end in batch]})
+            recorded = answer.get("ended")
+            if not isinstance(recorded, list) or len(recorded) != len(batch):
+                raise Unavailable("the controller's answer to a report of job ends does not "
+                                  "name each of them")
+            for end, result in zip(batch, recorded, strict=True):
+                self._forget(end, synthetic, isinstance(result, dict) and result.get("stale"))
+
+    def _end_report(self, end: JobEnd) -> EndReport:
+        return EndReport(node=self.node, run=end.run, outcome=end.outcome,
+                         exit_code=end.exit_code, signal=end.signal, end_time=end.end_time,
+                         error=error_text(end.error), max_rss_bytes=end.max_rss_bytes,
+                         cpu_usec=end.cpu_usec, epilog_error=error_text(end.epilog_error))
+
+    def _forget(self, end: JobEnd, synthetic: bool, stale: object) -> None:
+        """A run's end the controller recorded: its directory goes."""
         if not synthetic and self.launcher.run_of(end.job_id) == end.run:
             self.launcher.mark_reported(end.job_id)
         self._reported.append((end.job_id, end.run))
         stages.stamp("reported", (end.job_id,))
         log.info("job %d run %d ended: %s%s", end.job_id, end.run, end.outcome,
-                 " (a run the controller had ended: ignored)" if answer.get("stale") else "")
+                 " (a run the controller had ended: ignored)" if stale else "")
 
 
 def trusted_server_uids(controller_user: str | None) -> frozenset[int]:

@@ -14,7 +14,7 @@ from gpusched.core import bounds
 from gpusched.db import agents, commands, health, node_drain, node_failure
 from gpusched.db.notify import notify_in
 from gpusched.errors import UsageError
-from gpusched.messages import NodeHealth
+from gpusched.messages import JobEnd, NodeHealth
 
 MAX_POLL_WAIT = 60.0
 
@@ -33,6 +33,7 @@ class AgentRoutes:
         r.add("GET", "/agent/v1/work", self.work)
         r.add("POST", "/agent/v1/commands/done", self.done_all)
         r.add("POST", "/agent/v1/commands/{command_id}/done", self.done)
+        r.add("POST", "/agent/v1/jobs/ended", self.ended_all)
         r.add("POST", "/agent/v1/jobs/{job_id}/ended", self.ended)
         r.add("POST", "/agent/v1/health", self.health)
         r.add("POST", "/agent/v1/nodes/{node}/health", self.node_health)
@@ -127,6 +128,30 @@ class AgentRoutes:
             stages.stamp("ended", (int(request.params["job_id"]),))
         return 200, {"ok": True, "changed": changed, "stale": stale}
 
+    def ended_all(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """Several runs' ends of one node in one transaction, each as ``ended`` records
+        it (in job order); every report is checked before any is recorded."""
+        ctx = self.context
+        node = ctx.require_node(request, request.body.get("node"))
+        ends = request.body.get("ends")
+        if not isinstance(ends, list) or not 1 <= len(ends) <= bounds.MAX_ENDS_REPORTED:
+            raise UsageError(f"ends: expected 1 to {bounds.MAX_ENDS_REPORTED} job ends")
+        reports = [_end_of(node, item) for item in ends]
+        outcome: dict[int, tuple[bool, bool]] = {}
+        with ctx.sessions() as session, session.begin():
+            for job_id, report in sorted(reports, key=lambda r: r[0]):
+                if job_id not in outcome:
+                    outcome[job_id] = agents.record_run_end(session, job_id, report)
+            changed = [job_id for job_id, (did, _) in outcome.items() if did]
+            if changed:
+                notify_in(session, "sched")
+        if changed:
+            ctx.events.wake_scheduler()
+            stages.stamp("ended", changed)
+        return 200, {"ok": True, "ended": [
+            {"job_id": job_id, "changed": outcome[job_id][0], "stale": outcome[job_id][1]}
+            for job_id, _ in reports]}
+
     def health(self, request: Request) -> tuple[int, dict[str, Any]]:
         """An agent reports failing GPUs or MIG slices: out of service at once, and the
         jobs on them are stopped (then requeued or FAILED, see db/health.py)."""
@@ -170,3 +195,20 @@ class AgentRoutes:
             flagged = health.record_samples(session, str(request.body.get("node")), request.body,
                                             ctx.idle_percent, ctx.idle_after)
         return 200, {"ok": True, "idle": flagged}
+
+
+def _end_of(node: str, item: object) -> tuple[int, dict[str, Any]]:
+    """A job id and its end report, from one entry of ``ends``; its node must be the
+    one the request acts for."""
+    if not isinstance(item, dict):
+        raise UsageError("ends: expected objects, each a job_id and its end report")
+    job_id = item.get("job_id")
+    if not isinstance(job_id, int) or isinstance(job_id, bool) \
+            or not 1 <= job_id <= bounds.MAX_JOB_ID:
+        raise UsageError("ends: job_id: expected a job id")
+    report = {key: value for key, value in item.items() if key != "job_id"}
+    if report.get("node") != node:
+        raise UsageError(f"ends: job {job_id}: node: the report is for "
+                         f"{str(report.get('node'))[:64]}, the request for {node[:64]}")
+    JobEnd.parse(report)  # refused whole before anything is recorded
+    return job_id, report
