@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -137,13 +138,25 @@ def _deadline(job: Job) -> float | None:
     return began.timestamp() + job.time_limit
 
 
+def _pty_request(request: StepRequest) -> StepRequest:
+    """A step with a pseudo-terminal: one task on one node unless counts are given (as
+    ``srun --pty bash`` gives one shell); its terminal is its input and output."""
+    if not request.pty:
+        return request
+    if request.output is not None or request.error is not None or request.input is not None:
+        raise UsageError("pty: the terminal is the task's input and output; output, "
+                         "error and input files do not apply")
+    if request.nodes is None and request.ntasks is None and request.ntasks_per_node is None:
+        return replace(request, nodes=1, ntasks=1)
+    return request
+
+
 def create_step(session: Session, job_id: int, request: StepRequest,
                 who: Identity) -> tuple[StepCreated, list[str]]:
     """Store a new RUNNING step of running job ``job_id`` and a ``step`` command for
     each of its nodes; the answer gsrun gets and the nodes to wake. StepBusy when the
     job's running steps hold what it needs (nothing is stored)."""
-    if request.pty:
-        raise UsageError("pty: a step with a pseudo-terminal is not available yet")
+    request = _pty_request(request)
     job = _own_job(session, job_id, who, "start steps", lock=True)
     if job.state != "RUNNING":
         raise Conflict(f"job {job_id} is {job.state}: steps run only inside a running job")
@@ -160,6 +173,9 @@ def create_step(session: Session, job_id: int, request: StepRequest,
         raise UsageError(str(exc)) from None
     except layout_rules.StepBusy as exc:
         raise StepBusy(f"job {job_id}: {exc}") from None
+    if request.pty and placed.ntasks != 1:
+        raise UsageError(f"pty: a step with a pseudo-terminal runs one task (got "
+                         f"{placed.ntasks})")
     last = session.scalar(select(func.max(JobStep.step_id)).where(JobStep.job_id == job_id))
     step_id = 0 if last is None else last + 1
     if step_id >= MAX_STEPS_PER_JOB or step_id > layout_rules.MAX_STEP_ID:

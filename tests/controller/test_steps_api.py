@@ -185,6 +185,8 @@ def test_the_owner_makes_a_step_and_each_node_claims_its_part(served: Served) ->
     ({"nodes": 3}, "--nodes 3: the job has 2 nodes"),
     ({"environment": {"MASTER_PORT": "x"}},
      "MASTER_PORT in the environment: expected a TCP port, got 'x'"),
+    ({"pty": True, "ntasks": 2}, "pty: a step with a pseudo-terminal runs one task (got 2)"),
+    ({"pty": True, "input": "in.txt"}, "pty: the terminal is the task's input and output"),
 ])
 def test_a_bad_request_is_one_400_that_stores_nothing(served: Served, body: dict[str, Any],
                                                      message: str) -> None:

@@ -159,9 +159,14 @@ def test_a_step_the_job_can_never_run_is_refused_whole(db: sessionmaker[Session]
     with pytest.raises(UsageError, match="need 3 GPUs on a node for 3 tasks; the job has "
                                          "n1: 2 GPUs, n2: 2 GPUs"):
         _create(db, job_id, ntasks=5, gpus_per_task=1)
-    with pytest.raises(UsageError, match="pty: a step with a pseudo-terminal is not "
-                                         "available yet"):
-        _create(db, job_id, pty=True)
+    with pytest.raises(UsageError, match=r"pty: a step with a pseudo-terminal runs one "
+                                         r"task \(got 2\)"):
+        _create(db, job_id, pty=True, nodes=2)
+    with pytest.raises(UsageError, match=r"runs one task \(got 4\)"):
+        _create(db, job_id, pty=True, ntasks=4)
+    with pytest.raises(UsageError, match="pty: the terminal is the task's input and "
+                                         "output; output, error and input files do not"):
+        _create(db, job_id, pty=True, nodes=1, output="out-%t")
     with pytest.raises(PermissionDenied, match="belongs to"):
         _create(db, job_id, BOB)
     with pytest.raises(NotFound, match="invalid job id specified: 999"):
@@ -400,3 +405,16 @@ def test_a_bad_exit_step_stays_failed_when_its_job_ends_first(
     view = _step(db, job_id, 0)
     assert (view["state"], view["exit_code"], view["signal"], view["error"]) == (
         "FAILED", 3, None, None)
+
+
+def test_a_pty_step_is_one_task_on_the_first_node_unless_counts_are_given(
+        db: sessionmaker[Session]) -> None:
+    job_id = _running(db)
+    made = _create(db, job_id, pty=True)  # without --pty: a task on each of the 2 nodes
+    assert (made.node_names, made.layout, made.ntasks) == (("n1",), {"n1": (0,)}, 1)
+    again = _create(db, job_id, pty=True, overlap=True, ntasks=1)
+    assert (again.node_names, again.ntasks) == (("n1",), 1)
+    parts = [c.payload for c in _claim(db, "n1") if c.kind == "step"]
+    assert [(p.step_id, p.pty, len(p.tasks)) for p in parts] == [(0, True, 1), (1, True, 1)]
+    assert _step(db, job_id, 0)["layout"] == {"n1": [0]}
+
