@@ -101,23 +101,40 @@ class MatchingMixin(PassResources):
                     return [first]
                 return [self._first_fit(kinds, count, shape, members, reserved) or first]
             return None
+        return self._several_now(shape, kinds, members)
+
+    def _several_now(self, shape: Shape, kinds: list[str], members: frozenset[int]
+                     ) -> list[tuple[int, str]] | None:
+        """Best fit on several nodes: by fewest free units, and within one count nodes
+        holding a reservation first, then by kind and index. Without topology blocks
+        only the first ``shape.nodes`` of that order are taken, so the search stops
+        there; with blocks, the tightest block is chosen among them all."""
+        # Fewer nodes with enough free units than it asks for, members or not: no start.
+        enough = sum(len(self.buckets[kind][count]) for kind in kinds
+                     for count in range(shape.gpus, self.most + 1))
+        if enough < shape.nodes:
+            return None
+        reserved, wanted = self.reserved_nodes, shape.nodes
+        stop = not self.blocks
         chosen: list[tuple[int, str]] = []
         seen: set[int] = set()
         for count in range(shape.gpus, self.most + 1):
-            level: list[tuple[int, str]] = []
-            for kind in kinds:
-                for index in self.buckets[kind][count]:
-                    if index in seen or index not in members:
-                        continue
-                    node = self.nodes[index]
-                    if self._usable(node, shape) and self._fits_now(node, kind, shape):
-                        seen.add(index)
-                        level.append((index, kind))
-            level.sort(key=lambda entry: entry[0] not in reserved)  # stable
-            chosen.extend(level)
-        if len(chosen) < shape.nodes:
+            for held in (True, False) if reserved else (False,):
+                for kind in kinds:
+                    for index in self.buckets[kind][count]:
+                        if index in seen or index not in members or (index in reserved) != held:
+                            continue
+                        node = self.nodes[index]
+                        if self._usable(node, shape) and self._fits_now(node, kind, shape):
+                            seen.add(index)
+                            chosen.append((index, kind))
+                            if stop and not held and len(chosen) >= wanted:
+                                return chosen
+                if stop and len(chosen) >= wanted:
+                    return chosen[:wanted]
+        if len(chosen) < wanted:
             return None
-        return self._same_block(chosen, shape.nodes)
+        return self._same_block(chosen, wanted)
 
     def _first_fit(self, kinds: list[str], count: int, shape: Shape, members: frozenset[int],
                    among: set[int] | None) -> tuple[int, str] | None:
@@ -138,7 +155,7 @@ class MatchingMixin(PassResources):
 
     def take(self, index: int, kind: str, shape: Shape) -> tuple[GpuView, ...]:
         """Start ``shape`` on node ``index`` now: the units it gets, chosen by topology."""
-        node = self._own(index)
+        node = self._own_units(index)
         gpus: tuple[GpuView, ...] = ()
         if shape.gpus:
             free = node.free[kind]

@@ -2,12 +2,12 @@
 every pass starts from.
 
 A pass builds one from its snapshot and makes it its own. The simulator instead keeps
-one between passes (``Occupancy.kept``) and tells it of each job that starts or ends
-(``add``, ``remove``), so that a pass costs what it looks at rather than the size of the
-cluster. A kept occupancy is shared: its nodes are sealed (changing one raises), a pass
-copies a node before it changes it (``PassResources._own``), and ``add``/``remove``
-replace the nodes they change instead of changing them, so a pass still running sees
-the occupancy it started from.
+one between passes (``Occupancy.kept_for``) and tells it of each job that starts or
+ends (``add``, ``remove``), so that a pass costs what it looks at rather than the size
+of the cluster. A kept occupancy is shared: its nodes are sealed (changing one raises),
+a pass copies a node before it changes it (``PassResources._own``, and ``_own_units``
+for its free units and releases), and ``add``/``remove`` replace the nodes they change
+instead of changing them, so a pass still running sees the occupancy it started from.
 """
 
 from __future__ import annotations
@@ -58,14 +58,21 @@ COPIED_SLOTS = frozenset({"index", "view", "total", "slices", "free", "cpus", "m
 
 
 def copy_node(node: NodeTimeline) -> NodeTimeline:
-    """A copy of ``node`` whose free units, releases and reservations are its own."""
+    """A copy of ``node`` with reservations of its own: its free units and releases are
+    still ``node``'s until ``own_units`` gives it its own (a reservation needs none)."""
     copy = _new(NodeTimeline)
     copy.index, copy.view, copy.total, copy.slices = node.index, node.view, node.total, node.slices
-    copy.free = {kind: list(units) for kind, units in node.free.items()}
-    copy.cpus, copy.mem = node.cpus, node.mem
-    copy.releases = list(node.releases)
+    copy.free, copy.cpus, copy.mem = node.free, node.cpus, node.mem
+    copy.releases = node.releases
     copy.reserved = list(node.reserved)
     return copy
+
+
+def own_units(node: NodeTimeline) -> NodeTimeline:
+    """Give ``node`` free units and releases of its own (from a ``copy_node``)."""
+    node.free = {kind: list(units) for kind, units in node.free.items()}
+    node.releases = list(node.releases)
+    return node
 
 
 def _sealed(node: NodeTimeline) -> NodeTimeline:
@@ -189,7 +196,7 @@ class Occupancy:
         """Own copies of the nodes ``job`` holds anything on."""
         touched = {self.index[name] for name in job.nodes or (job.node,) if name in self.index}
         touched.update(self.kind_of[uuid][0] for uuid in job.gpu_uuids if uuid in self.kind_of)
-        return {at: copy_node(self.nodes[at]) for at in sorted(touched)}
+        return {at: own_units(copy_node(self.nodes[at])) for at in sorted(touched)}
 
     def _replace(self, changed: dict[int, NodeTimeline]) -> None:
         """Put the changed nodes in place (sealed) and move them between buckets."""

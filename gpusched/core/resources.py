@@ -16,7 +16,13 @@ from collections.abc import Iterable
 
 from gpusched.core.model import NodeView, RunningJob
 from gpusched.core.node_timeline import NodeTimeline
-from gpusched.core.occupancy import Occupancy, copy_node, hold_whole, releases_of
+from gpusched.core.occupancy import (
+    Occupancy,
+    copy_node,
+    hold_whole,
+    own_units,
+    releases_of,
+)
 from gpusched.core.units import INF, Shape, kind_matches
 
 
@@ -36,9 +42,11 @@ class PassResources:
         self.slice_kinds = known.slice_kinds
         self.most = known.most
         self.restricted = known.restricted
+        self.blocks = known.blocks  # whether any node is in a topology block
         if occupancy is None:
             self.nodes = occupied.nodes
             self._owned: set[int] | None = None
+            self._units_owned: set[int] | None = None
             self.on_node = occupied.on_node
             self.whole = occupied.whole  # nodes an exclusive job holds whole
             # buckets[kind][n]: the nodes with exactly n free units of kind, sorted.
@@ -46,6 +54,7 @@ class PassResources:
         else:
             self.nodes = list(occupied.nodes)
             self._owned = set()
+            self._units_owned = set()
             self.on_node = dict(occupied.on_node)
             self.whole = set(occupied.whole)
             self.buckets = {kind: [list(bucket) for bucket in buckets]
@@ -66,7 +75,9 @@ class PassResources:
         self._gave_back = 0  # preemptions so far: they bring resources back earlier
 
     def _own(self, index: int) -> NodeTimeline:
-        """Node ``index``, to change: first copied when it belongs to a kept occupancy."""
+        """Node ``index``, to change its reservations, CPUs or memory (or to replace its
+        releases): first copied when it belongs to a kept occupancy, whose free units
+        and releases it still shares (``_own_units`` to change those)."""
         owned = self._owned
         if owned is None or index in owned:
             return self.nodes[index]
@@ -74,10 +85,19 @@ class PassResources:
         node = self.nodes[index] = copy_node(self.nodes[index])
         return node
 
+    def _own_units(self, index: int) -> NodeTimeline:
+        """Node ``index``, to change anything of it, its free units and releases too."""
+        node = self._own(index)
+        owned = self._units_owned
+        if owned is not None and index not in owned:
+            owned.add(index)
+            own_units(node)
+        return node
+
     def _hold_whole(self, index: int, end: float | None) -> None:
         """Hold what is still free on node ``index`` for an exclusive job until ``end``
         (None: for good): nothing else starts or is planned there before."""
-        node = self._own(index)
+        node = self._own_units(index)
         self.whole.add(index)
         for kind, free in node.free.items():
             if free:
@@ -98,7 +118,7 @@ class PassResources:
     def _add_releases(self, job: RunningJob, end: float) -> None:
         """Record when ``job`` gives back its GPUs, CPUs and memory, on each of its nodes."""
         for index, release in releases_of(job, end, self.index, self.kind_of):
-            insort(self._own(index).releases, release)
+            insort(self._own_units(index).releases, release)
 
     def advance(self, now: float) -> None:
         """Move this capacity's present to ``now`` (later), nothing else having changed:

@@ -104,6 +104,7 @@ class Inventory:
         self.most = max((units for node in self.nodes for units in node.total.values()),
                         default=0)
         self.restricted = any(node.view.run_uid is not None for node in self.nodes)
+        self.blocks = any(node.view.block is not None for node in self.nodes)
         self._members: tuple[object, dict[str, frozenset[int]]] | None = None
 
     def members(self, partitions: tuple[PartitionView, ...]) -> dict[str, frozenset[int]]:

@@ -19,7 +19,7 @@ from gpusched.core.model import (
     Snapshot,
 )
 from gpusched.core.node_timeline import NodeTimeline
-from gpusched.core.occupancy import COPIED_SLOTS, Occupancy, copy_node
+from gpusched.core.occupancy import COPIED_SLOTS, Occupancy, copy_node, own_units
 from gpusched.core.plan import SchedulingPass, queue_order
 from gpusched.sim.cluster import SimCluster, node_view, uniform
 from gpusched.sim.replay import SimPolicy, job_shape, simulate
@@ -101,8 +101,11 @@ def test_a_copied_node_has_every_slot_and_containers_of_its_own() -> None:
     node.releases.append((5.0, "a100", 1, 0.0, 0.0, 3))
     copy = copy_node(node)
     assert node_state(copy) == node_state(node)
+    assert copy.reserved is not node.reserved
+    own_units(copy)
+    assert node_state(copy) == node_state(node)
     assert copy.free["a100"] is not node.free["a100"] and copy.free is not node.free
-    assert copy.releases is not node.releases and copy.reserved is not node.reserved
+    assert copy.releases is not node.releases
 
 
 def test_a_kept_occupancy_refuses_a_job_twice_and_an_unknown_end() -> None:
