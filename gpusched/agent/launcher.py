@@ -122,7 +122,11 @@ class Launcher:
             script = jobdir / "script"
             _write_script(script, script_text, spec)
             spec["argv"] = [str(script), *spec["argv"][1:]]
-            write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600)
+            # Not durable (its fsyncs cost a start milliseconds): it serves the run's
+            # supervisor and this agent's restarts; a crash of the machine ends the run
+            # too, and a spec lost in one reads as none, the run as one whose supervisor
+            # was lost (the node's registration fences it in any case).
+            write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600, durable=False)
         except Exception as exc:  # noqa: BLE001 - a bad job fails itself, never the agent
             _write_status(jobdir, "launch_failed", None, f"cannot prepare the job: {exc!r}")
             self._wake()

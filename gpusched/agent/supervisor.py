@@ -52,17 +52,22 @@ class LaunchError(Exception):
 
 
 
-def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o600) -> None:
-    """Write JSON so readers see the old file or the whole new one, even after a crash.
-    Readable by the writer alone unless ``mode`` says otherwise."""
+def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o600,
+                      durable: bool = True) -> None:
+    """Write JSON so readers see the old file or the whole new one; with ``durable``,
+    even after a crash of the machine (it is on disk before this returns). Readable by
+    the writer alone unless ``mode`` says otherwise."""
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         os.write(fd, json.dumps(data, indent=1).encode())
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
+    if not durable:
+        return
     dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)
@@ -300,7 +305,9 @@ class Supervisor:
             os.close(report_r)
             _child_main(self.spec, report_w, self.cgroup)
         os.close(report_w)
-        write_json_atomic(os.path.join(self.jobdir, "supervisor.json"), {
+        # Not durable: what it names (this process, the job's) does not outlive a
+        # crash of the machine either, and the job runs meanwhile.
+        write_json_atomic(os.path.join(self.jobdir, "supervisor.json"), durable=False, data={
             "supervisor_pid": os.getpid(),
             "supervisor_starttime": proc_starttime("self"),
             "job_pid": self.job_pid,
