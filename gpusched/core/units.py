@@ -8,7 +8,8 @@ a ``Shape``; ``kind_matches`` says which kinds of unit satisfy it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
 from typing import NamedTuple
 
 from gpusched.core.model import GpuView, NodeState, NodeView, PartitionView, PendingJob
@@ -65,6 +66,13 @@ def any_could_start(free_per_node: Iterable[int], shapes: Iterable[tuple[int, in
     starts nothing, so a caller that only wants starts may skip the pass."""
     free = sorted(free_per_node, reverse=True)
     return any(nodes <= len(free) and free[nodes - 1] >= gpus for gpus, nodes in shapes)
+
+
+def any_could_start_counted(with_free: Sequence[int], shapes: Iterable[tuple[int, int]]) -> bool:
+    """``any_could_start`` given ``with_free[n]``, the number of nodes with exactly ``n``
+    GPUs free: no sort of every node."""
+    at_least = list(accumulate(reversed(with_free)))[::-1]  # nodes with >= n GPUs free
+    return any(gpus < len(at_least) and at_least[gpus] >= nodes for gpus, nodes in shapes)
 
 
 class NodeUnits:

@@ -28,7 +28,7 @@ from gpusched.core.model import (
 from gpusched.core.occupancy import Occupancy
 from gpusched.core.plan import SchedulingPass, queue_order
 from gpusched.core.priority import PriorityWeights
-from gpusched.core.units import INF, Shape, any_could_start
+from gpusched.core.units import INF, Shape, any_could_start_counted
 from gpusched.errors import UsageError
 from gpusched.sim.cluster import SimCluster
 from gpusched.sim.traces import TraceJob
@@ -172,6 +172,7 @@ class FitsEver:
                             node.cpus, node.mem, node.view.run_uid)
                     alike.setdefault(sort, []).append(index)
             self.sorts[part.name] = [(nodes[0], len(nodes)) for nodes in alike.values()]
+        self.known: dict[tuple[object, ...], bool] = {}
 
     def __call__(self, pending: PendingJob) -> bool:
         """Whether ``pending`` could start on the empty cluster."""
@@ -179,6 +180,15 @@ class FitsEver:
         if not part.up or (part.max_time is not None
                            and (pending.time_limit or INF) > part.max_time):
             return False
+        # On empty nodes a shape fits for any time or never: its limit does not matter.
+        key = (pending.partition, pending.gpu_kinds, pending.gpus, pending.nodes,
+               pending.cpus, pending.mem_mb, pending.uid)
+        known = self.known.get(key)
+        if known is None:
+            known = self.known[key] = self._nodes_hold(pending)
+        return known
+
+    def _nodes_hold(self, pending: PendingJob) -> bool:
         capacity, shape = self.capacity, Shape.of(pending)
         kinds = capacity.matching(shape.kinds) if shape.gpus else [""]
         holding = 0
@@ -224,6 +234,10 @@ class Replay:
         # where no waiting job could have its GPUs needs no pass, as it would start none.
         self.node_of = {gpu.uuid: node.name for node in cluster.nodes for gpu in node.gpus}
         self.free_on = {node.name: len(node.gpus) for node in cluster.nodes}
+        # with_free[n]: how many nodes have n GPUs free.
+        self.with_free = [0] * (cluster.max_gpus_per_node + 1)
+        for free in self.free_on.values():
+            self.with_free[free] += 1
         self.shapes: Counter[tuple[int, int]] = Counter()
 
     def submit(self, job: TraceJob, pending: PendingJob) -> None:
@@ -247,7 +261,7 @@ class Replay:
                 self.occupancy.remove(run)
             self.busy -= len(run.gpu_uuids)
             for uuid in run.gpu_uuids:
-                self.free_on[self.node_of[uuid]] += 1
+                self._free(self.node_of[uuid], 1)
             if self.policy.order == "multifactor" and run.account and run.start_time is not None:
                 key = (run.user, run.account)
                 used, when = self.usage.get(key, (0.0, at))
@@ -258,7 +272,7 @@ class Replay:
     def schedule(self, now: float) -> None:
         """One pass at ``now``: start what the core decides."""
         arrived, self.arrived = self.arrived, []
-        if self.shortcuts and not any_could_start(self.free_on.values(), self.shapes):
+        if self.shortcuts and not any_could_start_counted(self.with_free, self.shapes):
             self.last = None
             return
         if self.last is not None and self.incremental and self.last.extendable:
@@ -276,6 +290,13 @@ class Replay:
         for start in decisions.starts:
             self._start(start.job_id, now, start.node, start.nodes or (start.node,),
                         start.gpu_uuids, start.kind is StartKind.BACKFILLED)
+
+    def _free(self, node: str, more: int) -> None:
+        """``more`` GPUs of ``node`` are free (or, negative, taken)."""
+        free = self.free_on[node]
+        self.with_free[free] -= 1
+        self.with_free[free + more] += 1
+        self.free_on[node] = free + more
 
     def _running(self, now: float) -> tuple[RunningJob, ...]:
         if self.policy.kill:
@@ -316,7 +337,7 @@ class Replay:
             self.occupancy.add(running)
         self.busy += len(uuids)
         for uuid in uuids:
-            self.free_on[self.node_of[uuid]] -= 1
+            self._free(self.node_of[uuid], -1)
         shape = (pending.gpus, pending.nodes)
         self.shapes[shape] -= 1
         if not self.shapes[shape]:
@@ -340,7 +361,6 @@ def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
     gpus_per_node = cluster.max_gpus_per_node
     never: list[int] = []
     fits_ever = FitsEver(cluster)
-    fits_cache: dict[tuple[int, int, int, int, int], bool] = {}
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.job_id))
     i, total = 0, len(arrivals)
     while i < total or replay.ends:
@@ -353,11 +373,7 @@ def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
             i += 1
             arrived += 1
             pending = job_shape(job, gpus_per_node, cluster.default_partition)
-            key = (pending.gpus, pending.nodes, pending.cpus, pending.mem_mb,
-                   pending.time_limit or 0)
-            if key not in fits_cache:
-                fits_cache[key] = fits_ever(pending)
-            if fits_cache[key]:
+            if fits_ever(pending):
                 replay.submit(job, pending)
             else:
                 never.append(job.job_id)

@@ -31,7 +31,7 @@ from gpusched.core.plan import SchedulingPass, queue_order
 from gpusched.errors import ConfigError, UsageError
 from gpusched.sim.cluster import parse_cluster, uniform
 from gpusched.sim.metrics import KEYS, metrics, percentile
-from gpusched.sim.replay import Replay, SimPolicy, job_shape, simulate
+from gpusched.sim.replay import SimPolicy, job_shape, simulate
 from gpusched.sim.traces import TraceJob, read_swf
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -174,22 +174,7 @@ def test_arrivals_extending_a_pass_decide_as_fresh_passes_do(jobs: list[TraceJob
                                                               backfill: str) -> None:
     cluster = uniform(2, 4)
     fast = simulate(jobs, cluster, SimPolicy(backfill=backfill))
-
-    class Fresh(Replay):
-        def __init__(self, *args: object) -> None:
-            super().__init__(*args)  # type: ignore[arg-type]
-            self.incremental = False
-
-    import gpusched.sim.replay as replay_module
-
-    original, skip = replay_module.Replay, replay_module.any_could_start
-    replay_module.Replay = Fresh  # type: ignore[misc]
-    replay_module.any_could_start = lambda free, shapes: True
-    try:
-        slow = simulate(jobs, cluster, SimPolicy(backfill=backfill))
-    finally:
-        replay_module.Replay = original  # type: ignore[misc]
-        replay_module.any_could_start = skip
+    slow = simulate(jobs, cluster, SimPolicy(backfill=backfill), shortcuts=False)
     assert fast.records == slow.records
     assert fast.passes <= slow.passes
 
@@ -277,3 +262,13 @@ def test_any_could_start_needs_enough_nodes_with_enough_free_gpus() -> None:
     assert any_could_start([3, 2, 0], [(2, 2)])
     assert not any_could_start([8, 8], [(1, 3)])
     assert not any_could_start([], [(1, 1)]) and not any_could_start([4], [])
+
+
+@given(st.lists(st.integers(0, 8), max_size=12),
+       st.lists(st.tuples(st.integers(0, 9), st.integers(1, 13)), max_size=4))
+def test_any_could_start_counted_answers_as_the_sorted_check(free: list[int],
+                                                             shapes: list[tuple[int, int]]) -> None:
+    from gpusched.core.units import any_could_start, any_could_start_counted
+
+    with_free = [free.count(n) for n in range(9)]
+    assert any_could_start_counted(with_free, shapes) == any_could_start(free, shapes)
