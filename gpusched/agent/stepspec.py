@@ -60,6 +60,9 @@ def _task_files(launch: StepLaunch, task_id: int) -> dict[str, Any]:
 
     stdout = None if launch.output is None else path(launch.output)
     stderr = path(launch.error) if launch.error is not None else stdout
+    if launch.pty:  # the terminal is its stdin, stdout and stderr
+        return {"stdout": None, "stderr": None, "stdin": None, "stdin_frames": True,
+                "pty": True}
     if launch.input is None:
         return {"stdout": stdout, "stderr": stderr, "stdin": None,
                 "stdin_frames": task_id == 0}

@@ -1,6 +1,8 @@
 """The supervisor of one node's part of a job step (slurmstepd for a step): connects to
 gsrun's I/O socket, starts the node's tasks, streams their output there, and sees them
-to their end.
+to their end. A step with a pseudo-terminal (gsrun --pty) has one task on a terminal
+of its own: STDIN frames are typed into it, WINSIZE frames resize it, and what the task
+writes there comes back as its STDOUT.
 
 Run as ``python -I -S stepsupervisor.py STEPDIR [--lock-fd N]`` in a session of its
 own, or, usually, forked by the supervisor spawner (gpusched.agent.spawner) for a
@@ -219,6 +221,9 @@ class StepSupervisor:
             return
         self.stop_reason = reason
         self.kill_at = time.monotonic() + float(self.spec.get("kill_grace", 0))
+        for task in self.tasks:
+            if task.pty and not task.exited:  # a shell on a terminal ignores TERM
+                task.signal_group(signal.SIGHUP)
         self._signal_tasks(signal.SIGTERM)
         self._signal_tasks(signal.SIGCONT)  # a stopped task must wake up to see the TERM
         self._signal_escaped(signal.SIGTERM)
@@ -376,9 +381,11 @@ class StepSupervisor:
                         if frame.payload:
                             task.stdin_buffer += frame.payload
                         else:
-                            task.stdin_closing = True
+                            task.end_input()
                         self._feed_stdin(task)
-            # WINSIZE: for a pseudo-terminal, which steps do not have yet
+            elif frame.kind == stepio.WINDOW and len(frame.payload) == stepio.WINSIZE.size:
+                for task in self.tasks:
+                    task.set_window(*stepio.WINSIZE.unpack(frame.payload))
 
     def _feed_stdin(self, task: StepTask) -> None:
         if task.in_fd is None:

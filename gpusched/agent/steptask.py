@@ -1,12 +1,18 @@
 """One task of a job step, in the step supervisor: its process (forked, confined,
 turned into the job's user, exec'd) and the pipes of its streamed stdin, stdout and
-stderr. Stdlib only, like the step supervisor that imports it.
+stderr, or, for a step with a pseudo-terminal, the terminal's master side (the task's
+stdin, stdout and stderr are the terminal, its controlling terminal). Stdlib only, like
+the step supervisor that imports it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import grp
 import os
 import signal
+import struct
+import termios
 from typing import Any
 
 from gpusched.agent.supervisor import LaunchError, _drop_privileges
@@ -14,12 +20,17 @@ from gpusched.agent.supervisor import LaunchError, _drop_privileges
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 EXEC_FAILED_EXIT = 2  # what srun's task shows when its command cannot be executed
+DEFAULT_WINDOW = (24, 80)  # rows, columns of a terminal until gsrun tells its own
+TTY_MODE = 0o620  # a terminal's mode, as a login sets it (the owner, and group tty)
+_WINSIZE = struct.Struct("HHHH")
 
 
 class StepTask:
     """One task: its spec (``task_id``, ``env``, ``stdout``, ``stderr``, ``stdin``,
-    ``stdin_frames``), its process once started, and the parent's ends of its pipes
-    (None where the stream goes to a file or is not streamed)."""
+    ``stdin_frames``, ``pty``), its process once started, and the parent's ends of its
+    pipes (None where the stream goes to a file or is not streamed). With ``pty`` both
+    ends are the terminal's master: ``out_fd`` reads what the task writes, ``in_fd``
+    (another descriptor of the same master) takes its input and window size."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.task_id = int(spec["task_id"])
@@ -33,6 +44,8 @@ class StepTask:
         self.exited = False
         self.exit_code: int | None = None
         self.signal: int | None = None
+        self.pty = bool(spec.get("pty"))
+        self.eof = b"\x04"  # the terminal's end-of-file character (VEOF), for a pty
         self._report_fd: int | None = None
 
     @property
@@ -44,6 +57,9 @@ class StepTask:
         """Fork the task, which execs its command; ``launch_error`` says how that went.
         Every task of a node is forked before any is waited for, so that they start
         side by side."""
+        if self.pty:
+            self._start_on_terminal(step, cgroup)
+            return
         child_fds: list[int] = []
         ends = {}
         for name, streamed in (("stdout", self.spec.get("stdout") is None),
@@ -69,6 +85,47 @@ class StepTask:
         for fd in child_fds:
             os.close(fd)
         self._report_fd = report_r
+
+    def _start_on_terminal(self, step: dict[str, Any], cgroup: Any) -> None:
+        """Fork the task on a new pseudo-terminal, owned by the job's user."""
+        master, slave = os.openpty()
+        try:
+            _set_window(slave, *DEFAULT_WINDOW)
+            if os.geteuid() == 0:
+                os.fchown(slave, int(step["uid"]), _tty_group(int(step["gid"])))
+                os.fchmod(slave, TTY_MODE)
+            self.eof = termios.tcgetattr(slave)[6][termios.VEOF] or self.eof
+            report_r, report_w = os.pipe()
+            self.pid = os.fork()
+            if self.pid == 0:
+                os.close(report_r)
+                os.close(master)
+                _child_main(step, self.spec, {"tty": slave}, report_w, cgroup)
+            os.close(report_w)
+        finally:
+            os.close(slave)
+        os.set_blocking(master, False)
+        self.in_fd = master
+        self.out_fd = os.dup(master)
+        os.set_inheritable(self.out_fd, False)
+        self._report_fd = report_r
+
+    def set_window(self, rows: int, cols: int) -> None:
+        """Give the task's terminal this size (the kernel tells its foreground process
+        group by SIGWINCH); nothing for a task without one or whose terminal closed."""
+        if self.pty and self.in_fd is not None:
+            try:
+                _set_window(self.in_fd, rows, cols)
+            except OSError:
+                pass
+
+    def end_input(self) -> None:
+        """gsrun's input ended: close the pipe to the task once what is held is written,
+        or, on a terminal, type its end-of-file character (as Ctrl-D does)."""
+        if self.pty:
+            self.stdin_buffer += self.eof
+        else:
+            self.stdin_closing = True
 
     def launch_error(self) -> str | None:
         """Once the task has exec'd its command: None; the error text when it could not
@@ -135,8 +192,23 @@ def _open_as_user(path: str, flags: int, what: str) -> int:
         raise LaunchError(f"cannot open {what} file {path}: {exc.strerror}") from None
 
 
+def _set_window(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, _WINSIZE.pack(rows, cols, 0, 0))
+
+
+def _tty_group(fallback: int) -> int:
+    """The group that owns terminals (``tty``), else the job's group."""
+    try:
+        return grp.getgrnam("tty").gr_gid
+    except KeyError:
+        return fallback
+
+
 def _task_fds(task: dict[str, Any], ends: dict[str, int]) -> tuple[int, int, int]:
-    """stdin, stdout, stderr of the task: its pipes, or its files opened as its user."""
+    """stdin, stdout, stderr of the task: its terminal, its pipes, or its files opened
+    as its user."""
+    if "tty" in ends:
+        return ends["tty"], ends["tty"], ends["tty"]
     out = ends.get("stdout")
     if out is None:
         out = _open_as_user(task["stdout"], _WRITE_FLAGS, "output")
@@ -159,6 +231,11 @@ def _become_task(step: dict[str, Any], task: dict[str, Any], ends: dict[str, int
             cgroup.add(os.getpid())  # as root, before anything of the task runs
         except OSError as exc:
             raise LaunchError(f"cannot join the step's cgroup: {exc.strerror}") from None
+    if "tty" in ends:
+        try:  # the new session's controlling terminal
+            fcntl.ioctl(ends["tty"], termios.TIOCSCTTY, 0)
+        except OSError as exc:
+            raise LaunchError(f"cannot take the pseudo-terminal: {exc.strerror}") from None
     _drop_privileges(step)
     os.umask(int(step.get("umask", 0o022)) & 0o777)
     stdin, out, err = _task_fds(task, ends)
