@@ -90,6 +90,9 @@ class SchedulerConfig:
     pass_budget: float = 2.0  # seconds a pass may plan for; 0: no limit
     # Seconds a pass may use the admin tables as read before, with no change heard.
     admin_cache_max_age: float = 60.0
+    # Seconds an allocation's client (galloc, gsrun outside a job) may be silent before
+    # the allocation ends CANCELLED ("client lost").
+    allocation_grace: float = 60.0
 
     def policy(self) -> Policy:
         """The core Policy these settings describe."""
@@ -193,7 +196,7 @@ def _connection_cap(r: TableReader, key: str, default: int) -> int:
 def _scheduler(r: TableReader) -> SchedulerConfig:
     r.check_keys({"fairshare", "half_life", "usage_interval", "weights", "backfill",
                   "reservations", "backfill_max_jobs", "preempt_mode", "preempt_grace",
-                  "pass_budget", "admin_cache_max_age"})
+                  "pass_budget", "admin_cache_max_age", "allocation_grace"})
     defaults = SchedulerConfig()
     preempt_mode = r.get("preempt_mode", str, defaults.preempt_mode,
                          "'requeue', 'cancel' or 'off'")
@@ -235,7 +238,16 @@ def _scheduler(r: TableReader) -> SchedulerConfig:
         preempt_grace=r.positive("preempt_grace", defaults.preempt_grace, allow_zero=True),
         pass_budget=r.positive("pass_budget", defaults.pass_budget, allow_zero=True),
         admin_cache_max_age=_admin_cache_max_age(r, defaults.admin_cache_max_age),
+        allocation_grace=_allocation_grace(r, defaults.allocation_grace),
     )
+
+
+def _allocation_grace(r: TableReader, default: float) -> float:
+    expected = "5 to 86400 seconds"
+    value = r.get("allocation_grace", float, default, expected)
+    if not 5 <= value <= 86_400:  # NaN fails too
+        raise r.fail("allocation_grace", expected)
+    return float(value)
 
 
 def _admin_cache_max_age(r: TableReader, default: float) -> float:

@@ -26,7 +26,7 @@ from gpusched.controller.http import (
     UnixHttpServer,
 )
 from gpusched.controller.scheduler import SchedulerLoop
-from gpusched.db import health, node_failure
+from gpusched.db import allocations, health, node_failure
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
 from gpusched.db.leadership import NotLeader
 from gpusched.db.migrate import current
@@ -63,7 +63,8 @@ class Controller:
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
                   (config.controller.idle_percent, config.controller.idle_after),
-                  config.controller.max_submit_jobs_per_user, config.controller.admin_group)
+                  config.controller.max_submit_jobs_per_user, config.controller.admin_group,
+                  config.scheduler.allocation_grace)
         limits = ServerLimits(idle_timeout=config.controller.idle_timeout,
                               max_connections=config.controller.max_connections,
                               max_connections_per_user=config.controller.max_connections_per_user)
@@ -87,6 +88,10 @@ class Controller:
         self.periodic.add_job(self.check_nodes, "interval",
                               seconds=min(5.0, max(1.0, config.controller.node_timeout / 5)),
                               id="node-liveness")
+        # An allocation whose client went silent ends within the grace and a fifth of it.
+        self.periodic.add_job(self.check_allocations, "interval",
+                              seconds=min(5.0, max(1.0, config.scheduler.allocation_grace / 5)),
+                              id="allocation-clients")
         if config.controller.gpu_resume_after:
             self.periodic.add_job(self.resume_gpus, "interval",
                                   seconds=max(1.0, min(60.0, config.controller.gpu_resume_after / 4)),
@@ -129,6 +134,33 @@ class Controller:
             log.warning("jobs requeued %s, NODE_FAIL %s, cancelled %s, failed %s",
                         lost.requeued, lost.node_failed, lost.cancelled, lost.failed)
             for name in lost.kill_on:
+                self.events.wake_node(name)
+            self.events.wake_scheduler()
+
+    def check_allocations(self) -> None:
+        """End allocations whose client went silent for allocation_grace (CANCELLED,
+        "client lost") or that passed their time limit (TIMEOUT) (leader only, in its
+        epoch). A new leader judges silence only once it has led for the grace: while
+        no controller ran, none could store a heartbeat."""
+        leadership, grace = self.scheduler.leadership, self.config.scheduler.allocation_grace
+        since = leadership.since
+        if not self.scheduler.is_leader or since is None:
+            return
+        try:
+            with self.sessions() as session, session.begin():
+                leadership.hold_epoch(session)
+                checked = allocations.check_allocations(
+                    session, grace, datetime.now(UTC), silent_too=time.time() - since >= grace)
+                if checked.ended:
+                    notify_in(session, "sched", *(f"node:{n}" for n in sorted(checked.kill_on)))
+        except NotLeader as exc:
+            log.warning("allocation check refused: %s; stepping down", exc)
+            leadership.release()
+            return
+        for state, ids in sorted(checked.ended.items()):
+            log.info("allocations ended %s: %s", state, ids)
+        if checked.ended:
+            for name in checked.kill_on:
                 self.events.wake_node(name)
             self.events.wake_scheduler()
 

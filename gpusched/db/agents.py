@@ -213,8 +213,10 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
     ))
     if changed:
         release_job(session, job_id)
-        # Its batch node's agent ends the job's steps there itself.
-        steps.end_with_job(session, job_id, run, job_nodes, values["state"], skip=(node.name,))
+        # Its batch node's agent ends the job's steps there itself; an allocation has no
+        # batch run there (this is the answer to its cancel), so that node is told too.
+        steps.end_with_job(session, job_id, run, job_nodes, values["state"],
+                           skip=() if job.interactive else (node.name,))
         if end.outcome == "prolog_failed":
             node_drain.drain_for_site_program(
                 session, node.id, node_drain.drain_reason(end.error, "prolog failed"))
@@ -240,8 +242,9 @@ def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str
     if failure is not None:
         return {"state": "FAILED", "end_time": ended, "exit_code": end.exit_code,
                 "signal": end.signal, "error_message": failure}
-    if job.preempted_at is not None and job.preempt_mode == "requeue":
-        # Preempted to requeue: back in the queue with its submit time, one restart more.
+    if job.preempted_at is not None and job.preempt_mode == "requeue" and not job.interactive:
+        # Preempted to requeue: back in the queue with its submit time, one restart more
+        # (an allocation's client waits on this run: it ends instead).
         return requeued(job.error_message)
     values: dict[str, Any] = {"state": OUTCOME_STATES[end.outcome], "end_time": ended,
                               "exit_code": end.exit_code, "signal": end.signal,

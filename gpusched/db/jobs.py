@@ -95,6 +95,9 @@ def requeue_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[
     """Stop a running job and put it back in the queue with its submit time (scontrol
     requeue); returns the job and the nodes to wake."""
     job = _owned_job(session, job_id, who, "requeue")
+    if job.interactive:
+        raise Conflict(f"job {job_id} is an allocation (galloc, gsrun): only batch jobs are "
+                       "requeued")
     now = datetime.now(UTC)
     ids = Job.array_job_id == job_id if job.array_job_id == job.id else Job.id == job_id
     nodes = stop_running(session, ids, cancel_requested_at=now, preempted_at=now,
@@ -160,12 +163,21 @@ def cancel_tasks(session: Session, array_id: int, who: Identity, tasks: str
 def stop_running(session: Session, which: ColumnElement[bool], **values: Any) -> set[int]:
     """Ask the running jobs of ``which`` not yet being stopped to stop (setting
     ``values``, ``cancel_requested_at`` among them): a ``cancel`` command to each one's
-    node, in this transaction. The ids of those nodes."""
+    node, in this transaction. An allocation (no batch script) ends CANCELLED at once,
+    its steps with it. The ids of the nodes told."""
     stopping = session.execute(
         update(Job).where(which, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))
-        .values(**values).returning(Job.id, Job.restarts, Job.node_id)).all()
-    commands.issue(session, "cancel", _targets(stopping))
-    return {node_id for *_, node_id in stopping if node_id is not None}
+        .values(**values).returning(Job.id, Job.restarts, Job.node_id, Job.interactive)).all()
+    batch = [(job_id, run, node) for job_id, run, node, interactive in stopping
+             if not interactive]
+    commands.issue(session, "cancel", _targets(batch))
+    told = {node_id for *_, node_id in batch if node_id is not None}
+    allocations = [job_id for job_id, *_, interactive in stopping if interactive]
+    if allocations:
+        from gpusched.db.allocations import cancel_allocations  # it imports this module
+
+        told |= cancel_allocations(session, allocations)
+    return told
 
 
 def _targets(rows: Iterable[tuple[int, int, int | None]]) -> list[commands.Target]:

@@ -180,6 +180,8 @@ class Job(Base):
         # controller's failover, it finds the job already made instead of a second one.
         Index("ix_jobs_submit_key", "uid", "submit_key", unique=True,
               postgresql_where=text("submit_key IS NOT NULL")),
+        Index("ix_jobs_interactive_active", "state",
+              postgresql_where=text("interactive AND state IN ('PENDING', 'RUNNING')")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -267,6 +269,10 @@ class Job(Base):
     max_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cpu_usec: Mapped[int | None] = mapped_column(BigInteger)
     gres_flags: Mapped[str | None] = mapped_column(Text)  # sbatch --gres-flags
+    # An allocation (galloc, gsrun outside a job): its start launches nothing; its client
+    # runs steps on it, says it is alive (client_seen) and ends it.
+    interactive: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    client_seen: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Allocation(Base):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import Table, bindparam, insert, or_, select, text, type_coerce, update
+from sqlalchemy import case as sql_case
 from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
@@ -190,7 +191,9 @@ def _started(start: Start, node_ids: dict[str, int], now: datetime) -> dict[str,
     """The columns a start sets."""
     return {"state": "RUNNING", "reason": "None", "start_time": now,
             "node_id": node_ids[start.node], "start_kind": start.kind.value,
-            "expected_start": None, "node_names": list(start.nodes) if start.nodes else None}
+            "expected_start": None, "node_names": list(start.nodes) if start.nodes else None,
+            # An allocation's client has the grace from its start to say it is there.
+            "client_seen": sql_case((Job.interactive, now), else_=Job.client_seen)}
 
 
 def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
@@ -273,12 +276,13 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
         session.execute(insert(Allocation), allocations)
     _update_pending(session, snapshot, plan)
     if started:
-        # Its batch script runs on its first node (the start's node), as Slurm's does.
+        # Its batch script runs on its first node (the start's node), as Slurm's does;
+        # an allocation (interactive) launches nothing: its client runs steps on it.
         runs = dict(session.execute(select(Job.id, Job.restarts).where(
-            Job.id.in_(list(started)))).all())
+            Job.id.in_(list(started)), Job.interactive.is_(False))).all())
         commands.issue(session, "launch", [
-            (job_id, runs[job_id], node_ids[start.node]) for job_id, start in started.items()],
-            epoch=epoch)
+            (job_id, runs[job_id], node_ids[start.node]) for job_id, start in started.items()
+            if job_id in runs], epoch=epoch)
     woken = {start.node for start in started.values()}
     for preemption in plan.preemptions:
         stopping = session.execute(

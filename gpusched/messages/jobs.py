@@ -43,13 +43,16 @@ MAX_ARRAY_TEXT = 10_000  # characters of an --array value
 MAX_GPU_TYPES = 64  # acceptable GPU types or MIG profiles of one job
 MAX_SUBMIT_KEY = 64  # characters of a submission's key
 _SUBMIT_KEY = re.compile(r"[!-~]{1,%d}" % MAX_SUBMIT_KEY)  # printable ASCII, no space
+# What an allocation stores as its script: it is never run (an interactive job launches
+# nothing; its client runs steps on it).
+ALLOCATION_SCRIPT = "#!/bin/sh\n# an allocation (galloc or gsrun): nothing runs here\n"
 BEGIN_EXPECTED = "an ISO 8601 time with a zone, such as 2026-12-24T18:30:00+00:00"
 # The fields of POST /v1/jobs (docs/api.md); any other is refused.
 SUBMIT_FIELDS = frozenset({
     "script", "args", "name", "gpus", "gpu_types", "nodes", "cpus", "mem_mb", "gres_flags",
     "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
-    "error", "umask", "submit_key"})
+    "error", "umask", "submit_key", "interactive"})
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority"})
 
 
@@ -94,6 +97,9 @@ class JobRequest:
     # sbatch's --gres-flags: whether the job's CPUs must be (enforce-binding) or need not
     # be (disable-binding) close to its GPUs; None: the node's default.
     gres_flags: str | None = None
+    # An allocation (galloc, gsrun outside a job): nothing is launched when it starts;
+    # its client runs steps on it and ends it. The script may be left out.
+    interactive: bool = False
 
     @classmethod
     def parse(cls, raw: object) -> JobRequest:
@@ -102,6 +108,9 @@ class JobRequest:
         unknown = sorted(set(body) - SUBMIT_FIELDS)
         if unknown:
             raise UsageError(f"unknown field {shown(unknown[0])} in the submission")
+        interactive = flag(body, "interactive")
+        if interactive and body.get("script") is None:
+            body = {**body, "script": ALLOCATION_SCRIPT}
         script, args, env = _request_text(body)
         gpus = integer(body, "gpus", 0, 0, bounds.MAX_GPUS, "a whole number of GPUs")
         name = text(body, "name", bounds.MAX_NAME, "a job name") or "job"
@@ -119,6 +128,8 @@ class JobRequest:
         warn = _warn_signal(body)
         kinds, nodes, cpus, mem_mb = _shape(body, gpus, len(nodelist) or 1)
         _check_partition_list(partition)
+        if interactive and array is not None:
+            raise UsageError("array: an interactive allocation cannot be a job array")
         return cls(
             script=script, work_dir=work_dir, args=tuple(args), environment=env, name=name,
             gpus=gpus, gpu_types=kinds, nodes=nodes, cpus=cpus, mem_mb=mem_mb,
@@ -132,7 +143,7 @@ class JobRequest:
             array=array, output=output, error=error, umask=umask,
             submit_key=_submit_key(body.get("submit_key")),
             gres_flags=None if body.get("gres_flags") is None
-            else one_of(body, "gres_flags", GRES_FLAGS))
+            else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive)
 
     def to_json(self) -> dict[str, Any]:
         """The request as ``POST /v1/jobs`` takes it."""
@@ -152,6 +163,7 @@ class JobRequest:
             "dependency": self.dependency_text, "array": self.array,
             "work_dir": self.work_dir, "output": self.output, "error": self.error,
             "umask": self.umask, "submit_key": self.submit_key, "gres_flags": self.gres_flags,
+            "interactive": self.interactive,
         }
 
     @cached_property

@@ -14,6 +14,7 @@ from gpusched.auth.admins import AdminPolicy
 from gpusched.controller.api.accounting import AccountingRoutes
 from gpusched.controller.api.admin import AdminRoutes
 from gpusched.controller.api.agent import AgentRoutes
+from gpusched.controller.api.allocations import AllocationRoutes
 from gpusched.controller.api.common import ApiContext, CheckedRouter, Routes
 from gpusched.controller.api.jobs import JobRoutes
 from gpusched.controller.api.nodes import NodeRoutes
@@ -30,7 +31,8 @@ class Api:
                  is_leader: Callable[[], bool],
                  pass_stats: Callable[[], dict[str, Any]] = dict,
                  policy: Policy | None = None, idle: tuple[float, float] = (1.0, 3600.0),
-                 max_submit_jobs: int | None = None, admin_group: str | None = None) -> None:
+                 max_submit_jobs: int | None = None, admin_group: str | None = None,
+                 allocation_grace: float = 60.0) -> None:
         self.context = ApiContext(
             sessions=sessions, events=events, is_leader=is_leader, pass_stats=pass_stats,
             policy=policy or Policy(), idle_percent=idle[0], idle_after=idle[1],
@@ -38,7 +40,8 @@ class Api:
             admins=AdminPolicy(admin_group))
         self.resources: tuple[Routes, ...] = (JobRoutes(self.context), NodeRoutes(self.context),
                           AccountingRoutes(self.context), AdminRoutes(self.context),
-                          AgentRoutes(self.context), StepRoutes(self.context))
+                          AgentRoutes(self.context), StepRoutes(self.context),
+                          AllocationRoutes(self.context, allocation_grace))
 
     def router(self) -> Router:
         """All routes of docs/api.md."""
