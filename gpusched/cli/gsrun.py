@@ -57,9 +57,6 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
         if args.help:
             sys.stdout.write(USAGE)
             return 0
-        if args.pty:
-            print("gsrun: --pty: not available yet", file=sys.stderr)
-            return 1
         job_id = args.jobid if args.jobid is not None else job_from(env)
         if job_id is None:
             print_error(PROG, NOT_IN_A_JOB)
@@ -94,13 +91,16 @@ def step_request(args: GsrunArgs, env: Mapping[str, str], io: dict[str, Any],
     base = cwd if cwd is not None else _cwd()
     work_dir = os.path.normpath(os.path.join(base, args.chdir)) if args.chdir else base
     name = args.name or os.path.basename(args.command[0])[:bounds.MAX_NAME] or "step"
+    environment = export_environment(args.export, dict(env))
+    if args.pty and env.get("TERM"):
+        environment.setdefault("TERM", env["TERM"])  # the terminal's kind, for its task
     body = {
         "argv": list(args.command), "name": name, "work_dir": work_dir, "io": io,
         "nodes": args.nodes, "ntasks": args.ntasks, "ntasks_per_node": args.ntasks_per_node,
         "gpus_per_task": args.gpus_per_task, "cpus_per_task": args.cpus_per_task,
         "exact": args.exact, "overlap": args.overlap,
         "kill_on_bad_exit": args.kill_on_bad_exit, "pty": args.pty,
-        "environment": export_environment(args.export, dict(env)),
+        "environment": environment,
         # srun's rule: with -o alone, stderr goes to the same file.
         "output": args.output, "error": args.error or args.output, "input": args.input,
     }
@@ -129,7 +129,7 @@ def run_step(args: GsrunArgs, job_id: int, env: Mapping[str, str]) -> int:
         # Signals are caught from here on: one that comes while the step is being
         # created reaches its tasks once they run (a step is never left without gsrun),
         # or, while gsrun waits for room, ends gsrun before anything was created.
-        with SignalForwarding() as signal_fd:
+        with SignalForwarding((signal.SIGWINCH,) if args.pty else ()) as signal_fd:
             created = create_step(client, job_id, request, say,
                                   wait=lambda pause: _signalled(signal_fd, pause))
             plan = StepPlan(job_id, created.step_id, created.node_names, created.layout)
@@ -139,13 +139,24 @@ def run_step(args: GsrunArgs, job_id: int, env: Mapping[str, str]) -> int:
                     f"MASTER_PORT={created.master_port}, created in "
                     f"{(time.monotonic() - started) * 1000:.0f} ms")
             tally = ExitTally(plan.tasks, args.kill_on_bad_exit)
-            sink = OutputSink(sys.stdout.buffer, sys.stderr.buffer, args.label,
-                              args.unbuffered)
+            # --pty: the terminal's bytes as they come, unlabelled.
+            sink = OutputSink(sys.stdout.buffer, sys.stderr.buffer,
+                              args.label and not args.pty, args.unbuffered or args.pty)
             sys.stdout.flush()
-            server.serve(plan, sink, tally, ServeOptions(
-                stdin_fd=_stdin_fd() if args.input is None else None, signal_fd=signal_fd,
-                on_bad_exit=lambda task: kill_step(client, job_id, plan.step_id, task, say),
-                poll=lambda: step_state(client, job_id, plan.step_id), say=say))
+            terminal = _raw_terminal() if args.pty else None
+            say = _say if terminal is None else _say_raw
+            try:
+                server.serve(plan, sink, tally, ServeOptions(
+                    stdin_fd=_stdin_fd() if args.input is None else None,
+                    signal_fd=signal_fd,
+                    on_bad_exit=lambda task: kill_step(client, job_id, plan.step_id, task,
+                                                       say),
+                    poll=lambda: step_state(client, job_id, plan.step_id), say=say,
+                    winsize=None if terminal is None else terminal.size))
+            finally:
+                if terminal is not None:
+                    terminal.restore()
+                say = _say
         if args.verbose:
             say(f"gsrun: step {job_id}.{plan.step_id} ended after "
                 f"{(time.monotonic() - started) * 1000:.0f} ms")
@@ -158,6 +169,21 @@ def run_step(args: GsrunArgs, job_id: int, env: Mapping[str, str]) -> int:
 def _say(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def _say_raw(line: str) -> None:
+    """A line of gsrun's own while its terminal is raw (no newline translation)."""
+    sys.stderr.write(line + "\r\n")
+    sys.stderr.flush()
+
+
+def _raw_terminal() -> Any:
+    """gsrun's stdin, a terminal, now raw (a LocalTerminal); None when stdin is not a
+    terminal (the task still gets one on its node)."""
+    from gpusched.cli.stepterminal import LocalTerminal
+
+    terminal = LocalTerminal.of_stdin()
+    return terminal if terminal is not None and terminal.raw() else None
 
 
 def _stdin_fd() -> int | None:
@@ -256,14 +282,18 @@ def kill_step(client: Any, job_id: int, step_id: int, task: int,
 
 class SignalForwarding:
     """While inside: INT, TERM, HUP and QUIT do not end gsrun but reach the returned
-    descriptor as one byte each (their numbers), for the tasks."""
+    descriptor as one byte each (their numbers), for the tasks; so do the ``extra``
+    signals (SIGWINCH for --pty)."""
+
+    def __init__(self, extra: tuple[int, ...] = ()) -> None:
+        self._signals = FORWARDED + extra
 
     def __enter__(self) -> int:
         self._reader, self._writer = socket.socketpair()
         self._reader.setblocking(False)
         self._writer.setblocking(False)
         self._old_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        self._old = {sig: signal.signal(sig, _noted) for sig in FORWARDED}
+        self._old = {sig: signal.signal(sig, _noted) for sig in self._signals}
         return self._reader.fileno()
 
     def __exit__(self, *exc: object) -> None:

@@ -48,7 +48,9 @@ Options:
       --export ALL|NONE|LIST The tasks' environment: ALL (gsrun's, the default), NONE, or
                              NAME[=VALUE],... (ALL,NAME=VALUE adds to gsrun's).
       --jobid ID             Run in this job (default: $SLURM_JOB_ID).
-      --pty                  A terminal for task 0 (not available yet).
+      --pty                  Run one task on a terminal of its own, with gsrun's terminal
+                             passed through (raw: keys, Ctrl-C, window size); one task
+                             on the job's first node unless -N/-n say otherwise.
   -v, --verbose              Say what gsrun does.
   -h, --help                 Show this message and exit.
 """
@@ -137,7 +139,20 @@ def parse_args(argv: list[str]) -> GsrunArgs:
     if not rest:
         raise UsageError("expected a command to run (see 'gsrun --help')")
     args.command = rest
+    if args.pty:
+        _check_pty(args)
     return args
+
+
+def _check_pty(args: GsrunArgs) -> None:
+    """--pty: one task, and its terminal is its input and output."""
+    if args.output or args.error or args.input:
+        raise UsageError("--pty: the terminal is the task's input and output; -o, -e and "
+                         "-i do not apply")
+    per_node = args.ntasks_per_node or 1
+    tasks = args.ntasks or (args.nodes or 1) * per_node
+    if tasks > 1:
+        raise UsageError(f"--pty runs one task (got {tasks})")
 
 
 def _short_group(args: GsrunArgs, token: str, rest: list[str]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import selectors
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -32,6 +33,8 @@ CLOSE_GRACE = 2.0  # seconds to let nodes close after every task's end came
 POLL_MISSING = 1.0  # seconds between asks for the step's state while a node is missing
 POLL_RUNNING = 10.0  # the same, once every node is connected
 FINAL_GRACE = 3.0  # seconds nodes still have after the controller says the step ended
+# Signals gsrun passes on to every task; SIGWINCH sends the terminal's size (--pty).
+FORWARDED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 
 Say = Callable[[str], None]
 
@@ -99,17 +102,21 @@ class ServeOptions:
     ``stdin_fd`` is forwarded to task 0 (None: the tasks read elsewhere); ``signal_fd``
     carries signal numbers, one byte each (signal.set_wakeup_fd); ``on_bad_exit`` gets
     the first bad task, with -K; ``poll`` gives the step's state (None: unknown);
-    ``say`` writes one line on gsrun's stderr."""
+    ``say`` writes one line on gsrun's stderr; ``winsize`` gives the (rows, columns) of
+    gsrun's terminal, sent to task 0's node when it connects and on each SIGWINCH
+    (None: no terminal)."""
 
     def __init__(self, stdin_fd: int | None = None, signal_fd: int | None = None,
                  on_bad_exit: Callable[[int], None] | None = None,
                  poll: Callable[[], StepState | None] | None = None,
-                 say: Say = _say_nothing) -> None:
+                 say: Say = _say_nothing,
+                 winsize: Callable[[], tuple[int, int] | None] | None = None) -> None:
         self.stdin_fd = stdin_fd
         self.signal_fd = signal_fd
         self.on_bad_exit = on_bad_exit
         self.poll = poll
         self.say = say
+        self.winsize = winsize
 
 
 class StepIOServer:
@@ -280,6 +287,8 @@ class _Session:
         self.connected[node] = link
         for signum in self.signals:
             self._send(link, stepio.encode(stepio.SIGNAL, 0, str(signum).encode()))
+        if node == self.first_node:
+            self._send_window()
         if node == self.first_node and self.stdin_open:
             self._watch_stdin()
 
@@ -385,9 +394,20 @@ class _Session:
         except (BlockingIOError, InterruptedError):
             return
         for signum in data:
+            if signum == signal.SIGWINCH:
+                self._send_window()
+            if signum not in FORWARDED:
+                continue
             self.signals.append(signum)
             for link in list(self.connected.values()):
                 self._send(link, stepio.encode(stepio.SIGNAL, 0, str(signum).encode()))
+
+    def _send_window(self) -> None:
+        """Tell task 0's node the size of gsrun's terminal, if it has one."""
+        size = self.options.winsize() if self.options.winsize is not None else None
+        link = self.connected.get(self.first_node or "")
+        if size is not None and link is not None:
+            self._send(link, stepio.encode(stepio.WINDOW, 0, stepio.WINSIZE.pack(*size)))
 
     def _watch_stdin(self) -> None:
         fd = self.options.stdin_fd

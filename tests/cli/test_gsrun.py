@@ -105,8 +105,6 @@ def test_where_the_job_comes_from(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err == (
         "gsrun: error: not inside a job (no SLURM_JOB_ID); running a command in a new "
         "allocation is not available yet\n")
-    assert gsrun.main(["--pty", "bash"], {"SLURM_JOB_ID": "12"}) == 1
-    assert capsys.readouterr().err == "gsrun: --pty: not available yet\n"
 
 
 def test_a_bound_the_controller_would_refuse_is_refused_here(
