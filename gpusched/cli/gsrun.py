@@ -34,8 +34,6 @@ BUSY_FIRST_PAUSE = 0.1  # seconds before asking again for a step that did not fi
 BUSY_MAX_PAUSE = 2.0
 POLL_TIMEOUT = 5.0  # seconds for an answer about the step's state
 CANCEL_TIMEOUT = 10.0
-NOT_IN_A_JOB = ("not inside a job (no SLURM_JOB_ID); running a command in a new "
-                "allocation is not available yet")
 
 
 def entry() -> NoReturn:
@@ -58,9 +56,14 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             sys.stdout.write(USAGE)
             return 0
         job_id = args.jobid if args.jobid is not None else job_from(env)
-        if job_id is None:
-            print_error(PROG, NOT_IN_A_JOB)
-            return 1
+        if job_id is None:  # as srun: an allocation of its own first
+            from gpusched.cli.gsrunalloc import run_in_new_allocation
+
+            return run_in_new_allocation(args, env, run_step)
+        if args.allocation:
+            from gpusched.cli.gsrunalloc import refuse_allocation_options
+
+            raise UsageError(str(refuse_allocation_options(args)))
         return run_step(args, job_id, env)
     except GpuschedError as err:
         print_error(PROG, err.message)

@@ -23,6 +23,14 @@ task per node of the job by default, each with its rank variables (SLURM_PROCID,
 RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT...) and its GPUs. The tasks'
 output comes back here; gsrun exits with the worst task's status.
 
+Outside a job, gsrun first gets an allocation for the step, as srun does: -N, -n,
+--ntasks-per-node, -c, --gpus-per-task and -J shape it too, and these options only
+there (its end comes with the step's, with the step's status):
+  -G, --gpus [TYPE:]N        GPUs in all.      --gpus-per-node [TYPE:]N  GPUs per node.
+      --mem SIZE             Memory per node.  -t, --time TIME  Time limit.
+  -p, --partition P          -A, --account A   -q, --qos Q      --exclusive
+  -w, --nodelist NODES       -x, --exclude NODES
+
 Options:
   -N, --nodes N              Nodes of the job to run on (default: all of them).
   -n, --ntasks N             Tasks in all (default: one per node, or the job's --ntasks).
@@ -78,9 +86,22 @@ _LONG: dict[str, tuple[str, str]] = {
     "--verbose": ("verbose", "flag"),
     "--help": ("help", "flag"),
 }
+# The allocation's options (gsrun outside a job), kept in GsrunArgs.allocation by key.
+_ALLOCATION_LONG: dict[str, tuple[str, str]] = {
+    "--gpus": ("allocation:gpus", "str"), "--gpus-per-node": ("allocation:gpus_per_node", "str"),
+    "--mem": ("allocation:mem", "str"), "--time": ("allocation:time", "str"),
+    "--partition": ("allocation:partition", "str"),
+    "--account": ("allocation:account", "str"), "--qos": ("allocation:qos", "str"),
+    "--exclusive": ("allocation:exclusive", "flag"),
+    "--nodelist": ("allocation:nodelist", "str"), "--exclude": ("allocation:exclude", "str"),
+}
+_LONG.update(_ALLOCATION_LONG)
 _SHORT = {"-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task", "-l": "--label",
           "-u": "--unbuffered", "-o": "--output", "-e": "--error", "-i": "--input", "-K": "--kill-on-bad-exit",
-          "-J": "--job-name", "-D": "--chdir", "-v": "--verbose", "-h": "--help"}
+          "-J": "--job-name", "-D": "--chdir", "-v": "--verbose", "-h": "--help",
+          # the allocation's (gsrun outside a job)
+          "-G": "--gpus", "-t": "--time", "-p": "--partition", "-A": "--account",
+          "-q": "--qos", "-w": "--nodelist", "-x": "--exclude"}
 _FLAG_VALUES = {"0": False, "1": True, "no": False, "yes": True}  # --kill-on-bad-exit=1
 
 
@@ -90,7 +111,7 @@ class GsrunArgs:
     __slots__ = ("nodes", "ntasks", "ntasks_per_node", "gpus_per_task", "cpus_per_task",
                  "exact", "overlap", "label", "unbuffered", "output", "error", "input",
                  "kill_on_bad_exit", "name", "chdir", "export", "jobid", "pty", "verbose",
-                 "help", "command")
+                 "help", "command", "allocation")
 
     def __init__(self) -> None:
         self.nodes: int | None = None
@@ -114,6 +135,8 @@ class GsrunArgs:
         self.verbose = 0
         self.help = False
         self.command: list[str] = []
+        # The allocation's options given (gsrun outside a job), by jobshape's keys.
+        self.allocation: dict[str, str | bool] = {}
 
 
 def parse_args(argv: list[str]) -> GsrunArgs:
@@ -173,6 +196,10 @@ def _short_group(args: GsrunArgs, token: str, rest: list[str]) -> None:
 def _take(args: GsrunArgs, name: str, shown: str, value: str | None, rest: list[str],
           attached: bool) -> None:
     field, kind = _LONG[name]
+    if field.startswith("allocation:"):
+        _take_allocation(args, field.removeprefix("allocation:"), kind, shown, value, rest,
+                         attached)
+        return
     if kind == "flag":
         if attached:
             if name != "--kill-on-bad-exit" or value not in _FLAG_VALUES:
@@ -193,6 +220,23 @@ def _take(args: GsrunArgs, name: str, shown: str, value: str | None, rest: list[
         if not value or "\0" in value:
             raise UsageError(f"{shown}: expected a value, got {value!r:.80}")
         setattr(args, field, value)
+
+
+def _take_allocation(args: GsrunArgs, key: str, kind: str, shown: str, value: str | None,
+                     rest: list[str], attached: bool) -> None:
+    """An option of the allocation gsrun makes outside a job, kept as given."""
+    if kind == "flag":
+        if attached:
+            raise UsageError(f"{shown} takes no value")
+        args.allocation[key] = True
+        return
+    if value is None:
+        if not rest:
+            raise UsageError(f"{shown} expects a value")
+        value = rest.pop(0)
+    if not value or "\0" in value:
+        raise UsageError(f"{shown}: expected a value, got {value!r:.80}")
+    args.allocation[key] = value
 
 
 def _count(option: str, text: str, high: int) -> int:

@@ -95,10 +95,18 @@ def end_allocation(session: Session, job: Job, state: str, *, exit_code: int | N
     if not changed:
         return None
     release_job(session, job.id)
-    nodes = job.node_names or list(session.scalars(
-        select(Node.name).where(Node.id == job.node_id)))
+    nodes = nodes_of(session, job)
     # No agent runs anything of it but its steps: every node of it is told, the first too.
     return steps.end_with_job(session, job.id, run, nodes, state)
+
+
+def nodes_of(session: Session, job: Job) -> list[str]:
+    """The nodes a started job runs on, its first (batch) node first; [] before."""
+    if job.node_names:
+        return list(job.node_names)
+    if job.node_id is None:
+        return []
+    return list(session.scalars(select(Node.name).where(Node.id == job.node_id)))
 
 
 def check_allocations(session: Session, grace: float, now: datetime, silent_too: bool = True

@@ -98,7 +98,7 @@ JOB_FIELDS: dict[str, Field] = {
     "gpu_mem_peak_mb": _same("mem_peak_mb"), "gpu_samples": _same("util_samples"),
     "idle": _same("idle"), "idle_since": _when("idle_since"),
     "gres_flags": _same("gres_flags"), "max_rss_bytes": _same("max_rss_bytes"),
-    "cpu_usec": _same("cpu_usec"),
+    "cpu_usec": _same("cpu_usec"), "interactive": _same("interactive"),
     "display_id": (("id", "array_job_id", "array_task_id", "array_tasks", "array_max_running"),
                    display_id),
 }

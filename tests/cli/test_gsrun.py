@@ -101,10 +101,11 @@ def test_where_the_job_comes_from(capsys: pytest.CaptureFixture[str]) -> None:
     assert gsrun.job_from({"PATH": "/bin"}) is None
     assert gsrun.main(["true"], {"SLURM_JOB_ID": "12x"}) == 2
     assert "SLURM_JOB_ID: expected a job id, got '12x'" in capsys.readouterr().err
-    assert gsrun.main(["true"], {"PATH": "/bin"}) == 1
+    # Inside a job, the options that shape an allocation (outside one) are refused.
+    assert gsrun.main(["-p", "gpu", "--exclusive", "true"], {"SLURM_JOB_ID": "12"}) == 2
     assert capsys.readouterr().err == (
-        "gsrun: error: not inside a job (no SLURM_JOB_ID); running a command in a new "
-        "allocation is not available yet\n")
+        "gsrun: error: --exclusive, --partition: only for the allocation gsrun gets outside "
+        "a job; this step runs in its job's\n")
 
 
 def test_a_bound_the_controller_would_refuse_is_refused_here(

@@ -135,8 +135,9 @@ def test_only_the_owner_or_an_admin_keeps_an_allocation_alive(served: Served) ->
     before = _job(served, job_id).client_seen
     assert before is not None
     status, answer = served.user(ALICE.uid, "POST", f"/v1/jobs/{job_id}/heartbeat")
-    assert status == 200 and answer == {"job_id": job_id, "state": "PENDING",
-                                        "node_names": [], "allocation_grace": GRACE}
+    assert status == 200 and answer == {"job_id": job_id, "state": "PENDING", "name": "job",
+                                        "partition": "gpu", "node_names": [],
+                                        "allocation_grace": GRACE}
     seen = _job(served, job_id).client_seen
     assert seen is not None and seen - before > timedelta(minutes=59)
     _start(served, job_id)

@@ -246,9 +246,11 @@ def test_cancelling_the_job_ends_its_steps_on_every_node(two_nodes: LocalCluster
 
 
 def test_gsrun_outside_a_job_and_in_a_job_that_ended(two_nodes: LocalCluster) -> None:
-    outside = two_nodes.run("gsrun", "true")
-    assert outside.returncode == 1 and outside.stderr.startswith(
-        "gsrun: error: not inside a job (no SLURM_JOB_ID)")
+    # Outside a job gsrun gets an allocation first (tests/e2e/test_allocations.py): one
+    # the controller refuses is one error line, and nothing runs.
+    outside = two_nodes.run("gsrun", "-p", "nosuch", "true")
+    assert (outside.returncode, outside.stderr) == (
+        2, "gsrun: error: invalid partition specified: nosuch\n")
     job = two_nodes.submit_script("quick", "true\n")
     two_nodes.wait_ended(job)
     late = subprocess.run([str(BIN / "gsrun"), "true"], env={**two_nodes.env,

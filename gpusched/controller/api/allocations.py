@@ -30,14 +30,17 @@ class AllocationRoutes:
 
     def heartbeat(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The client of a pending or running allocation is alive. The answer says the
-        job's state and how long the client may stay silent."""
+        job's state, its nodes and partition once it runs, and how long the client may
+        stay silent."""
         ctx, job_id = self.context, path_job_id(request)
         refuse_unknown(as_object(request.body, "the heartbeat"), (), "the heartbeat")
         with ctx.sessions() as session, session.begin():
             job = allocations.heartbeat(session, job_id, ctx.identity(request))
-            state, nodes = job.state, list(job.node_names or ())
-        return 200, {"job_id": job_id, "state": state, "node_names": nodes,
-                     "allocation_grace": self.grace}
+            answer = {"job_id": job_id, "state": job.state, "name": job.name,
+                      "partition": job.partition,
+                      "node_names": allocations.nodes_of(session, job),
+                      "allocation_grace": self.grace}
+        return 200, answer
 
     def complete(self, request: Request) -> tuple[int, dict[str, Any]]:
         """End a running allocation with its client's exit status (0: COMPLETED, else
