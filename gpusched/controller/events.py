@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import psycopg
+from sqlalchemy import Engine, event
 
-from gpusched.db.notify import ADMIN_CHANGED, open_listener, received
+from gpusched.db.notify import ADMIN_CHANGED, backend_pid, open_listener, received_from
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,34 @@ class Events:
         self._admin_lock = threading.Lock()
         self._admin_generation = 0
         self._listening = False
+        # Server pids of this process's own pooled connections: a ``sched`` they sent
+        # was already woken here, and hearing it again would run a second, empty pass.
+        self._own_lock = threading.Lock()
+        self._own_pids: set[int] = set()
+
+    def own_senders(self, engine: Engine) -> None:
+        """Treat NOTIFYs sent from ``engine``'s pooled connections as this process's own."""
+        event.listen(engine, "connect", self._connected)
+        event.listen(engine, "close", self._closed)
+        event.listen(engine, "close_detached", self._closed)
+        event.listen(engine, "invalidate", self._closed)
+
+    def _connected(self, dbapi_connection: Any, record: Any) -> None:
+        pid = backend_pid(dbapi_connection)
+        if pid is not None:
+            with self._own_lock:
+                self._own_pids.add(pid)
+
+    def _closed(self, dbapi_connection: Any, *rest: Any) -> None:
+        pid = backend_pid(dbapi_connection)
+        if pid is not None:
+            with self._own_lock:
+                self._own_pids.discard(pid)
+
+    def sent_here(self, pid: int) -> bool:
+        """Whether server process ``pid`` is one of this process's own connections."""
+        with self._own_lock:
+            return pid in self._own_pids
 
     def wake_scheduler(self) -> None:
         """Ask the leader for a scheduling pass soon."""
@@ -56,10 +86,14 @@ class Events:
                     return
                 self._nodes.wait(left)
 
-    def dispatch(self, payload: str) -> None:
-        """Act on one NOTIFY payload: ``sched``, ``node:NAME`` or ``admin``."""
+    def dispatch(self, payload: str, sender: int | None = None) -> None:
+        """Act on one NOTIFY payload: ``sched``, ``node:NAME`` or ``admin``. A ``sched``
+        from ``sender``, a pid of this process's own connections, is skipped: every
+        sender here wakes the scheduler itself. The rest are acted on whoever sent
+        them (``admin`` comes from a trigger, in whichever transaction changed a table)."""
         if payload == "sched":
-            self.wake_scheduler()
+            if sender is None or not self.sent_here(sender):
+                self.wake_scheduler()
         elif payload.startswith("node:"):
             self.wake_node(payload[5:])
         elif payload == ADMIN_CHANGED:
@@ -96,8 +130,8 @@ class Events:
                     self._set_listening(True)
                     try:
                         while not self._stop.is_set():
-                            for payload in received(conn, 1.0):
-                                self.dispatch(payload)
+                            for sender, payload in received_from(conn, 1.0):
+                                self.dispatch(payload, sender)
                     finally:
                         self._set_listening(False)
             except psycopg.Error as exc:

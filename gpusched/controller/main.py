@@ -57,6 +57,7 @@ class Controller:
             seed_partitions(session, config.partitions)
         dsn = psycopg_dsn(config.database_url)
         self.events = Events()
+        self.events.own_senders(self.engine)
         self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy(),
                                        config.scheduler.pass_budget or None,
                                        config.scheduler.admin_cache_max_age)

@@ -39,3 +39,17 @@ def received(conn: psycopg.Connection, timeout: float) -> Iterator[str]:
     """The payloads that arrive on ``conn`` within ``timeout`` seconds."""
     for note in conn.notifies(timeout=timeout):
         yield note.payload
+
+
+def received_from(conn: psycopg.Connection, timeout: float) -> Iterator[tuple[int, str]]:
+    """The notifications that arrive on ``conn`` within ``timeout`` seconds, each as the
+    sending server process's pid and the payload."""
+    for note in conn.notifies(timeout=timeout):
+        yield note.pid, note.payload
+
+
+def backend_pid(dbapi_connection: object) -> int | None:
+    """The server process pid of a psycopg connection (None for another driver's)."""
+    info = getattr(dbapi_connection, "info", None)
+    pid = getattr(info, "backend_pid", None)
+    return pid if isinstance(pid, int) else None
