@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 __all__ = ["JobEnd", "Launcher", "build_spec", "site_programs", "spec_run"]
 
 SUPERVISOR_LOST = "job supervisor lost"
+# How long a signal or a new time limit waits for a just-started supervisor to write
+# supervisor.json (it names the job's process group) before it is refused.
+SUPERVISOR_INFO_WAIT = 5.0
 
 
 class _SupervisorNotFound(Exception):
@@ -205,16 +208,31 @@ class Launcher:
     def _with_running(self, job_id: int, act: Callable[[Path, dict[str, Any]], None]) -> bool:
         """``act(jobdir, supervisor.json)`` for a job still running here; False if the job
         is unknown or ended, or acting failed."""
-        with self._lock:
-            pidfd = self._pidfds.get(job_id)
-            jobdir = self._jobdir(job_id)
-            if pidfd is None or procs.pidfd_exited(pidfd) or (jobdir / "status.json").exists():
+        # A job may be running before its supervisor has written supervisor.json (it
+        # writes it once the job is forked): wait a little for it, outside the lock.
+        deadline = time.monotonic() + SUPERVISOR_INFO_WAIT
+        jobdir = self._jobdir(job_id)
+        while True:
+            with self._lock:
+                pidfd = self._pidfds.get(job_id)
+                if (pidfd is None or procs.pidfd_exited(pidfd)
+                        or (jobdir / "status.json").exists()):
+                    return False
+                try:
+                    info = json.loads((jobdir / "supervisor.json").read_text())
+                except FileNotFoundError:
+                    info = None
+                except (OSError, ValueError):
+                    return False
+                if info is not None:
+                    try:
+                        act(jobdir, info)
+                    except (OSError, ValueError, KeyError):
+                        return False
+                    return True
+            if time.monotonic() >= deadline:
                 return False
-            try:
-                act(jobdir, json.loads((jobdir / "supervisor.json").read_text()))
-            except (OSError, ValueError, KeyError):
-                return False
-            return True
+            time.sleep(0.005)
 
     def running(self) -> list[int]:
         """Ids of the jobs whose supervisor is alive."""
