@@ -193,13 +193,28 @@ class Occupancy:
             self.index.get(name) in self.whole for name in job.nodes or (job.node,))
 
     def _touched_by(self, job: RunningJob) -> dict[int, NodeTimeline]:
-        """Own copies of the nodes ``job`` holds anything on."""
+        """New nodes in place of those ``job`` holds anything on, sharing their sealed
+        free units and releases until a change replaces them."""
         touched = {self.index[name] for name in job.nodes or (job.node,) if name in self.index}
         touched.update(self.kind_of[uuid][0] for uuid in job.gpu_uuids if uuid in self.kind_of)
-        return {at: own_units(copy_node(self.nodes[at])) for at in sorted(touched)}
+        changed = {}
+        for at in sorted(touched):
+            node = copy_node(self.nodes[at])
+            node.reserved = _NOTHING_RESERVED
+            changed[at] = node
+        return changed
+
+    def _units_by_node(self, job: RunningJob) -> dict[tuple[int, str], set[str]]:
+        """The UUIDs of ``job``'s units, by (node, kind) (free units of that kind known)."""
+        units: dict[tuple[int, str], set[str]] = {}
+        for uuid in job.gpu_uuids:
+            where = self.kind_of.get(uuid)
+            if where is not None:
+                units.setdefault(where, set()).add(uuid)
+        return units
 
     def _replace(self, changed: dict[int, NodeTimeline]) -> None:
-        """Put the changed nodes in place (sealed) and move them between buckets."""
+        """Put the changed nodes in place and move them between buckets."""
         for at, node in changed.items():
             old = self.nodes[at]
             for kind in node.total:
@@ -207,7 +222,7 @@ class Occupancy:
                 if before != after:
                     self.buckets[kind][before].remove(at)
                     insort(self.buckets[kind][after], at)
-            self.nodes[at] = _sealed(node)
+            self.nodes[at] = node
 
     def add(self, job: RunningJob) -> None:
         """``job`` started: it holds its units, CPUs and memory until its end time."""
@@ -227,16 +242,17 @@ class Occupancy:
                 node.cpus -= job.cpus
                 node.mem -= job.mem_mb
                 self.on_node[at] = [*self.on_node.get(at, ()), job]
-        taken = set(job.gpu_uuids)
-        for uuid in job.gpu_uuids:
-            where = self.kind_of.get(uuid)
-            if where is not None and where[1] in changed[where[0]].free:
-                node = changed[where[0]]
-                node.free[where[1]] = [gpu for gpu in node.free[where[1]]
-                                       if gpu.uuid not in taken]
+        for (at, kind), taken in self._units_by_node(job).items():
+            node = changed[at]
+            if kind in node.free:
+                node.free = SealedDict({**node.free, kind: SealedList(
+                    gpu for gpu in node.free[kind] if gpu.uuid not in taken)})
         if job.end_time is not None:
+            added: dict[int, list[Release]] = {}
             for at, release in releases_of(job, job.end_time, self.index, self.kind_of):
-                insort(changed[at].releases, release)
+                added.setdefault(at, []).append(release)
+            for at, releases in added.items():
+                changed[at].releases = SealedList(sorted([*changed[at].releases, *releases]))
         self._replace(changed)
 
     def remove(self, job: RunningJob) -> None:
@@ -260,14 +276,14 @@ class Occupancy:
                     self.on_node[at] = left
                 else:
                     self.on_node.pop(at, None)
-        returned = set(job.gpu_uuids)
-        for uuid in job.gpu_uuids:
-            where = self.kind_of.get(uuid)
-            if where is not None and where[1] in changed[where[0]].free:
-                node = changed[where[0]]
-                free = {gpu.uuid for gpu in node.free[where[1]]} | returned
-                node.free[where[1]] = [gpu for gpu in self.inventory.nodes[where[0]].units[where[1]]
-                                       if gpu.uuid in free]
+        for (at, kind), returned in self._units_by_node(job).items():
+            node = changed[at]
+            if kind in node.free:
+                free = {gpu.uuid for gpu in node.free[kind]} | returned
+                node.free = SealedDict({**node.free, kind: SealedList(
+                    gpu for gpu in self.inventory.nodes[at].units[kind] if gpu.uuid in free)})
+        job_id = job.job_id
         for node in changed.values():
-            node.releases = [r for r in node.releases if r[5] != job.job_id]
+            if any(release[5] == job_id for release in node.releases):
+                node.releases = SealedList(r for r in node.releases if r[5] != job_id)
         self._replace(changed)

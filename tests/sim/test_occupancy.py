@@ -120,8 +120,14 @@ def test_a_kept_occupancy_refuses_a_job_twice_and_an_unknown_end() -> None:
         Occupancy(NODES, ()).add(job)
 
 
-def test_the_nodes_of_a_kept_occupancy_refuse_changes() -> None:
-    node = Occupancy.kept_for(NODES).nodes[0]
+@pytest.mark.parametrize("changed", [False, True])
+def test_the_nodes_of_a_kept_occupancy_refuse_changes(changed: bool) -> None:
+    kept = Occupancy.kept_for(NODES)
+    if changed:  # a node put in place by a start and an end
+        kept.add(RunningJob(1, "a0", (NODES[0].gpus[0].uuid,), end_time=10.0, cpus=2))
+        kept.add(RunningJob(2, "a0", (NODES[0].gpus[1].uuid,), end_time=20.0, cpus=2))
+        kept.remove(RunningJob(1, "a0", (NODES[0].gpus[0].uuid,), end_time=10.0, cpus=2))
+    node = kept.nodes[0]
     with pytest.raises(TypeError, match="shared between passes"):
         node.reserved.append((0.0, 1.0, "a100", 1, 0.0, 0.0))
     with pytest.raises(TypeError, match="shared between passes"):
