@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-FIRST_POLL = 0.02  # seconds between the first looks at a pending allocation; doubled
-MAX_POLL = 1.0  # up to this
-QUIET_WAIT = 0.5  # seconds of waiting before "queued and waiting for resources" is said
+FIRST_POLL = 0.02  # seconds between looks at a pending allocation for QUIET_WAIT s (an
+QUIET_WAIT = 0.5  # idle cluster starts it within a pass); then doubled up to MAX_POLL,
+MAX_POLL = 1.0  # and "queued and waiting for resources" is said
 MIN_HEARTBEAT = 1.0  # seconds between heartbeats, at least
 REQUEST_TIMEOUT = 10.0
 # The job's variables a command in the allocation gets (each also as GPUSCHED_*).
@@ -149,7 +149,8 @@ class Allocation:
                 self.say(f"{self.prog}: job {job_id} queued and waiting for resources")
                 said = True
             time.sleep(pause)
-            pause = min(pause * 2, MAX_POLL)
+            if said:
+                pause = min(pause * 2, MAX_POLL)
         if said:
             self.say(f"{self.prog}: job {job_id} has been allocated resources")
         if announce_pending or self.verbose:
