@@ -102,14 +102,21 @@ def _queued(session: Session, uid: int, qos: str | None = None) -> int:
     return int(count) + sum(task_bounds(spec)[0] for spec in specs or () if spec)
 
 
-def check_submit_limits(session: Session, uid: int, user: str, account: str | None,
-                        qos: Qos | None, adding: int, default_limit: int | None,
-                        admin: bool) -> None:
-    """Refuse a submission of ``adding`` jobs that would take the user past a limit: the
-    association's max_submit_jobs, the QOS's max_submit_jobs_per_user, or the cluster's
-    ``default_limit`` (which administrators are not held to)."""
+def lock_user_submits(session: Session, uid: int) -> None:
+    """Hold the user's submissions lock until the transaction ends: concurrent
+    submissions of one user are counted, and their submit keys looked up, in turn."""
     session.execute(text("SELECT pg_advisory_xact_lock(:space, :uid)"),
                     {"space": _SUBMIT_LOCK_NAMESPACE, "uid": uid})
+
+
+def check_submit_limits(session: Session, uid: int, user: str, account: str | None,
+                        qos: Qos | None, adding: int, default_limit: int | None,
+                        admin: bool, locked: bool = False) -> None:
+    """Refuse a submission of ``adding`` jobs that would take the user past a limit: the
+    association's max_submit_jobs, the QOS's max_submit_jobs_per_user, or the cluster's
+    ``default_limit`` (which administrators are not held to). The user's jobs are
+    counted under lock_user_submits (taken here unless ``locked``), and only when a
+    limit applies."""
     limits: list[tuple[int, str, str | None]] = []  # (most, what, QOS counted)
     if account is not None:
         most = session.scalar(select(AccountUser.max_submit_jobs).where(
@@ -124,6 +131,8 @@ def check_submit_limits(session: Session, uid: int, user: str, account: str | No
     if default_limit is not None and not admin:
         limits.append((default_limit, "the cluster's limit per user (controller."
                                       "max_submit_jobs_per_user) [MaxSubmitJobLimit]", None))
+    if limits and not locked:
+        lock_user_submits(session, uid)
     counted: dict[str | None, int] = {}
     for most, what, counted_qos in sorted(limits, key=lambda limit: limit[0]):
         if counted_qos not in counted:

@@ -10,14 +10,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
 from gpusched.core.timefmt import format_duration
 from gpusched.core.units import kind_matches
 from gpusched.db import commands
-from gpusched.db.associations import check_submit_limits, choose_qos, qos_access
+from gpusched.db.associations import (
+    check_submit_limits,
+    choose_qos,
+    lock_user_submits,
+    qos_access,
+)
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.models import AccountUser, Gpu, Job, JobScript, Node, Partition, Qos
@@ -86,10 +90,10 @@ def _check_fits(session: Session, part: Partition, per_node: int, kinds: tuple[s
     query = select(Node.id, Node.cpus, Node.memory_mb)
     if "*" not in part.nodes:
         query = query.where(Node.name.in_(part.nodes))
-    outside = set(nodelist) - set(session.scalars(query.with_only_columns(Node.name)))
-    if outside:
-        raise UsageError(f"node {min(outside)} is not in partition {part.name}")
     if nodelist:
+        outside = set(nodelist) - set(session.scalars(query.with_only_columns(Node.name)))
+        if outside:
+            raise UsageError(f"node {min(outside)} is not in partition {part.name}")
         query = query.where(Node.name.in_(nodelist))
     if exclude:
         query = query.where(Node.name.not_in(exclude))
@@ -180,6 +184,10 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
     ``submit_key`` before, and the job then stored is given; nothing else is checked)."""
     request = JobRequest.parse(body)
     if request.submit_key is not None:
+        # Under the user's lock until the commit: a copy of this submission sent to
+        # another controller at once finds this job stored, or stores its own first and
+        # this one finds it; the INSERT below cannot meet the same key.
+        lock_user_submits(session, who.uid)
         earlier = submitted_before(session, who.uid, request.submit_key)
         if earlier is not None:
             return earlier, False
@@ -203,7 +211,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
     array = request.array_spec
     check_submit_limits(session, who.uid, user, account, qos,
                         1 if array is None else task_bounds(array.tasks)[0], max_submit_jobs,
-                        who.is_admin)
+                        who.is_admin, locked=request.submit_key is not None)
     warn = request.warn_signal
     job = Job(
         name=request.name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
@@ -230,32 +238,12 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
     if array is not None:
         job.array_tasks = job.array_spec = array.tasks
         job.array_max_running = array.max_running
-    if not _insert(session, job):
-        earlier = submitted_before(session, who.uid, str(request.submit_key))
-        assert earlier is not None
-        return earlier, False
+    session.add(job)
+    session.flush()
     if array is not None:
         job.array_job_id = job.id
         session.flush()
     return job, True
-
-
-def _insert(session: Session, job: Job) -> bool:
-    """Add the job; False when the same user's same submit_key was stored meanwhile
-    (by a copy of this submission sent to another controller)."""
-    if job.submit_key is None:
-        session.add(job)
-        session.flush()
-        return True
-    try:
-        with session.begin_nested():
-            session.add(job)
-            session.flush()
-    except IntegrityError:
-        if submitted_before(session, job.uid, job.submit_key) is None:
-            raise
-        return False
-    return True
 
 
 T = TypeVar("T")
