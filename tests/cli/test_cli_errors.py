@@ -146,7 +146,9 @@ def test_valid_submit_without_controller_exits_1(tmp_path: Path, argv: list[str]
         (["12", "x1"], "invalid job id 'x1'"),  # checked before the first cancel is sent
         (["0"], "invalid job id '0'"),
         (["-5"], "No such option: -5"),
-        (["1.5"], "invalid job id '1.5'"),
+        (["1.x"], "invalid step id '1.x': expected JOB.STEP such as 12.3"),
+        (["1.5.2"], "invalid step id '1.5.2'"),
+        (["0.5"], "invalid job id '0'"),
         ([], "nothing to cancel: give job ids, or filters"),
         (["12_x"], "invalid job id '12_x': expected ID, ID_TASK or ID_[TASKS]"),
         (["12_[1-3%2]"], "a % limit has no meaning here"),
