@@ -279,3 +279,32 @@ def _start_alone(served: Served, job_id: int) -> None:
                 next(u for u in free if u.startswith("n2")))
         apply_plan(s, snapshot, Plan(starts=(Start(job_id, "n1", pick, nodes=("n1", "n2")),)),
                    node_ids)
+
+
+def test_a_preempted_allocation_ends_cancelled_never_requeued(served: Served) -> None:
+    by_check, also = _submit(served), _submit(served)
+    for job_id in (by_check, also):
+        _start_alone(served, job_id)
+    now = datetime.now(UTC)
+    with served.sessions() as s, s.begin():
+        s.execute(update(Job).where(Job.id.in_((by_check, also))).values(
+            cancel_requested_at=now, preempted_at=now, preempt_mode="requeue",
+            preempted_by=7))
+        assert allocations.check_allocations(s, 5.0, now, silent_too=False).ended == {
+            "CANCELLED": [by_check, also]}
+    assert (_job(served, by_check).state, _job(served, by_check).error_message) == (
+        "CANCELLED", "preempted by job 7")
+    # The preemption's cancel to an allocation's first node comes back from its agent as
+    # a run it never had, cancelled: the allocation ends, not requeued, and both of its
+    # nodes are told to kill its steps.
+    again = _submit(served)
+    _start_alone(served, again)
+    with served.sessions() as s, s.begin():
+        s.execute(update(Job).where(Job.id == again).values(
+            cancel_requested_at=now, preempted_at=now, preempt_mode="requeue",
+            preempted_by=7))
+        changed, stale = agents.record_run_end(s, again, {
+            "node": "n1", "outcome": "cancelled", "run": 0})
+    assert (changed, stale) == (True, False)
+    assert (_job(served, again).state, _job(served, again).restarts) == ("CANCELLED", 0)
+    assert _commands(served, again) == [("kill", "n1"), ("kill", "n2")]
