@@ -110,8 +110,13 @@ def test_galloc_runs_steps_on_both_nodes_and_ends_with_the_commands_status(
         f"galloc: Relinquishing job allocation {job['job_id']}"], result.stderr
     assert (job["state"], job["exit_code"], job["interactive"]) == ("FAILED", 3, True)
     assert job["job_id"] not in _gpu_holders(cluster).values()
-    steps = cluster.api("GET", f"/v1/jobs/{job['job_id']}/steps")["steps"]
-    assert [(s["step_id"], s["state"]) for s in steps] == [(0, "COMPLETED"), (1, "COMPLETED")]
+    # A step's last node may report after the allocation's end closed it: its report,
+    # of tasks that ended on their own, still settles it.
+    wait_for(lambda: [(s["step_id"], s["state"]) for s in cluster.api(
+        "GET", f"/v1/jobs/{job['job_id']}/steps")["steps"]] == [(0, "COMPLETED"),
+                                                                 (1, "COMPLETED")],
+             timeout=30, what="both steps COMPLETED",
+             seen=lambda: cluster.api("GET", f"/v1/jobs/{job['job_id']}/steps"))
 
 
 def test_gsrun_outside_a_job_makes_and_completes_its_own_allocation(
@@ -181,3 +186,16 @@ def test_a_galloc_killed_outright_loses_its_allocation_after_the_grace(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_gsrun_pty_outside_a_job_gets_a_terminal_on_a_new_allocation(
+        cluster: LocalCluster) -> None:
+    result = subprocess.run([str(BIN / "gsrun"), "-J", "ptyshell", "--pty", "sh", "-c",
+                             "tty; echo \"procid $SLURM_PROCID\"; exit 5"],
+                            env=cluster.env, cwd=cluster.root, capture_output=True,
+                            text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 5, result.stderr
+    lines = result.stdout.replace("\r\n", "\n").splitlines()
+    assert lines[0].startswith("/dev/pts/") and lines[1] == "procid 0", result.stdout
+    job = _job_named(cluster, "ptyshell")
+    assert (job["state"], job["exit_code"], job["interactive"]) == ("FAILED", 5, True)
