@@ -7,7 +7,7 @@ writes there comes back as its STDOUT.
 Run as ``python -I -S stepsupervisor.py STEPDIR [--lock-fd N]`` in a session of its
 own, or, usually, forked by the supervisor spawner (gpusched.agent.spawner) for a
 directory named ``step-*``. Stdlib only, like supervisor.py; the frames are those of
-gpusched.messages.stepio.
+gpusched.messages.stepio, carried to and from the tasks by gpusched.agent.steprelay.
 
 Files in STEPDIR (gpusched.agent.steps writes the spec):
   spec.json        (input) the step's user, command, tasks and where gsrun listens
@@ -31,7 +31,6 @@ from __future__ import annotations
 import encodings.idna  # noqa: F401 - what connecting to a host name needs, loaded ahead
 import json
 import os
-import selectors
 import signal
 import sys
 import time
@@ -41,7 +40,7 @@ if not __package__:  # run as a script: make this file's package importable
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.realpath(__file__)))))
 
-from gpusched.agent.steplink import READ_SIZE, GsrunLink  # noqa: E402
+from gpusched.agent.steprelay import StepRelay  # noqa: E402
 from gpusched.agent.steptask import StepTask  # noqa: E402
 from gpusched.agent.supervisor import (  # noqa: E402
     _ensure_std_fds,
@@ -56,8 +55,6 @@ SIGNAL_REQUEST = signal.SIGUSR1  # the agent wrote signal.json: deliver that sig
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, SIGNAL_REQUEST)
 _CANCELS = frozenset({signal.SIGTERM, signal.SIGINT})
 CONNECT_TIMEOUT = 10.0  # seconds to reach gsrun's I/O socket
-MAX_BUFFERED = 4 << 20  # bytes of output held for gsrun before tasks' pipes are left unread
-MAX_STDIN_BUFFERED = 1 << 20  # bytes of gsrun's input held for task 0
 DRAIN_TIMEOUT = 2.0  # seconds to send what is left once the tasks have ended
 
 
@@ -82,8 +79,7 @@ class StepSupervisor:
         self.stepdir = stepdir
         self.spec = spec
         self.tasks = [StepTask(t) for t in spec["tasks"]]
-        self.link = GsrunLink()
-        self.selector = selectors.DefaultSelector()
+        self.relay = StepRelay(self.tasks, self._signal_tasks, self._lost_gsrun)
         self.wake_r, self.wake_w = os.pipe()
         self.start_time = 0.0
         self.stop_reason: str | None = None
@@ -101,16 +97,18 @@ class StepSupervisor:
         self.start_time = time.time()
         self._install_handlers()
         io = self.spec["io"]
-        error = self.link.connect(io["host"], int(io["port"]),
-                                  float(self.spec.get("connect_timeout") or CONNECT_TIMEOUT),
-                                  lambda: bool(self.pending & _CANCELS))
+        error = self.relay.link.connect(
+            io["host"], int(io["port"]),
+            float(self.spec.get("connect_timeout") or CONNECT_TIMEOUT),
+            lambda: bool(self.pending & _CANCELS))
         if error is not None:
             cancelled = self.pending & _CANCELS
             return self.status("cancelled" if cancelled else "launch_failed", error)
-        self.link.send(stepio.hello(io["token"], int(self.spec["job_id"]),
-                                    int(self.spec["step_id"]), int(self.spec["node_index"]),
-                                    [t.task_id for t in self.tasks]))
-        self._flush_some()  # gsrun learns at once that this node is there
+        self.relay.link.send(stepio.hello(io["token"], int(self.spec["job_id"]),
+                                          int(self.spec["step_id"]),
+                                          int(self.spec["node_index"]),
+                                          [t.task_id for t in self.tasks]))
+        self.relay.flush_some()  # gsrun learns at once that this node is there
         error = self._refusal() or self._make_cgroup()
         if error is not None:
             return self._launch_failed(error)
@@ -120,9 +118,9 @@ class StepSupervisor:
             for task in self.tasks:
                 failure = task.launch_error()
                 if failure is not None:
-                    self.link.send_output(task.task_id, stepio.STDERR,
-                                      f"gpusched: error: task {task.task_id}: {failure}\n"
-                                      .encode())
+                    self.relay.link.send_output(
+                        task.task_id, stepio.STDERR,
+                        f"gpusched: error: task {task.task_id}: {failure}\n".encode())
             self._write_info()
             self._supervise()
             self._finish_tasks()
@@ -132,8 +130,9 @@ class StepSupervisor:
 
     def _launch_failed(self, error: str) -> dict[str, Any]:
         """Tell gsrun why nothing runs here; the launch_failed status."""
-        self.link.send(stepio.encode(stepio.ERROR, 0, error.encode()[:stepio.MAX_PAYLOAD]))
-        self.link.flush(time.monotonic() + DRAIN_TIMEOUT)
+        self.relay.link.send(stepio.encode(stepio.ERROR, 0,
+                                           error.encode()[:stepio.MAX_PAYLOAD]))
+        self.relay.link.flush(time.monotonic() + DRAIN_TIMEOUT)
         return self.status("launch_failed", error)
 
     def _refusal(self) -> str | None:
@@ -184,7 +183,7 @@ class StepSupervisor:
             signal.signal(sig, note)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
-        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.relay.watch_wakeup(self.wake_r)
 
     def _take_signals(self) -> set[int]:
         taken, self.pending = self.pending, set()
@@ -251,9 +250,7 @@ class StepSupervisor:
 
     def _supervise(self) -> None:
         """Stream I/O and watch the tasks until every one has exited."""
-        for task in self.tasks:
-            for fd in task.streams:
-                self.selector.register(fd, selectors.EVENT_READ, task)
+        self.relay.watch_tasks()
         deadline = self._deadline()
         while not all(t.exited for t in self.tasks):
             now = time.monotonic()
@@ -261,17 +258,11 @@ class StepSupervisor:
                 self._stop("timeout")
             if self.kill_at is not None and not self.killed and now >= self.kill_at:
                 self._kill_all()
-            self._update_interest()
-            wake = self._next_wakeup(deadline)
-            timeout = None if wake is None else max(0.0, wake - time.monotonic())
-            for key, events in self.selector.select(timeout):
-                self._ready(key, events)
+            self.relay.wait(self._next_wakeup(deadline))
             self._act_on_signals()
             for task in self.tasks:
                 if task.poll_exit():
-                    self._drain(task)
-                    self.link.send(stepio.exit_frame(task.task_id, task.exit_code,
-                                                     task.signal))
+                    self.relay.send_exit(task)
 
     def _deadline(self) -> float | None:
         """When the step must stop (monotonic clock), from the spec's epoch deadline."""
@@ -283,140 +274,17 @@ class StepSupervisor:
             return deadline
         return None if self.killed else self.kill_at
 
-    def _update_interest(self) -> None:
-        """Read tasks' output only while gsrun keeps up; write to gsrun while there is
-        something to send; take gsrun's input while task 0 keeps up."""
-        reading = len(self.link.outbox) < MAX_BUFFERED
-        for task in self.tasks:
-            for fd in task.streams:
-                self._interest(fd, selectors.EVENT_READ if reading else 0, task)
-            if task.in_fd is not None:
-                self._interest(task.in_fd, selectors.EVENT_WRITE if task.stdin_buffer
-                               else 0, ("stdin", task))
-        if self.link.sock is not None:
-            stdin_full = any(len(t.stdin_buffer) >= MAX_STDIN_BUFFERED for t in self.tasks)
-            events = (0 if stdin_full else selectors.EVENT_READ) | (
-                selectors.EVENT_WRITE if self.link.outbox else 0)
-            self._interest(self.link.sock, events, "io")
-
-    def _interest(self, fd: Any, events: int, data: Any) -> None:
-        try:
-            key = self.selector.get_key(fd)
-        except KeyError:
-            if events:
-                self.selector.register(fd, events, data)
-            return
-        if not events:
-            self.selector.unregister(fd)
-        elif key.events != events:
-            self.selector.modify(fd, events, data)
-
-    def _ready(self, key: selectors.SelectorKey, events: int) -> None:
-        if key.data == "wake":
-            return  # the signals are taken after the select
-        if key.data == "io":
-            if events & selectors.EVENT_WRITE:
-                self._flush_some()
-            if events & selectors.EVENT_READ and self.link.sock is not None:
-                self._from_gsrun()
-        elif isinstance(key.data, tuple):
-            self._feed_stdin(key.data[1])
-        else:
-            self._read_stream(key.data, int(key.fd))
-
-    def _read_stream(self, task: StepTask, fd: int) -> bool:
-        """Send what a task wrote; close its pipe at end of file. Whether it read any."""
-        try:
-            data = os.read(fd, READ_SIZE)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        kind = stepio.STDOUT if fd == task.out_fd else stepio.STDERR
-        if data:
-            self.link.send_output(task.task_id, kind, data)
-            return True
-        self._interest(fd, 0, task)
-        os.close(fd)
-        if fd == task.out_fd:
-            task.out_fd = None
-        else:
-            task.err_fd = None
-        return False
-
-    def _drain(self, task: StepTask) -> None:
-        """Send what an exited task left in its pipes, before its EXIT frame."""
-        for fd in task.streams:
-            while len(self.link.outbox) < MAX_BUFFERED and self._read_stream(task, fd):
-                pass
-
     def _finish_tasks(self) -> None:
         """Every task has exited: kill what they left running, send the rest of their
         output and flush it to gsrun."""
         self._kill_all()
-        end = time.monotonic() + DRAIN_TIMEOUT
-        while any(t.streams for t in self.tasks) and time.monotonic() < end:
-            for key, events in self.selector.select(max(0.0, end - time.monotonic())):
-                if isinstance(key.data, StepTask):
-                    self._read_stream(key.data, int(key.fd))
-                elif key.data == "io" and events & selectors.EVENT_WRITE:
-                    self._flush_some()
-            self._update_interest()
-        self.link.flush(end)
-
-    # ------------------------------------------------------------ gsrun's side
-
-    def _from_gsrun(self) -> None:
-        frames, lost = self.link.receive()
-        if lost is not None:
-            self._lost_gsrun(lost)
-        for frame in frames:
-            if frame.kind == stepio.SIGNAL:
-                number = _signal_number(frame.payload)
-                if number is not None:
-                    self._signal_tasks(number)
-            elif frame.kind == stepio.STDIN:
-                for task in self.tasks:
-                    if task.in_fd is not None and not task.stdin_closing:
-                        if frame.payload:
-                            task.stdin_buffer += frame.payload
-                        else:
-                            task.end_input()
-                        self._feed_stdin(task)
-            elif frame.kind == stepio.WINDOW and len(frame.payload) == stepio.WINSIZE.size:
-                for task in self.tasks:
-                    task.set_window(*stepio.WINSIZE.unpack(frame.payload))
-
-    def _feed_stdin(self, task: StepTask) -> None:
-        if task.in_fd is None:
-            return
-        if task.stdin_buffer:
-            try:
-                sent = os.write(task.in_fd, task.stdin_buffer)
-            except BlockingIOError:
-                return
-            except OSError:  # the task closed its stdin or ended
-                self._interest(task.in_fd, 0, None)
-                task.close_stdin()
-                return
-            del task.stdin_buffer[:sent]
-        if not task.stdin_buffer and task.stdin_closing:
-            self._interest(task.in_fd, 0, None)
-            task.close_stdin()
+        self.relay.finish(time.monotonic() + DRAIN_TIMEOUT)
 
     def _lost_gsrun(self, why: str) -> None:
         """gsrun is gone: nobody takes the output any more, so the step ends."""
-        if self.link.sock is not None:
-            self._interest(self.link.sock, 0, None)
-        self.link.close()
         if not all(t.exited for t in self.tasks):
             self.error = self.error or why
             self._stop("cancelled")
-
-    def _flush_some(self) -> None:
-        failure = self.link.flush_some()
-        if failure is not None:
-            self._lost_gsrun(failure)
 
     # ------------------------------------------------------------ the end
 
@@ -463,14 +331,6 @@ def _starttime(pid: int) -> int | None:
         return proc_starttime(pid)
     except (OSError, ValueError, IndexError):
         return None  # never started, or already gone (and unreaped)
-
-
-def _signal_number(payload: bytes) -> int | None:
-    """A SIGNAL frame's signal (ASCII digits), if it is one."""
-    if not payload.isdigit() or len(payload) > 3:
-        return None
-    number = int(payload)
-    return number if 0 < number < signal.NSIG else None
 
 
 # ---------------------------------------------------------------- entry point
