@@ -18,6 +18,7 @@ from gpusched.core.plan import plan
 from gpusched.db.admincache import AdminCache
 from gpusched.db.leadership import Leadership, NotLeader
 from gpusched.db.notify import notify_in
+from gpusched.db.pending_rows import PendingRows
 from gpusched.db.schedule import apply_plan, load_snapshot
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class SchedulerLoop:
         self.sessions = sessions
         # The admin-configured tables, kept between passes until a change is heard.
         self.admin_cache = AdminCache(events.admin_generation, admin_max_age)
+        # The pending queue, kept between passes and read again where rows changed.
+        self.pending_rows = PendingRows()
         self.pass_budget = pass_budget  # seconds a pass may plan for; None: no limit
         self.events = events
         self.policy = policy or Policy()
@@ -90,6 +93,7 @@ class SchedulerLoop:
                     continue
                 self.resume_after = None
                 self.admin_cache.drop()  # a standby's copy may be from long ago
+                self.pending_rows.drop()
                 self.events.wake_scheduler()  # a new leader schedules at once
             # Wait in short steps: leadership lost meanwhile (the keeper saw it) is taken
             # back, or left to a standby, within a second.
@@ -131,15 +135,20 @@ class SchedulerLoop:
         if epoch is None:
             raise NotLeader("this controller is not the leader")
         started, began_at = time.monotonic(), time.time()
-        with self.sessions() as session, session.begin():
-            snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace,
-                                              self.admin_cache)
-            began, budget = time.monotonic(), self.pass_budget
-            decided = plan(snapshot, time.time(), self.policy, self.resume_after,
-                           (lambda: (time.monotonic() - began) / budget) if budget else None)
-            self.resume_after = decided.resume_after
-            woken = apply_plan(session, snapshot, decided, node_ids, epoch)
-            notify_in(session, *(f"node:{name}" for name in sorted(woken)))
+        try:
+            with self.sessions() as session, session.begin():
+                snapshot, node_ids = load_snapshot(session, self.policy.preempt_grace,
+                                                  self.admin_cache, self.pending_rows)
+                began, budget = time.monotonic(), self.pass_budget
+                decided = plan(snapshot, time.time(), self.policy, self.resume_after,
+                               (lambda: (time.monotonic() - began) / budget) if budget
+                               else None)
+                self.resume_after = decided.resume_after
+                woken = apply_plan(session, snapshot, decided, node_ids, epoch)
+                notify_in(session, *(f"node:{name}" for name in sorted(woken)))
+        except BaseException:
+            self.pending_rows.drop()  # after a failed pass, the next reads the whole queue
+            raise
         for name in woken:
             self.events.wake_node(name)
         if stages.on():

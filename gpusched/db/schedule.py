@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Table, bindparam, insert, or_, select, text, type_coerce, update
+from sqlalchemy import Table, bindparam, insert, or_, select, text, update
 from sqlalchemy import case as sql_case
 from sqlalchemy.orm import Session
-from sqlalchemy.types import NullType
 
 from gpusched.core.arrays import drop_first
 from gpusched.core.dependency import dependency_clauses
@@ -18,7 +17,6 @@ from gpusched.core.model import (
     NodeView,
     PendingJob,
     Plan,
-    Reason,
     RunningJob,
     Snapshot,
     Start,
@@ -36,6 +34,7 @@ from gpusched.db.models import (
     Job,
     Node,
 )
+from gpusched.db.pending_rows import PendingRows, read_pending
 
 
 def _nodes(session: Session) -> tuple[tuple[NodeView, ...], dict[str, int]]:
@@ -65,30 +64,6 @@ def _nodes(session: Session) -> tuple[tuple[NodeView, ...], dict[str, int]]:
         for nid, name, state, run_uid, cpus, memory_mb, block in node_rows
     )
     return nodes, {name: nid for nid, name, *_ in node_rows}
-
-
-def _pending(session: Session) -> tuple[PendingJob, ...]:
-    return tuple(
-        PendingJob(jid, part, n // nodes, uid, submitted.timestamp(), limit, Reason(reason),
-                   user, account, qos, hold, begin.timestamp() if begin else None, dependency,
-                   name, array_job, array_tasks, array_cap, tuple(types), nodes, cpus, mem,
-                   expected.timestamp() if expected else None, tuple(nodelist), tuple(exclude),
-                   fixed, exclusive)
-        for jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
-        dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
-        nodelist, exclude, fixed, exclusive
-        # Core rows (no ORM loading), and the type list as the driver gives it: a queue
-        # of thousands is read in tens of milliseconds.
-        in session.connection().execute(
-            select(Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
-                   Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
-                   Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
-                   Job.array_max_running, type_coerce(Job.gpu_types, NullType()), Job.nodes,
-                   Job.cpus, Job.mem_mb, Job.expected_start,
-                   type_coerce(Job.nodelist, NullType()), type_coerce(Job.exclude_nodes, NullType()),
-                   Job.admin_priority, Job.exclusive)
-            .where(Job.state == "PENDING")).all()
-    )
 
 
 def _running(session: Session, grace: float) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
@@ -147,15 +122,17 @@ def array_state(states: list[JobState]) -> JobState:
 
 
 def load_snapshot(session: Session, preempt_grace: float = 30.0,
-                  admin: AdminCache | None = None) -> tuple[Snapshot, dict[str, int]]:
+                  admin: AdminCache | None = None,
+                  pending_rows: PendingRows | None = None) -> tuple[Snapshot, dict[str, int]]:
     """Everything a pass needs, in a handful of queries; also node ids by name.
 
     A running job being preempted counts as ending ``preempt_grace`` seconds after it
     was told to stop. The admin-configured tables come from ``admin`` when given (read
-    only when they may have changed), else are read here.
+    only when they may have changed), else are read here; the pending jobs likewise
+    from ``pending_rows`` (only rows changed since its last read are read in full).
     """
     nodes, node_ids = _nodes(session)
-    pending = _pending(session)
+    pending = pending_rows.read(session) if pending_rows is not None else read_pending(session)
     running, running_names = _running(session, preempt_grace)
     tables = admin.tables(session) if admin is not None else load_admin_tables(session)
     snapshot = Snapshot(
