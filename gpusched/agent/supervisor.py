@@ -4,8 +4,9 @@ Run as ``python -I -S supervisor.py JOBDIR [--lock-fd N]`` in a session of its o
 so it outlives agent restarts; or, usually, forked in a new session by the agent's
 ``supervisor.py --spawner FD`` process (gpusched.agent.spawner), which spares each job
 an interpreter start-up.
-It imports only the stdlib, to start fast and to depend on nothing the agent might be
-upgrading underneath it.
+It imports only the stdlib and gpusched.agent.jobexec (stdlib only: what its forked
+child does to become the job), to start fast and to depend on nothing the agent might
+be upgrading underneath it.
 
 Files in JOBDIR:
   spec.json        (input) what to run, as whom, where, for how long
@@ -37,19 +38,30 @@ import time
 from types import ModuleType
 from typing import Any
 
+
+def _add_package_path() -> None:
+    """Make the package this file belongs to importable (and only it): run as
+    ``python -I -S`` the supervisor has no package path until this adds it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    if root not in sys.path and os.path.isfile(os.path.join(root, "gpusched", "agent",
+                                                            "jobconfine.py")):
+        sys.path.append(root)
+
+
+if not __package__:  # run as a script: the job's exec is in a module of its package
+    _add_package_path()
+
+# LaunchError, _drop_privileges and _note_error are re-exported (steptask, spawner).
+from gpusched.agent.jobexec import LaunchError as LaunchError  # noqa: E402
+from gpusched.agent.jobexec import _child_main  # noqa: E402
+from gpusched.agent.jobexec import _drop_privileges as _drop_privileges  # noqa: E402
+from gpusched.agent.jobexec import _note_error as _note_error  # noqa: E402
+
 # The agent writes a running job's new time limit here and sends LIMIT_SIGNAL.
 LIMIT_FILE = "limit.json"
 LIMIT_SIGNAL = signal.SIGUSR2
 _WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, LIMIT_SIGNAL}
 _CANCEL_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-_OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-_LAUNCH_FAILED_EXIT = 127
-
-
-class LaunchError(Exception):
-    """The job could not be started; the message is for the user."""
-
-
 
 
 def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o600,
@@ -90,123 +102,7 @@ def _starttime_or_none(pid: int) -> int | None:
         return None  # already gone (and unreaped: the group id is still ours)
 
 
-# ---------------------------------------------------------------- the job child
-
-
-def _drop_privileges(spec: dict[str, Any]) -> None:
-    uid, gid, user = spec["uid"], spec["gid"], spec["user"]
-    min_uid = int(spec.get("min_uid", 1))
-    if uid < min_uid:
-        raise LaunchError(f"refusing to run a job as uid {uid}: this node runs no job of a "
-                          f"uid below {min_uid} (its agent's min_job_uid)")
-    if os.geteuid() == 0:
-        if uid == 0:
-            return
-        try:
-            os.setgid(gid)
-            os.initgroups(user, gid)
-            os.setuid(uid)
-        except OSError as exc:
-            raise LaunchError(f"cannot switch to user {user} (uid {uid}, gid {gid}): "
-                              f"{exc.strerror}") from None
-    elif uid != os.getuid():
-        raise LaunchError(f"cannot start a job as uid {uid}: the supervisor runs as "
-                          f"uid {os.getuid()}, not root")
-
-
-def _open_outputs(spec: dict[str, Any]) -> tuple[int, int]:
-    """Open stdout and stderr (once when they are the same file), as the job user."""
-    fds: dict[str, int] = {}
-    error = None
-    for path in dict.fromkeys([spec["stdout"], spec["stderr"]]):
-        try:
-            fds[path] = os.open(path, _OUTPUT_FLAGS, 0o666)  # less the job's umask
-        except OSError as exc:
-            error = error or f"cannot open output file {path}: {exc.strerror}"
-    if error is not None:
-        # Tell the user where they will look, if that file at least could be opened.
-        if spec["stderr"] in fds:
-            _note_error(fds[spec["stderr"]], error)
-        raise LaunchError(error)
-    return fds[spec["stdout"]], fds[spec["stderr"]]
-
-
-def _note_error(fd: int, message: str) -> None:
-    try:
-        os.write(fd, f"gpusched: error: {message}\n".encode())
-    except OSError:
-        pass
-
-
-def _exec_job(spec: dict[str, Any]) -> None:
-    """In the forked child: become the job. Returns only by raising LaunchError.
-
-    Privileges are dropped before the output files are opened, so a user cannot
-    have the job write where only root may.
-    """
-    os.setsid()  # own process group: the whole job can be signalled at once
-    _drop_privileges(spec)
-    # The submitter's umask, as their shell had it: private output stays private.
-    os.umask(int(spec.get("umask", 0o022)) & 0o777)
-    out_fd, err_fd = _open_outputs(spec)
-    os.dup2(out_fd, 1)
-    os.dup2(err_fd, 2)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    try:
-        os.chdir(spec["cwd"])
-    except OSError as exc:
-        _fail_in_output(f"cannot change to working directory {spec['cwd']}: {exc.strerror}")
-    for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            try:
-                signal.signal(sig, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    argv = spec["argv"]
-    try:
-        os.execve(argv[0], argv, spec["env"])
-    except OSError as exc:
-        _fail_in_output(f"cannot execute {argv[0]}: {exc.strerror}")
-
-
-def _fail_in_output(message: str) -> None:
-    """Raise LaunchError, noting it first in the job's stderr file (now on fd 2)."""
-    _note_error(2, message)
-    raise LaunchError(message)
-
-
-def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> None:
-    """Run in the fork; never returns. Failures go up the CLOEXEC pipe."""
-    try:
-        if cgroup is not None:
-            try:
-                cgroup.enter()  # as root, before anything of the job runs
-            except OSError as exc:
-                raise LaunchError(f"cannot join the job's cgroup: {exc.strerror}") from None
-        _exec_job(spec)
-        message = "exec returned"
-    except LaunchError as exc:
-        message = str(exc)
-    except BaseException as exc:  # anything at all must reach the parent, not a traceback
-        message = f"cannot start the job: {exc!r}"
-    try:
-        os.write(report_fd, message.encode()[:4000])
-    finally:
-        os._exit(_LAUNCH_FAILED_EXIT)
-
-
 # ---------------------------------------------------------------- supervision
-
-
-def _add_package_path() -> None:
-    """Make the package this file belongs to importable (and only it): run as
-    ``python -I -S`` the supervisor has no package path until this adds it."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-    if root not in sys.path and os.path.isfile(os.path.join(root, "gpusched", "agent",
-                                                            "jobconfine.py")):
-        sys.path.append(root)
 
 
 def confinement_module() -> ModuleType:
@@ -515,7 +411,6 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--spawner":
-        _add_package_path()
         from gpusched.agent.spawner import serve_spawner
 
         sys.exit(serve_spawner(int(sys.argv[2])))

@@ -1,0 +1,121 @@
+"""Becoming the job, in the job supervisor's forked child: join the job's cgroup, take
+the job user's identity and umask, open its output files as that user, and exec its
+command; a failure goes up the supervisor's pipe as the message the user reads. Stdlib
+only, like the supervisor that imports it (gpusched.agent.supervisor)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+_OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+_LAUNCH_FAILED_EXIT = 127
+
+
+class LaunchError(Exception):
+    """The job could not be started; the message is for the user."""
+
+
+def _drop_privileges(spec: dict[str, Any]) -> None:
+    uid, gid, user = spec["uid"], spec["gid"], spec["user"]
+    min_uid = int(spec.get("min_uid", 1))
+    if uid < min_uid:
+        raise LaunchError(f"refusing to run a job as uid {uid}: this node runs no job of a "
+                          f"uid below {min_uid} (its agent's min_job_uid)")
+    if os.geteuid() == 0:
+        if uid == 0:
+            return
+        try:
+            os.setgid(gid)
+            os.initgroups(user, gid)
+            os.setuid(uid)
+        except OSError as exc:
+            raise LaunchError(f"cannot switch to user {user} (uid {uid}, gid {gid}): "
+                              f"{exc.strerror}") from None
+    elif uid != os.getuid():
+        raise LaunchError(f"cannot start a job as uid {uid}: the supervisor runs as "
+                          f"uid {os.getuid()}, not root")
+
+
+def _open_outputs(spec: dict[str, Any]) -> tuple[int, int]:
+    """Open stdout and stderr (once when they are the same file), as the job user."""
+    fds: dict[str, int] = {}
+    error = None
+    for path in dict.fromkeys([spec["stdout"], spec["stderr"]]):
+        try:
+            fds[path] = os.open(path, _OUTPUT_FLAGS, 0o666)  # less the job's umask
+        except OSError as exc:
+            error = error or f"cannot open output file {path}: {exc.strerror}"
+    if error is not None:
+        # Tell the user where they will look, if that file at least could be opened.
+        if spec["stderr"] in fds:
+            _note_error(fds[spec["stderr"]], error)
+        raise LaunchError(error)
+    return fds[spec["stdout"]], fds[spec["stderr"]]
+
+
+def _note_error(fd: int, message: str) -> None:
+    try:
+        os.write(fd, f"gpusched: error: {message}\n".encode())
+    except OSError:
+        pass
+
+
+def _exec_job(spec: dict[str, Any]) -> None:
+    """In the forked child: become the job. Returns only by raising LaunchError.
+
+    Privileges are dropped before the output files are opened, so a user cannot
+    have the job write where only root may.
+    """
+    os.setsid()  # own process group: the whole job can be signalled at once
+    _drop_privileges(spec)
+    # The submitter's umask, as their shell had it: private output stays private.
+    os.umask(int(spec.get("umask", 0o022)) & 0o777)
+    out_fd, err_fd = _open_outputs(spec)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    try:
+        os.chdir(spec["cwd"])
+    except OSError as exc:
+        _fail_in_output(f"cannot change to working directory {spec['cwd']}: {exc.strerror}")
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    argv = spec["argv"]
+    try:
+        os.execve(argv[0], argv, spec["env"])
+    except OSError as exc:
+        _fail_in_output(f"cannot execute {argv[0]}: {exc.strerror}")
+
+
+def _fail_in_output(message: str) -> None:
+    """Raise LaunchError, noting it first in the job's stderr file (now on fd 2)."""
+    _note_error(2, message)
+    raise LaunchError(message)
+
+
+def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> None:
+    """Run in the fork; never returns. Failures go up the CLOEXEC pipe."""
+    try:
+        if cgroup is not None:
+            try:
+                cgroup.enter()  # as root, before anything of the job runs
+            except OSError as exc:
+                raise LaunchError(f"cannot join the job's cgroup: {exc.strerror}") from None
+        _exec_job(spec)
+        message = "exec returned"
+    except LaunchError as exc:
+        message = str(exc)
+    except BaseException as exc:  # anything at all must reach the parent, not a traceback
+        message = f"cannot start the job: {exc!r}"
+    try:
+        os.write(report_fd, message.encode()[:4000])
+    finally:
+        os._exit(_LAUNCH_FAILED_EXIT)
