@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from sqlalchemy import Table, bindparam, insert, or_, select, text, update
@@ -173,6 +174,37 @@ def _started(start: Start, node_ids: dict[str, int], now: datetime) -> dict[str,
             "client_seen": sql_case((Job.interactive, now), else_=Job.client_seen)}
 
 
+# The starts of whole jobs in one guarded UPDATE: each row changes only if it is still
+# PENDING, and RETURNING names those that did, with what their launch needs.
+_START_JOBS = text(
+    "UPDATE jobs SET state = 'RUNNING', reason = 'None', start_time = :now, "
+    "node_id = t.node, start_kind = t.kind, expected_start = NULL, "
+    "node_names = CASE WHEN t.names IS NULL THEN NULL "
+    "ELSE ARRAY(SELECT jsonb_array_elements_text(t.names)) END, "
+    # An allocation's client has the grace from its start to say it is there.
+    "client_seen = CASE WHEN jobs.interactive THEN :now ELSE jobs.client_seen END "
+    "FROM unnest(CAST(:ids AS integer[]), CAST(:nodes AS integer[]), CAST(:kinds AS text[]), "
+    "CAST(:names AS jsonb[])) AS t(id, node, kind, names) "
+    "WHERE jobs.id = t.id AND jobs.state = 'PENDING' "
+    "RETURNING jobs.id, jobs.restarts, jobs.interactive"
+)
+
+
+def _start_jobs(session: Session, starts: list[Start], node_ids: dict[str, int],
+                now: datetime) -> dict[int, tuple[int, bool]]:
+    """Start whole jobs (not array tasks) that are still PENDING; for each started, its
+    restart count and whether it is an allocation."""
+    if not starts:
+        return {}
+    rows = session.execute(_START_JOBS, {
+        "now": now, "ids": [start.job_id for start in starts],
+        "nodes": [node_ids[start.node] for start in starts],
+        "kinds": [start.kind.value for start in starts],
+        "names": [json.dumps(list(start.nodes)) if start.nodes else None for start in starts],
+    }).all()
+    return {job_id: (restarts, interactive) for job_id, restarts, interactive in rows}
+
+
 def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
                  node_ids: dict[str, int], now: datetime) -> dict[int, Start]:
     """Start tasks of an array: split them off its pending record; started rows by job id.
@@ -229,15 +261,16 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
                if not usable.issuperset(start.nodes or (start.node,))}
     # The tasks an array starts in one pass are the first of its list: all or none.
     held_back = {start.job_id for start in refused if start.array_task_id is not None}
+    whole: list[Start] = []
     for start in plan.starts:
         if start in refused or start.job_id in held_back:
             continue
         if start.array_task_id is not None:
             tasks_of.setdefault(start.job_id, []).append(start)
-        elif rowcount(session.execute(
-                update(Job).where(Job.id == start.job_id, Job.state == "PENDING")
-                .values(**_started(start, node_ids, now)))):
-            started[start.job_id] = start
+        else:
+            whole.append(start)
+    whole_started = _start_jobs(session, whole, node_ids, now)
+    started.update((start.job_id, start) for start in whole if start.job_id in whole_started)
     if tasks_of:
         records = {job.job_id: job for job in snapshot.pending if job.job_id in tasks_of}
         for record_id, starts in tasks_of.items():
@@ -255,8 +288,12 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     if started:
         # Its batch script runs on its first node (the start's node), as Slurm's does;
         # an allocation (interactive) launches nothing: its client runs steps on it.
-        runs = dict(session.execute(select(Job.id, Job.restarts).where(
-            Job.id.in_(list(started)), Job.interactive.is_(False))).all())
+        runs = {job_id: restarts for job_id, (restarts, interactive) in whole_started.items()
+                if not interactive}
+        tasks = [job_id for job_id in started if job_id not in whole_started]
+        if tasks:
+            runs.update(session.execute(select(Job.id, Job.restarts).where(
+                Job.id.in_(tasks), Job.interactive.is_(False))).tuples().all())
         commands.issue(session, "launch", [
             (job_id, runs[job_id], node_ids[start.node]) for job_id, start in started.items()
             if job_id in runs], epoch=epoch)
