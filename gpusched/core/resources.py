@@ -15,6 +15,7 @@ from bisect import insort
 from collections.abc import Iterable
 
 from gpusched.core.model import NodeView, RunningJob
+from gpusched.core.node_profile import NodeProfile
 from gpusched.core.node_timeline import NodeTimeline
 from gpusched.core.occupancy import (
     Occupancy,
@@ -23,6 +24,7 @@ from gpusched.core.occupancy import (
     own_units,
     releases_of,
 )
+from gpusched.core.start_order import StartOrder
 from gpusched.core.units import INF, Shape, kind_matches
 
 
@@ -64,11 +66,12 @@ class PassResources:
         self.owners: dict[tuple[int, float], int] = {}  # (node, start) -> the reserved job
         self._matching: dict[tuple[str, ...], list[str]] = {}
         self._failed: dict[tuple[object, ...], list[tuple[int, int, int, float]]] = {}
-        # Per (reserved?, kind, gpus, cpus, mem, duration): sorted (earliest start, node),
-        # each node's entry, and how much of the change log it has seen.
-        self._starts: dict[tuple[bool, str, int, int, int, float],
-                           tuple[list[tuple[float, int]], dict[int, float], int]] = {}
+        # Per (reserved?, kind, gpus, cpus, mem, duration): the nodes in order of earliest start.
+        self._starts: dict[tuple[bool, str, int, int, int, float], StartOrder] = {}
         self._changed: list[int] = []  # nodes changed by a start or a reservation, in order
+        self._version: dict[int, int] = {}  # node -> its last place in the change log
+        self._profiles: dict[int, NodeProfile] = {}  # reserved node -> its resources over time
+        self._reserved_order: list[int] = []  # nodes in the order they were first reserved
         self.preempted: set[int] = set()  # running jobs this pass decided to stop
         # (group, shape) -> (start, the nodes it is on, change log seen, preemptions seen)
         self._estimates: dict[tuple[object, object], tuple[float, frozenset[int], int, int]] = {}
@@ -127,9 +130,11 @@ class PassResources:
         self._failed.clear()
         self._starts.clear()
         self._estimates.clear()
+        self._profiles.clear()
 
     def _touched(self, index: int) -> None:
         self._changed.append(index)
+        self._version[index] = len(self._changed)
 
     # -- which nodes may run a shape ------------------------------------------------
     def matching(self, wanted: tuple[str, ...]) -> list[str]:

@@ -8,53 +8,97 @@ the nodes a start or a reservation changed since.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from gpusched.core.node_profile import NodeProfile
 from gpusched.core.resources import PassResources
+from gpusched.core.start_order import StartOrder
 from gpusched.core.units import INF, Shape
 
 
 class TimelineMixin(PassResources):
     """Earliest starts, estimates and reservations for jobs that must wait."""
 
-    def _sorted_starts(self, kind: str, shape: Shape, reserved: bool) -> list[tuple[float, int]]:
-        """(earliest start, node) for ``shape`` on every node with (``reserved``) or
-        without a reservation, sorted; kept between calls and refreshed only for the
-        nodes changed since.
+    def _start_order(self, kind: str, shape: Shape, reserved: bool) -> StartOrder:
+        """The nodes on the wanted side of the reservations (``reserved`` or not) that
+        have enough units of ``kind``, in order of when ``shape`` could start there.
 
         A node without a reservation only gains resources as time goes on, so when a
-        shape could start there does not depend on how long it runs: one list serves
+        shape could start there does not depend on how long it runs: one order serves
         every job of the same size.
         """
         key = (reserved, kind, shape.gpus, shape.cpus, shape.mem_mb,
                shape.duration if reserved else 0.0)
-
         nodes, held, gpus = self.nodes, self.reserved_nodes, shape.gpus
-
-        def wanted(index: int) -> bool:
-            return (index in held) == reserved and (
-                not kind or nodes[index].total.get(kind, 0) >= gpus)
-
         entry = self._starts.get(key)
         if entry is None:
             # Only the nodes on the wanted side of the reservations: few are reserved.
-            side = ([nodes[i] for i in held] if reserved
+            side = ([nodes[i] for i in self._reserved_order] if reserved
                     else [node for node in nodes if node.index not in held])
-            at = {node.index: node.earliest(kind, shape, self.now) for node in side
-                  if not kind or node.total.get(kind, 0) >= gpus}
-            starts = sorted((t, index) for index, t in at.items())
-        else:
-            starts, at, seen = entry
-            for index in set(self._changed[seen:]):
-                old = at.pop(index, None)
-                if old is not None:
-                    del starts[bisect_left(starts, (old, index))]
-                if wanted(index):
-                    at[index] = self.nodes[index].earliest(kind, shape, self.now)
-                    insort(starts, (at[index], index))
-        self._starts[key] = (starts, at, len(self._changed))
-        return starts
+            version = self._version
+            entry = self._starts[key] = StartOrder(
+                {node.index: (self._node_earliest(node.index, kind, shape),
+                              version.get(node.index, 0))
+                 for node in side if not kind or node.total.get(kind, 0) >= gpus},
+                len(self._reserved_order), len(self._changed), self._gave_back)
+            return entry
+        if entry.gave_back != self._gave_back:
+            # Resources came back early: a node's start may be earlier than its entry.
+            for index in set(self._changed[entry.changes:]):
+                if index in entry.at:
+                    entry.replace(index, self._side_earliest(index, kind, shape, reserved),
+                                  self._version.get(index, 0))
+            entry.gave_back = self._gave_back
+        entry.changes = len(self._changed)
+        if reserved and entry.joined < len(self._reserved_order):
+            for index in self._reserved_order[entry.joined:]:
+                if not kind or nodes[index].total.get(kind, 0) >= gpus:
+                    entry.add(index, self.now)
+            entry.joined = len(self._reserved_order)
+        return entry
+
+    def _each_start(self, kind: str, shape: Shape, reserved: bool
+                    ) -> Iterator[tuple[float, int]]:
+        """(earliest start, node) for ``shape`` on every node with (``reserved``) or
+        without a reservation, earliest first (then by index)."""
+        return self._start_order(kind, shape, reserved).each(
+            self._version, lambda index: self._side_earliest(index, kind, shape, reserved))
+
+    def _side_earliest(self, index: int, kind: str, shape: Shape, reserved: bool
+                       ) -> float | None:
+        """``_node_earliest``, or None once node ``index`` is no longer on the side of
+        the reservations asked for."""
+        if (index in self.reserved_nodes) != reserved:
+            return None
+        return self._node_earliest(index, kind, shape)
+
+    def _node_earliest(self, index: int, kind: str, shape: Shape) -> float:
+        """When ``shape`` could start on node ``index`` at the earliest and run its whole
+        duration; INF if never."""
+        node = self.nodes[index]
+        if not node.reserved:
+            return node.earliest(kind, shape, self.now)
+        return self._profile(index).earliest(kind, shape.gpus, shape.cpus, shape.mem_mb,
+                                             shape.duration)
+
+    def _fits_at(self, index: int, kind: str, shape: Shape, at: float) -> bool:
+        """Whether ``shape`` fits on node ``index`` from ``at`` for its whole duration."""
+        node = self.nodes[index]
+        if not node.reserved:
+            return node.fits(kind, shape, at)
+        return self._profile(index).fits(kind, shape.gpus, shape.cpus, shape.mem_mb, at,
+                                         shape.duration)
+
+    def _profile(self, index: int) -> NodeProfile:
+        """Node ``index``'s resources over time, made again only when it has changed."""
+        version = self._version.get(index, 0)
+        profile = self._profiles.get(index)
+        if profile is None or profile.version != version:
+            node = self.nodes[index]
+            profile = self._profiles[index] = NodeProfile(
+                self.now, {kind: len(units) for kind, units in node.free.items()},
+                node.cpus, node.mem, node.releases, node.reserved, version)
+        return profile
 
     def estimate(self, shape: Shape, members: frozenset[int], group: object) -> float:
         """``earliest`` without the where, remembered: most waiting jobs share a few
@@ -79,7 +123,7 @@ class TimelineMixin(PassResources):
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in (False, True):
                 found = 0
-                for at, index in self._sorted_starts(kind, shape, reserved):
+                for at, index in self._each_start(kind, shape, reserved):
                     if at == INF or found >= shape.nodes:
                         break
                     if index in members and self._usable(self.nodes[index], shape):
@@ -96,7 +140,7 @@ class TimelineMixin(PassResources):
             return at, [(index, kind)]
         for at in sorted({t for t, _, _ in starts[shape.nodes - 1:]}):
             ready = [(index, kind) for t, index, kind in starts if t <= at and (
-                index not in self.reserved_nodes or self.nodes[index].fits(kind, shape, at))]
+                index not in self.reserved_nodes or self._fits_at(index, kind, shape, at))]
             if len(ready) >= shape.nodes:
                 return at, self._same_block(ready, shape.nodes)
         # Only the first nodes of each side were looked at: with many reserved nodes the
@@ -117,7 +161,7 @@ class TimelineMixin(PassResources):
         for at in sorted(times):
             ready = [(node.index, kind) for node in nodes for kind in kinds
                      if (not kind or node.total.get(kind, 0) >= shape.gpus)
-                     and node.fits(kind, shape, at)]
+                     and self._fits_at(node.index, kind, shape, at)]
             if len({index for index, _ in ready}) >= shape.nodes:
                 one: dict[int, tuple[int, str]] = {}
                 for index, kind in ready:
@@ -148,12 +192,12 @@ class TimelineMixin(PassResources):
         best: dict[int, tuple[float, int, int, str]] = {}
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in (False, True):
-                for ready, index in self._sorted_starts(kind, shape, reserved):
+                for ready, index in self._each_start(kind, shape, reserved):
                     if ready > at:
                         break
                     node = self.nodes[index]
                     if index not in members or not self._usable(node, shape) or (
-                            reserved and not node.fits(kind, shape, at)):
+                            reserved and not self._fits_at(index, kind, shape, at)):
                         continue
                     key = (-ready, node.count(kind) if kind else node.free_gpus(), index, kind)
                     if index not in best or key < best[index]:
@@ -173,16 +217,27 @@ class TimelineMixin(PassResources):
             holds[index] = (self.now, until, kind, 1, 0.0, 0.0)
             node.reserved.append(holds[index])
             self.owners[(index, self.now)] = job_id
-            self.reserved_nodes.add(index)
+            self._join_reserved(index)
             self._touched(index)
 
     def reserve(self, at: float, where: Sequence[tuple[int, str]], shape: Shape,
                 job_id: int = 0) -> None:
         """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
+        end, cpus, mem = at + shape.duration, float(shape.cpus), float(shape.mem_mb)
         for index, kind in where:
             self.owners[(index, at)] = job_id
             node = self._own(index)
-            node.reserved.append((at, at + shape.duration, kind, shape.gpus,
-                                  float(shape.cpus), float(shape.mem_mb)))
-            self.reserved_nodes.add(index)
+            profile = self._profiles.get(index)
+            if profile is not None and profile.version != self._version.get(index, 0):
+                profile = None
+            node.reserved.append((at, end, kind, shape.gpus, cpus, mem))
+            self._join_reserved(index)
             self._touched(index)
+            if profile is not None:  # follow the reservation instead of making it again
+                profile.take_out(at, end, kind, shape.gpus, cpus, mem)
+                profile.version = self._version[index]
+
+    def _join_reserved(self, index: int) -> None:
+        if index not in self.reserved_nodes:
+            self.reserved_nodes.add(index)
+            self._reserved_order.append(index)
