@@ -13,6 +13,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
+from gpusched.core.model import Reason
 from gpusched.core.timefmt import format_duration
 from gpusched.core.units import kind_matches
 from gpusched.db import commands
@@ -213,10 +214,15 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
                         1 if array is None else task_bounds(array.tasks)[0], max_submit_jobs,
                         who.is_admin, locked=request.submit_key is not None)
     warn = request.warn_signal
+    # A held job in an open partition, with no dependency, waits for its release
+    # whatever else is queued: its reason is the one a pass would give, and no pass is
+    # needed for it (see needs_pass).
+    held_only = request.hold and not request.dependency_text and part.state == "UP"
     job = Job(
         name=request.name, uid=who.uid, gid=who.gid, user_name=user, partition=part.name,
         account=account, qos=None if qos is None else qos.name,
         hold="user" if request.hold else None, begin_time=request.begin_time,
+        reason=Reason.JOB_HELD_USER.value if held_only else Reason.NONE.value,
         dependency=request.dependency_text, gpus=gpus, time_limit=time_limit,
         work_dir=request.work_dir, output=request.output, error=request.error,
         umask=request.umask,
@@ -247,6 +253,12 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
 
 
 T = TypeVar("T")
+
+
+def needs_pass(job: Job) -> bool:
+    """Whether a pass has anything to decide about a job just stored: not about a held
+    one whose reason was stored with it."""
+    return not (job.hold is not None and job.reason == Reason.JOB_HELD_USER.value)
 
 
 def _first_partition(text: str | None, check: Callable[[str | None], T]) -> T:

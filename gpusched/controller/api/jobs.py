@@ -42,20 +42,23 @@ class JobRoutes:
         r.add("POST", "/v1/jobs/{job_id}/update", self.update_job)
 
     def submit(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Store a new PENDING job and wake the scheduler; a ``submit_key`` the caller
-        sent before answers the job stored then (200, ``existing``)."""
+        """Store a new PENDING job and wake the scheduler (unless the job is held); a
+        ``submit_key`` the caller sent before answers the job stored then (200,
+        ``existing``)."""
         ctx = self.context
         with ctx.sessions() as session, session.begin():
             job, created = submit.store_submission(session, request.body,
                                                    self.context.identity(request),
                                                    ctx.max_submit_jobs)
-            if created:
+            schedule = created and submit.needs_pass(job)
+            if schedule:
                 notify_in(session, "sched")
             job_id = job.id
         if not created:
             return 200, {"job_id": job_id, "existing": True}
         stamp("committed", (job_id,))
-        ctx.events.wake_scheduler()
+        if schedule:
+            ctx.events.wake_scheduler()
         return 201, {"job_id": job_id}
 
     def test_submit(self, request: Request) -> tuple[int, dict[str, Any]]:
