@@ -97,12 +97,20 @@ class UnitPool:
         now = self.capacity.now
         if self.earliest(shape) != now:
             return None
+        nodes = self.capacity.nodes
         if self.pins:
             chosen = self._assign((now, now + shape.duration, shape.nodes, len(self.owners)))
             if chosen is None:  # cannot happen: ``earliest`` just assigned it
                 return None
+            if not all(nodes[index].count(self.kind) for index in chosen[-1]):
+                return None  # a job past its limit holds one: due to end, not ended
             return [(index, self.kind) for index in chosen[-1]]
-        free = [(index, self.kind) for index in self.nodes if self.free_from[index] <= now]
+        # A node whose job ran past its time limit counts as free from now in the profile
+        # (it is due to end), but nothing may start there until it has ended.
+        free = [(index, self.kind) for index in self.nodes
+                if self.free_from[index] <= now and nodes[index].count(self.kind)]
+        if len(free) < shape.nodes:
+            return None
         return self.capacity._same_block(free, shape.nodes)
 
     def reserve(self, at: float, shape: Shape, job_id: int, position: int) -> None:

@@ -184,11 +184,29 @@ MIXED = SimCluster(MIXED_NODES, (PartitionView("sim", tuple(n.name for n in MIXE
                    "sim")
 
 
-# Conservative backfill runs with kills only: with --no-kill, its unit pools can start a
-# job on a 1-GPU node whose job ran past its limit (a fault of the pools, fresh passes
-# or not, left to them).
-POLICIES = [SimPolicy(backfill=b, kill=k) for b in ("none", "easy") for k in (True, False)]
-POLICIES.append(SimPolicy(backfill="conservative"))
+POLICIES = [SimPolicy(backfill=b, kill=k) for b in ("none", "easy", "conservative")
+            for k in (True, False)]
+
+
+def test_conservative_starts_nothing_on_a_node_whose_job_overran_its_limit() -> None:
+    """Without kills a job runs past its limit: its 1-GPU nodes count as due to be free
+    from now in the unit pools' profile, but nothing starts there until it has ended."""
+    jobs = ([TraceJob(1, 0.0, 5.0, 5, 1), TraceJob(2, 0.0, 10.0, 5, 6)]
+            + [TraceJob(i, 0.0, 5.0, 5, 1) for i in range(3, 16)]
+            + [TraceJob(16, 1.0, 5.0, 5, 1), TraceJob(17, 4.0, 5.0, 5, 1),
+               TraceJob(18, 7.0, 5.0, 5, 1)]
+            + [TraceJob(i, 10.0, 5.0, 5, 1) for i in range(19, 23)])
+    policy = SimPolicy(backfill="conservative", kill=False)
+    slow = simulate(jobs, uniform(6, 1), policy, shortcuts=False)
+    assert slow.records == simulate(jobs, uniform(6, 1), policy).records
+    by_id = {r.job_id: r for r in slow.records}
+    assert all(r.gpus == 1 for i, r in by_id.items() if i != 2)
+    assert by_id[2].start == 5.0 and by_id[2].end == 15.0  # overran its limit of 5 s
+    # no job shares a GPU with another running at the same time
+    for a in slow.records:
+        for b in slow.records:
+            if a.job_id < b.job_id and set(a.gpu_uuids) & set(b.gpu_uuids):
+                assert a.end <= b.start or b.end <= a.start, (a, b)
 
 
 @settings(max_examples=80, deadline=None)
