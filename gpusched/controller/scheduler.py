@@ -162,6 +162,7 @@ class SchedulerLoop:
         self.stats.max_seconds = max(self.stats.max_seconds, elapsed)
         self.stats.total_started += len(decided.starts)
         if decided.starts:
-            log.info("pass %d: %d pending, %d started in %.1f ms", self.stats.passes,
-                     len(snapshot.pending), len(decided.starts), elapsed * 1000)
+            log.info("pass %d: %d pending (%d read), %d started in %.1f ms",
+                     self.stats.passes, len(snapshot.pending), self.pending_rows.last_read,
+                     len(decided.starts), elapsed * 1000)
         return woken
