@@ -12,25 +12,43 @@ preemption) breaks the bound: the nodes it changed are refreshed at once.
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-# A node's earliest start now, or None when it has left this order's side.
-Recompute = Callable[[int], "float | None"]
+from gpusched.core.units import INF
+
+# A node's earliest start now, given a bound it cannot be before; None when the node has
+# left this order's side.
+Recompute = Callable[[int, float], "float | None"]
 
 
 class StartOrder:
     """(earliest start, node) sorted, each node's entry (its start and the node's
     version then), and how far the pass's logs have been read."""
 
-    __slots__ = ("order", "at", "joined", "changes", "gave_back")
+    __slots__ = ("order", "at", "version", "recompute", "joined", "changes", "gave_back")
 
-    def __init__(self, at: dict[int, tuple[float, int]], joined: int, changes: int,
-                 gave_back: int) -> None:
+    def __init__(self, at: dict[int, tuple[float, int]], version: dict[int, int],
+                 recompute: Recompute, joined: int = 0, changes: int = 0,
+                 gave_back: int = 0) -> None:
+        """``at``: each node's start and its version then; ``version`` holds each changed
+        node's current version, ``recompute`` works a node's start out again."""
         self.at = at
+        self.version, self.recompute = version, recompute
         self.order = sorted((start, index) for index, (start, _) in at.items())
         self.joined = joined  # nodes reserved since the start of the pass, read
         self.changes = changes  # the change log, read
         self.gave_back = gave_back  # preemptions, seen
+
+    @classmethod
+    def of(cls, indexes: Iterable[int], version: dict[int, int], recompute: Recompute,
+           **seen: int) -> StartOrder:
+        """The order of ``indexes``, each worked out now."""
+        at: dict[int, tuple[float, int]] = {}
+        for index in indexes:
+            start = recompute(index, -INF)
+            if start is not None:
+                at[index] = (start, version.get(index, 0))
+        return cls(at, version, recompute, **seen)
 
     def add(self, index: int, lower_bound: float) -> None:
         """Node ``index`` joins, to be worked out when a reader reaches it."""
@@ -38,26 +56,30 @@ class StartOrder:
             self.at[index] = (lower_bound, -1)
             insort(self.order, (lower_bound, index))
 
-    def replace(self, index: int, start: float | None, version: int) -> None:
-        """Node ``index``'s start is now exactly ``start`` (None: it leaves)."""
+    def refresh(self, index: int) -> None:
+        """Work node ``index``'s start out again now, earlier or later (or drop it)."""
         old = self.at.pop(index, None)
         if old is not None:
             self.order.remove((old[0], index))
+        start = self.recompute(index, -INF)
         if start is not None:
-            self.at[index] = (start, version)
+            self.at[index] = (start, self.version.get(index, 0))
             insort(self.order, (start, index))
 
-    def each(self, version: dict[int, int], recompute: Recompute) -> Iterator[tuple[float, int]]:
-        """(start, node) in order, every entry up to date when given; ``version`` holds
-        each changed node's current version, ``recompute`` works one out again."""
-        order, at = self.order, self.at
+    def each(self, until: float = INF) -> Iterator[tuple[float, int]]:
+        """(start, node) in order up to ``until``, every entry up to date when given. An
+        entry whose bound is already past ``until`` ends the walk as it is: what it
+        would become is later still."""
+        order, at, version, recompute = self.order, self.at, self.version, self.recompute
         place = 0
         while place < len(order):
             start, index = order[place]
+            if start > until:
+                return
             now = version.get(index, 0)
             if at[index][1] != now:
                 del order[place]
-                fresh = recompute(index)
+                fresh = recompute(index, start)
                 if fresh is None:
                     del at[index]
                 else:
@@ -66,3 +88,30 @@ class StartOrder:
                 continue
             yield start, index
             place += 1
+
+    def first(self, until: float, wanted: Callable[[int], bool]) -> tuple[float, list[int]]:
+        """The earliest start of a ``wanted`` node, if not after ``until``, and every
+        wanted node that could start then, in order; (INF, []) if none. Reads no further
+        than it must: past that start, entries are not worked out again."""
+        order, at, version, recompute = self.order, self.at, self.version, self.recompute
+        best, found = until, []
+        place = 0
+        while place < len(order):
+            start, index = order[place]
+            if start > best:
+                break
+            now = version.get(index, 0)
+            if at[index][1] != now:
+                del order[place]
+                fresh = recompute(index, start)
+                if fresh is None:
+                    del at[index]
+                else:
+                    at[index] = (fresh, now)
+                    insort(order, (fresh, index))
+                continue
+            if start < INF and wanted(index):
+                best = start
+                found.append(index)
+            place += 1
+        return (best, found) if found else (INF, found)

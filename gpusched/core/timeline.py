@@ -8,7 +8,7 @@ the nodes a start or a reservation changed since.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from gpusched.core.node_profile import NodeProfile
 from gpusched.core.resources import PassResources
@@ -29,25 +29,24 @@ class TimelineMixin(PassResources):
         """
         key = (reserved, kind, shape.gpus, shape.cpus, shape.mem_mb,
                shape.duration if reserved else 0.0)
-        nodes, held, gpus = self.nodes, self.reserved_nodes, shape.gpus
+        nodes, gpus = self.nodes, shape.gpus
         entry = self._starts.get(key)
         if entry is None:
             # Only the nodes on the wanted side of the reservations: few are reserved.
-            side = ([nodes[i] for i in self._reserved_order] if reserved
-                    else [node for node in nodes if node.index not in held])
-            version = self._version
-            entry = self._starts[key] = StartOrder(
-                {node.index: (self._node_earliest(node.index, kind, shape),
-                              version.get(node.index, 0))
-                 for node in side if not kind or node.total.get(kind, 0) >= gpus},
-                len(self._reserved_order), len(self._changed), self._gave_back)
+            held = self.reserved_nodes
+            side = self._reserved_order if reserved else (
+                index for index in range(len(nodes)) if index not in held)
+            entry = self._starts[key] = StartOrder.of(
+                (index for index in side if not kind or nodes[index].total.get(kind, 0) >= gpus),
+                self._version, self._earliest_on(kind, shape, reserved),
+                joined=len(self._reserved_order), changes=len(self._changed),
+                gave_back=self._gave_back)
             return entry
         if entry.gave_back != self._gave_back:
             # Resources came back early: a node's start may be earlier than its entry.
             for index in set(self._changed[entry.changes:]):
                 if index in entry.at:
-                    entry.replace(index, self._side_earliest(index, kind, shape, reserved),
-                                  self._version.get(index, 0))
+                    entry.refresh(index)
             entry.gave_back = self._gave_back
         entry.changes = len(self._changed)
         if reserved and entry.joined < len(self._reserved_order):
@@ -57,29 +56,33 @@ class TimelineMixin(PassResources):
             entry.joined = len(self._reserved_order)
         return entry
 
-    def _each_start(self, kind: str, shape: Shape, reserved: bool
+    def _each_start(self, kind: str, shape: Shape, reserved: bool, until: float = INF
                     ) -> Iterator[tuple[float, int]]:
         """(earliest start, node) for ``shape`` on every node with (``reserved``) or
-        without a reservation, earliest first (then by index)."""
-        return self._start_order(kind, shape, reserved).each(
-            self._version, lambda index: self._side_earliest(index, kind, shape, reserved))
+        without a reservation, earliest first (then by index), up to ``until``."""
+        return self._start_order(kind, shape, reserved).each(until)
 
-    def _side_earliest(self, index: int, kind: str, shape: Shape, reserved: bool
-                       ) -> float | None:
-        """``_node_earliest``, or None once node ``index`` is no longer on the side of
-        the reservations asked for."""
-        if (index in self.reserved_nodes) != reserved:
-            return None
-        return self._node_earliest(index, kind, shape)
+    def _earliest_on(self, kind: str, shape: Shape, reserved: bool
+                     ) -> Callable[[int, float], float | None]:
+        """For one order: when ``shape`` could start on a node at the earliest and run
+        its whole duration (INF if never), given a time it cannot be before; None once
+        the node is no longer on the side of the reservations the order keeps."""
+        held, nodes, profiles, version = (self.reserved_nodes, self.nodes, self._profiles,
+                                          self._version)
+        gpus, cpus, mem, length = shape.gpus, shape.cpus, shape.mem_mb, shape.duration
 
-    def _node_earliest(self, index: int, kind: str, shape: Shape) -> float:
-        """When ``shape`` could start on node ``index`` at the earliest and run its whole
-        duration; INF if never."""
-        node = self.nodes[index]
-        if not node.reserved:
-            return node.earliest(kind, shape, self.now)
-        return self._profile(index).earliest(kind, shape.gpus, shape.cpus, shape.mem_mb,
-                                             shape.duration)
+        def earliest(index: int, bound: float) -> float | None:
+            if (index in held) != reserved:
+                return None
+            node = nodes[index]
+            if not node.reserved:
+                return node.earliest(kind, shape, self.now)
+            profile = profiles.get(index)
+            if profile is None or profile.version != version.get(index, 0):
+                profile = self._profile(index)
+            return profile.earliest(kind, gpus, cpus, mem, length, bound)
+
+        return earliest
 
     def _fits_at(self, index: int, kind: str, shape: Shape, at: float) -> bool:
         """Whether ``shape`` fits on node ``index`` from ``at`` for its whole duration."""
@@ -119,30 +122,32 @@ class TimelineMixin(PassResources):
 
     def earliest(self, shape: Shape, members: frozenset[int]) -> tuple[float, list[tuple[int, str]]]:
         """When and where ``shape`` could start at the earliest; (INF, []) if never."""
+        if shape.nodes == 1:
+            at, ready = self._earliest_one(shape, members)
+            return (at, [min(ready, key=lambda r: (r[1], r[2]))[1:]]) if ready else (INF, [])
         starts: list[tuple[float, int, str]] = []
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in (False, True):
                 found = 0
                 for at, index in self._each_start(kind, shape, reserved):
-                    if at == INF or found >= shape.nodes:
+                    if at == INF:
                         break
                     if index in members and self._usable(self.nodes[index], shape):
                         starts.append((at, index, kind))
                         found += 1
+                        if found >= shape.nodes:
+                            break
         best: dict[int, tuple[float, int, str]] = {}
         for entry in sorted(starts):
             best.setdefault(entry[1], entry)  # one kind per node: its earliest
         starts = sorted(best.values())
         if len(starts) < shape.nodes:
             return INF, []
-        if shape.nodes == 1:
-            at, index, kind = starts[0]
-            return at, [(index, kind)]
         for at in sorted({t for t, _, _ in starts[shape.nodes - 1:]}):
-            ready = [(index, kind) for t, index, kind in starts if t <= at and (
+            together = [(index, kind) for t, index, kind in starts if t <= at and (
                 index not in self.reserved_nodes or self._fits_at(index, kind, shape, at))]
-            if len(ready) >= shape.nodes:
-                return at, self._same_block(ready, shape.nodes)
+            if len(together) >= shape.nodes:
+                return at, self._same_block(together, shape.nodes)
         # Only the first nodes of each side were looked at: with many reserved nodes the
         # nodes free together may be others (conservative backfill reserves everywhere).
         return self._earliest_together(shape, members)
@@ -176,6 +181,18 @@ class TimelineMixin(PassResources):
         (at one time, those with the fewest units free now), so that what is idle now is
         held last and stays free for jobs that fit beside the reservation (EASY's extra
         nodes)."""
+        if shape.nodes == 1:
+            at, found = self._earliest_one(shape, members)
+            if not found:
+                return INF, []
+            best: dict[int, tuple[int, int, str]] = {}
+            for _, index, kind in found:
+                node = self.nodes[index]
+                key = (node.count(kind) if kind else node.free_gpus(), index, kind)
+                if index not in best or key < best[index]:
+                    best[index] = key
+            return at, self._same_block([(index, kind) for _, index, kind in
+                                         sorted(best.values())], 1)
         at, where = self.earliest(shape, members)
         if at == INF:
             return at, where
@@ -183,6 +200,29 @@ class TimelineMixin(PassResources):
         if len(ready) < shape.nodes:  # cannot happen: ``where`` is among them
             return at, where
         return at, self._same_block(ready, shape.nodes)
+
+    def _earliest_one(self, shape: Shape, members: frozenset[int]
+                      ) -> tuple[float, list[tuple[int, int, str]]]:
+        """When a one-node ``shape`` could start at the earliest (INF if never), and every
+        (kind used, node) where it could then, as (0, node, kind). Each order is read
+        only up to the earliest start found so far, so a node reserved since it was
+        last read is worked out again only if it may still be the answer."""
+        best = INF
+        found: list[tuple[float, int, str]] = []
+        nodes = self.nodes
+
+        def wanted(index: int) -> bool:
+            return index in members and self._usable(nodes[index], shape)
+
+        # Once every node holds a reservation, the side without one is empty.
+        sides = (True,) if len(self.reserved_nodes) == len(nodes) else (False, True)
+        for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
+            for reserved in sides:
+                at, indexes = self._start_order(kind, shape, reserved).first(best, wanted)
+                if indexes:
+                    best = at
+                    found.extend((at, index, kind) for index in indexes)
+        return best, [(0, index, kind) for at, index, kind in found if at == best]
 
     def _ready_by(self, at: float, shape: Shape, members: frozenset[int]
                   ) -> list[tuple[int, str]]:
@@ -192,9 +232,7 @@ class TimelineMixin(PassResources):
         best: dict[int, tuple[float, int, int, str]] = {}
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in (False, True):
-                for ready, index in self._each_start(kind, shape, reserved):
-                    if ready > at:
-                        break
+                for ready, index in self._each_start(kind, shape, reserved, at):
                     node = self.nodes[index]
                     if index not in members or not self._usable(node, shape) or (
                             reserved and not self._fits_at(index, kind, shape, at)):

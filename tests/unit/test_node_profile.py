@@ -59,8 +59,12 @@ def profile_of(node: NodeTimeline) -> NodeProfile:
 def test_the_profile_answers_as_the_node(node: NodeTimeline, shape: Shape, at: float) -> None:
     profile = profile_of(node)
     kind = shape.kinds[0]
-    assert profile.earliest(kind, shape.gpus, shape.cpus, shape.mem_mb, shape.duration) \
-        == node.earliest(kind, shape, NOW)
+    first = node.earliest(kind, shape, NOW)
+    assert profile.earliest(kind, shape.gpus, shape.cpus, shape.mem_mb, shape.duration) == first
+    if first < INF:  # a bound at or before the answer finds it again
+        for bound in (NOW, first, (NOW + first) / 2):
+            assert profile.earliest(kind, shape.gpus, shape.cpus, shape.mem_mb,
+                                    shape.duration, bound) == first
     if at >= NOW and at < INF:
         assert profile.fits(kind, shape.gpus, shape.cpus, shape.mem_mb, at, shape.duration) \
             == node.fits(kind, shape, at)
@@ -104,15 +108,28 @@ def test_the_order_refreshed_as_read_is_the_order_made_again(
     ``k`` entries gives exactly the first ``k`` of a fresh sort."""
     true = {index: float(t) for index, t in enumerate(starts)}
     version = {index: 0 for index in true}
-    order = StartOrder({index: (t, 0) for index, t in true.items()}, 0, 0, 0)
+
+    def recompute(index: int, bound: float) -> float:
+        assert bound <= true[index]  # the stale entry was a lower bound
+        return true[index]
+
+    order = StartOrder.of(true, version, recompute)
+
     for index, later, k in changes:
         if index in true:
             true[index] += later
             version[index] += 1
         read = []
-        for entry in order.each(version, lambda i: true[i]):
+        for entry in order.each():
             if len(read) == k:
                 break
             read.append(entry)
         assert read == sorted((t, i) for i, t in true.items())[:k]
-    assert list(order.each(version, lambda i: true[i])) == sorted((t, i) for i, t in true.items())
+        until = float(k * 4)
+        assert list(order.each(until)) == sorted(
+            (t, i) for i, t in true.items() if t <= until)
+    assert list(order.each()) == sorted((t, i) for i, t in true.items())
+    odd = {index for index in true if index % 2}
+    best = min((t for i, t in true.items() if i in odd), default=INF)
+    assert order.first(INF, odd.__contains__) == (
+        best, sorted(i for i, t in true.items() if i in odd and t == best))
