@@ -101,30 +101,30 @@ class NodeProfile:
             cpu_list[k] -= cpus
             mem_list[k] -= mem
 
-    def _short(self, kind: str, gpus: int, cpus: float, mem: float) -> list[bool]:
-        """For each breakpoint, whether the request does not fit there."""
+    def earliest(self, kind: str, gpus: int, cpus: float, mem: float, length: float,
+                 after: float = -INF) -> float:
+        """The first time (the present or a breakpoint), not before ``after``, from which
+        ``gpus`` units of ``kind``, ``cpus`` and ``mem`` are free for ``length``; INF if
+        none."""
+        times, cpu_list, mem_list = self.times, self.cpus, self.mem
+        count = len(times)
         units = self.gpus.get(kind)
         if units is None:
-            units = [0] * len(self.times)
-        return [g < gpus or c < cpus or m < mem
-                for g, c, m in zip(units, self.cpus, self.mem, strict=True)]
-
-    def earliest(self, kind: str, gpus: int, cpus: float, mem: float, length: float) -> float:
-        """The first time (the present or a breakpoint) from which ``gpus`` units of
-        ``kind``, ``cpus`` and ``mem`` are free for ``length``; INF if none."""
-        times = self.times
-        short = self._short(kind, gpus, cpus, mem)
-        count = len(times)
-        k = 0
+            if gpus > 0:
+                return INF
+            units = [0] * count
+        k = bisect_left(times, after) if after > times[0] else 0
         while k < count:
-            if short[k]:
+            if units[k] < gpus or cpu_list[k] < cpus or mem_list[k] < mem:
                 k += 1
                 continue
             end = times[k] + length
             m = k + 1
-            while m < count and times[m] < end and not short[m]:
+            while m < count and times[m] < end:
+                if units[m] < gpus or cpu_list[m] < cpus or mem_list[m] < mem:
+                    break
                 m += 1
-            if m == count or times[m] >= end:
+            else:
                 return times[k]
             k = m + 1  # short at m: no start before it runs past it
         return INF
