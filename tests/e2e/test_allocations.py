@@ -81,14 +81,17 @@ def _job_named(local: LocalCluster, name: str) -> dict[str, Any]:
 def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 60) -> str:
     """galloc's stderr until a line holding ``needle``; all read so far."""
     assert proc.stderr is not None
+    # Read the pipe's descriptor itself: the text wrapper's readline may buffer a
+    # second line that select would then never see coming.
+    fd = proc.stderr.fileno()
     seen, deadline = "", time.monotonic() + timeout
     while needle not in seen:
         left = deadline - time.monotonic()
         assert left > 0, f"no {needle!r} from galloc; it said {seen!r}"
-        if select.select([proc.stderr], [], [], left)[0]:
-            line = proc.stderr.readline()
-            assert line, f"galloc closed stderr before {needle!r}; it said {seen!r}"
-            seen += line
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"galloc closed stderr before {needle!r}; it said {seen!r}"
+            seen += chunk.decode()
     return seen
 
 
