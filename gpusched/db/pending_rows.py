@@ -73,7 +73,7 @@ class PendingRows:
         version is the one kept are not read again."""
         conn = session.connection()
         versions = conn.execute(
-            select(Job.id, _VERSION).where(Job.state == "PENDING")).tuples().all()
+            select(Job.id, _VERSION).where(Job.state == "PENDING")).all()
         kept = self._kept
         stale = [jid for jid, version in versions
                  if (seen := kept.get(jid)) is None or seen[0] != version]

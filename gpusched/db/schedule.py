@@ -293,7 +293,7 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
         tasks = [job_id for job_id in started if job_id not in whole_started]
         if tasks:
             runs.update(session.execute(select(Job.id, Job.restarts).where(
-                Job.id.in_(tasks), Job.interactive.is_(False))).tuples().all())
+                Job.id.in_(tasks), Job.interactive.is_(False))).all())
         commands.issue(session, "launch", [
             (job_id, runs[job_id], node_ids[start.node]) for job_id, start in started.items()
             if job_id in runs], epoch=epoch)
