@@ -96,10 +96,10 @@ def claim(session: Session, node: Node, reclaim_after: float = RECLAIM_AFTER,
 def _is_current(job: Job | None, run: int, node: Node, kind: str) -> bool:
     """Whether a ``kind`` command for ``run`` of ``job`` on ``node`` still means
     something: the job runs that run there (its batch script runs on its first node;
-    its steps on any of its nodes)."""
+    its steps, whose deadline a ``limit`` moves, on any of its nodes)."""
     if job is None or job.state != "RUNNING" or job.restarts != run:
         return False
-    if kind in ("step", "step_cancel"):
+    if kind in ("step", "step_cancel", "limit"):
         return job.node_id == node.id or node.name in (job.node_names or ())
     return job.node_id == node.id
 
@@ -110,8 +110,9 @@ def _payload(kind: str, stored: dict[str, Any], order: LaunchOrder | None) -> Pa
     if kind == "signal":
         return SignalJob(int(stored["signal"]))
     if kind == "limit":
-        limit = stored.get("time_limit")
-        return LimitJob(None if limit is None else int(limit))
+        limit, deadline = stored.get("time_limit"), stored.get("deadline")
+        return LimitJob(None if limit is None else int(limit),
+                        None if deadline is None else float(deadline))
     if kind == "step":
         return StepLaunch.parse(stored)
     if kind == "step_cancel":

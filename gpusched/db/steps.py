@@ -41,6 +41,7 @@ from gpusched.errors import (
     StepBusy,
     UsageError,
 )
+from gpusched.messages.agent import LimitJob
 from gpusched.messages.steps import (
     StepCancel,
     StepCreated,
@@ -136,6 +137,23 @@ def _deadline(job: Job) -> float | None:
     if job.time_limit is None or began is None:
         return None
     return began.timestamp() + job.time_limit
+
+
+def tell_new_limit(session: Session, job: Job) -> set[str]:
+    """Running job ``job`` has a new time limit: a ``limit`` command, carrying its
+    steps' new deadline, to its batch node and to each node where one of its running
+    steps of this run has not ended; the names of those nodes (to wake)."""
+    step_nodes: set[str] = set()
+    for names, ended in session.execute(select(JobStep.node_names, JobStep.nodes_ended).where(
+            JobStep.job_id == job.id, JobStep.run == job.restarts,
+            JobStep.state == "RUNNING")):
+        step_nodes.update(set(names) - set(ended or ()))
+    node_ids = dict(session.execute(select(Node.name, Node.id).where(
+        (Node.id == job.node_id) | Node.name.in_(sorted(step_nodes)))).all())
+    commands.issue(session, "limit",
+                   [(job.id, job.restarts, node_ids[n]) for n in sorted(node_ids)],
+                   LimitJob(job.time_limit, _deadline(job)).to_json())
+    return set(node_ids)
 
 
 def _pty_request(request: StepRequest) -> StepRequest:

@@ -16,7 +16,7 @@ from gpusched.core.arrays import task_bounds
 from gpusched.core.model import Reason
 from gpusched.core.timefmt import format_duration
 from gpusched.core.units import kind_matches
-from gpusched.db import commands
+from gpusched.db import steps
 from gpusched.db.associations import (
     check_submit_limits,
     choose_qos,
@@ -328,10 +328,8 @@ def update_job(session: Session, job_id: int, who: Identity,
     if not changed:
         raise Conflict(f"job {job_id} changed state while it was being updated")
     session.refresh(job)
-    if job.state == "RUNNING" and job.node_id is not None:
-        # Its agent applies it (a launch not yet done carries it already; this is harmless).
-        commands.issue(session, "limit", [(job.id, job.restarts, job.node_id)],
-                       {"time_limit": limit})
-    nodes = set(session.scalars(select(Node.name).where(Node.id == job.node_id))) \
-        if job.state == "RUNNING" else set()
-    return job, nodes
+    if job.state != "RUNNING":
+        return job, set()
+    # Its agents apply it: the batch node's to the batch run (a launch not yet done
+    # carries it already; this is harmless), every step node's to its running steps.
+    return job, steps.tell_new_limit(session, job)

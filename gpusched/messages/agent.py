@@ -290,13 +290,13 @@ def _error(value: str | None) -> str | None:
     return error_text(value)
 
 
-def _epoch(value: object) -> float | None:
-    """Seconds since the epoch, from 0 to MAX_EPOCH, or None."""
+def _epoch(value: object, name: str = "end_time") -> float | None:
+    """Seconds since the epoch, from 0 to MAX_EPOCH, or None (field ``name``)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) \
             or not 0 <= value <= MAX_EPOCH:  # NaN and infinities fail this too
-        raise UsageError(f"end_time: expected seconds since the epoch from 0 to {MAX_EPOCH}, "
+        raise UsageError(f"{name}: expected seconds since the epoch from 0 to {MAX_EPOCH}, "
                          f"got {shown(value)}")
     return float(value)
 
@@ -310,9 +310,24 @@ class SignalJob:
 
 @dataclass(frozen=True)
 class LimitJob:
-    """The payload of a ``limit`` command: the job's new time limit (None: none)."""
+    """The payload of a ``limit`` command: the job's new time limit (None: none) and
+    when it now ends the job's steps (``deadline``, epoch seconds; None with a time
+    limit: not given, as by a controller that sent the batch node alone)."""
 
     time_limit: int | None
+    deadline: float | None = None
+
+    def step_deadline(self) -> tuple[bool, float | None]:
+        """(whether the job's steps get a new deadline, that deadline: None for none)."""
+        if self.time_limit is None:
+            return True, None
+        return self.deadline is not None, self.deadline
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"time_limit": self.time_limit}
+        if self.deadline is not None:
+            body["deadline"] = self.deadline
+        return body
 
 
 if TYPE_CHECKING:  # the step messages import this module
@@ -372,8 +387,6 @@ class NodeCommand:
             payload = self.payload.to_json()
         elif isinstance(self.payload, SignalJob):
             payload = {"signal": self.payload.signal}
-        elif isinstance(self.payload, LimitJob):
-            payload = {"time_limit": self.payload.time_limit}
         elif self.payload is not None:
             payload = self.payload.to_json()
         else:
@@ -395,5 +408,6 @@ def _payload(kind: str, body: Body) -> Payload:
     if kind == "signal":
         refuse_unknown(body, ("signal",), "a signal command")
         return SignalJob(required_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"))
-    refuse_unknown(body, ("time_limit",), "a limit command")
-    return LimitJob(optional_integer(body, "time_limit", 0, bounds.MAX_TIME_LIMIT, "seconds"))
+    refuse_unknown(body, ("time_limit", "deadline"), "a limit command")
+    return LimitJob(optional_integer(body, "time_limit", 0, bounds.MAX_TIME_LIMIT, "seconds"),
+                    _epoch(body.get("deadline"), "deadline"))

@@ -305,7 +305,7 @@ class StepLaunch:
             gpu_uuids=words(body, "gpu_uuids", bounds.MAX_GPUS, "GPU UUIDs"),
             cpus=integer(body, "cpus", 0, 0, bounds.MAX_CPUS, "CPUs on this node"),
             mem_mb=integer(body, "mem_mb", 0, 0, bounds.MAX_MEM_MB, "MiB on this node"),
-            deadline=None if deadline is None else _epoch(deadline),
+            deadline=_epoch(deadline, "deadline"),
             output=path(body, "output", "a file name pattern"),
             error=path(body, "error", "a file name pattern"),
             input=path(body, "input", "a file name pattern"),

@@ -124,8 +124,10 @@ def test_commands_carry_the_run_and_close_with_it(db: sessionmaker[Session]) -> 
         submit.update_job(s, job_id, ALICE, {"time_limit": 300})
     with db() as s, s.begin():
         taken = commands.claim(s, _node(s, "n1"))
+    began = _job(db, job_id).start_time
+    assert began is not None
     assert [(c.kind, c.run, c.payload) for c in taken[1:]] == [
-        ("signal", 0, SignalJob(10)), ("limit", 0, LimitJob(300))]
+        ("signal", 0, SignalJob(10)), ("limit", 0, LimitJob(300, began.timestamp() + 300))]
     with db() as s, s.begin():
         jobs.requeue_job(s, job_id, ALICE)  # stop it, then back to the queue
     assert _kinds(db, "n1") == [("cancel", job_id, 0)]

@@ -23,6 +23,7 @@ from gpusched.db.models import Job, JobStep, Node, NodeCommand
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import Conflict, NotFound, PermissionDenied, StepBusy, UsageError
+from gpusched.messages.agent import LimitJob
 from gpusched.messages.steps import (
     StepCancel,
     StepCreated,
@@ -325,6 +326,50 @@ def test_a_job_that_ends_ends_its_steps_and_the_other_nodes_kill_them(
         agents.record_run_end(s, later, {"node": "n1", "outcome": "timeout", "signal": 15})
     assert _step(db, later, 0)["state"] == "TIMEOUT"
     assert _kills(db, "n2") == [("kill", later, 0)]
+
+
+def _limits(db: sessionmaker[Session], node: str) -> list[tuple[int, LimitJob]]:
+    return [(c.job_id, c.payload) for c in _claim(db, node) if c.kind == "limit"]
+
+
+def test_a_new_time_limit_reaches_every_node_running_the_jobs_steps(
+        db: sessionmaker[Session]) -> None:
+    job_id = _running(db, time_limit=3600)
+    _claim(db, "n1"), _claim(db, "n2")
+    with db() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.start_time is not None
+        began = job.start_time.timestamp()
+
+    def update(limit: int, who: jobs.Identity = ROOT) -> set[str]:
+        with db() as s, s.begin():
+            return submit.update_job(s, job_id, who, {"time_limit": limit})[1]
+
+    # No steps: the batch node alone.
+    assert update(5400) == {"n1"}
+    assert _limits(db, "n2") == []
+    [(told, limit)] = _limits(db, "n1")
+    assert (told, limit.time_limit) == (job_id, 5400)
+    assert limit.deadline == pytest.approx(began + 5400)
+    # A step on each node: both hear the raised limit, with the steps' new deadline.
+    assert _create(db, job_id, nodes=1).node_names == ("n1",)
+    assert _create(db, job_id, nodes=1).node_names == ("n2",)
+    _claim(db, "n1"), _claim(db, "n2")
+    assert update(7200) == {"n1", "n2"}
+    for node in ("n1", "n2"):
+        [(told, limit)] = _limits(db, node)
+        assert (told, limit.time_limit) == (job_id, 7200)
+        assert limit.deadline == pytest.approx(began + 7200)
+    # Its owner lowers it once the step on n2 has ended there: the batch node alone.
+    _report(db, job_id, 1, "n2", exit_code=0)
+    assert update(1800, ALICE) == {"n1"}
+    assert _limits(db, "n2") == []
+    assert [limit.deadline for _, limit in _limits(db, "n1")] == [
+        pytest.approx(began + 1800)]
+    # A step made after the change starts with the new deadline.
+    _create(db, job_id, nodes=1, overlap=True)
+    [launch] = [c.payload for c in _claim(db, "n1") if c.kind == "step"]
+    assert launch.deadline == pytest.approx(began + 1800)
 
 
 def test_a_single_node_job_ending_sends_no_kill(db: sessionmaker[Session]) -> None:

@@ -205,6 +205,7 @@ def node_commands(draw: st.DrawFn) -> dict[str, Any]:
         body["payload"] = {"signal": draw(st.integers(1, signal.NSIG - 1))}
     elif kind == "limit":
         body["payload"] = {"time_limit": draw(st.integers(0, bounds.MAX_TIME_LIMIT) | st.none())}
+        _maybe(draw, body["payload"], "deadline", st.floats(0, MAX_EPOCH) | st.none())
     else:
         _maybe(draw, body, "payload", st.just({}) | st.none())
     return body
@@ -482,6 +483,14 @@ def test_each_kind_of_command_carries_its_payload() -> None:
                              ).payload == SignalJob(10)
     assert NodeCommand.parse({**head, "kind": "limit", "payload": {"time_limit": None}}
                              ).payload == LimitJob(None)
+    moved = NodeCommand.parse({**head, "kind": "limit",
+                               "payload": {"time_limit": 60, "deadline": 2_000_000_000}})
+    assert moved.payload == LimitJob(60, 2_000_000_000.0)
+    assert moved.to_json()["payload"] == {"time_limit": 60, "deadline": 2_000_000_000.0}
+    # Steps: a new deadline; none with no limit; left be by a limit that names none.
+    assert LimitJob(60, 5.0).step_deadline() == (True, 5.0)
+    assert LimitJob(None).step_deadline() == (True, None)
+    assert LimitJob(60).step_deadline() == (False, None)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -499,6 +508,12 @@ def test_each_kind_of_command_carries_its_payload() -> None:
     ({"kind": "signal", "payload": {"signal": 999}}, "signal: expected a signal number from 1"),
     ({"kind": "limit", "payload": {"time_limit": -1}}, "time_limit: expected seconds from 0"),
     ({"kind": "limit", "payload": [1]}, "payload: expected a JSON object, got [1]"),
+    ({"kind": "limit", "payload": {"time_limit": 60, "deadline": -1}},
+     "deadline: expected seconds since the epoch from 0 to"),
+    ({"kind": "limit", "payload": {"time_limit": 60, "deadline": "soon"}},
+     "deadline: expected seconds since the epoch"),
+    ({"kind": "limit", "payload": {"time_limit": 60, "until": 5}},
+     "unknown field 'until' in a limit command"),
 ])
 def test_a_command_out_of_bounds_is_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError) as caught:
