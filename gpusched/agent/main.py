@@ -346,6 +346,7 @@ class Agent:
         elif command.kind == "limit" and isinstance(command.payload, LimitJob):
             if ours and self.launcher.set_limit(job_id, command.payload.time_limit):
                 log.info("job %d: time limit now %s s", job_id, command.payload.time_limit)
+            self.steps.new_limit(job_id, run, command.payload)  # batch run here or not
         return True
 
     def _ack(self, client: ApiClient, seqs: list[int]) -> None:

@@ -1,6 +1,7 @@
 """What the agent does about job steps: start a node's part of a step from a ``step``
 command (confined like the job on this node), cancel or signal it from ``step_cancel``,
-end a job's steps when the job ends, and report each part's end to the controller
+move its deadline when a ``limit`` changes the job's time limit, end a job's steps
+when the job ends, and report each part's end to the controller
 (``POST /agent/v1/jobs/{job}/steps/{step}/ended``)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpusched.agent.steps import StepDone, StepRunner
 from gpusched.agent.stepspec import step_cgroup_spec, step_spec
 from gpusched.client import ApiClient
 from gpusched.errors import Conflict, GpuschedError, NotFound, UsageError
+from gpusched.messages.agent import LimitJob
 from gpusched.messages.steps import StepLaunch
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,15 @@ class NodeSteps:
         log.info("step %d.%d: %s %s", job_id, step_id,
                  "cancel" if signum is None else f"signal {signum}",
                  "sent" if done else "not running here")
+
+    def new_limit(self, job_id: int, run: int, limit: LimitJob) -> None:
+        """The job's time limit changed: its running steps of ``run`` here get the new
+        deadline (a limit without one, from an older controller, leaves them be)."""
+        given, deadline = limit.step_deadline()
+        told = self.runner.set_deadline(job_id, run, deadline) if given else []
+        if told:
+            log.info("job %d: steps %s here now end at %s", job_id, ", ".join(map(str, told)),
+                     "no deadline" if deadline is None else f"{deadline:.0f}")
 
     def end_job(self, job_id: int, run: int | None = None) -> None:
         """The job has ended: end its steps here."""

@@ -1,8 +1,8 @@
 """The agent's side of job steps: each node's part of a step runs under a step
 supervisor (gpusched.agent.stepsupervisor) in ``state_dir/steps/<job>/step-<step>/``;
 StepRunner writes its spec (gpusched.agent.stepspec), starts it through the
-supervisor spawner, cancels or signals it, finds how it ended and ends every step of
-a job that has ended.
+supervisor spawner, cancels or signals it, moves its deadline when the job's time
+limit changes, finds how it ended and ends every step of a job that has ended.
 
 Steps live apart from the batch runs of ``jobs_dir``: a node may run steps of a job
 whose batch script runs elsewhere, and a batch run's directory is removed once its
@@ -33,6 +33,8 @@ from gpusched.agent.spawn import (
     spawn_supervisor_process,
 )
 from gpusched.agent.stepsupervisor import (
+    DEADLINE_FILE,
+    DEADLINE_REQUEST,
     SIGNAL_FILE,
     SIGNAL_REQUEST,
     write_json_replace,
@@ -150,6 +152,32 @@ class StepRunner:
             except ProcessLookupError:
                 return False
             return True
+
+    def set_deadline(self, job_id: int, run: int, deadline: float | None) -> list[int]:
+        """Give the running steps of run ``run`` of the job here a new deadline (epoch
+        seconds; None: none), which their supervisors reread from ``deadline.json`` on
+        SIGUSR2; the ids of the steps told."""
+        told = []
+        for step_id in self._step_ids(job_id):
+            stepdir = self.stepdir(job_id, step_id)
+            spec = _read_json(stepdir / "spec.json") or {}
+            if spec.get("run") != run:
+                continue
+            with self._lock:
+                pidfd = self._pidfds.get((job_id, step_id))
+                if pidfd is None or procs.pidfd_exited(pidfd) \
+                        or (stepdir / "status.json").exists():
+                    continue
+                # A supervisor that has not written supervisor.json yet reads the file
+                # before it starts watching the time (and only then handles the signal).
+                write_json_replace(str(stepdir / DEADLINE_FILE), {"deadline": deadline})
+                if (stepdir / "supervisor.json").exists():
+                    try:
+                        signal.pidfd_send_signal(pidfd, DEADLINE_REQUEST)
+                    except ProcessLookupError:
+                        continue
+                told.append(step_id)
+        return told
 
     def end_job(self, job_id: int, run: int | None = None) -> list[int]:
         """End every step of the job here (of runs up to ``run``; None: all); the ids of

@@ -16,20 +16,25 @@ Files in STEPDIR (gpusched.agent.steps writes the spec):
                     "task_starttimes", "start_time"}
   signal.json      {"signal": N}, written by the agent before it sends SIGUSR1: deliver
                    N to every task
+  deadline.json    {"deadline": EPOCH|null}, written by the agent before it sends SIGUSR2
+                   (the job's time limit changed): the step's deadline instead of the
+                   spec's
   status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error",
                     "max_rss_bytes", "cpu_usec", "tasks": [[task id, exit code, signal]]}
 
 Outcomes: completed (every task exited 0), failed, cancelled (SIGTERM to the
 supervisor, or gsrun's connection lost), timeout (the job's end by its time limit:
-the spec's ``deadline``), out_of_memory, launch_failed (nothing ran: gsrun could not
-be reached within ``connect_timeout``, the node refused the step, or the step's
-cgroup could not be made; gsrun gets an ERROR frame where it can be reached).
+the spec's ``deadline``, or deadline.json's), out_of_memory, launch_failed (nothing
+ran: gsrun could not be reached within ``connect_timeout``, the node refused the step,
+or the step's cgroup could not be made; gsrun gets an ERROR frame where it can be
+reached).
 """
 
 from __future__ import annotations
 
 import encodings.idna  # noqa: F401 - what connecting to a host name needs, loaded ahead
 import json
+import math
 import os
 import signal
 import sys
@@ -52,7 +57,9 @@ from gpusched.messages import stepio  # noqa: E402
 
 SIGNAL_FILE = "signal.json"
 SIGNAL_REQUEST = signal.SIGUSR1  # the agent wrote signal.json: deliver that signal
-_HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, SIGNAL_REQUEST)
+DEADLINE_FILE = "deadline.json"
+DEADLINE_REQUEST = signal.SIGUSR2  # the agent wrote deadline.json: read it again
+_HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, SIGNAL_REQUEST, DEADLINE_REQUEST)
 _CANCELS = frozenset({signal.SIGTERM, signal.SIGINT})
 CONNECT_TIMEOUT = 10.0  # seconds to reach gsrun's I/O socket
 DRAIN_TIMEOUT = 2.0  # seconds to send what is left once the tasks have ended
@@ -85,6 +92,7 @@ class StepSupervisor:
         self.stop_reason: str | None = None
         self.error: str | None = None
         self.kill_at: float | None = None
+        self.deadline: float | None = None  # monotonic
         self.killed = False
         self.cgroup: Any = None
         self.confine: Any = None
@@ -207,6 +215,8 @@ class StepSupervisor:
                 number = 0
             if 0 < number < signal.NSIG:
                 self._signal_tasks(number)
+        if DEADLINE_REQUEST in taken:
+            self.deadline = self._deadline()
 
     def _signal_tasks(self, sig: int) -> None:
         """Send ``sig`` to every running task's process group."""
@@ -251,27 +261,37 @@ class StepSupervisor:
     def _supervise(self) -> None:
         """Stream I/O and watch the tasks until every one has exited."""
         self.relay.watch_tasks()
-        deadline = self._deadline()
+        self.deadline = self._deadline()
         while not all(t.exited for t in self.tasks):
             now = time.monotonic()
-            if self.stop_reason is None and deadline is not None and now >= deadline:
+            if self.stop_reason is None and self.deadline is not None and now >= self.deadline:
                 self._stop("timeout")
             if self.kill_at is not None and not self.killed and now >= self.kill_at:
                 self._kill_all()
-            self.relay.wait(self._next_wakeup(deadline))
+            self.relay.wait(self._next_wakeup())
             self._act_on_signals()
             for task in self.tasks:
                 if task.poll_exit():
                     self.relay.send_exit(task)
 
     def _deadline(self) -> float | None:
-        """When the step must stop (monotonic clock), from the spec's epoch deadline."""
+        """When the step must stop (monotonic clock), from the epoch deadline the agent
+        last wrote to deadline.json (the job's time limit changed), else the spec's."""
         at = self.spec.get("deadline")
+        try:
+            with open(os.path.join(self.stepdir, DEADLINE_FILE), encoding="utf-8") as f:
+                written = json.load(f)["deadline"]
+            if written is None or (isinstance(written, int | float)
+                                   and not isinstance(written, bool)
+                                   and math.isfinite(written)):
+                at = written
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none written: the spec's stands
         return None if at is None else time.monotonic() + float(at) - time.time()
 
-    def _next_wakeup(self, deadline: float | None) -> float | None:
+    def _next_wakeup(self) -> float | None:
         if self.stop_reason is None:
-            return deadline
+            return self.deadline
         return None if self.killed else self.kill_at
 
     def _finish_tasks(self) -> None:

@@ -278,6 +278,43 @@ def test_the_jobs_time_limit_ends_the_step(
     assert (end.outcome, end.signal) == ("timeout", signal.SIGKILL)
 
 
+def test_a_new_deadline_moves_the_steps_time_limit_both_ways(
+        runner: StepRunner, gsrun: FakeGsrun, work_dir: Path,
+        wait_for: Callable[..., Any]) -> None:
+    old_deadline = time.time() + 1.5
+    launch = launch_for(gsrun.io(), ["/bin/sh", "-c", "echo ready; exec sleep 600"],
+                        str(work_dir), deadline=old_deadline)
+    stepdir = start(runner, launch)
+    wait_for(lambda: "ready" in gsrun.text(stepio.STDOUT, 3)
+             and (stepdir / "supervisor.json").exists(), "the tasks to start")
+    # Another run's or another job's limit moves nothing here.
+    assert runner.set_deadline(41, 1, time.time() + 600) == []
+    assert runner.set_deadline(42, 0, time.time() + 600) == []
+    assert runner.set_deadline(41, 0, time.time() + 600) == [3]  # raised
+    while time.time() < old_deadline + 1.0:  # past the old deadline, and its kill grace
+        assert runner.running() == [(41, 3)] and not (stepdir / "status.json").exists()
+        time.sleep(0.1)
+    assert gsrun.exits() == {}
+    assert runner.set_deadline(41, 0, time.time() - 5) == [3]  # lowered below its age
+    end = ended(runner, wait_for, gsrun=gsrun)
+    assert (end.outcome, end.signal) == ("timeout", signal.SIGTERM)
+    assert gsrun.exits() == {2: (None, 15), 3: (None, 15)}
+    assert runner.set_deadline(41, 0, time.time() + 600) == []  # ended: nothing to tell
+
+
+def test_a_deadline_written_before_the_supervisor_watches_is_kept(
+        runner: StepRunner, gsrun: FakeGsrun, work_dir: Path,
+        wait_for: Callable[..., Any]) -> None:
+    launch = launch_for(gsrun.io(), ["/bin/sh", "-c", "exec sleep 600"], str(work_dir),
+                        deadline=time.time() + 600)
+    stepdir = start(runner, launch)
+    # Told at once, before its tasks run (no supervisor.json yet): read, not signalled.
+    assert runner.set_deadline(41, 0, time.time() + 0.5) == [3]
+    assert json.loads((stepdir / "deadline.json").read_text())["deadline"] is not None
+    end = ended(runner, wait_for, gsrun=gsrun)
+    assert end.outcome == "timeout"
+
+
 def test_an_unreachable_gsrun_fails_the_launch_and_runs_nothing(
         runner: StepRunner, work_dir: Path, wait_for: Callable[..., Any]) -> None:
     closed = socket.create_server(("127.0.0.1", 0))
