@@ -12,7 +12,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +245,42 @@ def test_cancelling_the_job_ends_its_steps_on_every_node(two_nodes: LocalCluster
     steps = wait_for(lambda: [s for s in two_nodes.api("GET", f"/v1/jobs/{job}/steps")["steps"]
                               if s["state"] != "RUNNING"], timeout=30, what="the step to end")
     assert [s["state"] for s in steps] == ["CANCELLED"]
+
+
+def test_a_time_limit_changed_while_a_step_runs_moves_its_end_on_every_node(
+        two_nodes: LocalCluster) -> None:
+    marker = two_nodes.root / "limit-marker"
+    script = two_nodes.root / "limit.sh"
+    script.write_text(f"#!/bin/bash\n{BIN}/gsrun -N2 bash -c "
+                      f"'echo $$ > {marker}.$SLURM_PROCID; exec sleep 300'\n")
+    submitted = two_nodes.run("gsubmit", "--parsable", "-N", "2", "--gpus", "4",
+                              "-t", "0:15", str(script))
+    assert submitted.returncode == 0, submitted.stderr
+    job = int(submitted.stdout.strip())
+    files = [two_nodes.root / f"limit-marker.{r}" for r in (0, 1)]
+    pids = wait_for(lambda: all(f.exists() and f.read_text().strip() for f in files)
+                    and [int(f.read_text()) for f in files], timeout=60,
+                    what="both tasks running", seen=lambda: two_nodes.output(job))
+    raised = two_nodes.run("gcontrol", "update", "job", str(job), "TimeLimit=5:00")
+    assert raised.returncode == 0, raised.stderr
+    started = two_nodes.job(job)["start_time"]
+    old_end = datetime.fromisoformat(started).timestamp() + 15
+    # Past the old limit and its kill grace, both tasks (the second on the node that
+    # does not run the batch script) and the step still run.
+    while time.time() < old_end + 6:
+        for pid in pids:
+            os.kill(pid, 0)
+        steps = two_nodes.api("GET", f"/v1/jobs/{job}/steps")["steps"]
+        assert [s["state"] for s in steps] == ["RUNNING"], steps
+        time.sleep(0.5)
+    assert two_nodes.job(job)["state"] == "RUNNING"
+    # Lowered below what it has run: it ends now, its step TIMEOUT.
+    lowered = two_nodes.run("gcontrol", "update", "job", str(job), "TimeLimit=0:01")
+    assert lowered.returncode == 0, lowered.stderr
+    assert two_nodes.wait_ended(job)["state"] == "TIMEOUT"
+    steps = wait_for(lambda: [s for s in two_nodes.api("GET", f"/v1/jobs/{job}/steps")["steps"]
+                              if s["state"] != "RUNNING"], timeout=30, what="the step to end")
+    assert [s["state"] for s in steps] == ["TIMEOUT"]
 
 
 def test_gsrun_outside_a_job_and_in_a_job_that_ended(two_nodes: LocalCluster) -> None:
