@@ -20,6 +20,7 @@ from gpusched.cli.allocation import (
     exit_status,
     shape_environment,
 )
+from gpusched.cli.optionwalk import walk_options
 from gpusched.cli.output import print_error
 from gpusched.cli.shell import job_dir
 from gpusched.core import bounds
@@ -109,38 +110,13 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """``argv`` as galloc's options (by key; those not given are absent) and the
     command (options first, then the command, untouched)."""
     options: dict[str, Any] = {}
-    rest = list(argv)
-    while rest:
-        token = rest.pop(0)
-        if token == "--":
-            break
-        if token.startswith("--"):
-            name, equals, attached = token.partition("=")
-            if name not in _LONG:
-                raise UsageError(f"unrecognized option {token!r:.80} (see 'galloc --help')")
-            _take(options, name, name, attached if equals else None, rest, bool(equals))
-        elif token.startswith("-") and token != "-":
-            _short_group(options, token, rest)
-        else:
-            rest.insert(0, token)
-            break
-        if options.get("help"):
-            break
+
+    def take(name: str, shown: str, value: str | None, rest: list[str],
+             attached: bool) -> None:
+        _take(options, name, shown, value, rest, attached)
+
+    rest = walk_options(argv, _LONG, _SHORT, take, "galloc", lambda: bool(options.get("help")))
     return options, rest
-
-
-def _short_group(options: dict[str, Any], token: str, rest: list[str]) -> None:
-    for at in range(1, len(token)):
-        short = "-" + token[at]
-        name = _SHORT.get(short)
-        if name is None:
-            raise UsageError(f"unrecognized option {short!r} (see 'galloc --help')")
-        if _LONG[name][1] == "flag":
-            _take(options, name, short, None, rest, False)
-            continue
-        attached = token[at + 1:]
-        _take(options, name, short, attached or None, rest, bool(attached))
-        return
 
 
 def _take(options: dict[str, Any], name: str, shown: str, value: str | None,

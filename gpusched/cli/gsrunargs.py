@@ -8,6 +8,7 @@ Pure: no environment, no I/O. Every fault is one UsageError naming the option.
 
 from __future__ import annotations
 
+from gpusched.cli.optionwalk import walk_options
 from gpusched.core import bounds
 from gpusched.errors import UsageError
 
@@ -142,23 +143,14 @@ class GsrunArgs:
 def parse_args(argv: list[str]) -> GsrunArgs:
     """``argv`` (without the program name) as gsrun's options and command."""
     args = GsrunArgs()
-    rest = list(argv)
-    while rest:
-        token = rest.pop(0)
-        if token == "--":
-            break
-        if token.startswith("--"):
-            name, equals, attached = token.partition("=")
-            if name not in _LONG:
-                raise UsageError(f"unrecognized option {token!r:.80} (see 'gsrun --help')")
-            _take(args, name, name, attached if equals else None, rest, bool(equals))
-        elif token.startswith("-") and token != "-":
-            _short_group(args, token, rest)
-        else:
-            rest.insert(0, token)
-            break
-        if args.help:
-            return args
+
+    def take(name: str, shown: str, value: str | None, rest: list[str],
+             attached: bool) -> None:
+        _take(args, name, shown, value, rest, attached)
+
+    rest = walk_options(argv, _LONG, _SHORT, take, "gsrun", lambda: bool(args.help))
+    if args.help:
+        return args
     if not rest:
         raise UsageError("expected a command to run (see 'gsrun --help')")
     args.command = rest
@@ -176,21 +168,6 @@ def _check_pty(args: GsrunArgs) -> None:
     tasks = args.ntasks or (args.nodes or 1) * per_node
     if tasks > 1:
         raise UsageError(f"--pty runs one task (got {tasks})")
-
-
-def _short_group(args: GsrunArgs, token: str, rest: list[str]) -> None:
-    """``-l``, ``-lK``, ``-N2``, ``-lN 2``: flags, then at most one option with a value."""
-    for at in range(1, len(token)):
-        short = "-" + token[at]
-        name = _SHORT.get(short)
-        if name is None:
-            raise UsageError(f"unrecognized option {short!r} (see 'gsrun --help')")
-        if _LONG[name][1] == "flag":
-            _take(args, name, short, None, rest, False)
-            continue
-        attached = token[at + 1:]
-        _take(args, name, short, attached or None, rest, bool(attached))
-        return
 
 
 def _take(args: GsrunArgs, name: str, shown: str, value: str | None, rest: list[str],
