@@ -81,13 +81,7 @@ def _exec_job(spec: dict[str, Any]) -> None:
         os.chdir(spec["cwd"])
     except OSError as exc:
         _fail_in_output(f"cannot change to working directory {spec['cwd']}: {exc.strerror}")
-    for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            try:
-                signal.signal(sig, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    default_signals()
     argv = spec["argv"]
     try:
         os.execve(argv[0], argv, spec["env"])
@@ -119,3 +113,15 @@ def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> Non
         os.write(report_fd, message.encode()[:4000])
     finally:
         os._exit(_LAUNCH_FAILED_EXIT)
+
+
+def default_signals() -> None:
+    """Every signal's default action, none blocked: what a job's process starts with,
+    whatever its supervisor had set."""
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())

@@ -15,6 +15,7 @@ import struct
 import termios
 from typing import Any
 
+from gpusched.agent.jobexec import default_signals
 from gpusched.agent.supervisor import LaunchError, _drop_privileges
 
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
@@ -248,13 +249,7 @@ def _become_task(step: dict[str, Any], task: dict[str, Any], ends: dict[str, int
         raise LaunchError(f"cannot change to working directory {step['cwd']}: "
                           f"{exc.strerror}") from None
     signal.set_wakeup_fd(-1)
-    for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            try:
-                signal.signal(sig, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    default_signals()
     argv = step["argv"]
     try:
         os.execvpe(argv[0], argv, task["env"])
