@@ -70,21 +70,13 @@ class StartOrder:
         """(start, node) in order up to ``until``, every entry up to date when given. An
         entry whose bound is already past ``until`` ends the walk as it is: what it
         would become is later still."""
-        order, at, version, recompute = self.order, self.at, self.version, self.recompute
+        order = self.order
         place = 0
         while place < len(order):
             start, index = order[place]
             if start > until:
                 return
-            now = version.get(index, 0)
-            if at[index][1] != now:
-                del order[place]
-                fresh = recompute(index, start)
-                if fresh is None:
-                    del at[index]
-                else:
-                    at[index] = (fresh, now)
-                    insort(order, (fresh, index))  # at or after ``place``: never earlier
+            if self._stale(place, start, index):
                 continue
             yield start, index
             place += 1
@@ -93,25 +85,33 @@ class StartOrder:
         """The earliest start of a ``wanted`` node, if not after ``until``, and every
         wanted node that could start then, in order; (INF, []) if none. Reads no further
         than it must: past that start, entries are not worked out again."""
-        order, at, version, recompute = self.order, self.at, self.version, self.recompute
+        order = self.order
         best, found = until, []
         place = 0
         while place < len(order):
             start, index = order[place]
             if start > best:
                 break
-            now = version.get(index, 0)
-            if at[index][1] != now:
-                del order[place]
-                fresh = recompute(index, start)
-                if fresh is None:
-                    del at[index]
-                else:
-                    at[index] = (fresh, now)
-                    insort(order, (fresh, index))
+            if self._stale(place, start, index):
                 continue
             if start < INF and wanted(index):
                 best = start
                 found.append(index)
             place += 1
         return (best, found) if found else (INF, found)
+
+    def _stale(self, place: int, start: float, index: int) -> bool:
+        """Whether the entry at ``place`` (``start``, ``index``) is out of date; if so it
+        is worked out again and put back in order, at or after ``place`` (a start only
+        moves later), or dropped when the node can no longer start the shape."""
+        now = self.version.get(index, 0)
+        if self.at[index][1] == now:
+            return False
+        del self.order[place]
+        fresh = self.recompute(index, start)
+        if fresh is None:
+            del self.at[index]
+        else:
+            self.at[index] = (fresh, now)
+            insort(self.order, (fresh, index))
+        return True
