@@ -229,12 +229,12 @@ class JobEnd:
             outcome=outcome,
             exit_code=optional_integer(body, "exit_code", 0, 255, "an exit status"),
             signal=optional_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"),
-            end_time=_epoch(body.get("end_time")),
-            error=_error(typed(body, "error", str, None, "an error message")),
+            end_time=epoch_seconds(body.get("end_time")),
+            error=kept_error(typed(body, "error", str, None, "an error message")),
             run=optional_integer(body, "run", 0, bounds.MAX_INT32, "a restart count"),
             max_rss_bytes=optional_integer(body, "max_rss_bytes", 0, MAX_BYTES, "bytes"),
             cpu_usec=optional_integer(body, "cpu_usec", 0, MAX_BYTES, "microseconds"),
-            epilog_error=_error(typed(body, "epilog_error", str, None, "an error message")))
+            epilog_error=kept_error(typed(body, "epilog_error", str, None, "an error message")))
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``POST /agent/v1/jobs/{id}/ended`` takes it."""
@@ -281,7 +281,7 @@ def error_text(error: str | None) -> str | None:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT - 3] + "..."
 
 
-def _error(value: str | None) -> str | None:
+def kept_error(value: str | None) -> str | None:
     """The error as kept: up to MAX_ERROR_INPUT characters are taken and cut down by
     error_text, so that an agent whose message runs long still gets its end recorded."""
     if value is not None and len(value) > MAX_ERROR_INPUT:
@@ -290,7 +290,7 @@ def _error(value: str | None) -> str | None:
     return error_text(value)
 
 
-def _epoch(value: object, name: str = "end_time") -> float | None:
+def epoch_seconds(value: object, name: str = "end_time") -> float | None:
     """Seconds since the epoch, from 0 to MAX_EPOCH, or None (field ``name``)."""
     if value is None:
         return None
@@ -410,4 +410,4 @@ def _payload(kind: str, body: Body) -> Payload:
         return SignalJob(required_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"))
     refuse_unknown(body, ("time_limit", "deadline"), "a limit command")
     return LimitJob(optional_integer(body, "time_limit", 0, bounds.MAX_TIME_LIMIT, "seconds"),
-                    _epoch(body.get("deadline"), "deadline"))
+                    epoch_seconds(body.get("deadline"), "deadline"))

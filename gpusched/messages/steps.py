@@ -19,7 +19,13 @@ from typing import Any
 from gpusched.core import bounds
 from gpusched.core.steps import MAX_STEP_ID, MAX_TASKS_PER_STEP
 from gpusched.errors import UsageError
-from gpusched.messages.agent import MAX_BYTES, MAX_SIGNAL, OUTCOMES, _epoch, _error
+from gpusched.messages.agent import (
+    MAX_BYTES,
+    MAX_SIGNAL,
+    OUTCOMES,
+    epoch_seconds,
+    kept_error,
+)
 from gpusched.messages.fields import (
     MAX_UID,
     Body,
@@ -305,7 +311,7 @@ class StepLaunch:
             gpu_uuids=words(body, "gpu_uuids", bounds.MAX_GPUS, "GPU UUIDs"),
             cpus=integer(body, "cpus", 0, 0, bounds.MAX_CPUS, "CPUs on this node"),
             mem_mb=integer(body, "mem_mb", 0, 0, bounds.MAX_MEM_MB, "MiB on this node"),
-            deadline=_epoch(deadline, "deadline"),
+            deadline=epoch_seconds(deadline, "deadline"),
             output=path(body, "output", "a file name pattern"),
             error=path(body, "error", "a file name pattern"),
             input=path(body, "input", "a file name pattern"),
@@ -374,8 +380,8 @@ class StepEnd:
             run=integer(body, "run", 0, 0, bounds.MAX_INT32, "a restart count"),
             exit_code=optional_integer(body, "exit_code", 0, 255, "an exit status"),
             signal=optional_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"),
-            end_time=_epoch(body.get("end_time")),
-            error=_error(typed(body, "error", str, None, "an error message")),
+            end_time=epoch_seconds(body.get("end_time")),
+            error=kept_error(typed(body, "error", str, None, "an error message")),
             max_rss_bytes=optional_integer(body, "max_rss_bytes", 0, MAX_BYTES, "bytes"),
             cpu_usec=optional_integer(body, "cpu_usec", 0, MAX_BYTES, "microseconds"),
             tasks=_task_ends(body.get("tasks")))
