@@ -206,3 +206,58 @@ def test_the_client_opens_the_local_socket_without_the_socket_module() -> None:
     assert error == "Unavailable"
     assert sorted(set(loaded.split()) & {"socket", "threading", "json", "pathlib", "typing",
                                          "re", "selectors", "enum"}) == []
+
+
+SCRIPT_PATH_CODE = """
+import os, sys
+sys.path.insert(0, {root!r})
+before = set(sys.modules)
+sys.argv = [{script!r}, *{argv!r}]
+real_exit = os._exit
+def leave(code):
+    sys.stderr.flush()
+    print(" ".join(sorted(set(sys.modules) - before)))
+    sys.stdout.flush()
+    real_exit(code)
+os._exit = leave
+with open({script!r}) as f:
+    source = f.read()
+exec(compile(source, {script!r}, "exec"), {{"__name__": "__main__"}})
+"""
+
+
+@pytest.mark.parametrize("prog, argv", [
+    ("gsubmit", ["--wrap", "true"]),
+    ("gqueue", []),
+])
+def test_the_installed_scripts_add_nothing_to_the_quick_paths(prog: str, argv: list[str]) -> None:
+    """scripts/PROG, what the install puts on PATH, loads only what the quick path does:
+    a generated console-script wrapper would load re (and enum) first."""
+    script = ROOT / "scripts" / prog
+    env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
+    env.pop("GPUSCHED_CONTROLLERS", None)
+    env.pop("GPUSCHED_CONFIG", None)
+    code = SCRIPT_PATH_CODE.format(root=str(ROOT), script=str(script), argv=argv)
+    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert f"{prog}: error: cannot reach the gpusched controller" in result.stderr
+    loaded = set(result.stdout.split())
+    assert "gpusched.client.api" in loaded
+    assert sorted(n for n in loaded if n.split(".")[0] != "gpusched"
+                  and n not in QUICK_PATH_STDLIB) == []
+
+
+def test_every_user_command_is_installed_as_a_script() -> None:
+    """pyproject's script-files names each of scripts/, and each runs its command's entry
+    point with nothing else imported."""
+    import tomllib
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["script-files"]
+    present = sorted(f"scripts/{p.name}" for p in (ROOT / "scripts").iterdir())
+    assert sorted(listed) == present
+    assert {"scripts/gsubmit", "scripts/gqueue", "scripts/gsrun", "scripts/galloc"} <= set(listed)
+    for name in listed:
+        text = (ROOT / name).read_text()
+        assert text.startswith("#!/usr/bin/env python3\n")
+        imports = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
+        assert len(imports) == 1 and imports[0].startswith("from gpusched.cli."), (name, imports)

@@ -47,7 +47,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for name in ("gpusched", "migrations"):
+    for name in ("gpusched", "migrations", "scripts"):
         shutil.copytree(ROOT / name, src / name, ignore=ignore)
     out = tmp_path_factory.mktemp("wheel")
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index",
@@ -66,6 +66,9 @@ def test_the_wheel_holds_every_module_and_the_migrations(wheel: Path) -> None:
     missing = sorted(_expected_files() - names)
     assert not missing, f"not in the wheel (list the package in pyproject.toml): {missing}"
     assert not [n for n in names if n.startswith("migrations/")]
+    scripts = {n.rsplit("/", 1)[-1] for n in names if ".data/scripts/" in n}
+    assert scripts == {p.name for p in (ROOT / "scripts").iterdir()}
+    assert {"gsubmit", "gqueue", "gcancel", "gsrun", "galloc"} <= scripts
 
 
 def test_an_installed_wheel_migrates_a_database(wheel: Path, tmp_path: Path,
