@@ -23,8 +23,8 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from gpusched.db.engine import rowcount
-from gpusched.db.models import Job, JobScript, Node, NodeCommand
-from gpusched.db.placements import job_placements
+from gpusched.db.models import Node, NodeCommand
+from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
 from gpusched.messages.agent import LimitJob, SignalJob
@@ -62,51 +62,115 @@ def has_open(session: Session, node_id: int) -> bool:
         NodeCommand.node_id == node_id, NodeCommand.done_at.is_(None)).limit(1)) is not None
 
 
+# The statements of an agent's poll and acknowledgements, the calls every job's launch
+# makes: plain SQL built once (an ORM query of the same costs several times the CPU).
+_HEARTBEAT = text(
+    "UPDATE nodes SET last_seen = :now WHERE name = :name "
+    "RETURNING id, state, lost_at, registered_at, reason")
+_CLAIM = text(
+    "UPDATE node_commands SET claimed_at = :now WHERE id IN ("
+    " SELECT id FROM node_commands WHERE node_id = :node AND done_at IS NULL"
+    " AND (claimed_at IS NULL OR claimed_at < :stale)"
+    " ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
+    "RETURNING id, kind, job_id, run, payload")
+# The jobs of claimed commands; for those to launch (:launch), their script and the GPU
+# UUIDs of their latest run, in index order (a requeued job keeps the allocations of
+# its earlier runs).
+_JOBS = text(
+    "SELECT j.id, j.state, j.restarts, j.node_id, j.node_names, j.name, j.user_name,"
+    " j.uid, j.gid, j.work_dir, j.output, j.error, j.umask, j.time_limit, j.warn_signal,"
+    " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
+    " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
+    " CASE WHEN s.id IS NULL THEN NULL ELSE ARRAY("
+    "  SELECT g.uuid FROM allocations a JOIN gpus g ON g.id = a.gpu_id"
+    "  WHERE a.job_id = j.id AND a.allocated_at = ("
+    "   SELECT max(b.allocated_at) FROM allocations b WHERE b.job_id = j.id)"
+    "  ORDER BY g.index, g.id) END AS gpu_uuids "
+    "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id AND j.id = ANY(:launch) "
+    "WHERE j.id = ANY(:ids)")
+_CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = ANY(:ids)")
+_NODE_ID = text("SELECT id FROM nodes WHERE name = :name")
+_COMMAND_JOBS = text(
+    "SELECT DISTINCT job_id FROM node_commands"
+    " WHERE id = ANY(:ids) AND node_id = :node AND job_id IS NOT NULL")
+_LOCK_JOBS = text("SELECT id FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR UPDATE")
+_DONE = text(
+    "UPDATE node_commands SET done_at = now()"
+    " WHERE id = ANY(:ids) AND node_id = :node AND done_at IS NULL "
+    "RETURNING id, kind, job_id, run")
+_LAUNCHED = text(
+    "UPDATE jobs SET launched_at = now() FROM unnest(CAST(:jobs AS bigint[]),"
+    " CAST(:runs AS integer[])) AS done(job_id, run)"
+    " WHERE jobs.id = done.job_id AND jobs.restarts = done.run"
+    " AND jobs.state = 'RUNNING' AND jobs.launched_at IS NULL")
+
+
+def poll(session: Session, name: str, registered: datetime | None
+         ) -> tuple[list[CommandMessage], datetime | None]:
+    """An agent's poll for node ``name``: record that it is alive, then claim its
+    commands (see claim). Returns them and when the node registered; when that is not
+    ``registered`` (given: the poll waited meanwhile), nothing is claimed: the poll is
+    that of an agent since replaced, and what it claimed would be lost.
+
+    A node the controller gave up on (or one DOWN for another reason) must register
+    again first: NotFound says so (the transaction, rolled back, records nothing), and
+    the agent's answer to NotFound is to register."""
+    now = datetime.now(UTC)
+    row = session.execute(_HEARTBEAT, {"now": now, "name": name}).first()
+    if row is None:
+        raise NotFound(f"unknown node {name!r}: the agent must register first")
+    node_id, state, lost_at, registered_at, reason = row
+    if lost_at is not None or state == "DOWN":
+        raise NotFound(f"node {name} is {state} ({reason or 'not registered'}): "
+                       f"the agent must register again")
+    if registered is not None and registered_at != registered:
+        return [], registered_at
+    return _claim(session, node_id, name, now, RECLAIM_AFTER, MAX_PER_POLL), registered_at
+
+
 def claim(session: Session, node: Node, reclaim_after: float = RECLAIM_AFTER,
           limit: int = MAX_PER_POLL) -> list[CommandMessage]:
     """Claim ``node``'s open commands, oldest first, skipping those another transaction
     holds; close the stale ones and return the rest as messages."""
-    now = datetime.now(UTC)
-    free = (NodeCommand.claimed_at.is_(None)
-            | (NodeCommand.claimed_at < now - timedelta(seconds=reclaim_after)))
-    wanted = (select(NodeCommand.id).where(NodeCommand.node_id == node.id,
-                                           NodeCommand.done_at.is_(None), free)
-              .order_by(NodeCommand.id).limit(limit).with_for_update(skip_locked=True))
-    rows = sorted(session.execute(
-        update(NodeCommand).where(NodeCommand.id.in_(wanted.scalar_subquery()))
-        .values(claimed_at=now)
-        .returning(NodeCommand.id, NodeCommand.kind, NodeCommand.job_id, NodeCommand.run,
-                   NodeCommand.payload)).all(), key=lambda row: row[0])
-    job_ids = {job_id for _, kind, job_id, _, _ in rows if kind != "kill" and job_id}
-    jobs = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(job_ids)))} \
-        if job_ids else {}
+    return _claim(session, node.id, node.name, datetime.now(UTC), reclaim_after, limit)
+
+
+def _claim(session: Session, node_id: int, node_name: str, now: datetime,
+           reclaim_after: float, limit: int) -> list[CommandMessage]:
+    rows = sorted(session.execute(_CLAIM, {
+        "now": now, "node": node_id, "stale": now - timedelta(seconds=reclaim_after),
+        "limit": limit}).all(), key=lambda row: row[0])
+    if not rows:
+        return []
+    job_ids = list({job_id for _, kind, job_id, _, _ in rows if kind != "kill" and job_id})
+    launch = [job_id for _, kind, job_id, _, _ in rows if kind == "launch" and job_id]
+    jobs = {row[0]: row for row in session.execute(
+        _JOBS, {"ids": job_ids, "launch": launch})} if job_ids else {}
     current = [row for row in rows
-               if row[1] == "kill" or _is_current(jobs.get(row[2]), row[3], node, row[1])]
+               if row[1] == "kill" or _is_current(jobs.get(row[2]), row[3], node_id,
+                                                  node_name, row[1])]
     stale = [row[0] for row in rows if row not in current]
     if stale:
-        session.execute(update(NodeCommand).where(NodeCommand.id.in_(stale))
-                        .values(done_at=now))
-    orders = _launch_orders(session, node, [jobs[row[2]] for row in current
-                                            if row[1] == "launch"])
-    return [CommandMessage(kind, node.name, job_id, run, command_id,
-                           _payload(kind, payload, orders.get(job_id)))
+        session.execute(_CLOSE, {"now": now, "ids": stale})
+    return [CommandMessage(kind, node_name, job_id, run, command_id,
+                           _payload(kind, payload, node_name, jobs.get(job_id)))
             for command_id, kind, job_id, run, payload in current]
 
 
-def _is_current(job: Job | None, run: int, node: Node, kind: str) -> bool:
-    """Whether a ``kind`` command for ``run`` of ``job`` on ``node`` still means
-    something: the job runs that run there (its batch script runs on its first node;
-    its steps, whose deadline a ``limit`` moves, on any of its nodes)."""
+def _is_current(job: Any, run: int, node_id: int, node_name: str, kind: str) -> bool:
+    """Whether a ``kind`` command for ``run`` of ``job`` (a row of _JOBS) on the node
+    still means something: the job runs that run there (its batch script runs on its
+    first node; its steps, whose deadline a ``limit`` moves, on any of its nodes)."""
     if job is None or job.state != "RUNNING" or job.restarts != run:
         return False
     if kind in ("step", "step_cancel", "limit"):
-        return job.node_id == node.id or node.name in (job.node_names or ())
-    return job.node_id == node.id
+        return job.node_id == node_id or node_name in (job.node_names or ())
+    return job.node_id == node_id
 
 
-def _payload(kind: str, stored: dict[str, Any], order: LaunchOrder | None) -> Payload:
+def _payload(kind: str, stored: dict[str, Any], node_name: str, job: Any) -> Payload:
     if kind == "launch":
-        return order
+        return _launch_order(job, node_name)
     if kind == "signal":
         return SignalJob(int(stored["signal"]))
     if kind == "limit":
@@ -120,51 +184,51 @@ def _payload(kind: str, stored: dict[str, Any], order: LaunchOrder | None) -> Pa
     return None
 
 
-def _launch_orders(session: Session, node: Node, jobs: list[Job]) -> dict[int, LaunchOrder]:
-    """The launch order of each job of ``jobs``, built from its row as it is now."""
-    if not jobs:
-        return {}
-    placed = job_placements(session, [(j.id, j.node_id) for j in jobs])
-    payloads = {p.id: p for p in session.scalars(select(JobScript).where(
-        JobScript.id.in_({j.script_id for j in jobs})))}
-    return {j.id: LaunchOrder(
-        job_id=j.id, run=j.restarts, node=node.name, name=j.name, user=j.user_name,
-        uid=j.uid, gid=j.gid, script=payloads[j.script_id].script,
-        args=tuple(payloads[j.script_id].args), work_dir=j.work_dir,
-        environment=dict(payloads[j.script_id].environment), output=j.output,
-        error=j.error, umask=j.umask, time_limit=j.time_limit,
-        warn_signal=j.warn_signal, warn_seconds=j.warn_seconds,
-        warn_batch_only=bool(j.warn_batch_only),
-        gpu_uuids=tuple(placed.get(j.id, (node.name, []))[1]),
+def _launch_order(j: Any, node_name: str) -> LaunchOrder:
+    """The launch order of a job, from its row of _JOBS as it is now."""
+    return LaunchOrder(
+        job_id=j.id, run=j.restarts, node=node_name, name=j.name, user=j.user_name,
+        uid=j.uid, gid=j.gid, script=j.script, args=tuple(j.args), work_dir=j.work_dir,
+        environment=dict(j.environment), output=j.output, error=j.error, umask=j.umask,
+        time_limit=j.time_limit, warn_signal=j.warn_signal, warn_seconds=j.warn_seconds,
+        warn_batch_only=bool(j.warn_batch_only), gpu_uuids=tuple(j.gpu_uuids or ()),
         node_names=tuple(j.node_names or ()), array_job_id=j.array_job_id,
         array_task_id=j.array_task_id, array_spec=j.array_spec, cpus=j.cpus,
-        mem_mb=j.mem_mb, gres_flags=j.gres_flags) for j in jobs}
+        mem_mb=j.mem_mb, gres_flags=j.gres_flags)
+
+
+def node_id(session: Session, name: str) -> int:
+    """The id of registered node ``name``."""
+    found = session.scalar(_NODE_ID, {"name": name})
+    if found is None:
+        raise NotFound(f"unknown node {name!r}: the agent must register first")
+    return int(found)
 
 
 def complete(session: Session, node: Node, command_id: int) -> bool:
     """The agent did command ``command_id`` (a launch: the job's supervisor runs);
-    False if it was done already or is not this node's.
+    False if it was done already or is not this node's."""
+    return bool(complete_all(session, node.id, [command_id]))
 
-    The job's row is locked before the command's, the order a job's end takes (its
-    row, then its commands), so an acknowledgement and the end arriving together
-    never wait on each other in a cycle."""
-    job_id = session.scalar(select(NodeCommand.job_id).where(
-        NodeCommand.id == command_id, NodeCommand.node_id == node.id))
-    if job_id is not None:
-        session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
-    row = session.execute(
-        update(NodeCommand).where(NodeCommand.id == command_id, NodeCommand.node_id == node.id,
-                                  NodeCommand.done_at.is_(None))
-        .values(done_at=func.now())
-        .returning(NodeCommand.kind, NodeCommand.job_id, NodeCommand.run)).first()
-    if row is None:
-        return False
-    kind, job_id, run = row
-    if kind == "launch":
-        session.execute(update(Job).where(Job.id == job_id, Job.restarts == run,
-                                          Job.state == "RUNNING", Job.launched_at.is_(None))
-                        .values(launched_at=func.now()))
-    return True
+
+def complete_all(session: Session, node_id: int, command_ids: Iterable[int]) -> list[int]:
+    """The agent of node ``node_id`` did these commands (for a launch: the job's
+    supervisor runs); those not done before and this node's, in the order given.
+
+    The jobs' rows are locked before the commands', the order a job's end takes (its
+    row, then its commands), so acknowledgements and an end arriving together never
+    wait on each other in a cycle."""
+    ids = list(dict.fromkeys(command_ids))
+    job_ids = list(session.scalars(_COMMAND_JOBS, {"ids": ids, "node": node_id}))
+    if job_ids:
+        session.execute(_LOCK_JOBS, {"ids": job_ids})
+    rows = session.execute(_DONE, {"ids": ids, "node": node_id}).all()
+    launched = [(job_id, run) for _, kind, job_id, run in rows if kind == "launch"]
+    if launched:
+        session.execute(_LAUNCHED, {"jobs": [job_id for job_id, _ in launched],
+                                    "runs": [run for _, run in launched]})
+    done = {row[0] for row in rows}
+    return [command_id for command_id in ids if command_id in done]
 
 
 def release_claims(session: Session, node_id: int) -> int:

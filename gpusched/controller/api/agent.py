@@ -80,11 +80,8 @@ class AgentRoutes:
         waited while its node registered again claims nothing: it is an agent's that
         has been replaced (killed, restarted), and what it claimed would be lost."""
         with self.context.sessions() as session, session.begin():
-            node = agents.heartbeat(session, node_name)
-            if registered is not None and node.registered_at != registered:
-                return [], node.registered_at
-            return ([command.to_json() for command in commands.claim(session, node)],
-                    node.registered_at)
+            claimed, registered_at = commands.poll(session, node_name, registered)
+            return [command.to_json() for command in claimed], registered_at
 
     def done(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The agent did one command (for a launch: the job's supervisor runs)."""
@@ -94,8 +91,8 @@ class AgentRoutes:
         if not raw.isdigit() or not 1 <= int(raw) <= bounds.MAX_JOB_ID:
             raise UsageError(f"command id: expected a number, got {raw[:40]!r}")
         with ctx.sessions() as session, session.begin():
-            node = agents.registered_node(session, str(request.body.get("node")))
-            changed = commands.complete(session, node, int(raw))
+            node_id = commands.node_id(session, str(request.body.get("node")))
+            changed = bool(commands.complete_all(session, node_id, [int(raw)]))
         return 200, {"ok": True, "changed": changed}
 
     def done_all(self, request: Request) -> tuple[int, dict[str, Any]]:
@@ -109,8 +106,8 @@ class AgentRoutes:
                 for s in seqs):
             raise UsageError(f"seqs: expected 1 to {bounds.MAX_COMMANDS_ACKED} command numbers")
         with ctx.sessions() as session, session.begin():
-            node = agents.registered_node(session, str(request.body.get("node")))
-            changed = [seq for seq in dict.fromkeys(seqs) if commands.complete(session, node, seq)]
+            node_id = commands.node_id(session, str(request.body.get("node")))
+            changed = commands.complete_all(session, node_id, seqs)
         return 200, {"ok": True, "changed": changed}
 
     def ended(self, request: Request) -> tuple[int, dict[str, Any]]:
