@@ -4,10 +4,10 @@ A command that listed 10,000 jobs would otherwise spend a few tens of millisecon
 its output freeing every object and module one by one; ``os._exit`` skips that once
 what it printed is flushed. (The daemons exit the ordinary way.)
 
-The common command lines of ``gsubmit`` and ``gqueue``, the commands typed most, are
-parsed without loading typer (about 45 ms; see ``gpusched.cli.quickparse``) and run the
-same code as the typer commands; any other command line (--help, a mistake) goes
-through typer as before.
+The common command lines of ``gsubmit``, ``gqueue`` and ``gcancel``, the commands typed
+most, are parsed without loading typer (about 45 ms; see ``gpusched.cli.quickparse``)
+and run the same code as the typer commands; any other command line (--help, a
+mistake) goes through typer as before.
 """
 
 from __future__ import annotations
@@ -123,7 +123,25 @@ def run_quick(prog: str, command: Callable[[], object]) -> int:
 
 def gcancel() -> NoReturn:
     """``gcancel``."""
-    _run("gcancel")
+    if "_GCANCEL_COMPLETE" in os.environ:
+        _run("gcancel")
+    _leave(quick_gcancel(sys.argv[1:]))
+
+
+def quick_gcancel(argv: Sequence[str]) -> int:
+    """``gcancel ID...`` (plain job ids, the common call) without typer; any other
+    command line through typer. Returns the exit code."""
+    if not argv or not all(arg.strip().isascii() and arg.strip().isdigit() for arg in argv):
+        return import_module("gpusched.cli.gcancel").main(argv)  # type: ignore[no-any-return]
+    from gpusched.cli.cancelling import parse_job_ids, post_for_each
+
+    worst = 0
+
+    def cancel() -> None:
+        nonlocal worst
+        worst = post_for_each("gcancel", [(i, None) for i in parse_job_ids(argv)], "cancel")
+
+    return run_quick("gcancel", cancel) or worst
 
 
 def gcontrol() -> NoReturn:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
+from gpusched.cli.cancelling import describe_failure, parse_job_ids, post_for_each
 from gpusched.cli.common import new_app, only_me, run_cli
 from gpusched.cli.listing import parse_states
 from gpusched.cli.output import print_error
@@ -15,6 +15,9 @@ from gpusched.client import ApiClient
 from gpusched.core import signals
 from gpusched.core.arrays import ArrayError, parse_array
 from gpusched.errors import GpuschedError, Unavailable, UsageError
+
+__all__ = ["app", "describe_failure", "main", "parse_job_ids", "parse_signal", "parse_targets",
+           "post_for_each", "split_step_ids"]
 
 PROG = "gcancel"
 
@@ -85,26 +88,6 @@ def gcancel(
     return post_for_each(PROG, targets, action, body)
 
 
-def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: str,
-                  body: dict[str, Any] | None = None) -> int:
-    """POST /v1/jobs/{id}/ACTION with ``body`` for each (job, tasks) (adding ``{"tasks":
-    ...}`` for array tasks); report failures and go on; the worst exit code. Ids are parsed
-    (and checked) before the first request is sent."""
-    worst = 0
-    with ApiClient() as client:
-        for job_id, tasks in targets:
-            try:
-                sent = {**(body or {}), **({"tasks": tasks} if tasks is not None else {})}
-                client.request("POST", f"/v1/jobs/{job_id}/{action}", sent or None)
-            except Unavailable:
-                raise  # the next ids would fail the same way; one line is enough
-            except GpuschedError as err:
-                label = f"{job_id}_{tasks}" if tasks is not None else str(job_id)
-                print_error(prog, describe_failure(label, err.message))
-                worst = max(worst, err.exit_code)
-    return worst
-
-
 def split_step_ids(texts: Sequence[str]) -> tuple[list[tuple[int, int]], list[str]]:
     """Step ids (``12.3``) as (job id, step id), duplicates dropped, and the other ids
     as given; a bad step id is a usage error naming it."""
@@ -145,19 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(app, PROG, argv)
 
 
-def parse_job_ids(texts: Sequence[str]) -> list[int]:
-    """Job ids as positive integers, duplicates dropped; any bad one is a usage error."""
-    ids: list[int] = []
-    for text in texts:
-        stripped = text.strip()
-        # isascii(): str.isdigit() also accepts digits like "²" that int() refuses.
-        if not (stripped.isascii() and stripped.isdigit()) or int(stripped) <= 0:
-            raise UsageError(f"invalid job id {text!r}: a job id is a positive integer")
-        if int(stripped) not in ids:
-            ids.append(int(stripped))
-    return ids
-
-
 def parse_signal(text: str) -> int:
     """A signal by name (``USR1``, ``SIGUSR1``) or number; a usage error naming it."""
     try:
@@ -188,10 +158,3 @@ def parse_targets(texts: Sequence[str]) -> list[tuple[int, str | None]]:
         if target not in found:
             found.append(target)
     return found
-
-
-def describe_failure(job_id: int | str, message: str) -> str:
-    """The controller's message, naming the job unless the message already does."""
-    if re.search(rf"\b{re.escape(str(job_id))}\b", message):
-        return message
-    return f"job {job_id}: {message}"

@@ -168,6 +168,7 @@ console.{prog}()
     ("gqueue", [], None),
     ("gqueue", ["--json"], None),
     ("gqueue", ["-u", "alice", "-t", "PD,R", "-p", "gpu", "-h"], None),
+    ("gcancel", ["17", " 18"], None),
 ])
 def test_the_quick_paths_load_only_an_allowed_list(
         tmp_path: Path, prog: str, argv: list[str], script: str | None) -> None:
@@ -229,6 +230,7 @@ exec(compile(source, {script!r}, "exec"), {{"__name__": "__main__"}})
 @pytest.mark.parametrize("prog, argv", [
     ("gsubmit", ["--wrap", "true"]),
     ("gqueue", []),
+    ("gcancel", ["17"]),
 ])
 def test_the_installed_scripts_add_nothing_to_the_quick_paths(prog: str, argv: list[str]) -> None:
     """scripts/PROG, what the install puts on PATH, loads only what the quick path does:
@@ -261,3 +263,19 @@ def test_every_user_command_is_installed_as_a_script() -> None:
         assert text.startswith("#!/usr/bin/env python3\n")
         imports = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
         assert len(imports) == 1 and imports[0].startswith("from gpusched.cli."), (name, imports)
+
+
+@pytest.mark.parametrize("argv, quick, code, error", [
+    (["0"], True, 2, "invalid job id '0': a job id is a positive integer"),
+    (["12_x"], False, 2, "invalid job id '12_x'"),
+    (["--me", "-t", "XX"], False, 2, "XX"),
+    ([], False, 2, "nothing to cancel"),
+])
+def test_gcancel_takes_plain_ids_quickly_and_the_rest_through_typer(
+        tmp_path: Path, argv: list[str], quick: bool, code: int, error: str) -> None:
+    """Plain ids skip typer (a bad one gets the same one line as through typer); any
+    other command line is typer's."""
+    names, result = console_run(tmp_path, "gcancel", argv)
+    assert ("typer" not in names) is quick
+    assert result.returncode == code and "gcancel: error: " in result.stderr
+    assert error in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
