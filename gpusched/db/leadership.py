@@ -164,12 +164,18 @@ class Leadership:
         return epoch
 
 
+# The idle timeout for the rest of the transaction (set_config's is_local: SET LOCAL)
+# and the leader row held, in one statement.
+_HOLD_EPOCH = text(
+    "SELECT set_config('idle_in_transaction_session_timeout', :timeout, true), "
+    "(SELECT epoch FROM leader WHERE id = 1 FOR SHARE)")
+
+
 def check_epoch(session: Session, epoch: int) -> None:
     """Hold the leader row for the rest of the transaction (FOR SHARE: a new leader's
     epoch waits for the commit) and raise NotLeader unless ``epoch`` is current."""
-    session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = "
-                         f"{HOLDER_IDLE_TIMEOUT_MS}"))
-    current = session.execute(text("SELECT epoch FROM leader WHERE id = 1 FOR SHARE")).scalar()
+    current = session.connection().execute(
+        _HOLD_EPOCH, {"timeout": str(HOLDER_IDLE_TIMEOUT_MS)}).one()[1]
     if current != epoch:
         raise NotLeader(f"epoch {epoch} is over (the current one is {current})")
 

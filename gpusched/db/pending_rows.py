@@ -3,9 +3,10 @@ again only where rows changed.
 
 Every UPDATE of a row writes a new version of it whose ``xmin`` is the writing
 transaction's id, so a pending job whose ``(id, xmin)`` is the one read before is the
-row read before. A kept queue therefore costs a pass one narrow statement (the ids and
-versions of the pending rows) and the full columns of only the rows that are new or
-changed since the last pass: with a long queue and few starts, most of it is reused.
+row read before. A kept queue is sent with the pass's snapshot query (load_snapshot in
+db/schedule.py), which gives, in the same statement, the id and version of every pending
+row and the full columns of only those whose version is not the one kept: with a long
+queue and few starts, most of it is reused, and the queue costs no statement of its own.
 """
 
 from __future__ import annotations
@@ -13,15 +14,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import cast, literal_column, select, type_coerce
+from sqlalchemy import select, text, type_coerce
 from sqlalchemy.orm import Session
-from sqlalchemy.types import NullType, Text
+from sqlalchemy.types import NullType
 
 from gpusched.core.model import PendingJob, Reason
 from gpusched.db.models import Job
 
-# The version of a row: xmin as text (PostgreSQL's xid has no order worth using here).
-_VERSION = cast(literal_column("jobs.xmin"), Text)
+# The pending jobs, for the snapshot query: one JSON array of ``[version, id]`` for each
+# row kept with that version (given as :kept_ids and :kept_versions, array texts), and
+# ``[version, <the columns of _job>]`` for each other row (times in seconds since the
+# epoch). One statement: what it reads of the queue is all of one moment.
+PENDING_SQL = (
+    "(SELECT json_agg(CASE WHEN k.id IS NULL THEN json_build_array("
+    "CAST(CAST(j.xmin AS text) AS bigint), j.id, j.partition, j.gpus, j.uid, "
+    "extract(epoch FROM j.submit_time), j.time_limit, j.reason, j.user_name, j.account, "
+    "j.qos, j.hold, extract(epoch FROM j.begin_time), j.dependency, j.name, j.array_job_id, "
+    "j.array_tasks, j.array_max_running, j.gpu_types, j.nodes, j.cpus, j.mem_mb, "
+    "extract(epoch FROM j.expected_start), j.nodelist, j.exclude_nodes, j.admin_priority, "
+    "j.exclusive) ELSE json_build_array(CAST(CAST(j.xmin AS text) AS bigint), j.id) END) "
+    "FROM jobs AS j LEFT JOIN unnest(CAST(:kept_ids AS bigint[]), "
+    "CAST(:kept_versions AS bigint[])) AS k(id, version) "
+    "ON k.id = j.id AND k.version = CAST(CAST(j.xmin AS text) AS bigint) "
+    "WHERE j.state = 'PENDING')"
+)
+_READ = text(f"SELECT {PENDING_SQL}")
 
 _COLUMNS = (
     Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
@@ -45,57 +62,72 @@ def _job(row: Sequence[Any]) -> PendingJob:
                       tuple(exclude), fixed, exclusive)
 
 
+def _float(value: float | None) -> float | None:
+    """A JSON number (an int where it has no fraction) as a float."""
+    return None if value is None else float(value)
+
+
+def _json_job(row: Sequence[Any]) -> PendingJob:
+    """A pending job from its PENDING_SQL array (the version left off)."""
+    (jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
+     dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
+     nodelist, exclude, fixed, exclusive) = row
+    return PendingJob(jid, part, n // nodes, uid, float(submitted), limit, Reason(reason),
+                      user, account, qos, hold, _float(begin), dependency, name, array_job,
+                      array_tasks, array_cap, tuple(types), nodes, cpus, mem, _float(expected),
+                      tuple(nodelist), tuple(exclude), _float(fixed), exclusive)
+
+
 def read_pending(session: Session) -> tuple[PendingJob, ...]:
-    """Every pending job, read in full."""
+    """Every pending job, read in full (a statement of its own)."""
     # Core rows (no ORM loading), and the type lists as the driver gives them: a queue
     # of thousands is read in tens of milliseconds.
     return tuple(_job(row) for row in session.connection().execute(
         select(*_COLUMNS).where(Job.state == "PENDING")))
 
 
-# Up to this many changed rows are read by id; more, and the whole queue is read.
-STALE_BY_ID = 200
+def _array(values: Any) -> str:
+    """A PostgreSQL array literal of integers (cheaper to send than a list of them)."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 class PendingRows:
-    """Pending jobs kept between passes of one leader, each with its row's version."""
+    """Pending jobs kept between passes of one leader, each with its row's version.
+
+    ``params`` gives what the snapshot query needs to leave the kept rows out, ``take``
+    the queue from what it answered; a PendingRows made for one read (kept nothing)
+    reads the whole queue.
+    """
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[str, PendingJob]] = {}
+        self._kept: dict[int, tuple[int, PendingJob]] = {}
+        self._sent: dict[int, tuple[int, PendingJob]] = {}
         self.last_read = 0  # rows read in full by the last call, for tests and logs
 
     def drop(self) -> None:
         """Forget everything kept: the next read is a full one."""
         self._kept = {}
 
-    def read(self, session: Session) -> tuple[PendingJob, ...]:
-        """Every pending job, in the order the versions query gives them; rows whose
-        version is the one kept are not read again."""
-        conn = session.connection()
-        versions = conn.execute(
-            select(Job.id, _VERSION).where(Job.state == "PENDING")).all()
-        kept = self._kept
-        stale = [jid for jid, version in versions
-                 if (seen := kept.get(jid)) is None or seen[0] != version]
-        fresh: dict[int, tuple[str, PendingJob]] = {}
-        if stale:
-            query = select(*_COLUMNS, _VERSION).where(Job.state == "PENDING")
-            if len(stale) <= STALE_BY_ID:
-                query = query.where(Job.id.in_(stale))
-            wanted = set(stale)
-            for row in conn.execute(query):
-                if row[0] in wanted:
-                    fresh[row[0]] = (row[26], _job(row))
-        self.last_read = len(fresh)
-        now_kept: dict[int, tuple[str, PendingJob]] = {}
-        for jid, version in versions:
-            entry = fresh.get(jid)
-            if entry is None:
-                seen = kept.get(jid)
-                # Gone from the queue between the two statements.
-                if seen is None or seen[0] != version:
-                    continue
-                entry = seen
-            now_kept[jid] = entry
-        self._kept = now_kept
+    def params(self) -> dict[str, str]:
+        """The rows kept, as the snapshot query's :kept_ids and :kept_versions."""
+        kept = self._sent = self._kept
+        return {"kept_ids": _array(kept), "kept_versions": _array(v for v, _ in kept.values())}
+
+    def take(self, answer: list[list[Any]] | None) -> tuple[PendingJob, ...]:
+        """Every pending job, in the order the snapshot query gave them, from its
+        PENDING_SQL answer to the last ``params``; kept from now on."""
+        sent = self._sent
+        now_kept: dict[int, tuple[int, PendingJob]] = {}
+        read = 0
+        for row in answer or ():
+            if len(row) > 2:
+                now_kept[row[1]] = (row[0], _json_job(row[1:]))
+                read += 1
+            else:  # the version sent: the job as kept
+                now_kept[row[1]] = sent[row[1]]
+        self._kept, self._sent, self.last_read = now_kept, {}, read
         return tuple(entry[1] for entry in now_kept.values())
+
+    def read(self, session: Session) -> tuple[PendingJob, ...]:
+        """The queue read on its own (a pass reads it with its snapshot instead)."""
+        return self.take(session.connection().execute(_READ, self.params()).scalar())

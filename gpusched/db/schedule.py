@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Table, bindparam, insert, or_, select, text, update
 from sqlalchemy import case as sql_case
+from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import drop_first
@@ -27,38 +28,48 @@ from gpusched.db import commands
 from gpusched.db.admincache import AdminCache, load_admin_tables
 from gpusched.db.engine import rowcount
 from gpusched.db.leadership import check_epoch
-from gpusched.db.models import (
-    Allocation,
-    FairShareUsage,
-    Gpu,
-    GpuLink,
-    Job,
-    Node,
+from gpusched.db.models import Job
+from gpusched.db.pending_rows import PENDING_SQL, PendingRows
+
+# Everything a pass reads but the admin tables and the states of jobs named in
+# dependencies, in one statement (one round trip, and all of one moment): nodes by name;
+# present GPUs; the links between present GPUs; the GPUs of live allocations by job and
+# index; running jobs; fair-share usage; the pending queue (pending_rows.PENDING_SQL).
+# Each is one JSON array of arrays, times in seconds since the epoch.
+_SNAPSHOT = text(
+    "SELECT (SELECT json_agg(json_build_array(id, name, state, run_uid, cpus, memory_mb, "
+    "block) ORDER BY name) FROM nodes), "
+    "(SELECT json_agg(json_build_array(id, node_id, \"index\", uuid, healthy, gpu_type, "
+    "mig_profile, parent_id)) FROM gpus WHERE present), "
+    "(SELECT json_agg(json_build_array(a.node_id, a.\"index\", b.\"index\", l.kind, l.nvlinks)) "
+    "FROM gpu_links AS l JOIN gpus AS a ON a.id = l.gpu_a AND a.present "
+    "JOIN gpus AS b ON b.id = l.gpu_b AND b.present), "
+    "(SELECT json_agg(json_build_array(al.job_id, g.uuid) ORDER BY al.job_id, g.\"index\") "
+    "FROM allocations AS al JOIN gpus AS g ON g.id = al.gpu_id "
+    "WHERE al.released_at IS NULL), "
+    # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
+    "(SELECT json_agg(json_build_array(j.id, n.name, j.user_name, j.account, j.qos, j.name, "
+    "j.array_job_id, extract(epoch FROM j.start_time), j.time_limit, j.cpus, j.mem_mb, "
+    "j.node_names, extract(epoch FROM j.preempted_at), j.exclusive)) "
+    "FROM jobs AS j JOIN nodes AS n ON n.id = j.node_id WHERE j.state = 'RUNNING'), "
+    "(SELECT json_agg(json_build_array(user_name, account, usage)) FROM fairshare_usage), "
+    + PENDING_SQL
 )
-from gpusched.db.pending_rows import PendingRows, read_pending
 
 
-def _nodes(session: Session) -> tuple[tuple[NodeView, ...], dict[str, int]]:
+def _nodes(node_rows: list[list[Any]], gpu_rows: list[list[Any]], link_rows: list[list[Any]]
+           ) -> tuple[tuple[NodeView, ...], dict[str, int]]:
     """Nodes with their GPUs and MIG slices in index order, and node ids by name."""
-    node_rows = session.execute(select(Node.id, Node.name, Node.state, Node.run_uid, Node.cpus,
-                                       Node.memory_mb, Node.block).order_by(Node.name)).all()
-    rows = session.execute(
-        select(Gpu.id, Gpu.node_id, Gpu.index, Gpu.uuid, Gpu.healthy, Gpu.gpu_type,
-               Gpu.mig_profile, Gpu.parent_id).where(Gpu.present)).all()
-    index_of = {gpu_id: index for gpu_id, _, index, *_ in rows}
-    parents = {parent for *_, parent in rows if parent is not None}
+    index_of = {gpu_id: index for gpu_id, _, index, *_ in gpu_rows}
+    parents = {parent for *_, parent in gpu_rows if parent is not None}
     gpus: dict[int, list[GpuView]] = {}
-    for gpu_id, node_id, index, uuid, healthy, gpu_type, profile, parent in rows:
+    for gpu_id, node_id, index, uuid, healthy, gpu_type, profile, parent in gpu_rows:
         gpus.setdefault(node_id, []).append(GpuView(
             uuid, index, healthy, gpu_type or "gpu", profile,
             index_of.get(parent) if parent is not None else None, gpu_id in parents))
     links: dict[int, dict[tuple[int, int], int]] = {}
-    for node_id, a, b, kind, nvlinks in session.execute(
-            select(Gpu.node_id, GpuLink.gpu_a, GpuLink.gpu_b, GpuLink.kind, GpuLink.nvlinks)
-            .join(Gpu, Gpu.id == GpuLink.gpu_a)):
-        if a in index_of and b in index_of:
-            pair = sorted((index_of[a], index_of[b]))
-            links.setdefault(node_id, {})[(pair[0], pair[1])] = link_rank(kind, nvlinks)
+    for node_id, a, b, kind, nvlinks in link_rows:
+        links.setdefault(node_id, {})[(a, b) if a <= b else (b, a)] = link_rank(kind, nvlinks)
     nodes = tuple(
         NodeView(name, NodeState(state), tuple(sorted(gpus.get(nid, []), key=lambda g: g.index)),
                  run_uid, cpus, memory_mb, block, links.get(nid, {}))
@@ -67,35 +78,36 @@ def _nodes(session: Session) -> tuple[tuple[NodeView, ...], dict[str, int]]:
     return nodes, {name: nid for nid, name, *_ in node_rows}
 
 
-def _running(session: Session, grace: float) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
+def _running(allocated: list[list[Any]], rows: list[list[Any]], grace: float
+             ) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
     """Running jobs with their GPUs, and the (user, name) pairs singleton checks."""
     gpus_of: dict[int, list[str]] = {}
-    for job_id, uuid in session.execute(
-        select(Allocation.job_id, Gpu.uuid).join(Gpu, Gpu.id == Allocation.gpu_id)
-        .where(Allocation.released_at.is_(None)).order_by(Allocation.job_id, Gpu.index)
-    ):
+    for job_id, uuid in allocated:
         gpus_of.setdefault(job_id, []).append(uuid)
-    # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
-    rows = session.execute(
-        select(Job.id, Node.name, Job.user_name, Job.account, Job.qos, Job.name, Job.array_job_id,
-               Job.start_time, Job.time_limit, Job.cpus, Job.mem_mb, Job.node_names,
-               Job.preempted_at, Job.exclusive)
-        .join(Node, Node.id == Job.node_id).where(Job.state == "RUNNING")).all()
 
-    def ends(start: datetime | None, limit: int | None, preempted: datetime | None) -> float | None:
-        end = start.timestamp() + limit if start is not None and limit else None
+    def ends(start: float | None, limit: int | None, preempted: float | None) -> float | None:
+        end = start + limit if start is not None and limit else None
         if preempted is not None:  # stopping: gone once the grace time is over
-            stop = preempted.timestamp() + grace
+            stop = preempted + grace
             end = stop if end is None else min(end, stop)
         return end
 
-    running = tuple(
-        RunningJob(job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos, array_job,
-                   ends(start, limit, preempted), cpus, mem, tuple(names or ()),
-                   start.timestamp() if start else None, preempted is not None, exclusive)
-        for job_id, node, user, account, qos, _, array_job, start, limit, cpus, mem, names,
-        preempted, exclusive in rows)
-    return running, frozenset((row[2], row[5]) for row in rows)
+    running = []
+    for (job_id, node, user, account, qos, _, array_job, start, limit, cpus, mem, names,
+         preempted, exclusive) in rows:
+        start = None if start is None else float(start)
+        preempted = None if preempted is None else float(preempted)
+        running.append(RunningJob(
+            job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos, array_job,
+            ends(start, limit, preempted), cpus, mem, tuple(names or ()), start,
+            preempted is not None, exclusive))
+    return tuple(running), frozenset((row[2], row[5]) for row in rows)
+
+
+# The states of the jobs a dependency names, and of the tasks of those that are arrays.
+_DEPENDENCY_STATES = text(
+    "SELECT id, array_job_id, state FROM jobs "
+    "WHERE id = ANY(CAST(:named AS bigint[])) OR array_job_id = ANY(CAST(:named AS bigint[]))")
 
 
 def _dependency_states(session: Session, pending: tuple[PendingJob, ...]) -> dict[int, JobState]:
@@ -105,9 +117,8 @@ def _dependency_states(session: Session, pending: tuple[PendingJob, ...]) -> dic
     if not named:
         return {}
     states: dict[int, list[JobState]] = {}
-    for job_id, array_job, state in session.execute(
-            select(Job.id, Job.array_job_id, Job.state)
-            .where(or_(Job.id.in_(named), Job.array_job_id.in_(named)))):
+    for job_id, array_job, state in session.connection().execute(
+            _DEPENDENCY_STATES, {"named": list(named)}):
         key = array_job if array_job in named else job_id
         states.setdefault(key, []).append(JobState(state))
     return {job_id: array_state(found) for job_id, found in states.items()}
@@ -125,22 +136,26 @@ def array_state(states: list[JobState]) -> JobState:
 def load_snapshot(session: Session, preempt_grace: float = 30.0,
                   admin: AdminCache | None = None,
                   pending_rows: PendingRows | None = None) -> tuple[Snapshot, dict[str, int]]:
-    """Everything a pass needs, in a handful of queries; also node ids by name.
+    """Everything a pass needs, in one statement (_SNAPSHOT) but for the admin tables
+    and the states of jobs named in dependencies (only when a pending job has one);
+    also node ids by name.
 
     A running job being preempted counts as ending ``preempt_grace`` seconds after it
     was told to stop. The admin-configured tables come from ``admin`` when given (read
-    only when they may have changed), else are read here; the pending jobs likewise
-    from ``pending_rows`` (only rows changed since its last read are read in full).
+    only when they may have changed), else are read here; the pending jobs are kept in
+    ``pending_rows`` when given (only rows changed since its last read are read in full).
     """
-    nodes, node_ids = _nodes(session)
-    pending = pending_rows.read(session) if pending_rows is not None else read_pending(session)
-    running, running_names = _running(session, preempt_grace)
+    queue = pending_rows if pending_rows is not None else PendingRows()
+    (node_rows, gpu_rows, link_rows, allocated, running_rows, usage_rows,
+     pending_answer) = session.connection().execute(_SNAPSHOT, queue.params()).one()
+    nodes, node_ids = _nodes(node_rows or [], gpu_rows or [], link_rows or [])
+    pending = queue.take(pending_answer)
+    running, running_names = _running(allocated or [], running_rows or [], preempt_grace)
     tables = admin.tables(session) if admin is not None else load_admin_tables(session)
     snapshot = Snapshot(
         nodes=nodes, partitions=tables.partitions_over(tuple(node_ids)), pending=pending,
         running=running, accounts=tables.accounts, user_shares=tables.user_shares,
-        usage={(u, a): value for u, a, value in session.execute(
-            select(FairShareUsage.user_name, FairShareUsage.account, FairShareUsage.usage))},
+        usage={(u, a): float(value) for u, a, value in usage_rows or ()},
         qos_priority=tables.qos_priority, qos_limits=tables.qos_limits,
         qos_preempt=tables.qos_preempt,
         job_states=_dependency_states(session, pending),
@@ -174,10 +189,22 @@ def _started(start: Start, node_ids: dict[str, int], now: datetime) -> dict[str,
             "client_seen": sql_case((Job.interactive, now), else_=Job.client_seen)}
 
 
+# Allocations of GPUs from :now, one for each (job, GPU UUID) pair of :alloc_jobs and
+# :alloc_uuids, in their order, to the GPU row of that UUID as it is now.
+_ALLOCATE = (
+    "INSERT INTO allocations (job_id, gpu_id, node_id, allocated_at) "
+    "SELECT a.job, g.id, g.node_id, :now FROM unnest(CAST(:alloc_jobs AS bigint[]), "
+    "CAST(:alloc_uuids AS text[])) WITH ORDINALITY AS a(job, uuid, n) "
+    "JOIN gpus AS g ON g.uuid = a.uuid {where}ORDER BY a.n RETURNING job_id"
+)
+_ALLOCATE_TASKS = text(f"WITH placed AS ({_ALLOCATE.format(where='')}) "
+                       "SELECT count(*) FROM placed")
 # The starts of whole jobs in one guarded UPDATE: each row changes only if it is still
-# PENDING, and RETURNING names those that did, with what their launch needs.
+# PENDING, and RETURNING names those that did, with what their launch needs; then, in
+# the same statement, the allocations of the jobs it started (the count of those made
+# in each row returned).
 _START_JOBS = text(
-    "UPDATE jobs SET state = 'RUNNING', reason = 'None', start_time = :now, "
+    "WITH started AS (UPDATE jobs SET state = 'RUNNING', reason = 'None', start_time = :now, "
     "node_id = t.node, start_kind = t.kind, expected_start = NULL, "
     "node_names = CASE WHEN t.names IS NULL THEN NULL "
     "ELSE ARRAY(SELECT jsonb_array_elements_text(t.names)) END, "
@@ -186,23 +213,41 @@ _START_JOBS = text(
     "FROM unnest(CAST(:ids AS integer[]), CAST(:nodes AS integer[]), CAST(:kinds AS text[]), "
     "CAST(:names AS jsonb[])) AS t(id, node, kind, names) "
     "WHERE jobs.id = t.id AND jobs.state = 'PENDING' "
-    "RETURNING jobs.id, jobs.restarts, jobs.interactive"
+    "RETURNING jobs.id, jobs.restarts, jobs.interactive), "
+    f"placed AS ({_ALLOCATE.format(where='WHERE a.job IN (SELECT id FROM started) ')}) "
+    "SELECT id, restarts, interactive, (SELECT count(*) FROM placed) FROM started"
 )
+
+
+def _allocations(started: list[tuple[int, Start]]) -> dict[str, list[Any]]:
+    """The :alloc_jobs and :alloc_uuids of the GPUs of ``started`` (job id, start)."""
+    return {"alloc_jobs": [job_id for job_id, start in started for _ in start.gpu_uuids],
+            "alloc_uuids": [uuid for _, start in started for uuid in start.gpu_uuids]}
+
+
+def _check_allocated(started: list[tuple[int, Start]], made: int) -> None:
+    """Fail the pass (rolled back) unless each GPU of ``started`` got its allocation."""
+    if made != sum(len(start.gpu_uuids) for _, start in started):
+        raise LookupError(f"a GPU of the jobs started is gone: {started}")
 
 
 def _start_jobs(session: Session, starts: list[Start], node_ids: dict[str, int],
                 now: datetime) -> dict[int, tuple[int, bool]]:
-    """Start whole jobs (not array tasks) that are still PENDING; for each started, its
-    restart count and whether it is an allocation."""
+    """Start whole jobs (not array tasks) that are still PENDING and allocate their
+    GPUs; for each started, its restart count and whether it is an allocation."""
     if not starts:
         return {}
-    rows = session.execute(_START_JOBS, {
+    rows = session.connection().execute(_START_JOBS, {
         "now": now, "ids": [start.job_id for start in starts],
         "nodes": [node_ids[start.node] for start in starts],
         "kinds": [start.kind.value for start in starts],
         "names": [json.dumps(list(start.nodes)) if start.nodes else None for start in starts],
+        **_allocations([(start.job_id, start) for start in starts]),
     }).all()
-    return {job_id: (restarts, interactive) for job_id, restarts, interactive in rows}
+    started = {job_id: (restarts, interactive) for job_id, restarts, interactive, _ in rows}
+    _check_allocated([(start.job_id, start) for start in starts if start.job_id in started],
+                     rows[0][3] if rows else 0)
+    return started
 
 
 def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
@@ -236,6 +281,11 @@ def _start_tasks(session: Session, record: PendingJob, starts: list[Start],
     return started
 
 
+# The run (restart count) of each job of :ids that is not an allocation.
+_RUNS = text("SELECT id, restarts FROM jobs WHERE id = ANY(CAST(:ids AS bigint[])) "
+             "AND NOT interactive")
+
+
 def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
                node_ids: dict[str, int], epoch: int | None = None) -> set[str]:
     """Write the plan with guarded UPDATEs and the node commands it makes (a launch
@@ -245,11 +295,11 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     With an ``epoch`` (the leader's), the leader row is held first and the plan is
     refused (NotLeader, nothing written) unless that epoch is still the current one.
     A start whose job is no longer PENDING (cancelled since the snapshot) is skipped,
-    and so is one on a node no longer UP (given up, drained since: the snapshot is read
-    in several statements, so it may have seen the node before and the job after); the
+    and so is one on a node no longer UP (given up, drained since the snapshot); the
     nodes it starts jobs on are held (FOR SHARE) until the commit, so that none is given
     up meanwhile. The partial unique index on allocations turns any double allocation
-    into an error that rolls the whole pass back.
+    into an error that rolls the whole pass back, and so does a GPU of a start that is
+    gone.
     """
     if epoch is not None:
         check_epoch(session, epoch)
@@ -273,17 +323,14 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     started.update((start.job_id, start) for start in whole if start.job_id in whole_started)
     if tasks_of:
         records = {job.job_id: job for job in snapshot.pending if job.job_id in tasks_of}
+        tasks_started: dict[int, Start] = {}
         for record_id, starts in tasks_of.items():
-            started.update(_start_tasks(session, records[record_id], starts, node_ids, now))
-    gpu_ids = {uuid: (gpu_id, node_id) for uuid, gpu_id, node_id in session.execute(
-        select(Gpu.uuid, Gpu.id, Gpu.node_id).where(
-            Gpu.uuid.in_([u for start in started.values() for u in start.gpu_uuids])))
-    } if started else {}
-    allocations = [{"job_id": job_id, "gpu_id": gpu_ids[u][0], "node_id": gpu_ids[u][1],
-                    "allocated_at": now}
-                   for job_id, start in started.items() for u in start.gpu_uuids]
-    if allocations:
-        session.execute(insert(Allocation), allocations)
+            tasks_started.update(_start_tasks(session, records[record_id], starts, node_ids, now))
+        if tasks_started:
+            split = list(tasks_started.items())
+            _check_allocated(split, session.connection().execute(
+                _ALLOCATE_TASKS, {"now": now, **_allocations(split)}).scalar_one())
+        started.update(tasks_started)
     _update_pending(session, snapshot, plan)
     if started:
         # Its batch script runs on its first node (the start's node), as Slurm's does;
@@ -292,8 +339,7 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
                 if not interactive}
         tasks = [job_id for job_id in started if job_id not in whole_started]
         if tasks:
-            runs.update(session.execute(select(Job.id, Job.restarts).where(
-                Job.id.in_(tasks), Job.interactive.is_(False))).all())
+            runs.update(session.connection().execute(_RUNS, {"ids": tasks}).all())
         commands.issue(session, "launch", [
             (job_id, runs[job_id], node_ids[start.node]) for job_id, start in started.items()
             if job_id in runs], epoch=epoch)
@@ -313,6 +359,13 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
     return woken
 
 
+# The nodes of :ids, each with whether it is UP and not given up, held FOR SHARE in
+# the order of their ids.
+_USABLE_NODES = text(
+    "SELECT name, state = 'UP' AND lost_at IS NULL FROM nodes "
+    "WHERE id = ANY(CAST(:ids AS integer[])) ORDER BY id FOR SHARE")
+
+
 def _usable_nodes(session: Session, starts: tuple[Start, ...], node_ids: dict[str, int]
                   ) -> set[str]:
     """The nodes of ``starts`` that are UP and not given up, their rows held FOR SHARE
@@ -320,31 +373,32 @@ def _usable_nodes(session: Session, starts: tuple[Start, ...], node_ids: dict[st
     names = {name for start in starts for name in (start.nodes or (start.node,))}
     if not names:
         return set()
-    return {name for name, state, lost in session.execute(
-        select(Node.name, Node.state, Node.lost_at)
-        .where(Node.id.in_([node_ids[n] for n in names if n in node_ids]))
-        .order_by(Node.id).with_for_update(read=True))
-        if state == "UP" and lost is None}
+    return {name for name, usable in session.connection().execute(
+        _USABLE_NODES, {"ids": [node_ids[n] for n in names if n in node_ids]}) if usable}
+
+
+# Reasons and expected starts of waiting jobs, each row changed only while PENDING.
+_UPDATE_PENDING = text(
+    "UPDATE jobs SET reason = t.reason, expected_start = t.at "
+    "FROM unnest(CAST(:ids AS bigint[]), CAST(:reasons AS text[]), "
+    "CAST(:ats AS timestamptz[])) AS t(id, reason, at) "
+    "WHERE jobs.id = t.id AND jobs.state = 'PENDING'")
 
 
 def _update_pending(session: Session, snapshot: Snapshot, plan: Plan) -> None:
     """Store each waiting job's reason and expected start where they changed (a start
     only when it moved by a second or more), in one statement."""
     before = {job.job_id: job for job in snapshot.pending}
-    rows = []
+    ids, reasons, ats = [], [], []
     for decided in plan.pending:
         old = before[decided.job_id]
         at, was = decided.expected_start, old.expected_start
         moved = (at is None) != (was is None) or (at is not None and abs(at - (was or 0)) >= 1)
         if moved or decided.reason != old.reason:
             keep = at if moved else was
-            rows.append({"jid": decided.job_id, "r": decided.reason.value,
-                         "at": None if keep is None else datetime.fromtimestamp(keep, UTC)})
-    if rows:
-        # Core executemany (one statement, many parameter sets), not an ORM bulk update.
-        jobs_table = Job.__table__
-        assert isinstance(jobs_table, Table)
-        session.connection().execute(
-            update(jobs_table).where(jobs_table.c.id == bindparam("jid"),
-                                     jobs_table.c.state == "PENDING")
-            .values(reason=bindparam("r"), expected_start=bindparam("at")), rows)
+            ids.append(decided.job_id)
+            reasons.append(decided.reason.value)
+            ats.append(None if keep is None else datetime.fromtimestamp(keep, UTC))
+    if ids:
+        session.connection().execute(_UPDATE_PENDING,
+                                     {"ids": ids, "reasons": reasons, "ats": ats})

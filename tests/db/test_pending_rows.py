@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select, update
@@ -17,10 +18,11 @@ from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.jobs import Identity
 from gpusched.db.models import Job
 from gpusched.db.partitions import sync_partitions
-from gpusched.db.pending_rows import STALE_BY_ID, PendingRows, read_pending
+from gpusched.db.pending_rows import PendingRows, read_pending
 from gpusched.db.submit import submit_job
 
 ALICE = Identity(1000, 1000, "alice")
+QUEUE = 220
 BODY = {"script": "#!/bin/sh\ntrue\n", "work_dir": "/tmp/work"}
 
 
@@ -78,16 +80,24 @@ def test_only_new_and_changed_rows_are_read_again(sessions: sessionmaker[Session
 def test_random_changes_read_as_a_fresh_queue(sessions: sessionmaker[Session]) -> None:
     rng = random.Random(17)
     kept = PendingRows()
-    _submit(sessions, STALE_BY_ID + 20)  # the first read takes the whole-queue path
+    _submit(sessions, QUEUE)
     mine, fresh = _read(sessions, kept)
-    assert mine == fresh and kept.last_read == STALE_BY_ID + 20
+    assert mine == fresh and kept.last_read == QUEUE
     for _ in range(25):
         with sessions() as s, s.begin():
             pending = list(s.scalars(select(Job.id).where(Job.state == "PENDING")))
             for job_id in rng.sample(pending, min(len(pending), rng.randint(0, 6))):
                 change = rng.choice([{"state": "CANCELLED"}, {"hold": "user"}, {"hold": None},
                                      {"reason": "Priority"}, {"time_limit": rng.randint(1, 99)},
-                                     {"state": "RUNNING"}])
+                                     {"state": "RUNNING"}, {"admin_priority": rng.choice(
+                                         [None, 5.0, 2.5, 1e-7])},
+                                     {"begin_time": datetime(2030, 1, 2, 3, 4, 5,
+                                                             rng.randrange(10**6), UTC)},
+                                     {"expected_start": datetime.fromtimestamp(
+                                         rng.uniform(1e9, 2e9), UTC)},
+                                     {"expected_start": None}, {"gpu_types": ["a100", "h100"]},
+                                     {"nodelist": ["n1", "n2"], "exclude_nodes": ["n3"]},
+                                     {"array_tasks": "3-9:2", "array_max_running": 2}])
                 s.execute(update(Job).where(Job.id == job_id).values(**change))
         _submit(sessions, rng.randint(0, 3))
         mine, fresh = _read(sessions, kept)
