@@ -7,18 +7,18 @@ output goes to its own streams, its stdin to task 0, the signals it gets
 (gpusched.cli.stepoutput). A step that does not fit beside the job's running steps yet
 is asked for again until it does or the job ends.
 
-Started often and inside jobs: no typer, no rich (see tests/cli/test_cli_imports.py).
+Started often and inside jobs, its start is part of every step's launch: no typer, no
+rich (see tests/cli/test_cli_imports.py), and none of typing, dataclasses, enum, re,
+socket, selectors, signal, hmac or json (tests/cli/test_gsrun_imports.py): it uses the
+C modules _socket and _signal under socket.py and signal.py.
 """
 
 from __future__ import annotations
 
+import _socket
 import os
-import signal
-import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
 
 from gpusched.cli.gsrunargs import USAGE, GsrunArgs, export_environment, parse_args
 from gpusched.cli.output import print_error
@@ -27,9 +27,17 @@ from gpusched.cli.stepoutput import ExitTally, OutputSink
 from gpusched.core import bounds
 from gpusched.errors import GpuschedError, NotFound, StepBusy, UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal  # the same functions and numbers, typed
+    from collections.abc import Callable, Mapping
+    from typing import Any, NoReturn
+else:
+    import _signal
+
 PROG = "gsrun"
 JOB_VARIABLES = ("SLURM_JOB_ID", "GPUSCHED_JOB_ID")
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
 BUSY_FIRST_PAUSE = 0.1  # seconds before asking again for a step that did not fit yet
 BUSY_MAX_PAUSE = 2.0
 POLL_TIMEOUT = 5.0  # seconds for an answer about the step's state
@@ -132,7 +140,7 @@ def run_step(args: GsrunArgs, job_id: int, env: Mapping[str, str]) -> int:
         # Signals are caught from here on: one that comes while the step is being
         # created reaches its tasks once they run (a step is never left without gsrun),
         # or, while gsrun waits for room, ends gsrun before anything was created.
-        with SignalForwarding((signal.SIGWINCH,) if args.pty else ()) as signal_fd:
+        with SignalForwarding((_signal.SIGWINCH,) if args.pty else ()) as signal_fd:
             created = create_step(client, job_id, request, say,
                                   wait=lambda pause: _signalled(signal_fd, pause))
             plan = StepPlan(job_id, created.step_id, created.node_names, created.layout)
@@ -200,17 +208,20 @@ def _stdin_fd() -> int | None:
 def io_host(client: Any) -> str:
     """The address the step's nodes reach gsrun at: the local end of the route to the
     controller (127.0.0.1 when that is the local socket)."""
-    if client.socket_path is not None:
+    if client.local:
         return "127.0.0.1"
     from gpusched.client.endpoints import parse_endpoint
 
     endpoint = parse_endpoint(client.controllers[0])
     try:
-        family, _, _, _, address = socket.getaddrinfo(
-            endpoint.host, endpoint.port, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        family, _, _, _, address = _socket.getaddrinfo(
+            endpoint.host, endpoint.port, 0, _socket.SOCK_DGRAM)[0]
+        probe = _socket.socket(family, _socket.SOCK_DGRAM)
+        try:
             probe.connect(address)  # a datagram socket sends nothing to connect
             return str(probe.getsockname()[0])
+        finally:
+            probe.close()
     except OSError as err:
         raise GpuschedError(f"cannot find this host's address towards the controller "
                             f"{endpoint}: {err.strerror or err}") from None
@@ -292,17 +303,17 @@ class SignalForwarding:
         self._signals = FORWARDED + extra
 
     def __enter__(self) -> int:
-        self._reader, self._writer = socket.socketpair()
+        self._reader, self._writer = _socket.socketpair()
         self._reader.setblocking(False)
         self._writer.setblocking(False)
-        self._old_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        self._old = {sig: signal.signal(sig, _noted) for sig in self._signals}
+        self._old_fd = _signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._old = {sig: _signal.signal(sig, _noted) for sig in self._signals}
         return self._reader.fileno()
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(self._old_fd)
+            _signal.signal(sig, handler)
+        _signal.set_wakeup_fd(self._old_fd)
         self._reader.close()
         self._writer.close()
 

@@ -7,22 +7,34 @@ controller has sent it the step) and is served once the step is known. A connect
 must send a HELLO with the step's token, for a node of the step not yet connected,
 listing that node's tasks, within HELLO_TIMEOUT; anything else closes it. One event
 loop (poll) serves every connection, gsrun's stdin and the signals it forwards.
+
+Written on the C modules _socket, select (gpusched.cli.steppoll) and _signal: socket.py,
+selectors and signal.py load enum (and socket.py selectors) on every gsrun start, a few
+milliseconds each (tests/cli/test_gsrun_imports.py).
 """
 
 from __future__ import annotations
 
+import _socket
 import errno
 import os
-import selectors
-import signal
-import socket
 import time
-from collections.abc import Callable
 
 from gpusched.cli.output import one_line
 from gpusched.cli.stepoutput import ExitTally, OutputSink, describe_end
+from gpusched.cli.steppoll import EVENT_READ, EVENT_WRITE, Poller, accept
 from gpusched.messages import stepio
 from gpusched.messages.stepio import FrameError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from signal import SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH  # the same, typed
+    from socket import socket as Socket
+
+    Say = Callable[[str], None]
+else:
+    from _signal import SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH
 
 HELLO_TIMEOUT = 5.0  # seconds a new connection has to prove it is the step's
 RECV_BYTES = 256 * 1024
@@ -34,9 +46,7 @@ POLL_MISSING = 1.0  # seconds between asks for the step's state while a node is 
 POLL_RUNNING = 10.0  # the same, once every node is connected
 FINAL_GRACE = 3.0  # seconds nodes still have after the controller says the step ended
 # Signals gsrun passes on to every task; SIGWINCH sends the terminal's size (--pty).
-FORWARDED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-
-Say = Callable[[str], None]
+FORWARDED = frozenset({SIGINT, SIGTERM, SIGHUP, SIGQUIT})
 
 
 class StepState:
@@ -83,7 +93,7 @@ class StepPlan:
 class _Link:
     """One node's connection."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: Socket, deadline: float) -> None:
         self.sock = sock
         self.deadline = deadline  # for its HELLO
         self.decoder = stepio.Decoder(stepio.FROM_NODE)
@@ -123,11 +133,11 @@ class StepIOServer:
     """The listening socket, bound to ``host`` (port chosen by the kernel)."""
 
     def __init__(self, host: str, token: str | None = None) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
+        self.listener: Socket = _socket.socket(family, _socket.SOCK_STREAM)  # type: ignore[assignment]
         try:
             self.listener.bind((host, 0))
-            self.listener.listen(socket.SOMAXCONN)
+            self.listener.listen(_socket.SOMAXCONN)
         except OSError:
             self.listener.close()
             raise
@@ -158,7 +168,7 @@ class _Session:
                  tally: ExitTally, options: ServeOptions) -> None:
         self.server, self.plan, self.sink, self.tally = server, plan, sink, tally
         self.options = options
-        self.selector = selectors.PollSelector()
+        self.selector = Poller()
         self.connected: dict[str, _Link] = {}  # node -> its link, once past HELLO
         self.ended_nodes: set[str] = set()
         self.signals: list[int] = []  # forwarded so far (a node connecting later gets them)
@@ -173,13 +183,13 @@ class _Session:
 
     # -- the loop --------------------------------------------------------------------
     def run(self) -> None:
-        self.selector.register(self.server.listener, selectors.EVENT_READ, "listen")
+        self.selector.register(self.server.listener, EVENT_READ, "listen")
         if self.options.signal_fd is not None:
-            self.selector.register(self.options.signal_fd, selectors.EVENT_READ, "signal")
+            self.selector.register(self.options.signal_fd, EVENT_READ, "signal")
         try:
             while not self._finished():
-                for key, events in self.selector.select(self._timeout()):
-                    self._event(key.data, events)
+                for data, events in self.selector.select(self._timeout()):
+                    self._event(data, events)
                 self._timers()
                 self.sink.flush()
         finally:
@@ -213,9 +223,9 @@ class _Session:
         elif what == "stdin":
             self._stdin()
         elif isinstance(what, _Link):
-            if events & selectors.EVENT_WRITE:
+            if events & EVENT_WRITE:
                 self._drain(what)
-            if events & selectors.EVENT_READ and what in self.server._links:
+            if events & EVENT_READ and what in self.server._links:
                 self._receive(what)
 
     def _timers(self) -> None:
@@ -238,7 +248,7 @@ class _Session:
     def _accept(self) -> None:
         while True:
             try:
-                sock, _ = self.server.listener.accept()
+                sock = accept(self.server.listener)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as err:
@@ -252,7 +262,7 @@ class _Session:
             sock.setblocking(False)
             link = _Link(sock, time.monotonic() + HELLO_TIMEOUT)
             self.server._links.append(link)
-            self.selector.register(sock, selectors.EVENT_READ, link)
+            self.selector.register(sock, EVENT_READ, link)
 
     def _receive(self, link: _Link) -> None:
         try:
@@ -375,7 +385,7 @@ class _Session:
                 link.queued.clear()  # the node went away: its reading side will notice
                 sent = 0
             del link.queued[:sent]
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if link.queued else 0)
+        events = EVENT_READ | (EVENT_WRITE if link.queued else 0)
         try:
             self.selector.modify(link.sock, events, link)
         except (KeyError, ValueError):
@@ -394,7 +404,7 @@ class _Session:
         except (BlockingIOError, InterruptedError):
             return
         for signum in data:
-            if signum == signal.SIGWINCH:
+            if signum == SIGWINCH:
                 self._send_window()
             if signum not in FORWARDED:
                 continue
@@ -414,7 +424,7 @@ class _Session:
         if fd is None or self.stdin_watched:
             return
         try:
-            self.selector.register(fd, selectors.EVENT_READ, "stdin")
+            self.selector.register(fd, EVENT_READ, "stdin")
             self.stdin_watched = True
         except (OSError, ValueError):
             self._stdin_eof()
@@ -445,3 +455,4 @@ class _Session:
         link = self.connected.get(self.first_node or "")
         if link is not None:
             self._send(link, stepio.encode(stepio.STDIN, 0, b""))
+

@@ -9,7 +9,9 @@ signal after gsrun asked for the step to be killed do not count.
 
 from __future__ import annotations
 
-from typing import BinaryIO
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 MAX_PARTIAL = 64 * 1024  # bytes of a line held for its end before it is shown anyway
 LOST = 1  # the status of a task whose end never came

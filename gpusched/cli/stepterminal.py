@@ -8,17 +8,24 @@ A signal that would end gsrun without Python's unwinding (SIGUSR1, SIGUSR2, SIGA
 SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ) restores the terminal, then ends gsrun by that
 signal as it would have. The signals gsrun forwards to its tasks (INT, TERM, HUP, QUIT)
 do not end it: the normal way out restores the terminal.
+
+On _signal, the C module under signal.py (which loads enum): gsrun starts fast.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import termios
-from typing import Any
 
-_FATAL = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF,
-          signal.SIGXCPU, signal.SIGXFSZ)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal  # the same functions and numbers, typed
+    from typing import Any
+else:
+    import _signal
+
+_FATAL = (_signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGALRM, _signal.SIGVTALRM,
+          _signal.SIGPROF, _signal.SIGXCPU, _signal.SIGXFSZ)
 
 
 def raw_mode(mode: list[Any]) -> list[Any]:
@@ -64,8 +71,8 @@ class LocalTerminal:
         """Raw mode (input taken as typed, no echo, no signals from keys, output as
         written), and the handlers that give the terminal back before gsrun stops or
         dies; False, and nothing changed, if the terminal refuses it."""
-        for sig in (signal.SIGTSTP, signal.SIGCONT, *_FATAL):
-            self._old.setdefault(sig, signal.signal(sig, self._on_signal))
+        for sig in (_signal.SIGTSTP, _signal.SIGCONT, *_FATAL):
+            self._old.setdefault(sig, _signal.signal(sig, self._on_signal))
         try:
             self._set_raw()
         except termios.error:
@@ -90,11 +97,11 @@ class LocalTerminal:
         except termios.error:
             pass  # the terminal went away
         for sig, handler in self._old.items():
-            signal.signal(sig, handler)
+            _signal.signal(sig, handler)
         self._old.clear()
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if signum == signal.SIGCONT:
+        if signum == _signal.SIGCONT:
             if self._old and not self.is_raw:
                 self._set_raw()
             return
@@ -102,9 +109,9 @@ class LocalTerminal:
             self._set_saved()
         except termios.error:
             pass
-        if signum == signal.SIGTSTP:
-            os.kill(os.getpid(), signal.SIGSTOP)  # raw mode comes back with SIGCONT
+        if signum == _signal.SIGTSTP:
+            os.kill(os.getpid(), _signal.SIGSTOP)  # raw mode comes back with SIGCONT
             return
         self.restore()
-        signal.signal(signum, signal.SIG_DFL)
+        _signal.signal(signum, _signal.SIG_DFL)
         os.kill(os.getpid(), signum)

@@ -153,6 +153,12 @@ class ApiClient:
         return Path(self._socket_text)
 
     @property
+    def local(self) -> bool:
+        """Whether this client talks to the local Unix socket (``socket_path`` without
+        building a Path)."""
+        return self._socket_text is not None
+
+    @property
     def controllers(self) -> list[str]:
         """The controllers this client tries, as named in messages."""
         return list(self._key)

@@ -11,8 +11,7 @@ gives the shape ``parse`` takes back.
 Pure: no database, no I/O (docs/api.md describes the shapes).
 """
 
-from typing import TYPE_CHECKING
-
+TYPE_CHECKING = False  # typing's own costs gsrun, which loads only ``stepio``, ~5 ms
 if TYPE_CHECKING:
     from gpusched.messages.agent import (
         COMMAND_KINDS,

@@ -11,16 +11,25 @@ WINSIZE (``struct ">HH"`` rows and columns, for a terminal).
 
 ``Decoder`` takes bytes as they arrive and gives whole frames; a length over the bound
 or an unknown kind is a FrameError, and the connection is closed.
+
+gsrun loads this module on every start: it imports none of dataclasses, typing, hmac
+or json (tests/cli/test_gsrun_imports.py), each a few milliseconds. JSON is written
+with ``json`` on the node's side (which has it loaded) and read with
+gpusched.client.jsontext on gsrun's (which has that loaded).
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+
+# hmac.compare_digest is this function (or _hashlib's copy of it): a comparison whose
+# time does not depend on where the two values differ. hmac itself loads hashlib.
+from _operator import _compare_digest as compare_digest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
 
 HEADER = struct.Struct(">BII")
 WINSIZE = struct.Struct(">HH")
@@ -38,18 +47,54 @@ class FrameError(ValueError):
     """Bytes that are not a frame of this protocol; the connection is closed."""
 
 
-@dataclass(frozen=True)
-class Frame:
+class _Frozen:
+    """A value of named fields, set once by ``__init__``: equal to another of its class
+    with equal fields, hashable, and read-only (as a frozen dataclass)."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Frozen) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={value!r}"
+                          for name, value in zip(self.__slots__, self._fields()))
+        return f"{self.__class__.__name__}({shown})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+
+class Frame(_Frozen):
     """One frame: its kind, the task it is about (0 where none) and its payload."""
 
+    __slots__ = ("kind", "task", "payload")
     kind: int
     task: int
     payload: bytes
 
+    def __init__(self, kind: int, task: int, payload: bytes) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "task", task)
+        object.__setattr__(self, "payload", payload)
+
     def json(self) -> Any:
         """The payload as JSON (HELLO, EXIT); a FrameError if it is not."""
+        from gpusched.client.jsontext import loads
+
         try:
-            return json.loads(self.payload)
+            return loads(self.payload)
         except (UnicodeDecodeError, ValueError):
             raise FrameError(f"frame kind {self.kind}: the payload is not JSON") from None
 
@@ -71,23 +116,34 @@ def chunks(kind: int, task: int, data: bytes) -> Iterator[bytes]:
 
 def hello(token: str, job_id: int, step_id: int, node_index: int, tasks: list[int]) -> bytes:
     """The first frame a node sends."""
+    import json
+
     return encode(HELLO, 0, json.dumps({"token": token, "job_id": job_id, "step_id": step_id,
                                         "node_index": node_index, "tasks": tasks}).encode())
 
 
 def exit_frame(task: int, exit_code: int | None, signal: int | None) -> bytes:
     """How one task ended."""
+    import json
+
     return encode(EXIT, task, json.dumps({"exit_code": exit_code, "signal": signal}).encode())
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(_Frozen):
     """A node's HELLO, checked."""
 
+    __slots__ = ("job_id", "step_id", "node_index", "tasks")
     job_id: int
     step_id: int
     node_index: int
     tasks: tuple[int, ...]
+
+    def __init__(self, job_id: int, step_id: int, node_index: int,
+                 tasks: tuple[int, ...]) -> None:
+        object.__setattr__(self, "job_id", job_id)
+        object.__setattr__(self, "step_id", step_id)
+        object.__setattr__(self, "node_index", node_index)
+        object.__setattr__(self, "tasks", tasks)
 
 
 def check_hello(frame: Frame, token: str, job_id: int, step_id: int) -> Hello:
@@ -98,7 +154,8 @@ def check_hello(frame: Frame, token: str, job_id: int, step_id: int) -> Hello:
     if not isinstance(body, dict):
         raise FrameError("HELLO: expected a JSON object")
     sent = body.get("token")
-    if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(), token.encode()):
+    if not isinstance(sent, str) or not compare_digest(
+            sent.encode("utf-8", "surrogatepass"), token.encode()):
         raise FrameError("HELLO: wrong token")
     if body.get("job_id") != job_id or body.get("step_id") != step_id:
         raise FrameError("HELLO: for another step")
