@@ -97,7 +97,7 @@ def job_from(env: Mapping[str, str]) -> int | None:
 def step_request(args: GsrunArgs, env: Mapping[str, str], io: dict[str, Any],
                  cwd: str | None = None) -> dict[str, Any]:
     """The StepRequest's JSON for ``args`` (checked as the controller checks it)."""
-    from gpusched.messages.steps import StepRequest
+    from gpusched.messages.steprequest import check_request
 
     base = cwd if cwd is not None else _cwd()
     work_dir = os.path.normpath(os.path.join(base, args.chdir)) if args.chdir else base
@@ -115,7 +115,7 @@ def step_request(args: GsrunArgs, env: Mapping[str, str], io: dict[str, Any],
         # srun's rule: with -o alone, stderr goes to the same file.
         "output": args.output, "error": args.error or args.output, "input": args.input,
     }
-    return StepRequest.parse(body).to_json()
+    return check_request(body)
 
 
 def _cwd() -> str:
@@ -143,11 +143,12 @@ def run_step(args: GsrunArgs, job_id: int, env: Mapping[str, str]) -> int:
         with SignalForwarding((_signal.SIGWINCH,) if args.pty else ()) as signal_fd:
             created = create_step(client, job_id, request, say,
                                   wait=lambda pause: _signalled(signal_fd, pause))
-            plan = StepPlan(job_id, created.step_id, created.node_names, created.layout)
+            plan = StepPlan(job_id, created["step_id"], created["node_names"],
+                            created["layout"])
             if args.verbose:
-                say(f"gsrun: step {job_id}.{plan.step_id}: {created.ntasks} tasks on "
-                    f"{','.join(plan.node_names)}, MASTER_ADDR={created.master_addr} "
-                    f"MASTER_PORT={created.master_port}, created in "
+                say(f"gsrun: step {job_id}.{plan.step_id}: {created['ntasks']} tasks on "
+                    f"{','.join(plan.node_names)}, MASTER_ADDR={created['master_addr']} "
+                    f"MASTER_PORT={created['master_port']}, created in "
                     f"{(time.monotonic() - started) * 1000:.0f} ms")
             tally = ExitTally(plan.tasks, args.kill_on_bad_exit)
             # --pty: the terminal's bytes as they come, unlabelled.
@@ -236,16 +237,19 @@ def _signalled(fd: int, pause: float) -> bool:
 
 def create_step(client: Any, job_id: int, request: dict[str, Any],
                 say: Callable[[str], None],
-                wait: Callable[[float], bool] | None = None) -> Any:
+                wait: Callable[[float], bool] | None = None) -> dict[str, Any]:
     """POST the step; while it does not fit beside the job's running steps, say so once
     and ask again (0.1 s, doubling to 2 s) until it fits or the job ends. ``wait``
-    pauses, and says whether gsrun was interrupted meanwhile (then it gives up)."""
-    from gpusched.messages.steps import StepCreated
+    pauses, and says whether gsrun was interrupted meanwhile (then it gives up). The
+    answer, checked (StepCreated's fields)."""
+    from gpusched.messages.steprequest import check_created
 
     pause, waited = BUSY_FIRST_PAUSE, False
     while True:
         try:
-            answer = client.request("POST", f"/v1/jobs/{job_id}/steps", request)
+            # Not sent again once it may have been applied: that would be a second step.
+            answer = client.request("POST", f"/v1/jobs/{job_id}/steps", request,
+                                    repeatable=False)
             break
         except StepBusy:
             if not waited:
@@ -258,12 +262,12 @@ def create_step(client: Any, job_id: int, request: dict[str, Any],
                                     "nothing was started")
             pause = min(pause * 2, BUSY_MAX_PAUSE)
     try:
-        created = StepCreated.parse(answer)
+        created = check_created(answer)
     except UsageError as err:
         raise GpuschedError(f"bad answer from the gpusched controller: {err.message}") \
             from None
     if waited:
-        say(f"gsrun: step created for job {job_id}, step {created.step_id}")
+        say(f"gsrun: step created for job {job_id}, step {created['step_id']}")
     return created
 
 
@@ -289,7 +293,7 @@ def kill_step(client: Any, job_id: int, step_id: int, task: int,
         "(--kill-on-bad-exit)")
     try:
         client.request("POST", f"/v1/jobs/{job_id}/steps/{step_id}/cancel",
-                       {"bad_exit": True}, timeout=CANCEL_TIMEOUT)
+                       {"bad_exit": True}, timeout=CANCEL_TIMEOUT, repeatable=False)
     except GpuschedError as err:
         say(f"gsrun: error: could not end step {job_id}.{step_id}: {err.message}")
 

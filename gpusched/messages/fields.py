@@ -7,16 +7,22 @@ these, so the same kind of field is refused with the same words wherever it trav
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from typing import Any, TypeVar
-
 from gpusched.core import bounds
 from gpusched.core.bounds import BoundError
 from gpusched.errors import UsageError
 
-T = TypeVar("T")
-D = TypeVar("D")
-Body = dict[str, Any]
+# gsrun checks its step request with these: typing and collections stay for type
+# checking (they cost its every start a few milliseconds).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+    D = TypeVar("D")
+    Body = dict[str, Any]
+else:
+    Body = dict  # a decoded JSON object: dict[str, Any]
 
 MAX_UID = 2**32 - 2  # uid_t is 32 bits wide; (uid_t)-1 means "no change" to the kernel
 

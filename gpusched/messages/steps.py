@@ -7,12 +7,13 @@
 - ``StepEnd``: how the step ended on one node (``POST /agent/v1/jobs/{id}/steps/{s}/ended``).
 
 Each is checked field by field where it arrives, as the job's messages are; docs/api.md
-gives the shapes. The I/O between the step's nodes and gsrun is gpusched.messages.stepio.
+gives the shapes. The request's and its answer's checks are gpusched.messages.steprequest's
+(gsrun uses them without this module's dataclasses). The I/O between the step's nodes
+and gsrun is gpusched.messages.stepio.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,6 @@ from gpusched.messages.agent import (
 )
 from gpusched.messages.fields import (
     MAX_UID,
-    Body,
     as_object,
     bounded,
     flag,
@@ -39,23 +39,21 @@ from gpusched.messages.fields import (
     refuse_unknown,
     required_integer,
     required_text,
-    shown,
     string_map,
-    strings,
     typed,
     words,
 )
-from gpusched.messages.stepio import TOKEN_HEX
+from gpusched.messages.steprequest import (
+    MAX_HOST,
+    check_created,
+    check_io,
+    check_request,
+    command_argv,
+    work_dir,
+)
 
-MAX_HOST = 255  # characters of a host name or address
-_TOKEN = re.compile(f"[0-9a-f]{{{TOKEN_HEX}}}")
-_HOST = re.compile(r"[A-Za-z0-9._:\-\[\]%]+")
 STEP_OUTCOMES = tuple(o for o in OUTCOMES if o != "prolog_failed")
 
-REQUEST_FIELDS = frozenset({
-    "argv", "name", "nodes", "ntasks", "ntasks_per_node", "gpus_per_task", "cpus_per_task",
-    "exact", "overlap", "kill_on_bad_exit", "pty", "environment", "work_dir", "output",
-    "error", "input", "io"})
 LAUNCH_FIELDS = frozenset({
     "job_id", "run", "step_id", "node", "node_index", "name", "user", "uid", "gid", "argv",
     "work_dir", "environment", "umask", "tasks", "ntasks", "node_names", "tasks_per_node",
@@ -63,7 +61,6 @@ LAUNCH_FIELDS = frozenset({
     "error", "input", "io", "pty", "kill_on_bad_exit", "job_name"})
 END_FIELDS = frozenset({"node", "run", "outcome", "exit_code", "signal", "end_time", "error",
                         "max_rss_bytes", "cpu_usec", "tasks"})
-IO_FIELDS = frozenset({"host", "port", "token"})
 TASK_FIELDS = frozenset({"task_id", "local_id", "gpu_uuids"})
 
 
@@ -78,36 +75,10 @@ class StepIO:
 
     @classmethod
     def parse(cls, raw: object) -> StepIO:
-        body = as_object(raw, "io")
-        refuse_unknown(body, IO_FIELDS, "io")
-        host = required_text(body, "host", MAX_HOST, "a host name or address")
-        if not _HOST.fullmatch(host):
-            raise UsageError(f"io.host: expected a host name or address, got {shown(host)}")
-        token = typed(body, "token", str, "", f"{TOKEN_HEX} hexadecimal digits")
-        if not _TOKEN.fullmatch(token):
-            raise UsageError(f"io.token: expected {TOKEN_HEX} lowercase hexadecimal digits")
-        return cls(host, required_integer(body, "port", 1, 65_535, "a TCP port"), token)
+        return cls(**check_io(raw))
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port, "token": self.token}
-
-
-def _count(body: Body, key: str, high: int, what: str) -> int | None:
-    return optional_integer(body, key, 1, high, what)
-
-
-def _argv(body: Body) -> tuple[str, ...]:
-    argv = bounded(bounds.check_args, strings(body, "argv"))
-    if not argv or not argv[0]:
-        raise UsageError("argv: expected the command to run, got nothing")
-    return tuple(argv)
-
-
-def _work_dir(body: Body) -> str:
-    work_dir = path(body, "work_dir", "an absolute directory path")
-    if not work_dir or not work_dir.startswith("/"):
-        raise UsageError(f"work_dir: expected an absolute directory path, got {shown(work_dir)}")
-    return work_dir
 
 
 @dataclass(frozen=True)
@@ -137,28 +108,8 @@ class StepRequest:
     @classmethod
     def parse(cls, raw: object) -> StepRequest:
         """Check every field's type and bounds; the first fault is a UsageError."""
-        body = as_object(raw, "the step request")
-        refuse_unknown(body, REQUEST_FIELDS, "the step request")
-        io = body.get("io")
-        if io is None:
-            raise UsageError("io: expected where gsrun listens, got nothing")
-        name = typed(body, "name", str, None, "a step name")
-        return cls(
-            argv=_argv(body), work_dir=_work_dir(body), io=StepIO.parse(io),
-            name=None if name is None else bounded(bounds.check_text, "name", name,
-                                                   bounds.MAX_NAME),
-            nodes=_count(body, "nodes", bounds.MAX_NODES, "a node count"),
-            ntasks=_count(body, "ntasks", MAX_TASKS_PER_STEP, "a task count"),
-            ntasks_per_node=_count(body, "ntasks_per_node", MAX_TASKS_PER_STEP,
-                                   "tasks per node"),
-            gpus_per_task=_count(body, "gpus_per_task", bounds.MAX_GPUS, "GPUs per task"),
-            cpus_per_task=_count(body, "cpus_per_task", bounds.MAX_CPUS, "CPUs per task"),
-            exact=flag(body, "exact"), overlap=flag(body, "overlap"),
-            kill_on_bad_exit=flag(body, "kill_on_bad_exit"), pty=flag(body, "pty"),
-            environment=bounded(bounds.check_environment, string_map(body, "environment")),
-            output=path(body, "output", "a file name pattern"),
-            error=path(body, "error", "a file name pattern"),
-            input=path(body, "input", "a file name pattern"))
+        body = check_request(raw)
+        return cls(**{**body, "argv": tuple(body["argv"]), "io": StepIO(**body["io"])})
 
     def to_json(self) -> dict[str, Any]:
         return {"argv": list(self.argv), "work_dir": self.work_dir, "io": self.io.to_json(),
@@ -168,22 +119,6 @@ class StepRequest:
                 "overlap": self.overlap, "kill_on_bad_exit": self.kill_on_bad_exit,
                 "pty": self.pty, "environment": dict(self.environment or {}),
                 "output": self.output, "error": self.error, "input": self.input}
-
-
-def _layout(raw: object, what: str) -> dict[str, tuple[int, ...]]:
-    """{node: [task ids]}: bounded names and ids."""
-    body = as_object(raw, what)
-    if len(body) > bounds.MAX_NODES:
-        raise UsageError(f"{what}: more than {bounds.MAX_NODES} nodes")
-    out: dict[str, tuple[int, ...]] = {}
-    for node, tasks in body.items():
-        bounded(bounds.check_text, what, node, bounds.MAX_WORD)
-        if not isinstance(tasks, list) or len(tasks) > MAX_TASKS_PER_STEP or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TASKS_PER_STEP
-                for t in tasks):
-            raise UsageError(f"{what}: expected a list of task ids for {shown(node)}")
-        out[node] = tuple(tasks)
-    return out
 
 
 @dataclass(frozen=True)
@@ -199,14 +134,7 @@ class StepCreated:
 
     @classmethod
     def parse(cls, raw: object) -> StepCreated:
-        body = as_object(raw, "the step")
-        return cls(
-            step_id=required_integer(body, "step_id", 0, MAX_STEP_ID, "a step id"),
-            node_names=words(body, "node_names", bounds.MAX_NODES, "node names"),
-            layout=_layout(body.get("layout"), "layout"),
-            ntasks=required_integer(body, "ntasks", 1, MAX_TASKS_PER_STEP, "a task count"),
-            master_addr=required_text(body, "master_addr", MAX_HOST, "a host"),
-            master_port=required_integer(body, "master_port", 1, 65_535, "a TCP port"))
+        return cls(**check_created(raw))
 
     def to_json(self) -> dict[str, Any]:
         return {"step_id": self.step_id, "node_names": list(self.node_names),
@@ -298,7 +226,7 @@ class StepLaunch:
             user=required_text(body, "user", bounds.MAX_WORD, "a user name"),
             uid=required_integer(body, "uid", 0, MAX_UID, "a uid"),
             gid=required_integer(body, "gid", 0, MAX_UID, "a gid"),
-            argv=_argv(body), work_dir=_work_dir(body),
+            argv=tuple(command_argv(body)), work_dir=work_dir(body),
             tasks=tuple(StepTask.parse(t) for t in raw_tasks),
             ntasks=required_integer(body, "ntasks", 1, MAX_TASKS_PER_STEP, "a task count"),
             node_names=words(body, "node_names", bounds.MAX_NODES, "node names"),

@@ -83,6 +83,21 @@ def test_gsrun_help_loads_only_the_allowed_list() -> None:
     assert sorted(loaded & FORBIDDEN) == [] and outside(loaded) == []
 
 
+@pytest.mark.parametrize("argv", [["true"], ["-N1", "-n2", "-l", "--export=NONE", "true"],
+                                  ["--pty", "bash"]])
+def test_a_step_request_loads_only_the_allowed_list(argv: list[str]) -> None:
+    """Up to the step's request (here no controller answers, and gsrun says so in one
+    line): arguments, the I/O socket, the request checked as the controller checks it."""
+    loaded, result = run_started(
+        f"sys.argv = ['gsrun', *{argv!r}]\nfrom gpusched.cli.gsrun import entry\nentry()\n",
+        env={"SLURM_JOB_ID": "7"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("gsrun: error: cannot reach the gpusched controller")
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    assert {"gpusched.cli.stepio_server", "gpusched.client.api"} <= loaded
+    assert sorted(loaded & FORBIDDEN) == [] and outside(loaded) == []
+
+
 SERVE = """
 from gpusched.cli import gsrun
 from gpusched.cli.stepio_server import ServeOptions, StepIOServer, StepPlan
@@ -137,3 +152,19 @@ def test_a_token_no_utf8_can_carry_is_a_wrong_token() -> None:
         stepio.check_hello(stepio.Frame(stepio.HELLO, 0, body), "ab" * 32, 7, 3)
     right = stepio.Decoder().feed(stepio.hello("ab" * 32, 7, 3, 0, [0]))[0]
     assert stepio.check_hello(right, "ab" * 32, 7, 3) == stepio.Hello(7, 3, 0, (0,))
+
+
+def test_the_step_requests_bounds_are_the_steps() -> None:
+    """messages/steprequest.py keeps core.steps's bounds (whose dataclasses gsrun does
+    not load): the same numbers, and StepRequest and StepCreated check with it."""
+    from gpusched.core import steps as layout_rules
+    from gpusched.messages import steprequest, steps
+
+    assert steprequest.MAX_TASKS_PER_STEP == layout_rules.MAX_TASKS_PER_STEP
+    assert steprequest.MAX_STEP_ID == layout_rules.MAX_STEP_ID
+    io = {"host": "127.0.0.1", "port": 4000, "token": "ab" * 32}
+    request = {"argv": ["hostname"], "work_dir": "/tmp", "io": io, "ntasks": 4}
+    assert steps.StepRequest.parse(request).to_json() == steprequest.check_request(request)
+    answer = {"step_id": 2, "node_names": ["n0"], "layout": {"n0": [0, 1]}, "ntasks": 2,
+              "master_addr": "n0", "master_port": 29_600}
+    assert steps.StepCreated(**steprequest.check_created(answer)).to_json() == answer
