@@ -21,22 +21,28 @@ from sqlalchemy.types import NullType
 from gpusched.core.model import PendingJob, Reason
 from gpusched.db.models import Job
 
-# The pending jobs, for the snapshot query: one JSON array of ``[version, id]`` for each
-# row kept with that version (given as :kept_ids and :kept_versions, array texts), and
-# ``[version, <the columns of _job>]`` for each other row (times in seconds since the
-# epoch). One statement: what it reads of the queue is all of one moment.
+# The version of a pending row: xmin (PostgreSQL's xid has no order worth using here).
+_VERSION = "CAST(CAST(j.xmin AS text) AS bigint)"
+# The columns of a pending job that _json_job reads (times in seconds since the epoch).
+_FIELDS = (
+    "j.id", "j.partition", "j.gpus", "j.uid", "extract(epoch FROM j.submit_time)",
+    "j.time_limit", "j.reason", "j.user_name", "j.account", "j.qos", "j.hold",
+    "extract(epoch FROM j.begin_time)", "j.dependency", "j.name", "j.array_job_id",
+    "j.array_tasks", "j.array_max_running", "j.gpu_types", "j.nodes", "j.cpus", "j.mem_mb",
+    "extract(epoch FROM j.expected_start)", "j.nodelist", "j.exclude_nodes",
+    "j.admin_priority", "j.exclusive",
+)
+# The pending jobs, for the snapshot query: a JSON array of columns (one JSON array
+# each, a row's values at the same place in each): the id and version of every pending
+# row, then the _FIELDS of the rows not kept with that version (:kept_ids and
+# :kept_versions, array texts). One statement: what it reads of the queue is all of one
+# moment.
 PENDING_SQL = (
-    "(SELECT json_agg(CASE WHEN k.id IS NULL THEN json_build_array("
-    "CAST(CAST(j.xmin AS text) AS bigint), j.id, j.partition, j.gpus, j.uid, "
-    "extract(epoch FROM j.submit_time), j.time_limit, j.reason, j.user_name, j.account, "
-    "j.qos, j.hold, extract(epoch FROM j.begin_time), j.dependency, j.name, j.array_job_id, "
-    "j.array_tasks, j.array_max_running, j.gpu_types, j.nodes, j.cpus, j.mem_mb, "
-    "extract(epoch FROM j.expected_start), j.nodelist, j.exclude_nodes, j.admin_priority, "
-    "j.exclusive) ELSE json_build_array(CAST(CAST(j.xmin AS text) AS bigint), j.id) END) "
-    "FROM jobs AS j LEFT JOIN unnest(CAST(:kept_ids AS bigint[]), "
+    f"(SELECT json_build_array(json_agg(j.id), json_agg({_VERSION}), "
+    + ", ".join(f"json_agg({field}) FILTER (WHERE k.id IS NULL)" for field in _FIELDS)
+    + ") FROM jobs AS j LEFT JOIN unnest(CAST(:kept_ids AS bigint[]), "
     "CAST(:kept_versions AS bigint[])) AS k(id, version) "
-    "ON k.id = j.id AND k.version = CAST(CAST(j.xmin AS text) AS bigint) "
-    "WHERE j.state = 'PENDING')"
+    f"ON k.id = j.id AND k.version = {_VERSION} WHERE j.state = 'PENDING')"
 )
 _READ = text(f"SELECT {PENDING_SQL}")
 
@@ -68,7 +74,7 @@ def _float(value: float | None) -> float | None:
 
 
 def _json_job(row: Sequence[Any]) -> PendingJob:
-    """A pending job from its PENDING_SQL array (the version left off)."""
+    """A pending job from its _FIELDS as PENDING_SQL gives them."""
     (jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
      dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
      nodelist, exclude, fixed, exclusive) = row
@@ -113,19 +119,18 @@ class PendingRows:
         kept = self._sent = self._kept
         return {"kept_ids": _array(kept), "kept_versions": _array(v for v, _ in kept.values())}
 
-    def take(self, answer: list[list[Any]] | None) -> tuple[PendingJob, ...]:
+    def take(self, answer: list[list[Any] | None]) -> tuple[PendingJob, ...]:
         """Every pending job, in the order the snapshot query gave them, from its
         PENDING_SQL answer to the last ``params``; kept from now on."""
         sent = self._sent
+        ids, versions, *fields = answer
+        fresh = {row[0]: _json_job(row) for row in zip(*fields)} if fields[0] else {}
         now_kept: dict[int, tuple[int, PendingJob]] = {}
-        read = 0
-        for row in answer or ():
-            if len(row) > 2:
-                now_kept[row[1]] = (row[0], _json_job(row[1:]))
-                read += 1
-            else:  # the version sent: the job as kept
-                now_kept[row[1]] = sent[row[1]]
-        self._kept, self._sent, self.last_read = now_kept, {}, read
+        for jid, version in zip(ids or (), versions or ()):
+            job = fresh.get(jid)
+            # Not read: the version sent, the job as kept.
+            now_kept[jid] = sent[jid] if job is None else (version, job)
+        self._kept, self._sent, self.last_read = now_kept, {}, len(fresh)
         return tuple(entry[1] for entry in now_kept.values())
 
     def read(self, session: Session) -> tuple[PendingJob, ...]:

@@ -31,34 +31,48 @@ from gpusched.db.leadership import check_epoch
 from gpusched.db.models import Job
 from gpusched.db.pending_rows import PENDING_SQL, PendingRows
 
+
+def _columns(*fields: str, order: str = "") -> str:
+    """An aggregate of ``fields`` as a JSON array of columns, one JSON array each (null
+    for no rows), a row's values at the same place in each."""
+    return "json_build_array(" + ", ".join(f"json_agg({f}{order})" for f in fields) + ")"
+
+
 # Everything a pass reads but the admin tables and the states of jobs named in
-# dependencies, in one statement (one round trip, and all of one moment): nodes by name;
-# present GPUs; the links between present GPUs; the GPUs of live allocations by job and
-# index; running jobs; fair-share usage; the pending queue (pending_rows.PENDING_SQL).
-# Each is one JSON array of arrays, times in seconds since the epoch.
+# dependencies, in one statement (one round trip, and all of one moment), each part as
+# _columns: nodes by name; present GPUs; the links between present GPUs; the GPUs of
+# live allocations by job and index; running jobs; fair-share usage; the pending queue
+# (pending_rows.PENDING_SQL). Times are in seconds since the epoch.
 _SNAPSHOT = text(
-    "SELECT (SELECT json_agg(json_build_array(id, name, state, run_uid, cpus, memory_mb, "
-    "block) ORDER BY name) FROM nodes), "
-    "(SELECT json_agg(json_build_array(id, node_id, \"index\", uuid, healthy, gpu_type, "
-    "mig_profile, parent_id)) FROM gpus WHERE present), "
-    "(SELECT json_agg(json_build_array(a.node_id, a.\"index\", b.\"index\", l.kind, l.nvlinks)) "
-    "FROM gpu_links AS l JOIN gpus AS a ON a.id = l.gpu_a AND a.present "
+    "SELECT (SELECT "
+    + _columns("id", "name", "state", "run_uid", "cpus", "memory_mb", "block",
+               order=" ORDER BY name") + " FROM nodes), "
+    "(SELECT " + _columns("id", "node_id", '"index"', "uuid", "healthy", "gpu_type",
+                          "mig_profile", "parent_id") + " FROM gpus WHERE present), "
+    "(SELECT " + _columns("a.node_id", 'a."index"', 'b."index"', "l.kind", "l.nvlinks")
+    + " FROM gpu_links AS l JOIN gpus AS a ON a.id = l.gpu_a AND a.present "
     "JOIN gpus AS b ON b.id = l.gpu_b AND b.present), "
-    "(SELECT json_agg(json_build_array(al.job_id, g.uuid) ORDER BY al.job_id, g.\"index\") "
-    "FROM allocations AS al JOIN gpus AS g ON g.id = al.gpu_id "
+    "(SELECT " + _columns("al.job_id", "g.uuid", order=' ORDER BY al.job_id, g."index"')
+    + " FROM allocations AS al JOIN gpus AS g ON g.id = al.gpu_id "
     "WHERE al.released_at IS NULL), "
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
-    "(SELECT json_agg(json_build_array(j.id, n.name, j.user_name, j.account, j.qos, j.name, "
-    "j.array_job_id, extract(epoch FROM j.start_time), j.time_limit, j.cpus, j.mem_mb, "
-    "j.node_names, extract(epoch FROM j.preempted_at), j.exclusive)) "
-    "FROM jobs AS j JOIN nodes AS n ON n.id = j.node_id WHERE j.state = 'RUNNING'), "
-    "(SELECT json_agg(json_build_array(user_name, account, usage)) FROM fairshare_usage), "
+    "(SELECT " + _columns("j.id", "n.name", "j.user_name", "j.account", "j.qos", "j.name",
+                          "j.array_job_id", "extract(epoch FROM j.start_time)",
+                          "j.time_limit", "j.cpus", "j.mem_mb", "j.node_names",
+                          "extract(epoch FROM j.preempted_at)", "j.exclusive")
+    + " FROM jobs AS j JOIN nodes AS n ON n.id = j.node_id WHERE j.state = 'RUNNING'), "
+    "(SELECT " + _columns("user_name", "account", "usage") + " FROM fairshare_usage), "
     + PENDING_SQL
 )
 
 
-def _nodes(node_rows: list[list[Any]], gpu_rows: list[list[Any]], link_rows: list[list[Any]]
-           ) -> tuple[tuple[NodeView, ...], dict[str, int]]:
+def _rows(columns: list[list[Any] | None]) -> list[tuple[Any, ...]]:
+    """The rows of a _columns answer."""
+    return list(zip(*columns)) if columns[0] is not None else []  # type: ignore[arg-type]
+
+
+def _nodes(node_rows: list[tuple[Any, ...]], gpu_rows: list[tuple[Any, ...]],
+           link_rows: list[tuple[Any, ...]]) -> tuple[tuple[NodeView, ...], dict[str, int]]:
     """Nodes with their GPUs and MIG slices in index order, and node ids by name."""
     index_of = {gpu_id: index for gpu_id, _, index, *_ in gpu_rows}
     parents = {parent for *_, parent in gpu_rows if parent is not None}
@@ -78,7 +92,7 @@ def _nodes(node_rows: list[list[Any]], gpu_rows: list[list[Any]], link_rows: lis
     return nodes, {name: nid for nid, name, *_ in node_rows}
 
 
-def _running(allocated: list[list[Any]], rows: list[list[Any]], grace: float
+def _running(allocated: list[tuple[Any, ...]], rows: list[tuple[Any, ...]], grace: float
              ) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
     """Running jobs with their GPUs, and the (user, name) pairs singleton checks."""
     gpus_of: dict[int, list[str]] = {}
@@ -148,14 +162,14 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
     queue = pending_rows if pending_rows is not None else PendingRows()
     (node_rows, gpu_rows, link_rows, allocated, running_rows, usage_rows,
      pending_answer) = session.connection().execute(_SNAPSHOT, queue.params()).one()
-    nodes, node_ids = _nodes(node_rows or [], gpu_rows or [], link_rows or [])
+    nodes, node_ids = _nodes(_rows(node_rows), _rows(gpu_rows), _rows(link_rows))
     pending = queue.take(pending_answer)
-    running, running_names = _running(allocated or [], running_rows or [], preempt_grace)
+    running, running_names = _running(_rows(allocated), _rows(running_rows), preempt_grace)
     tables = admin.tables(session) if admin is not None else load_admin_tables(session)
     snapshot = Snapshot(
         nodes=nodes, partitions=tables.partitions_over(tuple(node_ids)), pending=pending,
         running=running, accounts=tables.accounts, user_shares=tables.user_shares,
-        usage={(u, a): float(value) for u, a, value in usage_rows or ()},
+        usage={(u, a): float(value) for u, a, value in _rows(usage_rows)},
         qos_priority=tables.qos_priority, qos_limits=tables.qos_limits,
         qos_preempt=tables.qos_preempt,
         job_states=_dependency_states(session, pending),
