@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from gpusched.core.topology import LINK_KINDS
 from gpusched.db import commands, node_drain, steps
-from gpusched.db.engine import rowcount
+from gpusched.db.engine import driver, rowcount
 from gpusched.db.health import may_requeue
-from gpusched.db.models import Allocation, Gpu, GpuLink, Job, Node
+from gpusched.db.models import Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
 from gpusched.messages import JobEnd, NodeHealth
 from gpusched.messages.steps import MAX_HOST
@@ -40,8 +40,12 @@ _HOST = re.compile(r"[A-Za-z0-9._:\-\[\]%]+")  # a host name or an IPv4/IPv6 add
 def registered_node(session: Session, name: str) -> Node:
     node = session.scalars(select(Node).where(Node.name == name)).first()
     if node is None:
-        raise NotFound(f"unknown node {name!r}: the agent must register first")
+        raise _unregistered(name)
     return node
+
+
+def _unregistered(name: str) -> NotFound:
+    return NotFound(f"unknown node {name!r}: the agent must register first")
 
 
 def register_node(session: Session, body: dict[str, Any]) -> Node:
@@ -184,6 +188,33 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
     return record_run_end(session, job_id, body)[0]
 
 
+# The end of a job's current run on a node that is neither stopping for a failed GPU
+# nor being preempted (the most common end by far), recorded in one statement: the
+# node's id, and the job's nodes and kind when its row changed (NULL: it did not, and
+# record_run_end works the end out from the whole row instead). Plain SQL built once.
+_PLAIN_END = (
+    "WITH node AS (SELECT id FROM nodes WHERE name = %(node)s), ended AS ("
+    " UPDATE jobs SET state = %(state)s, end_time = %(end_time)s,"
+    " exit_code = %(exit_code)s, signal = %(signal)s, error_message = %(error)s,"
+    " reason = COALESCE(%(reason)s, jobs.reason),"
+    " max_rss_bytes = CASE WHEN %(measured)s THEN CAST(%(max_rss_bytes)s AS bigint)"
+    "  ELSE jobs.max_rss_bytes END,"
+    " cpu_usec = CASE WHEN %(measured)s THEN CAST(%(cpu_usec)s AS bigint)"
+    "  ELSE jobs.cpu_usec END"
+    " FROM node WHERE jobs.id = %(job)s AND jobs.node_id = node.id"
+    " AND jobs.state = 'RUNNING' AND jobs.restarts = %(run)s"
+    " AND jobs.gpu_failure IS NULL AND jobs.preempted_at IS NULL"
+    " RETURNING jobs.node_names, jobs.interactive) "
+    "SELECT node.id, ended.interactive, ended.node_names FROM node LEFT JOIN ended ON true")
+# A run of a job has ended: its GPUs are freed and its open commands closed, all but
+# kills (how an ended run is stopped); one statement.
+_RELEASE = (
+    "WITH freed AS (UPDATE allocations SET released_at = %(now)s"
+    " WHERE job_id = %(job)s AND released_at IS NULL) "
+    "UPDATE node_commands SET done_at = now()"
+    " WHERE job_id = %(job)s AND done_at IS NULL AND kind <> 'kill'")
+
+
 def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple[bool, bool]:
     """Record how a job's run ended and release its GPUs. Returns (changed, stale):
     not changed if already recorded; stale when the report is for a run that is not
@@ -194,13 +225,45 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
     the node is drained; an epilog's failure drains the node, whatever the end.
 
     ``body`` is a JobEnd report (gpusched.messages), refused whole when any field is
-    out of its bounds."""
+    out of its bounds.
+
+    The job's row is locked (by its UPDATE) before its allocations, commands and steps."""
     end = JobEnd.parse(body)
+    if end.run is None or end.outcome == "prolog_failed" \
+            or (Job, (job_id,), None) in session.identity_map:
+        # An end for whatever run is current, one that requeues, or a job this
+        # session holds (the ORM keeps it in step): the whole row decides.
+        return _record_from_row(session, job_id, end)
+    if session.autoflush:
+        session.flush()  # what the session holds is written first, as an ORM query does
+    ended = (datetime.fromtimestamp(end.end_time, UTC) if end.end_time is not None
+             else datetime.now(UTC))
+    measured = end.max_rss_bytes is not None or end.cpu_usec is not None
+    state = OUTCOME_STATES[end.outcome]
+    row = driver(session).execute(_PLAIN_END, {
+        "node": end.node, "job": job_id, "run": end.run, "state": state, "end_time": ended,
+        "exit_code": end.exit_code, "signal": end.signal, "error": end.error,
+        "reason": LAUNCH_FAILED_REASON if end.outcome == "launch_failed" else None,
+        "measured": measured, "max_rss_bytes": end.max_rss_bytes,
+        "cpu_usec": end.cpu_usec}).fetchone()
+    if row is None:
+        raise _unregistered(end.node)
+    node_id, interactive, node_names = row
+    if interactive is None:  # not a plain end of its current run there
+        return _record_from_row(session, job_id, end)
+    _released(session, job_id, end.run, tuple(node_names or (end.node,)), state,
+              () if interactive else (end.node,))
+    _drain_after_epilog(session, node_id, end)
+    return True, False
+
+
+def _record_from_row(session: Session, job_id: int, end: JobEnd) -> tuple[bool, bool]:
+    """record_run_end, worked out from the job's whole row."""
     node = registered_node(session, end.node)
     job = session.get(Job, job_id)
     if job is None or (end.run is not None and job.restarts != end.run) \
             or job.node_id != node.id:
-        _drain_after_epilog(session, node, end)
+        _drain_after_epilog(session, node.id, end)
         return False, True
     run, job_nodes = job.restarts, tuple(job.node_names or (node.name,))
     values = _end_values(session, job, node, end)
@@ -212,16 +275,23 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
         .values(**values)
     ))
     if changed:
-        release_job(session, job_id)
-        # Its batch node's agent ends the job's steps there itself; an allocation has no
-        # batch run there (this is the answer to its cancel), so that node is told too.
-        steps.end_with_job(session, job_id, run, job_nodes, values["state"],
-                           skip=() if job.interactive else (node.name,))
+        _released(session, job_id, run, job_nodes, values["state"],
+                  () if job.interactive else (node.name,))
         if end.outcome == "prolog_failed":
             node_drain.drain_for_site_program(
                 session, node.id, node_drain.drain_reason(end.error, "prolog failed"))
-        _drain_after_epilog(session, node, end)
+        _drain_after_epilog(session, node.id, end)
     return bool(changed), False
+
+
+def _released(session: Session, job_id: int, run: int, job_nodes: tuple[str, ...],
+              state: str, skip: tuple[str, ...]) -> None:
+    """Run ``run`` of the job, on ``job_nodes``, has ended ``state``: its GPUs are
+    released and its steps end with it. Its batch node's agent ends the job's steps
+    there itself (``skip``); an allocation has no batch run there (this is the answer
+    to its cancel), so that node is told too."""
+    release_job(session, job_id)
+    steps.end_with_job(session, job_id, run, job_nodes, state, skip=skip)
 
 
 def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str, Any]:
@@ -258,16 +328,14 @@ def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str
     return values
 
 
-def _drain_after_epilog(session: Session, node: Node, end: JobEnd) -> None:
+def _drain_after_epilog(session: Session, node_id: int, end: JobEnd) -> None:
     """The node's epilog failed after the run: drain it with the epilog's reason."""
     if end.epilog_error is not None:
         node_drain.drain_for_site_program(
-            session, node.id, node_drain.drain_reason(end.epilog_error, "epilog failed"))
+            session, node_id, node_drain.drain_reason(end.epilog_error, "epilog failed"))
 
 
 def release_job(session: Session, job_id: int) -> None:
     """A run of the job has ended: its GPUs are free and its open commands moot."""
-    session.execute(update(Allocation).where(Allocation.job_id == job_id,
-                                             Allocation.released_at.is_(None))
-                    .values(released_at=datetime.now(UTC)))
-    commands.close_run(session, [job_id])
+    driver(session).execute(_RELEASE, {"now": datetime.now(UTC), "job": job_id})
+

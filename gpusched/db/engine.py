@@ -24,6 +24,13 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def driver(session: Session) -> Any:
+    """The driver's (psycopg's) connection of the session's transaction. A statement of
+    plain SQL run on it costs a fraction of the CPU of an ORM or Core one, which builds,
+    caches and synchronises what it runs: for the few that every job makes."""
+    return session.connection().connection.driver_connection
+
+
 def rowcount(result: Result[Any]) -> int:
     """Rows an UPDATE matched: how a guarded transition tells whether it happened."""
     return cast(CursorResult[Any], result).rowcount

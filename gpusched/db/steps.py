@@ -22,14 +22,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import all_, any_, case, func, literal, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import all_, any_, func, literal, select, update
 from sqlalchemy.orm import Session
-from sqlalchemy.types import Text
 
 from gpusched.core import bounds
 from gpusched.core import steps as layout_rules
 from gpusched.db import commands
+from gpusched.db.engine import driver
 from gpusched.db.jobs import Identity
 from gpusched.db.models import Allocation, Gpu, Job, JobStep, Node
 from gpusched.db.notify import notify_in
@@ -320,10 +319,6 @@ def _job_stopping(session: Session, job_id: int) -> bool:
         Job.id == job_id)))
 
 
-def _texts(values: list[str]) -> Any:
-    return literal(values, ARRAY(Text))
-
-
 def final_state(outcomes: Sequence[str], cancelled: bool, bad_exit: bool,
                 exit_code: int | None, signum: int | None) -> str:
     """A step's state from its nodes' outcomes, as sacct shows it: a launch failure or
@@ -340,6 +335,16 @@ def final_state(outcomes: Sequence[str], cancelled: bool, bad_exit: bool,
     return "FAILED" if (exit_code or signum) else "COMPLETED"
 
 
+# The running steps of a job whose run ended end with it (end_with_job): FAILED when
+# gsrun -K was ending them, NODE_FAIL when on a lost node, else the state given. Plain
+# SQL built once: every job's end runs it, and for most (no steps) it changes nothing.
+_END_RUNNING = (
+    "UPDATE job_steps SET state = CASE WHEN bad_exit THEN 'FAILED'"
+    " WHEN node_names && CAST(%(lost)s AS text[]) THEN 'NODE_FAIL' ELSE %(state)s END,"
+    " end_time = now(), error = COALESCE(error, %(why)s)"
+    " WHERE job_id = %(job)s AND state = 'RUNNING' RETURNING run, node_names")
+
+
 def end_with_job(session: Session, job_id: int, run: int, nodes: Iterable[str],
                  job_state: str, skip: Iterable[str] = (), lost: Iterable[str] = ()
                  ) -> set[str]:
@@ -348,16 +353,9 @@ def end_with_job(session: Session, job_id: int, run: int, nodes: Iterable[str],
     and ``lost`` gets a ``kill`` for that run, so that no step outlives its job. The
     nodes told to kill (already NOTIFYed)."""
     lost_nodes = sorted(set(lost))
-    state: Any = "TIMEOUT" if job_state == "TIMEOUT" else "CANCELLED"
-    if lost_nodes:
-        state = case((JobStep.node_names.overlap(_texts(lost_nodes)), "NODE_FAIL"),
-                     else_=state)
-    state = case((JobStep.bad_exit, "FAILED"), else_=state)  # gsrun -K was ending it
-    steps_nodes = session.execute(
-        update(JobStep).where(JobStep.job_id == job_id, JobStep.state == "RUNNING")
-        .values(state=state,
-                end_time=func.now(), error=func.coalesce(JobStep.error, ENDED_WITH_JOB))
-        .returning(JobStep.run, JobStep.node_names)).all()
+    steps_nodes = driver(session).execute(_END_RUNNING, {
+        "lost": lost_nodes, "state": "TIMEOUT" if job_state == "TIMEOUT" else "CANCELLED",
+        "why": ENDED_WITH_JOB, "job": job_id}).fetchall()
     targets = set(nodes) | {n for step_run, names in steps_nodes if step_run == run
                             for n in names}
     targets -= set(skip) | set(lost_nodes)
