@@ -135,4 +135,4 @@ class PendingRows:
 
     def read(self, session: Session) -> tuple[PendingJob, ...]:
         """The queue read on its own (a pass reads it with its snapshot instead)."""
-        return self.take(session.connection().execute(_READ, self.params()).scalar())
+        return self.take(session.connection().execute(_READ, self.params()).scalar_one())

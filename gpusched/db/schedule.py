@@ -68,7 +68,7 @@ _SNAPSHOT = text(
 
 def _rows(columns: list[list[Any] | None]) -> list[tuple[Any, ...]]:
     """The rows of a _columns answer."""
-    return list(zip(*columns)) if columns[0] is not None else []  # type: ignore[arg-type]
+    return list(zip(*columns)) if columns[0] is not None else []
 
 
 def _nodes(node_rows: list[tuple[Any, ...]], gpu_rows: list[tuple[Any, ...]],
