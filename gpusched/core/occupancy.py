@@ -16,6 +16,7 @@ from bisect import insort
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
+from gpusched.core.kept_starts import KeptStarts
 from gpusched.core.model import NodeView, RunningJob
 from gpusched.core.node_timeline import NodeTimeline
 from gpusched.core.units import INF, inventory
@@ -128,6 +129,11 @@ class Occupancy:
         self.kind_of = known.kind_of
         self.kept = False
         self._jobs: dict[int, RunningJob] = {}
+        # A kept occupancy's changes: the nodes each start or end changed, in order
+        # (the first ``_log_from`` forgotten), and the start orders it keeps.
+        self._log: list[int] = []
+        self._log_from = 0
+        self.starts = KeptStarts()
         self._build()
 
     @classmethod
@@ -187,6 +193,20 @@ class Occupancy:
         self.running = list(self._jobs.values())
         self._build()
         self._keep()
+        self._log_from, self._log = self.generation, []
+        self.starts.clear()
+
+    @property
+    def generation(self) -> int:
+        """How many node changes this kept occupancy has been told of."""
+        return self._log_from + len(self._log)
+
+    def changed_since(self, generation: int) -> list[int] | None:
+        """The nodes changed since ``generation``; None when that is no longer known
+        (every node may have changed)."""
+        if generation < self._log_from:
+            return None
+        return self._log[generation - self._log_from:]
 
     def _whole_involved(self, job: RunningJob) -> bool:
         return job.exclusive or bool(self.whole) and any(
@@ -195,11 +215,20 @@ class Occupancy:
     def _touched_by(self, job: RunningJob) -> dict[int, NodeTimeline]:
         """New nodes in place of those ``job`` holds anything on, sharing their sealed
         free units and releases until a change replaces them."""
-        touched = {self.index[name] for name in job.nodes or (job.node,) if name in self.index}
-        touched.update(self.kind_of[uuid][0] for uuid in job.gpu_uuids if uuid in self.kind_of)
+        index, kind_of, nodes = self.index, self.kind_of, self.nodes
+        touched = {index[name] for name in job.nodes or (job.node,) if name in index}
+        for uuid in job.gpu_uuids:
+            where = kind_of.get(uuid)
+            if where is not None:
+                touched.add(where[0])
         changed = {}
         for at in sorted(touched):
-            node = copy_node(self.nodes[at])
+            old = nodes[at]
+            node = _new(NodeTimeline)
+            node.index, node.view, node.total, node.slices = (old.index, old.view, old.total,
+                                                              old.slices)
+            node.free, node.cpus, node.mem, node.releases = (old.free, old.cpus, old.mem,
+                                                             old.releases)
             node.reserved = _NOTHING_RESERVED
             changed[at] = node
         return changed
@@ -214,15 +243,42 @@ class Occupancy:
         return units
 
     def _replace(self, changed: dict[int, NodeTimeline]) -> None:
-        """Put the changed nodes in place and move them between buckets."""
+        """Put the changed nodes in place and move them between buckets: each bucket
+        changed once for all the nodes that leave it, and once for those that join it."""
+        nodes, buckets = self.nodes, self.buckets
+        leave: dict[tuple[str, int], set[int]] = {}
+        join: dict[tuple[str, int], list[int]] = {}
         for at, node in changed.items():
-            old = self.nodes[at]
-            for kind in node.total:
-                before, after = old.count(kind), node.count(kind)
-                if before != after:
-                    self.buckets[kind][before].remove(at)
-                    insort(self.buckets[kind][after], at)
-            self.nodes[at] = node
+            old = nodes[at]
+            if node.free is not old.free:
+                was, now = old.free, node.free
+                for kind in node.total:
+                    units = was.get(kind)
+                    before = len(units) if units else 0
+                    units = now.get(kind)
+                    after = len(units) if units else 0
+                    if before != after:
+                        leave.setdefault((kind, before), set()).add(at)
+                        join.setdefault((kind, after), []).append(at)
+            nodes[at] = node
+        for (kind, count), gone in leave.items():
+            bucket = buckets[kind][count]
+            if len(gone) == 1:
+                bucket.remove(next(iter(gone)))
+            else:
+                bucket[:] = [at for at in bucket if at not in gone]
+        for (kind, count), came in join.items():
+            bucket = buckets[kind][count]
+            if len(came) == 1:
+                insort(bucket, came[0])
+            else:
+                bucket.extend(came)
+                bucket.sort()
+        self._log.extend(changed)
+        if len(self._log) > 4096:  # passes begun that long ago work their orders out anew
+            self._log_from += 2048
+            del self._log[:2048]
+        self.starts.changed(changed, len(nodes))
 
     def add(self, job: RunningJob) -> None:
         """``job`` started: it holds its units, CPUs and memory until its end time."""
@@ -235,24 +291,34 @@ class Occupancy:
             self._rebuild()
             return
         changed = self._touched_by(job)
+        index, on_node = self.index, self.on_node
+        # What it gives back at its end, by node (as ``releases_of`` has it).
+        end, job_id = job.end_time, job.job_id
+        timed = end is not None and end != INF
+        cpus, mem = float(job.cpus), float(job.mem_mb)
+        freed = timed and bool(cpus or mem)
+        added: dict[int, list[Release]] = {}
         for name in job.nodes or (job.node,):
-            at = self.index.get(name)
+            at = index.get(name)
             if at is not None:
                 node = changed[at]
                 node.cpus -= job.cpus
                 node.mem -= job.mem_mb
-                self.on_node[at] = [*self.on_node.get(at, ()), job]
+                held = on_node.get(at)
+                on_node[at] = [*held, job] if held else [job]
+                if freed:
+                    added.setdefault(at, []).append((end, "", 0, cpus, mem, job_id))
         for (at, kind), taken in self._units_by_node(job).items():
             node = changed[at]
             if kind in node.free:
                 node.free = SealedDict({**node.free, kind: SealedList(
                     gpu for gpu in node.free[kind] if gpu.uuid not in taken)})
-        if job.end_time is not None:
-            added: dict[int, list[Release]] = {}
-            for at, release in releases_of(job, job.end_time, self.index, self.kind_of):
-                added.setdefault(at, []).append(release)
-            for at, releases in added.items():
-                changed[at].releases = SealedList(sorted([*changed[at].releases, *releases]))
+            if timed:
+                added.setdefault(at, []).append((end, kind, len(taken), 0.0, 0.0, job_id))
+        for at, releases in added.items():
+            node = changed[at]
+            node.releases = SealedList(sorted([*node.releases, *releases]) if node.releases
+                                       else sorted(releases))
         self._replace(changed)
 
     def remove(self, job: RunningJob) -> None:
@@ -265,25 +331,26 @@ class Occupancy:
             self._rebuild()
             return
         changed = self._touched_by(job)
+        index, on_node, job_id = self.index, self.on_node, job.job_id
         for name in job.nodes or (job.node,):
-            at = self.index.get(name)
+            at = index.get(name)
             if at is not None:
                 node = changed[at]
                 node.cpus += job.cpus
                 node.mem += job.mem_mb
-                left = [other for other in self.on_node.get(at, ()) if other.job_id != job.job_id]
+                left = [other for other in on_node.get(at, ()) if other.job_id != job_id]
                 if left:
-                    self.on_node[at] = left
+                    on_node[at] = left
                 else:
-                    self.on_node.pop(at, None)
+                    on_node.pop(at, None)
         for (at, kind), returned in self._units_by_node(job).items():
             node = changed[at]
             if kind in node.free:
                 free = {gpu.uuid for gpu in node.free[kind]} | returned
                 node.free = SealedDict({**node.free, kind: SealedList(
                     gpu for gpu in self.inventory.nodes[at].units[kind] if gpu.uuid in free)})
-        job_id = job.job_id
         for node in changed.values():
-            if any(release[5] == job_id for release in node.releases):
-                node.releases = SealedList(r for r in node.releases if r[5] != job_id)
+            releases = node.releases
+            if releases and any(release[5] == job_id for release in releases):
+                node.releases = SealedList(r for r in releases if r[5] != job_id)
         self._replace(changed)

@@ -45,6 +45,10 @@ class PassResources:
         self.most = known.most
         self.restricted = known.restricted
         self.blocks = known.blocks  # whether any node is in a topology block
+        # A kept occupancy, as of the change it had been told of (its start orders serve
+        # this pass).
+        self._kept = occupancy if occupancy is not None and occupancy.kept else None
+        self._kept_seen = occupied.generation
         if occupancy is None:
             self.nodes = occupied.nodes
             self._owned: set[int] | None = None

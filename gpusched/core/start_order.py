@@ -29,12 +29,14 @@ class StartOrder:
 
     def __init__(self, at: dict[int, tuple[float, int]], version: dict[int, int],
                  recompute: Recompute, joined: int = 0, changes: int = 0,
-                 gave_back: int = 0) -> None:
+                 gave_back: int = 0, order: list[tuple[float, int]] | None = None) -> None:
         """``at``: each node's start and its version then; ``version`` holds each changed
-        node's current version, ``recompute`` works a node's start out again."""
+        node's current version, ``recompute`` works a node's start out again; ``order``,
+        when given, is ``at`` as (start, node) sorted, this order's own to change."""
         self.at = at
         self.version, self.recompute = version, recompute
-        self.order = sorted((start, index) for index, (start, _) in at.items())
+        self.order = order if order is not None else sorted(
+            (start, index) for index, (start, _) in at.items())
         self.joined = joined  # nodes reserved since the start of the pass, read
         self.changes = changes  # the change log, read
         self.gave_back = gave_back  # preemptions, seen
@@ -49,6 +51,11 @@ class StartOrder:
             if start is not None:
                 at[index] = (start, version.get(index, 0))
         return cls(at, version, recompute, **seen)
+
+    def redo(self, index: int) -> None:
+        """Work node ``index``'s start out again now, if it is in this order."""
+        if index in self.at:
+            self.refresh(index)
 
     def add(self, index: int, lower_bound: float) -> None:
         """Node ``index`` joins, to be worked out when a reader reaches it."""

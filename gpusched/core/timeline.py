@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+from gpusched.core.kept_starts import as_of
 from gpusched.core.node_profile import NodeProfile
 from gpusched.core.resources import PassResources
 from gpusched.core.start_order import StartOrder
@@ -31,6 +32,11 @@ class TimelineMixin(PassResources):
                shape.duration if reserved else 0.0)
         nodes, gpus = self.nodes, shape.gpus
         entry = self._starts.get(key)
+        if entry is None and not reserved:
+            entry = self._kept_start_order(kind, shape)
+            if entry is not None:
+                self._starts[key] = entry
+                return entry
         if entry is None:
             # Only the nodes on the wanted side of the reservations: few are reserved.
             held = self.reserved_nodes
@@ -54,6 +60,29 @@ class TimelineMixin(PassResources):
                 if not kind or nodes[index].total.get(kind, 0) >= gpus:
                     entry.add(index, self.now)
             entry.joined = len(self._reserved_order)
+        return entry
+
+    def _kept_start_order(self, kind: str, shape: Shape) -> StartOrder | None:
+        """The order of the nodes without a reservation, from the one the kept occupancy
+        keeps (core/kept_starts.py); None without one, or when it cannot serve."""
+        kept = self._kept
+        if kept is None or self._gave_back:  # resources given back break the bounds
+            return None
+        changed = kept.changed_since(self._kept_seen)
+        if changed is None:
+            return None
+        seen = kept.starts.order(kind, shape, kept.nodes)
+        made = as_of(seen, self.now)
+        if made is None:
+            return None
+        order, at = made
+        entry = StartOrder(at, self._version, self._earliest_on(kind, shape, False),
+                           joined=len(self._reserved_order), changes=len(self._changed),
+                           gave_back=self._gave_back, order=order)
+        # Nodes changed since this pass began are not what it holds: worked out again.
+        # (What this pass changed itself is out of date by its version, and read later.)
+        for index in set(changed):
+            entry.redo(index)
         return entry
 
     def _each_start(self, kind: str, shape: Shape, reserved: bool, until: float = INF
