@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.orm import Session
 
 from gpusched.db.engine import rowcount
@@ -164,8 +164,8 @@ def _is_current(job: Any, run: int, node_id: int, node_name: str, kind: str) -> 
     if job is None or job.state != "RUNNING" or job.restarts != run:
         return False
     if kind in ("step", "step_cancel", "limit"):
-        return job.node_id == node_id or node_name in (job.node_names or ())
-    return job.node_id == node_id
+        return bool(job.node_id == node_id or node_name in (job.node_names or ()))
+    return bool(job.node_id == node_id)
 
 
 def _payload(kind: str, stored: dict[str, Any], node_name: str, job: Any) -> Payload:
@@ -238,13 +238,3 @@ def release_claims(session: Session, node_id: int) -> int:
         update(NodeCommand).where(NodeCommand.node_id == node_id, NodeCommand.done_at.is_(None),
                                   NodeCommand.claimed_at.is_not(None))
         .values(claimed_at=None)))
-
-
-def close_run(session: Session, job_ids: Iterable[int]) -> None:
-    """Close the open commands of the ended runs of ``job_ids`` (all but kills, which
-    are how an ended run is stopped)."""
-    ids = list(job_ids)
-    if ids:
-        session.execute(update(NodeCommand).where(
-            NodeCommand.job_id.in_(ids), NodeCommand.done_at.is_(None),
-            NodeCommand.kind != "kill").values(done_at=func.now()))
