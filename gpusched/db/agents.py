@@ -18,7 +18,7 @@ from gpusched.db.health import may_requeue
 from gpusched.db.models import Gpu, GpuLink, Job, Node
 from gpusched.errors import NotFound, UsageError
 from gpusched.messages import JobEnd, NodeHealth
-from gpusched.messages.steps import MAX_HOST
+from gpusched.messages.steprequest import MAX_HOST
 
 # The state each outcome of gpusched.messages.OUTCOMES ends a job in.
 OUTCOME_STATES = {
