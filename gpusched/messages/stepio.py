@@ -1,5 +1,5 @@
 """The frames a step's nodes and its ``gsrun`` exchange on gsrun's I/O socket (pure,
-stdlib only: the step supervisor imports it too).
+light: the step supervisor imports it too).
 
 A frame is a header, ``struct ">BII"`` (kind, task id, payload length), then the
 payload, at most MAX_PAYLOAD bytes. Node to gsrun: HELLO first (JSON: the step's token,
