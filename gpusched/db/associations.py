@@ -5,24 +5,76 @@ DefaultQOS and MaxSubmitJobs, and the QOS's MaxSubmitJobsPerUser).
 A user's QOS list is their own when the admin configuration gives one, else the
 nearest account's up the tree; with none anywhere it is the cluster's default QOS,
 ``normal``, alone. Administrators may use any QOS.
+
+The reads are plain SQL built once, run on the driver's connection of the session's
+transaction: a submission makes them, and an ORM statement costs several times the CPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.arrays import task_bounds
-from gpusched.db.models import Account, AccountUser, Job, Qos
 from gpusched.errors import LimitReached, UsageError
 
 DEFAULT_QOS = "normal"
 # pg_advisory_xact_lock(namespace, uid) serialises one user's submissions, so that two
 # at once cannot both pass a limit that has room for one.
 _SUBMIT_LOCK_NAMESPACE = 0x67737562
+_LOCK = "SELECT pg_advisory_xact_lock(%(space)s, %(uid)s)"
+# Jobs of user %(uid)s pending or running, as JSON [count, specs, count, specs]: those
+# that are not arrays and the task sets of arrays, in all and in QOS {qos} (NULL: none).
+QUEUED = (
+    "(SELECT json_build_array(count(*) FILTER (WHERE array_tasks IS NULL),"
+    " array_agg(array_tasks) FILTER (WHERE array_tasks IS NOT NULL),"
+    " count(*) FILTER (WHERE array_tasks IS NULL AND qos = {qos}),"
+    " array_agg(array_tasks) FILTER (WHERE array_tasks IS NOT NULL AND qos = {qos}))"
+    " FROM jobs WHERE uid = %(uid)s AND state IN ('PENDING', 'RUNNING'))")
+_QUEUED = "SELECT " + QUEUED.format(qos="CAST(%(qos)s AS text)")
+# The accounts tree, as JSON [name, parent, qos, default_qos] rows (NULL when empty).
+ACCOUNT_TREE = ("(SELECT json_agg(json_build_array(name, parent, qos, default_qos))"
+                " FROM accounts)")
+# A user's association with an account (NULLs when none): its QOS list, default QOS and
+# MaxSubmitJobs, and the accounts tree when the QOS list or default is inherited.
+_ASSOCIATION = (
+    "SELECT au.qos, au.default_qos, au.max_submit_jobs, CASE WHEN au.qos IS NULL"
+    f" OR au.default_qos IS NULL THEN {ACCOUNT_TREE} END"
+    " FROM (SELECT) AS one LEFT JOIN account_users AS au"
+    " ON au.user_name = %(user)s AND au.account = %(account)s")
+_QOS = "SELECT name, max_wall, max_submit_jobs_per_user FROM qos WHERE name = %(name)s"
+
+
+def driver(session: Session) -> Any:
+    """The driver's (psycopg's) connection of the session's transaction, after what
+    the session holds is written (as an ORM query would)."""
+    session.flush()
+    return session.connection().connection.driver_connection
+
+
+class QosRow(NamedTuple):
+    """What a submission reads of a QOS."""
+
+    name: str
+    max_wall: int | None
+    max_submit_jobs_per_user: int | None
+
+
+class Association(NamedTuple):
+    """A user's association with an account as a submission reads it: its own QOS list
+    and default (None: inherited), its MaxSubmitJobs, and the accounts tree as
+    [name, parent, qos, default_qos] rows when the list or default is inherited."""
+
+    qos: list[str] | None
+    default_qos: str | None
+    max_submit_jobs: int | None
+    tree: Sequence[Sequence[Any]] | None
+
+
+NO_ASSOCIATION = Association(None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -33,17 +85,26 @@ class QosAccess:
     default: str | None
 
 
+def association(session: Session, user: str, account: str) -> Association:
+    """``user``'s association with ``account``, as ``access_of`` wants it."""
+    return Association(*driver(session).execute(_ASSOCIATION, {
+        "user": user, "account": account}).fetchone())
+
+
 def qos_access(session: Session, user: str, account: str | None, admin: bool) -> QosAccess:
     """The QOS ``user`` may use when charging ``account`` (None: no accounts configured)."""
+    return access_of(account, NO_ASSOCIATION if account is None
+                     else association(session, user, account), admin)
+
+
+def access_of(account: str | None, row: Association, admin: bool) -> QosAccess:
+    """qos_access, from the association's row (as ``association`` reads it)."""
     listed: list[str] | None = None
     default: str | None = None
     if account is not None:
-        row = session.execute(select(AccountUser.qos, AccountUser.default_qos).where(
-            AccountUser.user_name == user, AccountUser.account == account)).first()
-        if row is not None:
-            listed, default = row.qos, row.default_qos
+        listed, default = row.qos, row.default_qos
         if listed is None or default is None:
-            inherited, inherited_default = _from_accounts(session, account)
+            inherited, inherited_default = _from_accounts(row.tree or (), account)
             if listed is None:
                 listed = inherited
                 default = default or inherited_default
@@ -57,10 +118,10 @@ def qos_access(session: Session, user: str, account: str | None, admin: bool) ->
                      default)
 
 
-def _from_accounts(session: Session, account: str) -> tuple[list[str] | None, str | None]:
+def _from_accounts(tree: Sequence[Sequence[Any]],
+                   account: str) -> tuple[list[str] | None, str | None]:
     """The QOS list and default of the nearest account up from ``account`` that has one."""
-    rows = {name: (parent, qos, default) for name, parent, qos, default in session.execute(
-        select(Account.name, Account.parent, Account.qos, Account.default_qos))}
+    rows = {name: (parent, qos, default) for name, parent, qos, default in tree}
     seen: set[str] = set()
     name: str | None = account
     while name is not None and name in rows and name not in seen:
@@ -72,15 +133,23 @@ def _from_accounts(session: Session, account: str) -> tuple[list[str] | None, st
     return None, None
 
 
-def choose_qos(session: Session, requested: str | None, access: QosAccess) -> Qos | None:
-    """The job's QOS row: the one requested, if the association may use it, else the
-    default; None when the default does not exist (a cluster with no QOS)."""
+def qos_row(session: Session, name: str) -> QosRow | None:
+    """The QOS named ``name``, if it exists."""
+    row = driver(session).execute(_QOS, {"name": name}).fetchone()
+    return None if row is None else QosRow(*row)
+
+
+def choose_qos(requested: str | None, access: QosAccess,
+               find: Callable[[str], QosRow | None]) -> QosRow | None:
+    """The job's QOS (``find`` reads one by name): the one requested, if the association
+    may use it, else the default; None when the default does not exist (a cluster with
+    no QOS)."""
     if requested is None:
-        qos = session.get(Qos, access.default) if access.default else None
+        qos = find(access.default) if access.default else None
         if qos is None or access.allowed is None or qos.name in access.allowed:
             return qos
         return None
-    qos = session.get(Qos, requested)
+    qos = find(requested)
     if qos is None:
         raise UsageError(f"invalid qos specification: {requested}")
     if access.allowed is not None and qos.name not in access.allowed:
@@ -89,41 +158,46 @@ def choose_qos(session: Session, requested: str | None, access: QosAccess) -> Qo
     return qos
 
 
-def _queued(session: Session, uid: int, qos: str | None = None) -> int:
-    """Jobs of ``uid`` pending or running (each array task counts, started or not)."""
-    conditions: list[ColumnElement[bool]] = [Job.uid == uid,
-                                             Job.state.in_(("PENDING", "RUNNING"))]
-    if qos is not None:
-        conditions.append(Job.qos == qos)
-    count, specs = session.execute(
-        select(func.count().filter(Job.array_tasks.is_(None)),
-               func.array_agg(Job.array_tasks).filter(Job.array_tasks.is_not(None)))
-        .where(*conditions)).one()
-    return int(count) + sum(task_bounds(spec)[0] for spec in specs or () if spec)
+class Queued(NamedTuple):
+    """Jobs of a user pending or running (each array task counts, started or not): in
+    all, and in QOS ``qos``."""
+
+    qos: str | None
+    in_all: int
+    in_qos: int
+
+
+def queued(qos: str | None, counted: Sequence[Any]) -> Queued:
+    """Queued, from what QUEUED reads for ``qos``."""
+    count, specs, in_qos, qos_specs = counted
+    return Queued(qos, int(count) + sum(task_bounds(spec)[0] for spec in specs or () if spec),
+                  int(in_qos) + sum(task_bounds(spec)[0] for spec in qos_specs or () if spec))
+
+
+def _queued(session: Session, uid: int, qos: str | None) -> Queued:
+    return queued(qos, driver(session).execute(_QUEUED, {"uid": uid, "qos": qos}).fetchone()[0])
 
 
 def lock_user_submits(session: Session, uid: int) -> None:
     """Hold the user's submissions lock until the transaction ends: concurrent
     submissions of one user are counted, and their submit keys looked up, in turn."""
-    session.execute(text("SELECT pg_advisory_xact_lock(:space, :uid)"),
-                    {"space": _SUBMIT_LOCK_NAMESPACE, "uid": uid})
+    driver(session).execute(_LOCK, {"space": _SUBMIT_LOCK_NAMESPACE, "uid": uid})
 
 
 def check_submit_limits(session: Session, uid: int, user: str, account: str | None,
-                        qos: Qos | None, adding: int, default_limit: int | None,
-                        admin: bool, locked: bool = False) -> None:
+                        association_limit: int | None, qos: QosRow | None, adding: int,
+                        default_limit: int | None, admin: bool, locked: bool = False,
+                        counted: Queued | None = None) -> None:
     """Refuse a submission of ``adding`` jobs that would take the user past a limit: the
-    association's max_submit_jobs, the QOS's max_submit_jobs_per_user, or the cluster's
-    ``default_limit`` (which administrators are not held to). The user's jobs are
-    counted under lock_user_submits (taken here unless ``locked``), and only when a
-    limit applies."""
+    association's max_submit_jobs (``association_limit``, read with the association),
+    the QOS's max_submit_jobs_per_user, or the cluster's ``default_limit`` (which
+    administrators are not held to). The user's jobs are counted under
+    lock_user_submits (taken here unless ``locked``), and only when a limit applies;
+    ``counted``: as counted already under the lock (used unless of another QOS)."""
     limits: list[tuple[int, str, str | None]] = []  # (most, what, QOS counted)
-    if account is not None:
-        most = session.scalar(select(AccountUser.max_submit_jobs).where(
-            AccountUser.user_name == user, AccountUser.account == account))
-        if most is not None:
-            limits.append((most, f"the MaxSubmitJobs of association {user}@{account} "
-                                 "[AssocMaxSubmitJobLimit]", None))
+    if account is not None and association_limit is not None:
+        limits.append((association_limit, f"the MaxSubmitJobs of association {user}@{account} "
+                                          "[AssocMaxSubmitJobLimit]", None))
     if qos is not None and qos.max_submit_jobs_per_user is not None:
         limits.append((qos.max_submit_jobs_per_user,
                        f"the MaxSubmitJobsPerUser of QOS {qos.name} "
@@ -131,13 +205,15 @@ def check_submit_limits(session: Session, uid: int, user: str, account: str | No
     if default_limit is not None and not admin:
         limits.append((default_limit, "the cluster's limit per user (controller."
                                       "max_submit_jobs_per_user) [MaxSubmitJobLimit]", None))
-    if limits and not locked:
+    if not limits:
+        return
+    if not locked:
         lock_user_submits(session, uid)
-    counted: dict[str | None, int] = {}
+    if counted is None or (qos is not None and qos.name != counted.qos):
+        counted = _queued(session, uid, None if qos is None else qos.name)
+    in_all, in_qos = counted.in_all, counted.in_qos
     for most, what, counted_qos in sorted(limits, key=lambda limit: limit[0]):
-        if counted_qos not in counted:
-            counted[counted_qos] = _queued(session, uid, counted_qos)
-        have = counted[counted_qos]
+        have = in_all if counted_qos is None else in_qos
         if have + adding > most:
             more = "1 more job" if adding == 1 else f"{adding} more jobs"
             where = f" in QOS {counted_qos}" if counted_qos else ""

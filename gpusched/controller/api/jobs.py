@@ -47,12 +47,11 @@ class JobRoutes:
         ``existing``)."""
         ctx = self.context
         with ctx.sessions() as session, session.begin():
+            # A new job that needs a pass sends the sched NOTIFY with its INSERT.
             job, created = submit.store_submission(session, request.body,
                                                    self.context.identity(request),
-                                                   ctx.max_submit_jobs)
+                                                   ctx.max_submit_jobs, notify=True)
             schedule = created and submit.needs_pass(job)
-            if schedule:
-                notify_in(session, "sched")
             job_id = job.id
         if not created:
             return 200, {"job_id": job_id, "existing": True}

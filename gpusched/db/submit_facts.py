@@ -1,0 +1,175 @@
+"""What a submission reads and writes, in plain SQL built once and run on the driver's
+connection of the session's transaction: one statement reads everything its checks
+need (db/submit.py makes them, in their order), one stores the job and its script.
+An ORM statement costs several times the CPU, and a submission made about ten."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from psycopg.types.json import Jsonb
+from sqlalchemy.orm import Session
+
+from gpusched.db.associations import (
+    ACCOUNT_TREE,
+    DEFAULT_QOS,
+    QUEUED,
+    Association,
+    QosRow,
+    Queued,
+    driver,
+    queued,
+)
+from gpusched.db.notify import CHANNEL
+
+
+class PartitionRow(NamedTuple):
+    """What a submission reads of a partition."""
+
+    name: str
+    nodes: list[str]
+    state: str
+    max_time: int | None
+    default_time: int | None
+    max_gpus_per_job: int | None
+    allow_accounts: list[str] | None
+    deny_accounts: list[str]
+
+
+# The partition named, or (NULL) the default: the first not INACTIVE, default first.
+_PARTITION = (
+    "SELECT name, nodes, state, max_time, default_time, max_gpus_per_job, allow_accounts,"
+    " deny_accounts FROM partitions WHERE name = CAST(%(part)s AS text)"
+    " OR (CAST(%(part)s AS text) IS NULL AND state <> 'INACTIVE')"
+    " ORDER BY is_default DESC, name LIMIT 1")
+# The registered nodes of a partition, as JSON [id, name, cpus, memory_mb, units] rows,
+# units being [gpu_type, mig_profile, count] rows of its present GPUs that are not split
+# into MIG slices (NULL when none).
+_MEMBERS = (
+    "(SELECT json_agg(json_build_array(n.id, n.name, n.cpus, n.memory_mb, ("
+    "SELECT json_agg(json_build_array(u.gpu_type, u.mig_profile, u.units)) FROM ("
+    "SELECT gpu_type, mig_profile, count(*) AS units FROM gpus WHERE gpus.node_id = n.id"
+    " AND gpus.present AND gpus.id NOT IN (SELECT parent_id FROM gpus"
+    " WHERE parent_id IS NOT NULL AND present) GROUP BY gpu_type, mig_profile) AS u)))"
+    " FROM nodes AS n WHERE '*' = ANY({nodes}) OR n.name = ANY({nodes}))")
+_PARTITION_FACTS = (f"WITH part AS ({_PARTITION}) SELECT part.*, "
+                    + _MEMBERS.format(nodes="part.nodes") + " FROM part")
+# Everything else a submission checks, besides its partition's: the user's associations
+# ([account, is_default] rows) and whether any user has one; the association the job
+# would charge (the one named, else the user's default) and what access_of wants of it;
+# the QOS it would most likely get (the one named, else the association's default, else
+# normal); which of the nodes named are registered and which of the jobs named exist;
+# the job this user stored with this submit key ([id, hold, reason]); and, when asked
+# (under the user's lock), their jobs queued (see QUEUED) in all and in that QOS.
+_FACTS = (
+    f"WITH part AS ({_PARTITION}), assoc AS (SELECT account, qos, default_qos,"
+    " max_submit_jobs FROM account_users WHERE user_name = %(user)s"
+    " AND (account = CAST(%(account)s AS text) OR CAST(%(account)s AS text) IS NULL)"
+    ' ORDER BY NOT is_default, account COLLATE "C" LIMIT 1), asked AS ('
+    f"SELECT COALESCE(CAST(%(qos)s AS text), assoc.default_qos, '{DEFAULT_QOS}') AS name"
+    " FROM (SELECT) AS one LEFT JOIN assoc ON true)"
+    " SELECT part.name, part.nodes, part.state, part.max_time, part.default_time,"
+    " part.max_gpus_per_job, part.allow_accounts, part.deny_accounts, "
+    + _MEMBERS.format(nodes="part.nodes") + ","
+    " (SELECT json_agg(json_build_array(account, is_default)) FROM account_users"
+    "  WHERE user_name = %(user)s),"
+    " EXISTS (SELECT FROM account_users),"
+    " assoc.account, assoc.qos, assoc.default_qos, assoc.max_submit_jobs,"
+    " CASE WHEN assoc.account IS NOT NULL AND (assoc.qos IS NULL"
+    f" OR assoc.default_qos IS NULL) THEN {ACCOUNT_TREE} END,"
+    " asked.name, qos.max_wall, qos.max_submit_jobs_per_user, qos.name IS NOT NULL,"
+    " (SELECT array_agg(name) FROM nodes WHERE name = ANY(CAST(%(named)s AS text[]))),"
+    " (SELECT array_agg(id) FROM jobs WHERE id = ANY(CAST(%(jobs)s AS bigint[]))),"
+    " (SELECT json_build_array(id, hold, reason) FROM jobs WHERE uid = %(uid)s"
+    "  AND submit_key = CAST(%(key)s AS text)),"
+    " CASE WHEN %(count)s THEN " + QUEUED.format(qos="asked.name") + " END"
+    " FROM (SELECT) AS one LEFT JOIN part ON true LEFT JOIN assoc ON true"
+    " CROSS JOIN asked LEFT JOIN qos ON qos.name = asked.name")
+
+
+class PartitionFacts(NamedTuple):
+    """A partition (None: no such one) and its registered nodes (see _MEMBERS)."""
+
+    partition: PartitionRow | None
+    members: Sequence[Sequence[Any]]
+
+
+class Facts(NamedTuple):
+    """What _FACTS reads."""
+
+    first: PartitionFacts  # of the first partition asked for
+    mine: dict[str, bool]  # the user's accounts, and whether each is their default
+    any_association: bool
+    association: tuple[str, Association] | None  # account, the association with it
+    qos: tuple[str, QosRow | None]  # a QOS's name, and the QOS (None: no such QOS)
+    known_nodes: set[str]
+    known_jobs: set[int]
+    earlier: tuple[int, str | None, str] | None  # id, hold, reason
+    queued: Queued | None  # when asked for: counted in all and in the QOS of ``qos``
+
+
+def read_facts(session: Session, uid: int, user: str, partition: str | None,
+               account: str | None, qos: str | None, named_nodes: set[str],
+               named_jobs: set[int], submit_key: str | None, count: bool) -> Facts:
+    """_FACTS, for a submission asking for ``partition`` (None: the default),
+    ``account`` and ``qos`` (None: the defaults) and naming these nodes and jobs; the
+    user's jobs are counted when ``count`` (under the user's lock)."""
+    row = driver(session).execute(_FACTS, {
+        "part": partition, "user": user, "account": account, "qos": qos,
+        "named": list(named_nodes), "jobs": list(named_jobs), "uid": uid,
+        "key": submit_key, "count": count}).fetchone()
+    (*part, members, mine, anyone, assoc_account, assoc_qos, assoc_default, assoc_most,
+     tree, qos_name, max_wall, qos_most, qos_found, nodes, jobs, earlier, counted) = row
+    return Facts(
+        PartitionFacts(None if part[0] is None else PartitionRow(*part), members or ()),
+        {a: bool(default) for a, default in mine or ()}, bool(anyone),
+        None if assoc_account is None else (
+            assoc_account, Association(assoc_qos, assoc_default, assoc_most, tree)),
+        (qos_name, QosRow(qos_name, max_wall, qos_most) if qos_found else None),
+        set(nodes or ()), set(jobs or ()),
+        None if earlier is None else (int(earlier[0]), earlier[1], earlier[2]),
+        None if counted is None else queued(qos_name, counted))
+
+
+def read_partition(session: Session, name: str | None) -> PartitionFacts:
+    """The partition named (None: the default), and its registered nodes."""
+    row = driver(session).execute(_PARTITION_FACTS, {"part": name}).fetchone()
+    if row is None:
+        return PartitionFacts(None, ())
+    return PartitionFacts(PartitionRow(*row[:-1]), row[-1] or ())
+
+
+# The job's script, then its row (its id taken first: an array's record is its own
+# array_job_id), and the NOTIFY it wants, if any (delivered at the commit).
+_STORE = (
+    "WITH script AS (INSERT INTO job_scripts (script, args, environment)"
+    " VALUES (%(script)s, CAST(%(args)s AS text[]), %(environment)s) RETURNING id),"
+    " new AS (SELECT nextval('jobs_id_seq') AS id)"
+    " INSERT INTO jobs (id, name, uid, gid, user_name, partition, account, qos, hold,"
+    " begin_time, reason, dependency, gpus, time_limit, work_dir, output, error, umask,"
+    " script_id, gpu_types, nodes, cpus, mem_mb, nodelist, requeue, interactive,"
+    " client_seen, exclude_nodes, warn_signal, warn_seconds, warn_batch_only, exclusive,"
+    " submit_key, gres_flags, array_tasks, array_spec, array_max_running, array_job_id)"
+    " VALUES ((SELECT id FROM new), %(name)s, %(uid)s, %(gid)s, %(user_name)s,"
+    " %(partition)s, %(account)s, %(qos)s, %(hold)s, %(begin_time)s, %(reason)s,"
+    " %(dependency)s, %(gpus)s, %(time_limit)s, %(work_dir)s, %(output)s, %(error)s,"
+    " %(umask)s, (SELECT id FROM script), CAST(%(gpu_types)s AS text[]), %(nodes)s,"
+    " %(cpus)s, %(mem_mb)s, CAST(%(nodelist)s AS text[]), %(requeue)s, %(interactive)s,"
+    " CASE WHEN %(interactive)s THEN now() END, CAST(%(exclude_nodes)s AS text[]),"
+    " %(warn_signal)s, %(warn_seconds)s, %(warn_batch_only)s, %(exclusive)s,"
+    " %(submit_key)s, %(gres_flags)s, %(array_tasks)s, %(array_spec)s,"
+    " %(array_max_running)s, CASE WHEN %(array)s THEN (SELECT id FROM new) END)"
+    " RETURNING id, CASE WHEN CAST(%(wake)s AS text) IS NOT NULL"
+    " THEN pg_notify(%(channel)s, %(wake)s) END")
+
+
+def store_job(session: Session, script: str, args: list[str], environment: dict[str, str],
+              values: dict[str, Any], wake: str | None) -> int:
+    """Store a job (``values``: its columns, as _STORE names them) and its script, and
+    queue a NOTIFY of ``wake`` (None: none) with it; its id."""
+    row = driver(session).execute(_STORE, {
+        "script": script, "args": args, "environment": Jsonb(environment), **values,
+        "array": values["array_tasks"] is not None, "wake": wake,
+        "channel": CHANNEL}).fetchone()
+    return int(row[0])
