@@ -15,11 +15,12 @@ agent kills the run only if it still holds that very run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from gpusched.db.engine import rowcount
@@ -40,19 +41,26 @@ MAX_PER_POLL = 200  # commands one poll takes; the next poll takes the rest at o
 Target = tuple[int, int, int]
 
 
+_ISSUE = text(
+    "INSERT INTO node_commands (job_id, run, node_id, kind, payload, epoch) "
+    "SELECT t.job_id, t.run, t.node_id, :kind, CAST(:payload AS jsonb),"
+    " COALESCE(CAST(:epoch AS bigint), (SELECT epoch FROM leader WHERE id = 1)) "
+    "FROM unnest(CAST(:jobs AS bigint[]), CAST(:runs AS integer[]), CAST(:nodes AS integer[]))"
+    " WITH ORDINALITY AS t(job_id, run, node_id, n) ORDER BY t.n")
+
+
 def issue(session: Session, kind: str, targets: Iterable[Target],
           payload: dict[str, Any] | None = None, epoch: int | None = None) -> int:
-    """Make a ``kind`` command for each (job, run, node) of ``targets``, stamped with
-    ``epoch`` (None: the epoch in force, for commands users' requests make on any
-    controller); how many were made."""
-    rows = [{"job_id": job_id, "run": run, "node_id": node_id, "kind": kind,
-             "payload": payload or {}} for job_id, run, node_id in targets]
+    """Make a ``kind`` command for each (job, run, node) of ``targets``, in that order
+    (their ids too), stamped with ``epoch`` (None: the epoch in force, for commands
+    users' requests make on any controller); how many were made."""
+    rows = list(targets)
     if not rows:
         return 0
-    stamp: Any = epoch if epoch is not None else (
-        select(text("epoch")).select_from(text("leader")).where(text("id = 1"))
-        .scalar_subquery())
-    session.execute(insert(NodeCommand).values(epoch=stamp), rows)
+    session.execute(_ISSUE, {
+        "kind": kind, "payload": json.dumps(payload or {}), "epoch": epoch,
+        "jobs": [job_id for job_id, _, _ in rows], "runs": [run for _, run, _ in rows],
+        "nodes": [node_id for _, _, node_id in rows]})
     return len(rows)
 
 

@@ -18,10 +18,17 @@ CHANNEL = "gpusched"
 ADMIN_CHANGED = "admin"
 
 
+_NOTIFY = text("SELECT pg_notify(:c, :p)")
+_NOTIFY_ALL = text("SELECT pg_notify(:c, t.p) FROM unnest(CAST(:ps AS text[]))"
+                   " WITH ORDINALITY AS t(p, n) ORDER BY t.n")
+
+
 def notify_in(session: Session, *payloads: str) -> None:
-    """Queue NOTIFYs that PostgreSQL delivers when ``session`` commits."""
-    for payload in payloads:
-        session.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": payload})
+    """Queue NOTIFYs that PostgreSQL delivers, in this order, when ``session`` commits."""
+    if len(payloads) == 1:
+        session.execute(_NOTIFY, {"c": CHANNEL, "p": payloads[0]})
+    elif payloads:
+        session.execute(_NOTIFY_ALL, {"c": CHANNEL, "ps": list(payloads)})
 
 
 def open_listener(dsn: str) -> psycopg.Connection:

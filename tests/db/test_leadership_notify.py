@@ -73,3 +73,14 @@ def test_notifies_arrive_after_commit_and_never_after_rollback(
                 notify_in(session, "node:n2")
         assert _heard(listener, 3, 10.0) == ["sched", "node:n1", "node:n2"]
         assert list(received(listener, 0.3)) == []
+
+
+def test_several_notifies_of_one_call_arrive_in_their_order(
+        dsn: str, sessions: sessionmaker[Session]) -> None:
+    wanted = ["node:b", "sched", "node:a", "node:c", "admin"]
+    with open_listener(dsn) as listener:
+        with sessions() as session, session.begin():
+            notify_in(session)  # nothing to send
+            notify_in(session, *wanted)
+        assert _heard(listener, len(wanted), 10.0) == wanted
+        assert list(received(listener, 0.3)) == []
