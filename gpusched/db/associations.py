@@ -51,7 +51,8 @@ _QOS = "SELECT name, max_wall, max_submit_jobs_per_user FROM qos WHERE name = %(
 def driver(session: Session) -> Any:
     """The driver's (psycopg's) connection of the session's transaction, after what
     the session holds is written (as an ORM query would)."""
-    session.flush()
+    if session.autoflush:
+        session.flush()
     return session.connection().connection.driver_connection
 
 

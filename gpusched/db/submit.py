@@ -327,8 +327,8 @@ def update_job(session: Session, job_id: int, who: Identity,
     if not who.is_admin and given != {"time_limit"}:
         raise PermissionDenied("only an administrator may change a job's partition, QOS or "
                                "priority; you may lower its time limit")
-    chosen = read_partition(session, change.partition if "partition" in given
-                            else job.partition)
+    chosen = (read_partition(session, change.partition) if "partition" in given
+              else read_partition(session, job.partition, members=False))
     part = (_check_partition(chosen.partition, change.partition) if "partition" in given
             else chosen.partition)
     assert part is not None

@@ -132,12 +132,15 @@ def read_facts(session: Session, uid: int, user: str, partition: str | None,
         None if counted is None else queued(qos_name, counted))
 
 
-def read_partition(session: Session, name: str | None) -> PartitionFacts:
-    """The partition named (None: the default), and its registered nodes."""
-    row = driver(session).execute(_PARTITION_FACTS, {"part": name}).fetchone()
+def read_partition(session: Session, name: str | None,
+                   members: bool = True) -> PartitionFacts:
+    """The partition named (None: the default), and its registered nodes (none read
+    unless ``members``)."""
+    row = driver(session).execute(_PARTITION_FACTS if members else _PARTITION,
+                                  {"part": name}).fetchone()
     if row is None:
         return PartitionFacts(None, ())
-    return PartitionFacts(PartitionRow(*row[:-1]), row[-1] or ())
+    return PartitionFacts(PartitionRow(*row[:8]), (row[8] or ()) if members else ())
 
 
 # The job's script, then its row (its id taken first: an array's record is its own
