@@ -1,6 +1,6 @@
-"""What loading a pass's snapshot costs, split into nodes, jobs and the admin-configured
-tables, and the whole with the admin tables kept between passes; prints ``name: value``
-lines (medians, milliseconds).
+"""What loading a pass's snapshot costs: the whole, the admin-configured tables alone,
+the whole with the admin tables kept between passes, and with the pending rows kept
+too (a pass's usual case); prints ``name: value`` lines (medians, milliseconds).
 
     .venv/bin/python bench/snapshot_load.py [--nodes 1000] [--pending 20000] [--runs 20]
 
@@ -9,7 +9,8 @@ configuration of ``--partitions`` partitions of 64 nodes each plus one of every 
 ``--accounts`` accounts under 10 parents, ``--users`` users each in one account and
 8 QOS; ``--pending`` jobs spread over the users, of which one pass starts as many as
 fit (about one per GPU), the rest stay pending. ``snapshot_ms`` reads everything;
-``snapshot_cached_ms`` is the same load with the admin tables' copy kept.
+``snapshot_cached_ms`` is the same load with the admin tables' copy kept;
+``snapshot_kept_ms`` keeps the pending rows read before as well (none changed since).
 """
 
 from __future__ import annotations
@@ -35,13 +36,8 @@ from gpusched.db.admin import apply_config  # noqa: E402
 from gpusched.db.admincache import AdminCache, load_admin_tables  # noqa: E402
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn  # noqa: E402
 from gpusched.db.models import Job  # noqa: E402
-from gpusched.db.schedule import (  # noqa: E402
-    _dependency_states,
-    _nodes,
-    _pending,
-    _running,
-    load_snapshot,
-)
+from gpusched.db.pending_rows import PendingRows  # noqa: E402
+from gpusched.db.schedule import load_snapshot  # noqa: E402
 from tests.pg import ScratchPostgres  # noqa: E402
 
 NODES_PER_PARTITION = 64
@@ -127,14 +123,14 @@ def main() -> None:
                                     "count(*) FILTER (WHERE state = 'RUNNING') FROM jobs")).one()
             admin = load_admin_tables(s)
         cache = AdminCache(lambda: 0, 3600.0)
+        kept = PendingRows()
         figures = {
-            "snapshot_nodes_ms": median_ms(sessions, opts.runs, _nodes),
-            "snapshot_jobs_ms": median_ms(sessions, opts.runs, lambda s: (
-                _dependency_states(s, _pending(s)), _running(s, 30.0))),
             "snapshot_admin_ms": median_ms(sessions, opts.runs, load_admin_tables),
             "snapshot_ms": median_ms(sessions, opts.runs, load_snapshot),
             "snapshot_cached_ms": median_ms(sessions, opts.runs,
                                             lambda s: load_snapshot(s, admin=cache)),
+            "snapshot_kept_ms": median_ms(sessions, opts.runs, lambda s: load_snapshot(
+                s, admin=cache, pending_rows=kept)),
         }
         print(f"pending: {counts[0]}")
         print(f"running: {counts[1]}")
