@@ -118,14 +118,18 @@ class MatchingMixin(PassResources):
         stop = not self.blocks
         chosen: list[tuple[int, str]] = []
         seen: set[int] = set()
+        nodes, usable, uid = self.nodes, not self.restricted, shape.uid
+        cpus, mem = shape.cpus, shape.mem_mb
         for count in range(shape.gpus, self.most + 1):
             for held in (True, False) if reserved else (False,):
                 for kind in kinds:
                     for index in self.buckets[kind][count]:
                         if index in seen or index not in members or (index in reserved) != held:
                             continue
-                        node = self.nodes[index]
-                        if self._usable(node, shape) and self._fits_now(node, kind, shape):
+                        node = nodes[index]
+                        if (usable or node.view.run_uid in (None, uid)) and (
+                                node.fits(kind, shape, self.now) if held
+                                else node.cpus >= cpus and node.mem >= mem):
                             seen.add(index)
                             chosen.append((index, kind))
                             if stop and not held and len(chosen) >= wanted:
@@ -161,8 +165,11 @@ class MatchingMixin(PassResources):
             free = node.free[kind]
             before = len(free)
             gpus = choose_gpus(node.view, free, shape.gpus, kind in node.slices)
-            taken = {gpu.uuid for gpu in gpus}
-            node.free[kind] = [gpu for gpu in free if gpu.uuid not in taken]
+            if len(gpus) == before:
+                node.free[kind] = []  # every free unit
+            else:
+                taken = {gpu.uuid for gpu in gpus}
+                node.free[kind] = [gpu for gpu in free if gpu.uuid not in taken]
             bucket = self.buckets[kind]
             bucket[before].remove(index)
             insort(bucket[before - shape.gpus], index)

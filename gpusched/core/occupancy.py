@@ -69,6 +69,17 @@ def copy_node(node: NodeTimeline) -> NodeTimeline:
     return copy
 
 
+def copy_all(node: NodeTimeline) -> NodeTimeline:
+    """``own_units(copy_node(node))`` in one step."""
+    copy = _new(NodeTimeline)
+    copy.index, copy.view, copy.total, copy.slices = node.index, node.view, node.total, node.slices
+    copy.free = {kind: list(units) for kind, units in node.free.items()}
+    copy.cpus, copy.mem = node.cpus, node.mem
+    copy.releases = list(node.releases)
+    copy.reserved = list(node.reserved)
+    return copy
+
+
 def own_units(node: NodeTimeline) -> NodeTimeline:
     """Give ``node`` free units and releases of its own (from a ``copy_node``)."""
     node.free = {kind: list(units) for kind, units in node.free.items()}
@@ -293,8 +304,8 @@ class Occupancy:
         changed = self._touched_by(job)
         index, on_node = self.index, self.on_node
         # What it gives back at its end, by node (as ``releases_of`` has it).
-        end, job_id = job.end_time, job.job_id
-        timed = end is not None and end != INF
+        end, job_id = INF if job.end_time is None else job.end_time, job.job_id
+        timed = end != INF
         cpus, mem = float(job.cpus), float(job.mem_mb)
         freed = timed and bool(cpus or mem)
         added: dict[int, list[Release]] = {}
@@ -312,7 +323,7 @@ class Occupancy:
             node = changed[at]
             if kind in node.free:
                 node.free = SealedDict({**node.free, kind: SealedList(
-                    gpu for gpu in node.free[kind] if gpu.uuid not in taken)})
+                    [gpu for gpu in node.free[kind] if gpu.uuid not in taken])})
             if timed:
                 added.setdefault(at, []).append((end, kind, len(taken), 0.0, 0.0, job_id))
         for at, releases in added.items():
@@ -338,19 +349,29 @@ class Occupancy:
                 node = changed[at]
                 node.cpus += job.cpus
                 node.mem += job.mem_mb
-                left = [other for other in on_node.get(at, ()) if other.job_id != job_id]
+                held = on_node.get(at)
+                if held is not None and len(held) == 1 and held[0].job_id == job_id:
+                    del on_node[at]  # the node's only job: most often
+                    continue
+                left = [other for other in held or () if other.job_id != job_id]
                 if left:
                     on_node[at] = left
                 else:
                     on_node.pop(at, None)
+        inventory = self.inventory.nodes
         for (at, kind), returned in self._units_by_node(job).items():
             node = changed[at]
-            if kind in node.free:
-                free = {gpu.uuid for gpu in node.free[kind]} | returned
-                node.free = SealedDict({**node.free, kind: SealedList(
-                    gpu for gpu in self.inventory.nodes[at].units[kind] if gpu.uuid in free)})
+            now_free = node.free.get(kind)
+            if now_free is None:
+                continue
+            units = inventory[at].units[kind]
+            free = returned if not now_free else {gpu.uuid for gpu in now_free} | returned
+            back = SealedList([gpu for gpu in units if gpu.uuid in free])
+            node.free = SealedDict({**node.free, kind: back})
         for node in changed.values():
             releases = node.releases
-            if releases and any(release[5] == job_id for release in releases):
-                node.releases = SealedList(r for r in releases if r[5] != job_id)
+            if releases:
+                kept = [release for release in releases if release[5] != job_id]
+                if len(kept) != len(releases):
+                    node.releases = SealedList(kept)
         self._replace(changed)

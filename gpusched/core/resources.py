@@ -19,6 +19,7 @@ from gpusched.core.node_profile import NodeProfile
 from gpusched.core.node_timeline import NodeTimeline
 from gpusched.core.occupancy import (
     Occupancy,
+    copy_all,
     copy_node,
     hold_whole,
     own_units,
@@ -94,11 +95,14 @@ class PassResources:
 
     def _own_units(self, index: int) -> NodeTimeline:
         """Node ``index``, to change anything of it, its free units and releases too."""
-        node = self._own(index)
-        owned = self._units_owned
-        if owned is not None and index not in owned:
-            owned.add(index)
-            own_units(node)
+        units_owned, owned = self._units_owned, self._owned
+        if units_owned is None or owned is None or index in units_owned:
+            return self.nodes[index]
+        units_owned.add(index)
+        if index in owned:
+            return own_units(self.nodes[index])
+        owned.add(index)
+        node = self.nodes[index] = copy_all(self.nodes[index])
         return node
 
     def _hold_whole(self, index: int, end: float | None) -> None:

@@ -43,14 +43,14 @@ class StartOrder:
 
     @classmethod
     def of(cls, indexes: Iterable[int], version: dict[int, int], recompute: Recompute,
-           **seen: int) -> StartOrder:
+           joined: int = 0, changes: int = 0, gave_back: int = 0) -> StartOrder:
         """The order of ``indexes``, each worked out now."""
         at: dict[int, tuple[float, int]] = {}
         for index in indexes:
             start = recompute(index, -INF)
             if start is not None:
                 at[index] = (start, version.get(index, 0))
-        return cls(at, version, recompute, **seen)
+        return cls(at, version, recompute, joined, changes, gave_back)
 
     def redo(self, index: int) -> None:
         """Work node ``index``'s start out again now, if it is in this order."""
@@ -77,13 +77,13 @@ class StartOrder:
         """(start, node) in order up to ``until``, every entry up to date when given. An
         entry whose bound is already past ``until`` ends the walk as it is: what it
         would become is later still."""
-        order = self.order
+        order, at, version = self.order, self.at, self.version
         place = 0
         while place < len(order):
             start, index = order[place]
             if start > until:
                 return
-            if self._stale(place, start, index):
+            if at[index][1] != version.get(index, 0) and self._stale(place, start, index):
                 continue
             yield start, index
             place += 1
@@ -92,14 +92,14 @@ class StartOrder:
         """The earliest start of a ``wanted`` node, if not after ``until``, and every
         wanted node that could start then, in order; (INF, []) if none. Reads no further
         than it must: past that start, entries are not worked out again."""
-        order = self.order
+        order, at, version = self.order, self.at, self.version
         best, found = until, []
         place = 0
         while place < len(order):
             start, index = order[place]
             if start > best:
                 break
-            if self._stale(place, start, index):
+            if at[index][1] != version.get(index, 0) and self._stale(place, start, index):
                 continue
             if start < INF and wanted(index):
                 best = start

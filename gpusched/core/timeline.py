@@ -259,15 +259,24 @@ class TimelineMixin(PassResources):
         ``at`` and run its whole duration: latest ready first, then fewest units free now,
         then by index."""
         best: dict[int, tuple[float, int, int, str]] = {}
+        nodes, usable, uid = self.nodes, not self.restricted, shape.uid
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in (False, True):
                 for ready, index in self._each_start(kind, shape, reserved, at):
-                    node = self.nodes[index]
-                    if index not in members or not self._usable(node, shape) or (
+                    if index not in members:
+                        continue
+                    node = nodes[index]
+                    if not usable and node.view.run_uid not in (None, uid) or (
                             reserved and not self._fits_at(index, kind, shape, at)):
                         continue
-                    key = (-ready, node.count(kind) if kind else node.free_gpus(), index, kind)
-                    if index not in best or key < best[index]:
+                    if kind:
+                        units = node.free.get(kind)
+                        count = len(units) if units else 0
+                    else:
+                        count = node.free_gpus()
+                    key = (-ready, count, index, kind)
+                    known = best.get(index)
+                    if known is None or key < known:
                         best[index] = key
         return [(index, kind) for _, _, index, kind in sorted(best.values())]
 
@@ -291,18 +300,24 @@ class TimelineMixin(PassResources):
                 job_id: int = 0) -> None:
         """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
         end, cpus, mem = at + shape.duration, float(shape.cpus), float(shape.mem_mb)
+        owners, profiles, version, changes = (self.owners, self._profiles, self._version,
+                                              self._changed)
+        held, held_order = self.reserved_nodes, self._reserved_order
         for index, kind in where:
-            self.owners[(index, at)] = job_id
+            owners[(index, at)] = job_id
             node = self._own(index)
-            profile = self._profiles.get(index)
-            if profile is not None and profile.version != self._version.get(index, 0):
+            profile = profiles.get(index)
+            if profile is not None and profile.version != version.get(index, 0):
                 profile = None
             node.reserved.append((at, end, kind, shape.gpus, cpus, mem))
-            self._join_reserved(index)
-            self._touched(index)
+            if index not in held:  # _join_reserved
+                held.add(index)
+                held_order.append(index)
+            changes.append(index)  # _touched
+            version[index] = len(changes)
             if profile is not None:  # follow the reservation instead of making it again
                 profile.take_out(at, end, kind, shape.gpus, cpus, mem)
-                profile.version = self._version[index]
+                profile.version = version[index]
 
     def _join_reserved(self, index: int) -> None:
         if index not in self.reserved_nodes:
