@@ -72,7 +72,7 @@ def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o600,
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
-        os.write(fd, json.dumps(data, indent=1).encode())
+        os.write(fd, json.dumps(data, separators=(",", ":")).encode())  # C encoder: no indent
         if durable:
             os.fsync(fd)
     finally:
