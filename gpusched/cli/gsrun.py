@@ -20,7 +20,13 @@ import os
 import sys
 import time
 
-from gpusched.cli.gsrunargs import USAGE, GsrunArgs, export_environment, parse_args
+from gpusched.cli.gsrunargs import (
+    MAX_TASKS_PER_STEP,
+    USAGE,
+    GsrunArgs,
+    export_environment,
+    parse_args,
+)
 from gpusched.cli.output import print_error
 from gpusched.cli.stepio_server import ServeOptions, StepIOServer, StepPlan, StepState
 from gpusched.cli.stepoutput import ExitTally, OutputSink
@@ -94,6 +100,22 @@ def job_from(env: Mapping[str, str]) -> int | None:
     return None
 
 
+def _ntasks(args: GsrunArgs, env: Mapping[str, str]) -> int | None:
+    """-n, else, with no other shape given and no --pty, ``SLURM_NTASKS`` as srun takes
+    it (what the job or allocation asked for: ``gsubmit -n 4``, ``galloc -n 4``)."""
+    if args.ntasks is not None or args.nodes is not None or args.ntasks_per_node is not None \
+            or args.pty:
+        return args.ntasks
+    text = env.get("SLURM_NTASKS")
+    if text is None or text == "":
+        return None
+    if not (text.isascii() and text.isdigit()) or len(text) > 6 \
+            or not 1 <= int(text) <= MAX_TASKS_PER_STEP:
+        raise UsageError(f"SLURM_NTASKS: expected 1 to {MAX_TASKS_PER_STEP} tasks, "
+                         f"got {text!r:.40}")
+    return int(text)
+
+
 def step_request(args: GsrunArgs, env: Mapping[str, str], io: dict[str, Any],
                  cwd: str | None = None) -> dict[str, Any]:
     """The StepRequest's JSON for ``args`` (checked as the controller checks it)."""
@@ -107,7 +129,8 @@ def step_request(args: GsrunArgs, env: Mapping[str, str], io: dict[str, Any],
         environment.setdefault("TERM", env["TERM"])  # the terminal's kind, for its task
     body = {
         "argv": list(args.command), "name": name, "work_dir": work_dir, "io": io,
-        "nodes": args.nodes, "ntasks": args.ntasks, "ntasks_per_node": args.ntasks_per_node,
+        "nodes": args.nodes, "ntasks": _ntasks(args, env),
+        "ntasks_per_node": args.ntasks_per_node,
         "gpus_per_task": args.gpus_per_task, "cpus_per_task": args.cpus_per_task,
         "exact": args.exact, "overlap": args.overlap,
         "kill_on_bad_exit": args.kill_on_bad_exit, "pty": args.pty,

@@ -34,7 +34,9 @@ there (its end comes with the step's, with the step's status):
 
 Options:
   -N, --nodes N              Nodes of the job to run on (default: all of them).
-  -n, --ntasks N             Tasks in all (default: one per node, or the job's --ntasks).
+  -n, --ntasks N             Tasks in all (default: $SLURM_NTASKS, the job's or
+                             allocation's -n, unless -N or --ntasks-per-node is
+                             given; else one per node).
       --ntasks-per-node N    Tasks on each node.
       --gpus-per-task N      GPUs of its node for each task (default: every task of a node
                              sees all the job's GPUs there).

@@ -66,6 +66,20 @@ def test_defaults_grouped_flags_and_double_dash() -> None:
     assert request(["-D", "/abs", "/bin/true"]).name == "true"
 
 
+def test_the_jobs_ntasks_is_the_default_task_count() -> None:
+    """As srun: SLURM_NTASKS (gsubmit -n, galloc -n) when no shape is given."""
+    env = {"HOME": "/root", "SLURM_NTASKS": "3"}
+    assert request(["hostname"], env).ntasks == 3
+    assert request(["-n", "2", "hostname"], env).ntasks == 2
+    assert request(["-N", "1", "hostname"], env).ntasks is None
+    assert request(["--ntasks-per-node", "2", "hostname"], env).ntasks is None
+    assert request(["--pty", "bash"], env).ntasks is None
+    assert request(["hostname"], {"HOME": "/root", "SLURM_NTASKS": ""}).ntasks is None
+    for bad in ("0", "x", "99999999", "\u00b3"):
+        with pytest.raises(UsageError, match="SLURM_NTASKS: expected 1 to 65536 tasks"):
+            request(["hostname"], {"HOME": "/root", "SLURM_NTASKS": bad})
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--bogus", "x"], "unrecognized option '--bogus'"),
     (["-Z", "x"], "unrecognized option '-Z'"),

@@ -97,18 +97,25 @@ def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 60) -
 
 def test_galloc_runs_steps_on_both_nodes_and_ends_with_the_commands_status(
         cluster: LocalCluster) -> None:
-    command = (f"{BIN}/gsrun -l hostname; {BIN}/gsrun -l printenv SLURMD_NODENAME; "
+    # The first gsrun takes galloc's -n 4 (SLURM_NTASKS) as srun does; -N 2 alone, one
+    # task per node.
+    command = (f"{BIN}/gsrun -l hostname; {BIN}/gsrun -N 2 -l printenv SLURMD_NODENAME; "
                "echo \"nodes $SLURM_JOB_NODELIST $SLURM_NNODES $GPUSCHED_JOB_NAME\"; exit 3")
-    result = cluster.run("galloc", "-N", "2", "--gpus-per-node", "1", "-J", "salloc-like",
-                         "sh", "-c", command)
+    result = cluster.run("galloc", "-N", "2", "-n", "4", "--gpus-per-node", "1",
+                         "-J", "salloc-like", "sh", "-c", command)
     assert result.returncode == 3, result.stderr
     lines = result.stdout.splitlines()
     host = os.uname().nodename
-    assert sorted(lines[:2]) == [f"0: {host}", f"1: {host}"], result.stdout
-    assert sorted(lines[2:4]) == ["0: node1", "1: node2"], result.stdout
-    assert lines[4] == "nodes node[1-2] 2 salloc-like"
+    assert sorted(lines[:4]) == [f"{t}: {host}" for t in range(4)], result.stdout
+    assert sorted(lines[4:6]) == ["0: node1", "1: node2"], result.stdout
+    assert lines[6] == "nodes node[1-2] 2 salloc-like"
     job = _job_named(cluster, "salloc-like")
-    assert result.stderr.splitlines() == [
+    # The second step may find the first one's end not yet recorded, and wait for it as
+    # srun does ("step creation temporarily disabled, retrying").
+    waited = ("gsrun: step creation temporarily disabled",
+              f"gsrun: step created for job {job['job_id']}")
+    said = [line for line in result.stderr.splitlines() if not line.startswith(waited)]
+    assert said == [
         f"galloc: Granted job allocation {job['job_id']}",
         f"galloc: Relinquishing job allocation {job['job_id']}"], result.stderr
     assert (job["state"], job["exit_code"], job["interactive"]) == ("FAILED", 3, True)
