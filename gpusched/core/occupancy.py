@@ -253,38 +253,37 @@ class Occupancy:
                 units.setdefault(where, set()).add(uuid)
         return units
 
-    def _replace(self, changed: dict[int, NodeTimeline]) -> None:
-        """Put the changed nodes in place and move them between buckets: each bucket
-        changed once for all the nodes that leave it, and once for those that join it."""
+    def _replace(self, changed: dict[int, NodeTimeline],
+                 moves: list[tuple[str, int, int, int]]) -> None:
+        """Put the changed nodes in place and move those whose free units of a kind
+        changed, (kind, before, after, node), between buckets: each bucket changed once
+        for all the nodes that leave it, and once for those that join it."""
         nodes, buckets = self.nodes, self.buckets
-        leave: dict[tuple[str, int], set[int]] = {}
-        join: dict[tuple[str, int], list[int]] = {}
         for at, node in changed.items():
-            old = nodes[at]
-            if node.free is not old.free:
-                was, now = old.free, node.free
-                for kind in node.total:
-                    units = was.get(kind)
-                    before = len(units) if units else 0
-                    units = now.get(kind)
-                    after = len(units) if units else 0
-                    if before != after:
-                        leave.setdefault((kind, before), set()).add(at)
-                        join.setdefault((kind, after), []).append(at)
             nodes[at] = node
-        for (kind, count), gone in leave.items():
-            bucket = buckets[kind][count]
-            if len(gone) == 1:
-                bucket.remove(next(iter(gone)))
-            else:
-                bucket[:] = [at for at in bucket if at not in gone]
-        for (kind, count), came in join.items():
-            bucket = buckets[kind][count]
-            if len(came) == 1:
-                insort(bucket, came[0])
-            else:
-                bucket.extend(came)
-                bucket.sort()
+        if len(moves) == 1:
+            kind, before, after, at = moves[0]
+            buckets[kind][before].remove(at)
+            insort(buckets[kind][after], at)
+        elif moves:
+            leave: dict[tuple[str, int], set[int]] = {}
+            join: dict[tuple[str, int], list[int]] = {}
+            for kind, before, after, at in moves:
+                leave.setdefault((kind, before), set()).add(at)
+                join.setdefault((kind, after), []).append(at)
+            for (kind, count), gone in leave.items():
+                bucket = buckets[kind][count]
+                if len(gone) == 1:
+                    bucket.remove(next(iter(gone)))
+                else:
+                    bucket[:] = [at for at in bucket if at not in gone]
+            for (kind, count), came in join.items():
+                bucket = buckets[kind][count]
+                if len(came) == 1:
+                    insort(bucket, came[0])
+                else:
+                    bucket.extend(came)
+                    bucket.sort()
         self._log.extend(changed)
         if len(self._log) > 4096:  # passes begun that long ago work their orders out anew
             self._log_from += 2048
@@ -319,18 +318,22 @@ class Occupancy:
                 on_node[at] = [*held, job] if held else [job]
                 if freed:
                     added.setdefault(at, []).append((end, "", 0, cpus, mem, job_id))
+        moves: list[tuple[str, int, int, int]] = []
         for (at, kind), taken in self._units_by_node(job).items():
             node = changed[at]
-            if kind in node.free:
-                node.free = SealedDict({**node.free, kind: SealedList(
-                    [gpu for gpu in node.free[kind] if gpu.uuid not in taken])})
+            free = node.free.get(kind)
+            if free is not None:
+                left = SealedList([gpu for gpu in free if gpu.uuid not in taken])
+                node.free = SealedDict({**node.free, kind: left})
+                if len(left) != len(free) and kind in node.total:
+                    moves.append((kind, len(free), len(left), at))
             if timed:
                 added.setdefault(at, []).append((end, kind, len(taken), 0.0, 0.0, job_id))
         for at, releases in added.items():
             node = changed[at]
             node.releases = SealedList(sorted([*node.releases, *releases]) if node.releases
                                        else sorted(releases))
-        self._replace(changed)
+        self._replace(changed, moves)
 
     def remove(self, job: RunningJob) -> None:
         """``job`` ended: what it held is free again."""
@@ -359,6 +362,7 @@ class Occupancy:
                 else:
                     on_node.pop(at, None)
         inventory = self.inventory.nodes
+        moves: list[tuple[str, int, int, int]] = []
         for (at, kind), returned in self._units_by_node(job).items():
             node = changed[at]
             now_free = node.free.get(kind)
@@ -368,10 +372,12 @@ class Occupancy:
             free = returned if not now_free else {gpu.uuid for gpu in now_free} | returned
             back = SealedList([gpu for gpu in units if gpu.uuid in free])
             node.free = SealedDict({**node.free, kind: back})
+            if len(back) != len(now_free) and kind in node.total:
+                moves.append((kind, len(now_free), len(back), at))
         for node in changed.values():
             releases = node.releases
             if releases:
                 kept = [release for release in releases if release[5] != job_id]
                 if len(kept) != len(releases):
                     node.releases = SealedList(kept)
-        self._replace(changed)
+        self._replace(changed, moves)

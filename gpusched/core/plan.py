@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice
-from operator import attrgetter, eq, ge
 
 from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.capacity import Capacity
 from gpusched.core.dependency import dependency_clauses, dependency_reason
-from gpusched.core.fairshare import FairShareTree
 from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
     PartitionView,
@@ -27,82 +24,18 @@ from gpusched.core.model import (
     StartKind,
 )
 from gpusched.core.occupancy import Occupancy
+from gpusched.core.ordering import (
+    fairshare_factors,
+    job_priorities,
+    ordered,
+    queue_order,
+)
 from gpusched.core.pools import UnitPools
-from gpusched.core.priority import PriorityBreakdown, PriorityScale, ranked_fields
 from gpusched.core.units import INF, Shape
 
-
-def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:
-    """Each user association's fair-share factor (empty when no tree is configured)."""
-    if not snapshot.user_shares or policy.weights.fairshare == 0:
-        return {}
-    tree = FairShareTree(snapshot.accounts, snapshot.user_shares)
-    if policy.fairshare == "classic":
-        return tree.classic(snapshot.usage)
-    return tree.fair_tree(snapshot.usage)
-
-
-def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[PriorityBreakdown]:
-    """Every pending job's priority factors, highest first (ties: lower job id first)."""
-    factors = fairshare_factors(snapshot, policy)
-    tiers = {p.name: p.tier for p in snapshot.partitions}
-    scale = PriorityScale(
-        cluster_gpus=sum(len(n.gpus) for n in snapshot.nodes),
-        max_partition_tier=max(tiers.values(), default=0),
-        max_qos_priority=max(snapshot.qos_priority.values(), default=0),
-    )
-    qos_priority = snapshot.qos_priority
-    inputs = (  # the fields of a PriorityInput
-        (job.job_id, job.eligible_time, job.gpus,
-         # Jobs charging no account (none configured) are all treated alike.
-         factors.get((job.user, job.account), 1.0) if job.account else 1.0,
-         tiers.get(job.partition, 0), qos_priority.get(job.qos or "", 0))
-        for job in snapshot.pending
-    )
-    ranked = ranked_fields(inputs, now, policy.weights, scale)
-    fixed = {job.job_id: job.priority for job in snapshot.pending if job.priority is not None}
-    if fixed:  # an administrator's number replaces the weighted total
-        ranked = sorted((b._replace(total=fixed[b.job_id]) if b.job_id in fixed else b
-                         for b in ranked), key=lambda b: (-b.total, b.job_id))
-    return ranked
-
-
-def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJob]:
-    """Pending jobs by multifactor priority; equal priorities in submit order."""
-    w = policy.weights
-    if not (w.age or w.fairshare or w.job_size or w.partition or w.qos) and all(
-            job.priority is None for job in snapshot.pending):
-        # Every priority is 0: submit order, without working each one out.
-        return sorted(snapshot.pending, key=lambda job: (job.submit_time, job.job_id))
-    return ordered(snapshot, job_priorities(snapshot, now, policy))
-
-
-def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[PendingJob]:
-    """The snapshot's pending jobs in the order of their computed priorities: highest
-    total first, then earliest submitted, then lowest job id."""
-    ranked = list(ranked)
-    total = {b.job_id: b.total for b in ranked}
-    by_id = {job.job_id: job for job in snapshot.pending}
-    totals = [b.total for b in ranked]
-    if (len(ranked) == len(by_id) == len(snapshot.pending) and total.keys() == by_id.keys()
-            and all(map(ge, totals, islice(totals, 1, None)))):
-        # Already highest first (as ``job_priorities`` gives them): only runs of equal
-        # totals need their submit times looked at.
-        jobs = [by_id[b.job_id] for b in ranked]
-        end = 0
-        for i in compress(range(len(totals) - 1), map(eq, totals, islice(totals, 1, None))):
-            if i < end:
-                continue
-            end = i + 1
-            while end < len(totals) and totals[end] == totals[i]:
-                end += 1
-            jobs[i:end] = sorted(jobs[i:end], key=attrgetter("submit_time", "job_id"))
-        return jobs
-    # Stable sorts, least significant key first: job id, submit time, then total
-    # (highest first; ``reverse`` keeps equal totals in the order already made).
-    jobs = sorted(snapshot.pending, key=attrgetter("submit_time", "job_id"))
-    jobs.sort(key=lambda job: total[job.job_id], reverse=True)
-    return jobs
+# The queue's order lives in core/ordering.py; callers find it here too.
+__all__ = ["Moment", "SchedulingPass", "fairshare_factors", "job_priorities", "ordered",
+           "plan", "queue_order"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +107,10 @@ class SchedulingPass:
         self.reserved_in: Counter[str] = Counter()
         self.depth = policy.reservation_depth
         self.preempting = policy.preempt_mode != "off" and any(snapshot.qos_preempt.values())
+        # Whether ``_waits_behind`` may decide for ``_try_start`` (no pools, preemption
+        # or estimates, whose work it leaves out).
+        self.quick = self.pools is None and not self.preempting and not (
+            self.depth and policy.estimates)
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
         self.reservations: list[Reservation] = []
@@ -374,8 +311,11 @@ class SchedulingPass:
             self._record(job)
         self.last_examined = job.job_id
         self.considered += 1
-        if self.backfilling(job):
+        if job.partition in self.blocked and (  # self.backfilling(job), written out
+                not self.reserving or self.reserved_in[job.partition] >= self.depth):
             self.backfill_examined += 1
+            if self.quick and self._waits_behind(job):
+                return
         reason = None if self._plain(job) else next(self.waits(job), None)
         if reason is None and job.array_tasks is None:
             reason = self._try_start(job, None)
@@ -394,6 +334,20 @@ class SchedulingPass:
         if reason is not None:
             at = self.expected.get(job.job_id, INF)
             self.pending.append(Pending(job.job_id, reason, at if at < INF else None))
+
+    def _waits_behind(self, job: PendingJob) -> bool:
+        """``consider`` made short for most jobs of a long queue: one that only backfill
+        could start, to which no rule of ``waits`` applies, that names no nodes, is
+        neither exclusive nor an array, and needs at least what could not start in this
+        pass (``refused``): it waits behind the blocked job, as ``_try_start`` would
+        decide without any other work (when ``quick``). Whether it did."""
+        if (job.array_tasks is not None or job.exclusive or job.nodelist or job.exclude
+                or len(self.starts) >= self.policy.max_starts_per_pass
+                or not self._plain(job) or not self.capacity.refused(job, job.partition)):
+            return False
+        at = self.expected.get(job.job_id, INF)
+        self.pending.append(Pending(job.job_id, Reason.PRIORITY, at if at < INF else None))
+        return True
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Whether the pass must stop before ``job``: its time (asked every 32 jobs) or
@@ -429,11 +383,14 @@ class SchedulingPass:
             if resume_after is not None else -1
         deferred: list[PendingJob] = []
         stopped = False
+        # Without a time budget or a count of jobs, nothing stops the pass early.
+        bounded = spent is not None or self.policy.backfill_max_jobs is not None \
+            or self.out_of_time
         for position, job in enumerate(order):
             if position <= after and self.backfilling(job):
                 deferred.append(job)
                 continue
-            if self._exhausted(job):
+            if bounded and self._exhausted(job):
                 stopped = True
                 deferred.extend(order[position:])
                 break

@@ -1,0 +1,85 @@
+"""The order a pass takes pending jobs in: by multifactor priority, or in submit order
+when every priority is 0."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import compress, islice
+from operator import attrgetter, eq, ge
+
+from gpusched.core.fairshare import FairShareTree
+from gpusched.core.model import PendingJob, Policy, Snapshot
+from gpusched.core.priority import PriorityBreakdown, PriorityScale, ranked_fields
+
+
+def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:
+    """Each user association's fair-share factor (empty when no tree is configured)."""
+    if not snapshot.user_shares or policy.weights.fairshare == 0:
+        return {}
+    tree = FairShareTree(snapshot.accounts, snapshot.user_shares)
+    if policy.fairshare == "classic":
+        return tree.classic(snapshot.usage)
+    return tree.fair_tree(snapshot.usage)
+
+
+def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[PriorityBreakdown]:
+    """Every pending job's priority factors, highest first (ties: lower job id first)."""
+    factors = fairshare_factors(snapshot, policy)
+    tiers = {p.name: p.tier for p in snapshot.partitions}
+    scale = PriorityScale(
+        cluster_gpus=sum(len(n.gpus) for n in snapshot.nodes),
+        max_partition_tier=max(tiers.values(), default=0),
+        max_qos_priority=max(snapshot.qos_priority.values(), default=0),
+    )
+    qos_priority = snapshot.qos_priority
+    inputs = (  # the fields of a PriorityInput
+        (job.job_id, job.eligible_time, job.gpus,
+         # Jobs charging no account (none configured) are all treated alike.
+         factors.get((job.user, job.account), 1.0) if job.account else 1.0,
+         tiers.get(job.partition, 0), qos_priority.get(job.qos or "", 0))
+        for job in snapshot.pending
+    )
+    ranked = ranked_fields(inputs, now, policy.weights, scale)
+    fixed = {job.job_id: job.priority for job in snapshot.pending if job.priority is not None}
+    if fixed:  # an administrator's number replaces the weighted total
+        ranked = sorted((b._replace(total=fixed[b.job_id]) if b.job_id in fixed else b
+                         for b in ranked), key=lambda b: (-b.total, b.job_id))
+    return ranked
+
+
+def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJob]:
+    """Pending jobs by multifactor priority; equal priorities in submit order."""
+    w = policy.weights
+    if not (w.age or w.fairshare or w.job_size or w.partition or w.qos) and all(
+            job.priority is None for job in snapshot.pending):
+        # Every priority is 0: submit order, without working each one out.
+        return sorted(snapshot.pending, key=lambda job: (job.submit_time, job.job_id))
+    return ordered(snapshot, job_priorities(snapshot, now, policy))
+
+
+def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[PendingJob]:
+    """The snapshot's pending jobs in the order of their computed priorities: highest
+    total first, then earliest submitted, then lowest job id."""
+    ranked = list(ranked)
+    total = {b.job_id: b.total for b in ranked}
+    by_id = {job.job_id: job for job in snapshot.pending}
+    totals = [b.total for b in ranked]
+    if (len(ranked) == len(by_id) == len(snapshot.pending) and total.keys() == by_id.keys()
+            and all(map(ge, totals, islice(totals, 1, None)))):
+        # Already highest first (as ``job_priorities`` gives them): only runs of equal
+        # totals need their submit times looked at.
+        jobs = [by_id[b.job_id] for b in ranked]
+        end = 0
+        for i in compress(range(len(totals) - 1), map(eq, totals, islice(totals, 1, None))):
+            if i < end:
+                continue
+            end = i + 1
+            while end < len(totals) and totals[end] == totals[i]:
+                end += 1
+            jobs[i:end] = sorted(jobs[i:end], key=attrgetter("submit_time", "job_id"))
+        return jobs
+    # Stable sorts, least significant key first: job id, submit time, then total
+    # (highest first; ``reverse`` keeps equal totals in the order already made).
+    jobs = sorted(snapshot.pending, key=attrgetter("submit_time", "job_id"))
+    jobs.sort(key=lambda job: total[job.job_id], reverse=True)
+    return jobs
