@@ -177,12 +177,18 @@ def test_the_quick_paths_load_only_an_allowed_list(
     above, nothing else; the command runs (here it cannot reach a controller)."""
     if script is not None:
         (tmp_path / "job.sh").write_text(script)
+    check_quick_path(prog, QUICK_PATH_CODE.format(root=str(ROOT), prog=prog, argv=argv),
+                     tmp_path)
+
+
+def check_quick_path(prog: str, code: str, cwd: Path | None = None) -> None:
+    """``python -S -c code`` (which prints the modules it loaded) runs ``prog`` without
+    reaching a controller, and loads gpusched's modules and QUICK_PATH_STDLIB alone."""
     env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
     env.pop("GPUSCHED_CONTROLLERS", None)
     env.pop("GPUSCHED_CONFIG", None)
-    code = QUICK_PATH_CODE.format(root=str(ROOT), prog=prog, argv=argv)
     result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True,
-                            text=True, env=env, cwd=tmp_path, timeout=60)
+                            text=True, env=env, cwd=cwd, timeout=60)
     assert result.returncode == 1, result.stderr
     assert f"{prog}: error: cannot reach the gpusched controller" in result.stderr
     loaded = set(result.stdout.split())
@@ -236,18 +242,8 @@ def test_the_installed_scripts_add_nothing_to_the_quick_paths(prog: str, argv: l
     """scripts/PROG, what the install puts on PATH, loads only what the quick path does:
     a generated console-script wrapper would load re (and enum) first."""
     script = ROOT / "scripts" / prog
-    env = {**os.environ, "GPUSCHED_SOCKET": "/nonexistent/gpusched-test.sock"}
-    env.pop("GPUSCHED_CONTROLLERS", None)
-    env.pop("GPUSCHED_CONFIG", None)
-    code = SCRIPT_PATH_CODE.format(root=str(ROOT), script=str(script), argv=argv)
-    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True,
-                            text=True, env=env, timeout=60)
-    assert result.returncode == 1, result.stderr
-    assert f"{prog}: error: cannot reach the gpusched controller" in result.stderr
-    loaded = set(result.stdout.split())
-    assert "gpusched.client.api" in loaded
-    assert sorted(n for n in loaded if n.split(".")[0] != "gpusched"
-                  and n not in QUICK_PATH_STDLIB) == []
+    check_quick_path(prog, SCRIPT_PATH_CODE.format(root=str(ROOT), script=str(script),
+                                                   argv=argv))
 
 
 def test_every_user_command_is_installed_as_a_script() -> None:
