@@ -54,8 +54,10 @@ class MatchingMixin(PassResources):
         """Whether ``job`` needs at least as much, for at least as long, as a shape that
         ``place_now`` could not start in this pass: then it cannot start either."""
         # _failed_before, written out: a pass asks this of nearly every job it examines.
-        failed = self._failed.get(
-            (group, job.gpu_kinds, max(1, job.nodes), job.uid if self.restricted else None))
+        nodes = job.nodes
+        failed = self._failed.get(  # nodes: max(1, job.nodes)
+            (group, job.gpu_kinds, nodes if nodes > 1 else 1,
+             job.uid if self.restricted else None))
         if failed:
             gpus, cpus, mem = job.gpus, job.cpus, job.mem_mb
             duration = INF if job.time_limit is None else float(job.time_limit)

@@ -53,6 +53,9 @@ class Moment:
     in_the_way: tuple[str, int, float] | None = None
 
 
+_PRIORITY = Reason.PRIORITY
+
+
 def _partition_waits(job: PendingJob, part: PartitionView | None) -> Iterator[Reason]:
     if part is None or not part.up:
         yield Reason.PARTITION_DOWN
@@ -107,10 +110,11 @@ class SchedulingPass:
         self.reserved_in: Counter[str] = Counter()
         self.depth = policy.reservation_depth
         self.preempting = policy.preempt_mode != "off" and any(snapshot.qos_preempt.values())
-        # Whether ``_waits_behind`` may decide for ``_try_start`` (no pools, preemption
-        # or estimates, whose work it leaves out).
+        # Whether ``consider`` may decide for ``_try_start`` that a job waits behind the
+        # blocked one (no pools, preemption or estimates, whose work that leaves out).
         self.quick = self.pools is None and not self.preempting and not (
             self.depth and policy.estimates)
+        self.max_starts = policy.max_starts_per_pass
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
         self.reservations: list[Reservation] = []
@@ -314,7 +318,17 @@ class SchedulingPass:
         if job.partition in self.blocked and (  # self.backfilling(job), written out
                 not self.reserving or self.reserved_in[job.partition] >= self.depth):
             self.backfill_examined += 1
-            if self.quick and self._waits_behind(job):
+            # Most jobs of a long queue: one that only backfill could start, to which no
+            # rule of ``waits`` applies, that names no nodes, is neither exclusive nor an
+            # array, and needs at least what could not start in this pass (``refused``)
+            # waits behind the blocked job, as ``_try_start`` would decide without any
+            # other work (when ``quick``: no pools, preemption or estimates).
+            if (self.quick and job.array_tasks is None and not job.exclusive
+                    and not job.nodelist and not job.exclude
+                    and len(self.starts) < self.max_starts and self._plain(job)
+                    and self.capacity.refused(job, job.partition)):
+                at = self.expected.get(job.job_id, INF)
+                self.pending.append(Pending(job.job_id, _PRIORITY, at if at < INF else None))
                 return
         reason = None if self._plain(job) else next(self.waits(job), None)
         if reason is None and job.array_tasks is None:
@@ -334,20 +348,6 @@ class SchedulingPass:
         if reason is not None:
             at = self.expected.get(job.job_id, INF)
             self.pending.append(Pending(job.job_id, reason, at if at < INF else None))
-
-    def _waits_behind(self, job: PendingJob) -> bool:
-        """``consider`` made short for most jobs of a long queue: one that only backfill
-        could start, to which no rule of ``waits`` applies, that names no nodes, is
-        neither exclusive nor an array, and needs at least what could not start in this
-        pass (``refused``): it waits behind the blocked job, as ``_try_start`` would
-        decide without any other work (when ``quick``). Whether it did."""
-        if (job.array_tasks is not None or job.exclusive or job.nodelist or job.exclude
-                or len(self.starts) >= self.policy.max_starts_per_pass
-                or not self._plain(job) or not self.capacity.refused(job, job.partition)):
-            return False
-        at = self.expected.get(job.job_id, INF)
-        self.pending.append(Pending(job.job_id, Reason.PRIORITY, at if at < INF else None))
-        return True
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Whether the pass must stop before ``job``: its time (asked every 32 jobs) or

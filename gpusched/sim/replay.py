@@ -260,8 +260,7 @@ class Replay:
             if self.occupancy is not None:
                 self.occupancy.remove(run)
             self.busy -= len(run.gpu_uuids)
-            for uuid in run.gpu_uuids:
-                self._free(self.node_of[uuid], 1)
+            self._free_units(run.gpu_uuids, 1)
             if self.policy.order == "multifactor" and run.account and run.start_time is not None:
                 key = (run.user, run.account)
                 used, when = self.usage.get(key, (0.0, at))
@@ -291,12 +290,15 @@ class Replay:
             self._start(start.job_id, now, start.node, start.nodes or (start.node,),
                         start.gpu_uuids, start.kind is StartKind.BACKFILLED)
 
-    def _free(self, node: str, more: int) -> None:
-        """``more`` GPUs of ``node`` are free (or, negative, taken)."""
-        free = self.free_on[node]
-        self.with_free[free] -= 1
-        self.with_free[free + more] += 1
-        self.free_on[node] = free + more
+    def _free_units(self, uuids: Sequence[str], more: int) -> None:
+        """Each of these GPUs is free (``more`` 1) or taken (-1) on its node."""
+        free_on, with_free, node_of = self.free_on, self.with_free, self.node_of
+        for uuid in uuids:
+            node = node_of[uuid]
+            free = free_on[node]
+            with_free[free] -= 1
+            with_free[free + more] += 1
+            free_on[node] = free + more
 
     def _running(self, now: float) -> tuple[RunningJob, ...]:
         if self.policy.kill:
@@ -336,8 +338,7 @@ class Replay:
         if self.occupancy is not None:
             self.occupancy.add(running)
         self.busy += len(uuids)
-        for uuid in uuids:
-            self._free(self.node_of[uuid], -1)
+        self._free_units(uuids, -1)
         shape = (pending.gpus, pending.nodes)
         self.shapes[shape] -= 1
         if not self.shapes[shape]:
