@@ -190,5 +190,7 @@ class MatchingMixin(PassResources):
         if shape.exclusive:
             self._hold_whole(index, self.now + shape.duration)
         self.started.add(index)
-        self._touched(index)
+        changes = self._changed  # self._touched(index)
+        changes.append(index)
+        self._version[index] = len(changes)
         return gpus

@@ -223,6 +223,9 @@ class TimelineMixin(PassResources):
                     best[index] = key
             return at, self._same_block([(index, kind) for _, index, kind in
                                          sorted(best.values())], 1)
+        kinds = self.matching(shape.kinds) if shape.gpus else [""]
+        if not self.reserved_nodes and len(kinds) == 1:
+            return self._reserve_where_free(kinds[0], shape, members)
         at, where = self.earliest(shape, members)
         if at == INF:
             return at, where
@@ -230,6 +233,37 @@ class TimelineMixin(PassResources):
         if len(ready) < shape.nodes:  # cannot happen: ``where`` is among them
             return at, where
         return at, self._same_block(ready, shape.nodes)
+
+    def _reserve_where_free(self, kind: str, shape: Shape, members: frozenset[int]
+                            ) -> tuple[float, list[tuple[int, str]]]:
+        """``where_to_reserve`` for several nodes of one kind while no node holds a
+        reservation: ``earliest`` and ``_ready_by`` then read the same one order, the
+        first up to the ``shape.nodes``-th member, the second on to its start; here
+        both in one walk."""
+        nodes, usable, uid, wanted = self.nodes, not self.restricted, shape.uid, shape.nodes
+        found, at = 0, INF
+        best: list[tuple[float, int, int, str]] = []
+        for start, index in self._start_order(kind, shape, False).each():
+            if start == INF or (found >= wanted and start > at):
+                break
+            if index not in members:
+                continue
+            node = nodes[index]
+            if not usable and node.view.run_uid not in (None, uid):
+                continue
+            found += 1
+            if found == wanted:
+                at = start
+            if kind:
+                units = node.free.get(kind)
+                count = len(units) if units else 0
+            else:
+                count = node.free_gpus()
+            best.append((-start, count, index, kind))
+        if found < wanted:
+            return INF, []
+        best.sort()
+        return at, self._same_block([(index, kind) for _, _, index, kind in best], wanted)
 
     def _earliest_one(self, shape: Shape, members: frozenset[int]
                       ) -> tuple[float, list[tuple[int, int, str]]]:
