@@ -223,15 +223,14 @@ class Occupancy:
         return job.exclusive or bool(self.whole) and any(
             self.index.get(name) in self.whole for name in job.nodes or (job.node,))
 
-    def _touched_by(self, job: RunningJob) -> dict[int, NodeTimeline]:
-        """New nodes in place of those ``job`` holds anything on, sharing their sealed
-        free units and releases until a change replaces them."""
-        index, kind_of, nodes = self.index, self.kind_of, self.nodes
+    def _touched_by(self, job: RunningJob, units: dict[tuple[int, str], set[str]]
+                    ) -> dict[int, NodeTimeline]:
+        """New nodes in place of those ``job`` holds anything on (``units``: its units by
+        node and kind), sharing their sealed free units and releases until a change
+        replaces them."""
+        index, nodes = self.index, self.nodes
         touched = {index[name] for name in job.nodes or (job.node,) if name in index}
-        for uuid in job.gpu_uuids:
-            where = kind_of.get(uuid)
-            if where is not None:
-                touched.add(where[0])
+        touched.update(at for at, _ in units)
         changed = {}
         for at in sorted(touched):
             old = nodes[at]
@@ -300,7 +299,8 @@ class Occupancy:
         if self._whole_involved(job):
             self._rebuild()
             return
-        changed = self._touched_by(job)
+        units = self._units_by_node(job)
+        changed = self._touched_by(job, units)
         index, on_node = self.index, self.on_node
         # What it gives back at its end, by node (as ``releases_of`` has it).
         end, job_id = INF if job.end_time is None else job.end_time, job.job_id
@@ -319,7 +319,7 @@ class Occupancy:
                 if freed:
                     added.setdefault(at, []).append((end, "", 0, cpus, mem, job_id))
         moves: list[tuple[str, int, int, int]] = []
-        for (at, kind), taken in self._units_by_node(job).items():
+        for (at, kind), taken in units.items():
             node = changed[at]
             free = node.free.get(kind)
             if free is not None:
@@ -344,7 +344,8 @@ class Occupancy:
         if self._whole_involved(job):
             self._rebuild()
             return
-        changed = self._touched_by(job)
+        units = self._units_by_node(job)
+        changed = self._touched_by(job, units)
         index, on_node, job_id = self.index, self.on_node, job.job_id
         for name in job.nodes or (job.node,):
             at = index.get(name)
@@ -363,14 +364,14 @@ class Occupancy:
                     on_node.pop(at, None)
         inventory = self.inventory.nodes
         moves: list[tuple[str, int, int, int]] = []
-        for (at, kind), returned in self._units_by_node(job).items():
+        for (at, kind), returned in units.items():
             node = changed[at]
             now_free = node.free.get(kind)
             if now_free is None:
                 continue
-            units = inventory[at].units[kind]
+            every = inventory[at].units[kind]
             free = returned if not now_free else {gpu.uuid for gpu in now_free} | returned
-            back = SealedList([gpu for gpu in units if gpu.uuid in free])
+            back = SealedList([gpu for gpu in every if gpu.uuid in free])
             node.free = SealedDict({**node.free, kind: back})
             if len(back) != len(now_free) and kind in node.total:
                 moves.append((kind, len(now_free), len(back), at))
