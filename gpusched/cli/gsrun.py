@@ -44,8 +44,14 @@ else:
 PROG = "gsrun"
 JOB_VARIABLES = ("SLURM_JOB_ID", "GPUSCHED_JOB_ID")
 FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
-BUSY_FIRST_PAUSE = 0.1  # seconds before asking again for a step that did not fit yet
+# A step that does not fit yet is asked for again after BUSY_FIRST_PAUSE seconds, the
+# pause doubling up to BUSY_MAX_PAUSE. Most such waits are short: a step started right
+# after another finds it held until its nodes' reports of its end are recorded, a few
+# tens of milliseconds after its tasks ended. gsrun says that it waits only once the
+# wait has lasted BUSY_QUIET seconds.
+BUSY_FIRST_PAUSE = 0.01
 BUSY_MAX_PAUSE = 2.0
+BUSY_QUIET = 0.5
 POLL_TIMEOUT = 5.0  # seconds for an answer about the step's state
 CANCEL_TIMEOUT = 10.0
 
@@ -261,13 +267,14 @@ def _signalled(fd: int, pause: float) -> bool:
 def create_step(client: Any, job_id: int, request: dict[str, Any],
                 say: Callable[[str], None],
                 wait: Callable[[float], bool] | None = None) -> dict[str, Any]:
-    """POST the step; while it does not fit beside the job's running steps, say so once
-    and ask again (0.1 s, doubling to 2 s) until it fits or the job ends. ``wait``
-    pauses, and says whether gsrun was interrupted meanwhile (then it gives up). The
-    answer, checked (StepCreated's fields)."""
+    """POST the step; while it does not fit beside the job's running steps, ask again
+    (after 10 ms, the pause doubling to 2 s) until it fits or the job ends, saying so
+    once the wait has lasted half a second. ``wait`` pauses, and says whether gsrun was
+    interrupted meanwhile (then it gives up). The answer, checked (StepCreated's
+    fields)."""
     from gpusched.messages.steprequest import check_created
 
-    pause, waited = BUSY_FIRST_PAUSE, False
+    pause, waited, began = BUSY_FIRST_PAUSE, False, time.monotonic()
     while True:
         try:
             # Not sent again once it may have been applied: that would be a second step.
@@ -275,7 +282,7 @@ def create_step(client: Any, job_id: int, request: dict[str, Any],
                                     repeatable=False)
             break
         except StepBusy:
-            if not waited:
+            if not waited and time.monotonic() - began >= BUSY_QUIET:
                 say("gsrun: step creation temporarily disabled, retrying")
                 waited = True
             if wait is None:
