@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -265,7 +266,14 @@ class StepRunner:
             done = self.unreported()
             if done or time.monotonic() >= deadline:
                 return done
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            # Woken as soon as a supervisor watched now ends (its pidfd turns readable);
+            # one started meanwhile is watched from the next round, 50 ms at most.
+            with self._lock:
+                watched = list(self._pidfds.values())
+            try:
+                select.select(watched, [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+            except (OSError, ValueError):  # a pidfd closed meanwhile (close())
+                time.sleep(0.01)
 
     def unreported(self) -> list[StepDone]:
         """The steps with a status not yet reported."""
