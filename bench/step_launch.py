@@ -128,7 +128,14 @@ def measure_pty(nodes: int, runs: int) -> list[float]:
             if time.monotonic() > deadline:
                 raise SystemExit(f"job {job} did not start")
             time.sleep(0.1)
-        return [one_pty_run(env, root, job) for _ in range(runs + 1)][1:]
+        try:
+            return [one_pty_run(env, root, job) for _ in range(runs + 1)][1:]
+        finally:  # 'down' leaves running jobs to their supervisors: end it first
+            run(env, root, "gcancel", job)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and run(
+                    env, root, "gqueue", "-j", job, "-h", "-o", "%T").stdout.strip():
+                time.sleep(0.1)
     finally:
         run(env, root, "gpusched", "down")
         shutil.rmtree(root, ignore_errors=True)
