@@ -16,6 +16,7 @@ from gpusched.db import commands, node_drain, steps
 from gpusched.db.engine import driver, rowcount
 from gpusched.db.health import may_requeue
 from gpusched.db.models import Gpu, GpuLink, Job, Node
+from gpusched.db.nodes import unregistered
 from gpusched.errors import NotFound, UsageError
 from gpusched.messages import JobEnd, NodeHealth
 from gpusched.messages.steprequest import MAX_HOST
@@ -40,12 +41,8 @@ _HOST = re.compile(r"[A-Za-z0-9._:\-\[\]%]+")  # a host name or an IPv4/IPv6 add
 def registered_node(session: Session, name: str) -> Node:
     node = session.scalars(select(Node).where(Node.name == name)).first()
     if node is None:
-        raise _unregistered(name)
+        raise unregistered(name)
     return node
-
-
-def _unregistered(name: str) -> NotFound:
-    return NotFound(f"unknown node {name!r}: the agent must register first")
 
 
 def register_node(session: Session, body: dict[str, Any]) -> Node:
@@ -234,8 +231,6 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
         # An end for whatever run is current, one that requeues, or a job this
         # session holds (the ORM keeps it in step): the whole row decides.
         return _record_from_row(session, job_id, end)
-    if session.autoflush:
-        session.flush()  # what the session holds is written first, as an ORM query does
     ended = (datetime.fromtimestamp(end.end_time, UTC) if end.end_time is not None
              else datetime.now(UTC))
     measured = end.max_rss_bytes is not None or end.cpu_usec is not None
@@ -247,7 +242,7 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
         "measured": measured, "max_rss_bytes": end.max_rss_bytes,
         "cpu_usec": end.cpu_usec}).fetchone()
     if row is None:
-        raise _unregistered(end.node)
+        raise unregistered(end.node)
     node_id, interactive, node_names = row
     if interactive is None:  # not a plain end of its current run there
         return _record_from_row(session, job_id, end)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
+from gpusched.db.engine import driver
 from gpusched.errors import LimitReached, UsageError
 
 DEFAULT_QOS = "normal"
@@ -46,14 +47,6 @@ _ASSOCIATION = (
     " FROM (SELECT) AS one LEFT JOIN account_users AS au"
     " ON au.user_name = %(user)s AND au.account = %(account)s")
 _QOS = "SELECT name, max_wall, max_submit_jobs_per_user FROM qos WHERE name = %(name)s"
-
-
-def driver(session: Session) -> Any:
-    """The driver's (psycopg's) connection of the session's transaction, after what
-    the session holds is written (as an ORM query would)."""
-    if session.autoflush:
-        session.flush()
-    return session.connection().connection.driver_connection
 
 
 class QosRow(NamedTuple):

@@ -25,6 +25,8 @@ from sqlalchemy.orm import Session
 
 from gpusched.db.engine import rowcount
 from gpusched.db.models import Node, NodeCommand
+from gpusched.db.nodes import unregistered
+from gpusched.db.placements import latest_gpus_sql
 from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
@@ -82,18 +84,14 @@ _CLAIM = text(
     " ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
     "RETURNING id, kind, job_id, run, payload")
 # The jobs of claimed commands; for those to launch (:launch), their script and the GPU
-# UUIDs of their latest run, in index order (a requeued job keeps the allocations of
-# its earlier runs).
+# UUIDs of their latest run (placements.latest_gpus_sql).
 _JOBS = text(
     "SELECT j.id, j.state, j.restarts, j.node_id, j.node_names, j.name, j.user_name,"
     " j.uid, j.gid, j.work_dir, j.output, j.error, j.umask, j.time_limit, j.warn_signal,"
     " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
     " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
-    " CASE WHEN s.id IS NULL THEN NULL ELSE ARRAY("
-    "  SELECT g.uuid FROM allocations a JOIN gpus g ON g.id = a.gpu_id"
-    "  WHERE a.job_id = j.id AND a.allocated_at = ("
-    "   SELECT max(b.allocated_at) FROM allocations b WHERE b.job_id = j.id)"
-    "  ORDER BY g.index, g.id) END AS gpu_uuids "
+    " CASE WHEN s.id IS NULL THEN NULL ELSE "
+    + latest_gpus_sql("j.id") + " END AS gpu_uuids "
     "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id AND j.id = ANY(:launch) "
     "WHERE j.id = ANY(:ids)")
 _CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = ANY(:ids)")
@@ -126,7 +124,7 @@ def poll(session: Session, name: str, registered: datetime | None
     now = datetime.now(UTC)
     row = session.execute(_HEARTBEAT, {"now": now, "name": name}).first()
     if row is None:
-        raise NotFound(f"unknown node {name!r}: the agent must register first")
+        raise unregistered(name)
     node_id, state, lost_at, registered_at, reason = row
     if lost_at is not None or state == "DOWN":
         raise NotFound(f"node {name} is {state} ({reason or 'not registered'}): "
@@ -209,7 +207,7 @@ def node_id(session: Session, name: str) -> int:
     """The id of registered node ``name``."""
     found = session.scalar(_NODE_ID, {"name": name})
     if found is None:
-        raise NotFound(f"unknown node {name!r}: the agent must register first")
+        raise unregistered(name)
     return int(found)
 
 

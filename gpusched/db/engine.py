@@ -25,9 +25,13 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 def driver(session: Session) -> Any:
-    """The driver's (psycopg's) connection of the session's transaction. A statement of
-    plain SQL run on it costs a fraction of the CPU of an ORM or Core one, which builds,
-    caches and synchronises what it runs: for the few that every job makes."""
+    """The driver's (psycopg's) connection of the session's transaction, after what the
+    session holds is written (as an ORM query would, when the session autoflushes). A
+    statement of plain SQL run on it costs a fraction of the CPU of an ORM or Core one,
+    which builds, caches and synchronises what it runs: for the few that every job
+    makes."""
+    if session.autoflush:
+        session.flush()
     return session.connection().connection.driver_connection
 
 

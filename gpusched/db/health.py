@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from gpusched.db import commands
 from gpusched.db.models import Allocation, Gpu, Job, Node, Partition
+from gpusched.db.nodes import unregistered
 from gpusched.errors import NotFound, UsageError
 
 MAX_REASON = 500
@@ -37,7 +38,7 @@ def report_faults(session: Session, node_name: str, body: dict[str, Any]) -> set
     faults = _faults(body)
     node = session.scalars(select(Node).where(Node.name == node_name)).first()
     if node is None:
-        raise NotFound(f"unknown node {node_name!r}: the agent must register first")
+        raise unregistered(node_name)
     now = datetime.now(UTC)
     stopping: set[str] = set()
     for uuid, reason in faults:
@@ -110,7 +111,7 @@ def record_samples(session: Session, node_name: str, body: dict[str, Any],
     samples = _samples(body)
     node = session.scalars(select(Node).where(Node.name == node_name)).first()
     if node is None:
-        raise NotFound(f"unknown node {node_name!r}: the agent must register first")
+        raise unregistered(node_name)
     now = datetime.now(UTC)
     by_uuid = {s["uuid"]: s for s in samples}
     rows = session.execute(select(Gpu.id, Gpu.uuid, Gpu.parent_id).where(Gpu.node_id == node.id)).all()

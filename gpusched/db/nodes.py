@@ -8,6 +8,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpusched.db.models import Allocation, Gpu, Node
+from gpusched.errors import NotFound
+
+
+def unregistered(name: str) -> NotFound:
+    """The error for a node an agent names but never registered."""
+    return NotFound(f"unknown node {name!r}: the agent must register first")
 
 
 def node_named(session: Session, name: str) -> Node:

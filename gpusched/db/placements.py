@@ -11,6 +11,14 @@ from sqlalchemy.orm import Session
 from gpusched.db.models import Allocation, Gpu, Node
 
 
+def latest_gpus_sql(job: str) -> str:
+    """SQL for the UUIDs, in index order, of the GPUs of the latest run of job ``job``
+    (a column or expression): those allocated last, as job_placements reads them."""
+    return ("ARRAY(SELECT g.uuid FROM allocations AS a JOIN gpus AS g ON g.id = a.gpu_id"
+            f" WHERE a.job_id = {job} AND a.allocated_at = (SELECT max(b.allocated_at)"
+            f" FROM allocations AS b WHERE b.job_id = {job}) ORDER BY g.index, g.id)")
+
+
 def job_placements(session: Session, jobs: Iterable[tuple[int, int | None]]
                    ) -> dict[int, tuple[str, list[str]]]:
     """Node name and GPU UUIDs (in index order) of each started job of ``jobs``, given

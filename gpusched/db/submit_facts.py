@@ -18,9 +18,9 @@ from gpusched.db.associations import (
     Association,
     QosRow,
     Queued,
-    driver,
     queued,
 )
+from gpusched.db.engine import driver
 from gpusched.db.notify import CHANNEL
 
 
