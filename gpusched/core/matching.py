@@ -53,18 +53,9 @@ class MatchingMixin(PassResources):
     def refused(self, job: PendingJob, group: object) -> bool:
         """Whether ``job`` needs at least as much, for at least as long, as a shape that
         ``place_now`` could not start in this pass: then it cannot start either."""
-        # _failed_before, written out: a pass asks this of nearly every job it examines.
-        nodes = job.nodes
-        failed = self._failed.get(  # nodes: max(1, job.nodes)
-            (group, job.gpu_kinds, nodes if nodes > 1 else 1,
-             job.uid if self.restricted else None))
-        if failed:
-            gpus, cpus, mem = job.gpus, job.cpus, job.mem_mb
-            duration = INF if job.time_limit is None else float(job.time_limit)
-            for g, c, m, d in failed:
-                if gpus >= g and cpus >= c and mem >= m and duration >= d:
-                    return True
-        return False
+        key = (group, job.gpu_kinds, max(1, job.nodes), job.uid if self.restricted else None)
+        return self._failed_before(key, job.gpus, job.cpus, job.mem_mb,
+                                   INF if job.time_limit is None else float(job.time_limit))
 
     # -- now --------------------------------------------------------------------------
     def place_now(self, shape: Shape, members: frozenset[int],

@@ -315,8 +315,7 @@ class SchedulingPass:
             self._record(job)
         self.last_examined = job.job_id
         self.considered += 1
-        if job.partition in self.blocked and (  # self.backfilling(job), written out
-                not self.reserving or self.reserved_in[job.partition] >= self.depth):
+        if self.backfilling(job):
             self.backfill_examined += 1
             # Most jobs of a long queue: one that only backfill could start, to which no
             # rule of ``waits`` applies, that names no nodes, is neither exclusive nor an
