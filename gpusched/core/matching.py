@@ -118,8 +118,7 @@ class MatchingMixin(PassResources):
         stop = not self.blocks
         chosen: list[tuple[int, str]] = []
         seen: set[int] = set()
-        nodes, usable, uid = self.nodes, not self.restricted, shape.uid
-        cpus, mem = shape.cpus, shape.mem_mb
+        nodes = self.nodes
         for count in range(shape.gpus, self.most + 1):
             for held in (True, False) if reserved else (False,):
                 for kind in kinds:
@@ -127,9 +126,7 @@ class MatchingMixin(PassResources):
                         if index in seen or index not in members or (index in reserved) != held:
                             continue
                         node = nodes[index]
-                        if (usable or node.view.run_uid in (None, uid)) and (
-                                node.fits(kind, shape, self.now) if held
-                                else node.cpus >= cpus and node.mem >= mem):
+                        if self._usable(node, shape) and self._fits_now(node, kind, shape):
                             seen.add(index)
                             chosen.append((index, kind))
                             if stop and not held and len(chosen) >= wanted:
@@ -181,7 +178,5 @@ class MatchingMixin(PassResources):
         if shape.exclusive:
             self._hold_whole(index, self.now + shape.duration)
         self.started.add(index)
-        changes = self._changed  # self._touched(index)
-        changes.append(index)
-        self._version[index] = len(changes)
+        self._touched(index)
         return gpus

@@ -155,14 +155,14 @@ class TimelineMixin(PassResources):
             at, ready = self._earliest_one(shape, members)
             return (at, [min(ready, key=lambda r: (r[1], r[2]))[1:]]) if ready else (INF, [])
         starts: list[tuple[float, int, str]] = []
-        nodes, usable, uid = self.nodes, not self.restricted, shape.uid
+        nodes = self.nodes
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in (False, True):
                 found = 0
                 for at, index in self._each_start(kind, shape, reserved):
                     if at == INF:
                         break
-                    if index in members and (usable or nodes[index].view.run_uid in (None, uid)):
+                    if index in members and self._usable(nodes[index], shape):
                         starts.append((at, index, kind))
                         found += 1
                         if found >= shape.nodes:
@@ -240,7 +240,7 @@ class TimelineMixin(PassResources):
         reservation: ``earliest`` and ``_ready_by`` then read the same one order, the
         first up to the ``shape.nodes``-th member, the second on to its start; here
         both in one walk."""
-        nodes, usable, uid, wanted = self.nodes, not self.restricted, shape.uid, shape.nodes
+        nodes, wanted = self.nodes, shape.nodes
         found, at = 0, INF
         best: list[tuple[float, int, int, str]] = []
         for start, index in self._start_order(kind, shape, False).each():
@@ -249,17 +249,12 @@ class TimelineMixin(PassResources):
             if index not in members:
                 continue
             node = nodes[index]
-            if not usable and node.view.run_uid not in (None, uid):
+            if not self._usable(node, shape):
                 continue
             found += 1
             if found == wanted:
                 at = start
-            if kind:
-                units = node.free.get(kind)
-                count = len(units) if units else 0
-            else:
-                count = node.free_gpus()
-            best.append((-start, count, index, kind))
+            best.append((-start, node.count(kind) if kind else node.free_gpus(), index, kind))
         if found < wanted:
             return INF, []
         best.sort()
@@ -294,22 +289,17 @@ class TimelineMixin(PassResources):
         ``at`` and run its whole duration: latest ready first, then fewest units free now,
         then by index."""
         best: dict[int, tuple[float, int, int, str]] = {}
-        nodes, usable, uid = self.nodes, not self.restricted, shape.uid
+        nodes = self.nodes
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in (False, True):
                 for ready, index in self._each_start(kind, shape, reserved, at):
                     if index not in members:
                         continue
                     node = nodes[index]
-                    if not usable and node.view.run_uid not in (None, uid) or (
+                    if not self._usable(node, shape) or (
                             reserved and not self._fits_at(index, kind, shape, at)):
                         continue
-                    if kind:
-                        units = node.free.get(kind)
-                        count = len(units) if units else 0
-                    else:
-                        count = node.free_gpus()
-                    key = (-ready, count, index, kind)
+                    key = (-ready, node.count(kind) if kind else node.free_gpus(), index, kind)
                     known = best.get(index)
                     if known is None or key < known:
                         best[index] = key
@@ -335,9 +325,7 @@ class TimelineMixin(PassResources):
                 job_id: int = 0) -> None:
         """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
         end, cpus, mem = at + shape.duration, float(shape.cpus), float(shape.mem_mb)
-        owners, profiles, version, changes = (self.owners, self._profiles, self._version,
-                                              self._changed)
-        held, held_order = self.reserved_nodes, self._reserved_order
+        owners, profiles, version = self.owners, self._profiles, self._version
         for index, kind in where:
             owners[(index, at)] = job_id
             node = self._own(index)
@@ -345,11 +333,8 @@ class TimelineMixin(PassResources):
             if profile is not None and profile.version != version.get(index, 0):
                 profile = None
             node.reserved.append((at, end, kind, shape.gpus, cpus, mem))
-            if index not in held:  # _join_reserved
-                held.add(index)
-                held_order.append(index)
-            changes.append(index)  # _touched
-            version[index] = len(changes)
+            self._join_reserved(index)
+            self._touched(index)
             if profile is not None:  # follow the reservation instead of making it again
                 profile.take_out(at, end, kind, shape.gpus, cpus, mem)
                 profile.version = version[index]
