@@ -277,9 +277,7 @@ def create_step(client: Any, job_id: int, request: dict[str, Any],
     pause, waited, began = BUSY_FIRST_PAUSE, False, time.monotonic()
     while True:
         try:
-            # Not sent again once it may have been applied: that would be a second step.
-            answer = client.request("POST", f"/v1/jobs/{job_id}/steps", request,
-                                    repeatable=False)
+            answer = client.request("POST", f"/v1/jobs/{job_id}/steps", request)
             break
         except StepBusy:
             if not waited and time.monotonic() - began >= BUSY_QUIET:
@@ -323,7 +321,7 @@ def kill_step(client: Any, job_id: int, step_id: int, task: int,
         "(--kill-on-bad-exit)")
     try:
         client.request("POST", f"/v1/jobs/{job_id}/steps/{step_id}/cancel",
-                       {"bad_exit": True}, timeout=CANCEL_TIMEOUT, repeatable=False)
+                       {"bad_exit": True}, timeout=CANCEL_TIMEOUT)
     except GpuschedError as err:
         say(f"gsrun: error: could not end step {job_id}.{step_id}: {err.message}")
 
