@@ -95,6 +95,12 @@ class GpuView:
     mig_profile: str | None = None
     parent: int | None = None
     mig_mode: bool = False
+    # How the GPU may be shared between jobs: None (whole GPUs only), "mps" or "shard";
+    # when shared it offers ``shares`` units (its partitions' setting: an MPS count of
+    # 100 makes a unit one percent). ``memory_mb``: its memory (0: not known).
+    sharing: str | None = None
+    shares: int = 0
+    memory_mb: int = 0
 
     @property
     def kind(self) -> str:
@@ -134,6 +140,8 @@ class PartitionView:
     allow_accounts: frozenset[str] | None = None  # None: every account
     deny_accounts: frozenset[str] = frozenset()
     max_gpus_per_job: int | None = None
+    sharing: str | None = None  # how its GPUs may be shared: None, "mps" or "shard"
+    shares: int = 0  # units each GPU offers when shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +177,13 @@ class PendingJob:
     exclude: tuple[str, ...] = ()
     priority: float | None = None  # fixed by an administrator; None: multifactor
     exclusive: bool = False  # sbatch --exclusive: whole nodes, shared with no other job
+    # A share of one GPU instead of whole GPUs (``gpus`` is then 1): ``share`` units of a
+    # GPU shared by ``share_mode`` ("mps" or "shard"; --gres=mps:N, --gres=shard:N).
+    # ``gpu_mem_mb`` (--gpu-mem): GPU memory it needs; without a share mode it may get a
+    # MIG slice, an MPS share or a whole GPU with that much memory.
+    share: int = 0
+    share_mode: str | None = None
+    gpu_mem_mb: int = 0
 
     @property
     def total_gpus(self) -> int:
@@ -199,6 +214,9 @@ class RunningJob:
     start_time: float | None = None
     preempting: bool = False  # already told to make way for a preempting job
     exclusive: bool = False  # holds its nodes whole until it ends
+    # Shares of GPUs it holds, as (GPU UUID, units, GPU memory MB); those GPUs are not
+    # in ``gpu_uuids``, which lists the GPUs it holds whole.
+    shares: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +299,9 @@ class Start:
     array_task_id: int | None = None
     kind: StartKind = StartKind.IMMEDIATE
     nodes: tuple[str, ...] = ()
+    # A share start: (GPU UUID, units, GPU memory MB) of the shared GPU it gets (that GPU
+    # is then its one entry in ``gpu_uuids`` too).
+    shares: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
