@@ -31,6 +31,8 @@ NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "st
 STEP_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                "NODE_FAIL")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
+SHARE_MODES = ("mps", "shard")  # how a GPU may be shared between jobs (None: it is not)
+MAX_SHARES = 10_000  # units one shared GPU may offer
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 
 NAMING = {
@@ -56,7 +58,11 @@ class Partition(Base):
     """A named set of nodes jobs are submitted to, with its time limits."""
 
     __tablename__ = "partitions"
-    __table_args__ = (CheckConstraint(_in("state", PARTITION_STATES), name="state"),)
+    __table_args__ = (
+        CheckConstraint(_in("state", PARTITION_STATES), name="state"),
+        CheckConstraint(_in("sharing", SHARE_MODES), name="sharing"),
+        CheckConstraint(f"shares BETWEEN 1 AND {MAX_SHARES}", name="shares"),
+    )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     nodes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{*}'"))
@@ -70,6 +76,10 @@ class Partition(Base):
     max_gpus_per_job: Mapped[int | None] = mapped_column(Integer)
     # Whether its jobs go back to the queue when their GPU fails (a job may say otherwise).
     requeue: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    # How its GPUs may be shared between jobs ("mps" or "shard"; None: whole GPUs only)
+    # and the units each shared GPU offers (set exactly when ``sharing`` is).
+    sharing: Mapped[str | None] = mapped_column(Text)
+    shares: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
@@ -170,6 +180,9 @@ class Job(Base):
         CheckConstraint("nodes >= 1", name="nodes"),
         CheckConstraint("umask BETWEEN 0 AND 511", name="umask"),
         CheckConstraint(_in("gres_flags", GRES_FLAGS), name="gres_flags"),
+        CheckConstraint(_in("share_mode", SHARE_MODES), name="share_mode"),
+        CheckConstraint("share_units > 0", name="share_units"),
+        CheckConstraint("gpu_mem_mb > 0", name="gpu_mem_mb"),
         Index(
             "ix_jobs_active", "state", "submit_time",
             postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
@@ -273,16 +286,23 @@ class Job(Base):
     # runs steps on it, says it is alive (client_seen) and ends it.
     interactive: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     client_seen: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A share of one GPU (--gres=mps:N, --gres=shard:N): ``share_units`` units of a GPU
+    # its partition shares by ``share_mode`` (``gpus`` is then 1); ``gpu_mem_mb``
+    # (--gpu-mem): the GPU memory it needs. None: whole GPUs, any memory.
+    share_mode: Mapped[str | None] = mapped_column(Text)
+    share_units: Mapped[int | None] = mapped_column(Integer)
+    gpu_mem_mb: Mapped[int | None] = mapped_column(Integer)
 
 
 class Allocation(Base):
-    """A GPU held by a job. The partial unique index makes double allocation impossible."""
+    """A GPU held by a job, whole (``units`` None) or a share of it. The partial unique
+    index makes double allocation of a whole GPU impossible."""
 
     __tablename__ = "allocations"
     __table_args__ = (
         Index(
             "uq_allocations_active_gpu", "gpu_id", unique=True,
-            postgresql_where=text("released_at IS NULL"),
+            postgresql_where=text("released_at IS NULL AND units IS NULL"),
         ),
     )
 
@@ -292,6 +312,9 @@ class Allocation(Base):
     allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(),
                                                    primary_key=True)
     released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A share: the units of the GPU held and the GPU memory granted (None: no limit).
+    units: Mapped[int | None] = mapped_column(Integer)
+    mem_mb: Mapped[int | None] = mapped_column(Integer)
 
 
 class JobStep(Base):

@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool, text
+from sqlalchemy.exc import IntegrityError
 
 from gpusched.db.migrate import current, downgrade, upgrade
 from gpusched.db.models import Base
@@ -102,3 +104,53 @@ def test_db_upgrade_command_and_controller_refusing_an_unmigrated_database(
     assert upgraded.returncode == 0, upgraded.stderr
     assert upgraded.stdout.strip() == f"database at revision {current(url)}"
     assert _diff(url) == []
+
+
+def test_sharing_columns_upgrade_an_existing_database(postgres: ScratchPostgres) -> None:
+    """Revision 0019 keeps existing jobs, partitions and allocations as they were (whole
+    GPUs, no sharing), lets several active shares hold one GPU but still only one whole
+    allocation, checks its new columns' values, and undoes cleanly."""
+    url = postgres.empty_database()
+    upgrade(url, "0018")
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO partitions (name) VALUES ('gpu')"))
+            conn.execute(text("INSERT INTO nodes (id, name) VALUES (1, 'n1')"))
+            conn.execute(text("INSERT INTO gpus (id, node_id, index, uuid) VALUES "
+                              "(1, 1, 0, 'GPU-a'), (2, 1, 1, 'GPU-b')"))
+            conn.execute(text("INSERT INTO job_scripts (id, script) VALUES (1, 'x')"))
+            conn.execute(text(
+                "INSERT INTO jobs (id, name, uid, gid, user_name, partition, work_dir, "
+                "script_id, gpus) VALUES (1, 'a', 1, 1, 'u', 'gpu', '/w', 1, 1), "
+                "(2, 'b', 1, 1, 'u', 'gpu', '/w', 1, 1), (3, 'c', 1, 1, 'u', 'gpu', '/w', 1, 1)"))
+            conn.execute(text("INSERT INTO allocations (job_id, gpu_id, node_id) "
+                              "VALUES (1, 1, 1)"))
+        upgrade(url)
+        assert _diff(url) == []
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT share_mode, share_units, gpu_mem_mb FROM jobs "
+                                     "WHERE id = 1")).one() == (None, None, None)
+            assert conn.execute(text("SELECT sharing, shares FROM partitions")).one() == (
+                None, None)
+            assert conn.execute(text("SELECT units, mem_mb FROM allocations")).one() == (
+                None, None)
+            conn.execute(text("INSERT INTO allocations (job_id, gpu_id, node_id, units, "
+                              "mem_mb) VALUES (2, 2, 1, 50, 20480), (3, 2, 1, 25, NULL)"))
+        for bad in ("INSERT INTO allocations (job_id, gpu_id, node_id) VALUES (2, 1, 1)",
+                    "UPDATE jobs SET share_mode = 'time' WHERE id = 1",
+                    "UPDATE jobs SET share_units = 0 WHERE id = 1",
+                    "UPDATE jobs SET gpu_mem_mb = 0 WHERE id = 1",
+                    "UPDATE partitions SET sharing = 'mig'",
+                    "UPDATE partitions SET shares = 10001",
+                    "UPDATE partitions SET shares = 0"):
+            with engine.begin() as conn, pytest.raises(IntegrityError):
+                conn.execute(text(bad))
+        downgrade(url, "0018")
+        with engine.begin() as conn:  # the shares were released: one whole GPU each
+            assert conn.execute(text("SELECT job_id FROM allocations WHERE released_at IS NULL"
+                                     )).scalars().all() == [1]
+        upgrade(url)
+        assert _diff(url) == []
+    finally:
+        engine.dispose()
