@@ -52,7 +52,11 @@ SUBMIT_FIELDS = frozenset({
     "script", "args", "name", "gpus", "gpu_types", "nodes", "cpus", "mem_mb", "gres_flags",
     "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
-    "error", "umask", "submit_key", "interactive"})
+    "error", "umask", "submit_key", "interactive",
+    "share_mode", "share", "gpu_mem_mb"})
+SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
+MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
+MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority"})
 
 
@@ -100,6 +104,12 @@ class JobRequest:
     # An allocation (galloc, gsrun outside a job): nothing is launched when it starts;
     # its client runs steps on it and ends it. The script may be left out.
     interactive: bool = False
+    # A share of one GPU (--gres=mps:N, --gres=shard:N): ``share`` units of a GPU shared
+    # by ``share_mode``; ``gpu_mem_mb`` (--gpu-mem) the GPU memory it needs, with a share
+    # its memory limit. Either makes the job one GPU (``gpus`` 1) on one node.
+    share_mode: str | None = None
+    share: int | None = None
+    gpu_mem_mb: int | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobRequest:
@@ -127,6 +137,10 @@ class JobRequest:
         nodelist, exclude = _node_choice(body)
         warn = _warn_signal(body)
         kinds, nodes, cpus, mem_mb = _shape(body, gpus, len(nodelist) or 1)
+        exclusive = flag(body, "exclusive")
+        share_mode, share, gpu_mem_mb = _share(body, gpus, nodes, exclusive)
+        if share_mode is not None or gpu_mem_mb is not None:
+            gpus = 1
         _check_partition_list(partition)
         if interactive and array is not None:
             raise UsageError("array: an interactive allocation cannot be a job array")
@@ -136,7 +150,7 @@ class JobRequest:
             nodelist=nodelist, exclude=exclude, warn_signal=warn,
             time_limit=parse_time_limit(body.get("time_limit")), partition=partition,
             account=account, qos=qos, hold=flag(body, "hold"),
-            exclusive=flag(body, "exclusive"),
+            exclusive=exclusive, share_mode=share_mode, share=share, gpu_mem_mb=gpu_mem_mb,
             requeue=typed(body, "requeue", bool, None, "true, false or null"),
             begin_time=_begin_time(body.get("begin_time")),
             dependency=_dependency(typed(body, "dependency", str, None, "a dependency")),
@@ -163,7 +177,8 @@ class JobRequest:
             "dependency": self.dependency_text, "array": self.array,
             "work_dir": self.work_dir, "output": self.output, "error": self.error,
             "umask": self.umask, "submit_key": self.submit_key, "gres_flags": self.gres_flags,
-            "interactive": self.interactive,
+            "interactive": self.interactive, "share_mode": self.share_mode,
+            "share": self.share, "gpu_mem_mb": self.gpu_mem_mb,
         }
 
     @cached_property
@@ -350,6 +365,31 @@ def _shape(body: Body, gpus: int, default_nodes: int) -> tuple[tuple[str, ...], 
     if kinds and gpus == 0:
         raise UsageError("gpu_types: a GPU type needs a number of GPUs (--gpus TYPE:N)")
     return kinds, nodes, cpus, mem_mb
+
+
+def _share(body: Body, gpus: int, nodes: int,
+           exclusive: bool) -> tuple[str | None, int | None, int | None]:
+    """``share_mode`` and ``share`` (both or neither) and ``gpu_mem_mb``: a share of one GPU
+    and the GPU memory a job needs. Either asks for one GPU on one node: not with more
+    GPUs, more nodes or --exclusive."""
+    mode = None if body.get("share_mode") is None else one_of(body, "share_mode", SHARE_MODES)
+    share = optional_integer(body, "share", 1, MAX_SHARE, "units of one GPU")
+    if (mode is None) != (share is None):
+        raise UsageError("share_mode: give it with share (units of one GPU), or neither"
+                         if share is not None else
+                         f"share: a {mode} request needs share, the units of one GPU it asks for")
+    memory = optional_integer(body, "gpu_mem_mb", 1, MAX_GPU_MEM_MB, "MB of GPU memory")
+    if mode is None and memory is None:
+        return None, None, None
+    what = (f"a share of one GPU (share_mode {mode})" if mode is not None
+            else "GPU memory (gpu_mem_mb)")
+    if gpus > 1:
+        raise UsageError(f"gpus: {what} is one GPU, not {gpus}")
+    if nodes > 1:
+        raise UsageError(f"nodes: {what} is on one node, not {nodes}")
+    if exclusive:
+        raise UsageError(f"exclusive: {what} cannot take whole nodes")
+    return mode, share, memory
 
 
 def _check_partition_list(text: str | None) -> None:
