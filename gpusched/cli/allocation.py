@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from gpusched.cli.jobshape import job_shape, option_value
+from gpusched.cli.jobshape import job_shape, option_value, share_fields
 from gpusched.cli.shell import current_umask
 from gpusched.errors import Conflict, GpuschedError
 
@@ -56,7 +56,7 @@ def allocation_body(options: Mapping[str, Any], name: str, work_dir: str,
     ``begin``; a bad value is a UsageError naming its option."""
     from gpusched.core.timefmt import parse_time_limit
 
-    values = {key: options.get(key) for key in SHAPE_KEYS}
+    values = {key: options.get(key) for key in (*SHAPE_KEYS, "exclusive")}
     shape = job_shape(values, {})
     given = dict(options)
     seconds = option_value(given, {}, "time", parse_time_limit, "--time") \
@@ -80,6 +80,7 @@ def allocation_body(options: Mapping[str, Any], name: str, work_dir: str,
         "partition": options.get("partition"), "account": options.get("account"),
         "qos": options.get("qos"), "exclusive": bool(options.get("exclusive")),
         "begin_time": begin, "umask": current_umask(),
+        **share_fields(shape["share_mode"], shape["share"], shape["gpu_mem_mb"]),
         # One key per invocation: a submission sent again after a lost answer is one job.
         "submit_key": os.urandom(16).hex(),
     }

@@ -30,18 +30,96 @@ def option_value(values: dict[str, Any], origins: dict[str, str], key: str,
         raise UsageError(f"{where}{message}") from None
 
 
+# --gres items besides gpu[:TYPE][:N], as Slurm and sites write them.
+SHARE_MODES = ("mps", "shard")  # a share of one GPU: mps:N (percent by default), shard:N
+GPU_MEMORY = "gpumem"  # gpumem:SIZE, the same as --gpu-mem=SIZE
+GRES_EXPECTED = "gpu[:TYPE][:N], mps:N, shard:N and gpumem:SIZE, comma-separated"
+MAX_SHARE = 10_000  # as gpusched.messages.jobs (not imported here: the quick path)
+MAX_GPU_MEM_MB = 16 * 1024 * 1024
+
+
+class Gres:
+    """A --gres value: its GPUs (``gpu`` None: no gpu item), a share of one GPU
+    (``mode``: mps or shard, ``units``) and GPU memory (``memory_mb``, MiB)."""
+
+    __slots__ = ("gpu", "mode", "units", "memory_mb")
+
+    def __init__(self) -> None:
+        self.gpu: tuple[tuple[str, ...], int] | None = None
+        self.mode: str | None = None
+        self.units = 0
+        self.memory_mb: int | None = None
+
+
+def parse_gres_list(text: str) -> Gres:
+    """``gpu:a100:1,mps:50,gpumem:20g``: each item once; mps and shard not together."""
+    from gpusched.core.shapes import ShapeError, parse_gres
+
+    whole, gres = text.strip(), Gres()
+    seen: set[str] = set()
+    for item in whole.split(","):
+        item = item.strip()
+        name, _, value = item.partition(":")
+        key = "share" if name in SHARE_MODES else name
+        if key in seen:
+            raise ShapeError(f"invalid --gres {whole!r}: "
+                             + ("give mps:N or shard:N, not both" if name in SHARE_MODES
+                                else f"{name} is given twice"))
+        seen.add(key)
+        if name == "gpu":
+            gres.gpu = parse_gres(item)
+        elif name in SHARE_MODES:
+            gres.mode, gres.units = name, _units(value, name, whole)
+        elif name == GPU_MEMORY:
+            gres.memory_mb = gpu_memory(value, f"--gres {whole!r}: gpumem")
+        else:
+            raise ShapeError(f"invalid --gres {whole!r}: {item!r} is not a resource here "
+                             f"(expected {GRES_EXPECTED})")
+    return gres
+
+
+def _units(text: str, mode: str, whole: str) -> int:
+    """N of mps:N or shard:N: 1 to MAX_SHARE units of one GPU."""
+    from gpusched.core.shapes import ShapeError
+
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_SHARE):
+        raise ShapeError(f"invalid --gres {whole!r}: {mode}:N takes N from 1 to {MAX_SHARE} "
+                         f"units of one GPU, not {text!r}")
+    return int(text)
+
+
+def gpu_memory(text: str, what: str = "--gpu-mem") -> int:
+    """A GPU memory size in MiB, 1 MiB to 16 TiB: ``20G``, ``512M``, ``40960``."""
+    from gpusched.core.shapes import ShapeError, parse_memory
+
+    if what != "--gpu-mem":  # within a --gres value: its own message
+        try:
+            size = parse_memory(text, "size")
+        except ShapeError:
+            raise ShapeError(f"invalid {what}: {text.strip()!r} is not a size such as "
+                             "20G or 512M") from None
+    else:
+        size = parse_memory(text, what)
+    if not 1 <= size <= MAX_GPU_MEM_MB:
+        raise ShapeError(f"invalid {what} {text.strip()!r}: expected 1M to 16T of GPU memory")
+    return size
+
+
 def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
-    """GPUs in all, their types, nodes, and CPUs and memory per node, from the options."""
+    """GPUs in all, their types, nodes, CPUs and memory per node, and a share of one GPU
+    or GPU memory, from the options."""
+
+    def parse(key: str, parser: Callable[..., Any], *args: Any) -> Any:
+        return option_value(values, origins, key, lambda text: parser(text, *args))
+
+    gres = parse("gres", parse_gres_list) if values["gres"] is not None else None
     given = [name for name in ("gpus", "gres", "gpus_per_node", "gpus_per_task")
-             if values[name] is not None]
+             if values[name] is not None and (name != "gres" or gres.gpu is not None)]
     if len(given) > 1:
         raise UsageError("give only one of --gpus, --gres, --gpus-per-node and --gpus-per-task")
     memory = [name for name in ("mem", "mem_per_gpu", "mem_per_cpu") if values[name] is not None]
     if len(memory) > 1:
         raise UsageError("give only one of --mem, --mem-per-gpu and --mem-per-cpu")
-
-    def parse(key: str, parser: Callable[..., Any], *args: Any) -> Any:
-        return option_value(values, origins, key, lambda text: parser(text, *args))
 
     nodelist = tuple(parse("nodelist", _hosts, "--nodelist")) if values["nodelist"] else ()
     exclude = tuple(parse("exclude", _hosts, "--exclude")) if values["exclude"] else ()
@@ -53,7 +131,7 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
     kinds: tuple[str, ...] = ()
     per_node = 0
     if given:
-        from gpusched.core.shapes import parse_gpus, parse_gres
+        from gpusched.core.shapes import parse_gpus
     if given == ["gpus"]:
         kinds, total = parse("gpus", parse_gpus)
         if total % nodes:
@@ -61,7 +139,8 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
                              f"use --gpus-per-node")
         per_node = total // nodes
     elif given == ["gres"]:
-        kinds, per_node = parse("gres", parse_gres)
+        assert gres is not None and gres.gpu is not None
+        kinds, per_node = gres.gpu
     elif given == ["gpus_per_node"]:
         kinds, per_node = parse("gpus_per_node", parse_gpus, "--gpus-per-node")
     tasks, per_task = values["ntasks"], values["cpus_per_task"]
@@ -88,9 +167,45 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
            if values["mem_per_cpu"] is not None else 0)
     if tasks is None and node_tasks is not None:
         tasks = node_tasks * nodes
-    return {"gpus": per_node * nodes, "gpu_types": kinds, "nodes": nodes, "cpus": cpus,
-            "mem_mb": mem, "ntasks": tasks, "cpus_per_task": per_task,
-            "ntasks_per_node": node_tasks, "nodelist": nodelist, "exclude": exclude}
+    gpus = per_node * nodes
+    mode, units, gpu_mem = _share(values, origins, gres, gpus, nodes)
+    return {"gpus": 1 if mode is not None or gpu_mem is not None else gpus,
+            "gpu_types": kinds, "nodes": nodes, "cpus": cpus, "mem_mb": mem, "ntasks": tasks,
+            "cpus_per_task": per_task, "ntasks_per_node": node_tasks, "nodelist": nodelist,
+            "exclude": exclude, "share_mode": mode, "share": units, "gpu_mem_mb": gpu_mem}
+
+
+def _share(values: dict[str, Any], origins: dict[str, str], gres: Gres | None, gpus: int,
+           nodes: int) -> tuple[str | None, int | None, int | None]:
+    """The share of one GPU (--gres=mps:N or shard:N) and the GPU memory (--gpu-mem or
+    --gres=gpumem:SIZE) a job asks for: either is one GPU on one node."""
+    mode = None if gres is None else gres.mode
+    units = None if gres is None or mode is None else gres.units
+    from_gres = None if gres is None else gres.memory_mb
+    gpu_mem = values.get("gpu_mem")
+    if gpu_mem is not None and from_gres is not None:
+        raise UsageError("give --gpu-mem or --gres=gpumem:SIZE, not both")
+    memory = from_gres if gpu_mem is None else option_value(values, origins, "gpu_mem",
+                                                            gpu_memory)
+    if mode is None and memory is None:
+        return None, None, None
+    what = (f"--gres={mode}:{units} asks for a share of one GPU" if mode is not None
+            else "--gpu-mem asks for one GPU with that memory" if from_gres is None
+            else "--gres=gpumem asks for one GPU with that memory")
+    if gpus > 1:
+        raise UsageError(f"{what}, not {gpus} GPUs: give no GPU count, or 1")
+    if nodes > 1:
+        raise UsageError(f"{what} on one node, not {nodes} nodes")
+    if values.get("exclusive"):
+        raise UsageError(f"{what}: it cannot take whole nodes (--exclusive)")
+    return mode, units, memory
+
+
+def share_fields(mode: str | None, units: int | None, gpu_mem: int | None) -> dict[str, Any]:
+    """A ``POST /v1/jobs`` body's share_mode, share and gpu_mem_mb, those given only: a
+    job asking for none sends the body it always did."""
+    fields = {"share_mode": mode, "share": units, "gpu_mem_mb": gpu_mem}
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 def _hosts(text: str, flag: str) -> list[str]:

@@ -10,7 +10,7 @@ import sys
 
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
 from gpusched.cli.directives import Directive, read_directive_lines
-from gpusched.cli.jobshape import job_shape, option_value
+from gpusched.cli.jobshape import job_shape, option_value, share_fields
 from gpusched.cli.output import print_warning
 from gpusched.cli.shell import current_umask, exported, job_dir, job_environment
 from gpusched.client import ApiClient
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 PROG = "gsubmit"
 # What a directive may set. SCRIPT, its ARGS and --wrap only make sense on the command line.
 UNLIMITED = "UNLIMITED"
-DIRECTIVE_OPTIONS = ("gpus", "gres", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
+DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
                      "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
@@ -55,7 +55,8 @@ IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
            "open_mode": "--open-mode: output files are appended to",
            "kill_on_invalid_dep": "--kill-on-invalid-dep: a job whose dependency can never "
                                   "be met stays pending (reason DependencyNeverSatisfied)",
-           "oversubscribe": "--oversubscribe: GPUs are never shared",
+           "oversubscribe": "--oversubscribe: GPUs are shared only by --gres=mps:N or "
+                            "shard:N, in partitions that share them",
            "profile": "--profile: no profiling data is gathered",
            "acctg_freq": "--acctg-freq: GPUs are sampled at the agent's health interval"}
 # Input variables that set an option unless the command line does (directives lose to
@@ -89,7 +90,8 @@ class Submission:
                  "error", "parsable", "account", "qos", "hold", "exclusive", "begin_time",
                  "dependency", "array", "requeue", "chdir", "ntasks", "ntasks_per_node",
                  "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
-                 "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags")
+                 "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags", "share_mode",
+                 "share", "gpu_mem_mb")
 
     def __init__(
         self, *, script: str, args: tuple[str, ...], name: str, gpus: int,
@@ -114,6 +116,9 @@ class Submission:
         warn_signal: WarnSignal | None = None,  # --signal
         exclude: tuple[str, ...] = (),  # --exclude, expanded
         gres_flags: str | None = None,  # --gres-flags: enforce-binding or disable-binding
+        share_mode: str | None = None,  # --gres=mps:N or shard:N: a share of one GPU
+        share: int | None = None,  # its N
+        gpu_mem_mb: int | None = None,  # --gpu-mem (or --gres=gpumem:SIZE), MiB
     ) -> None:
         self.script, self.args, self.name, self.gpus = script, args, name, gpus
         self.time_limit, self.partition, self.output, self.error = (
@@ -126,6 +131,7 @@ class Submission:
         self.ignored, self.export, self.gpu_types, self.nodes = ignored, export, gpu_types, nodes
         self.cpus, self.mem_mb, self.nodelist = cpus, mem_mb, nodelist
         self.warn_signal, self.exclude, self.gres_flags = warn_signal, exclude, gres_flags
+        self.share_mode, self.share, self.gpu_mem_mb = share_mode, share, gpu_mem_mb
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Submission) and all(
@@ -261,7 +267,8 @@ def merge_directives(
 def submission_body(
     submission: Submission, *, work_dir: str, environment: dict[str, str],
 ) -> dict[str, Any]:
-    """The ``POST /v1/jobs`` request body of docs/api.md."""
+    """The ``POST /v1/jobs`` request body of docs/api.md (a share and GPU memory only
+    when asked for: a body without them is as before)."""
     return {
         "script": submission.script,
         "args": list(submission.args),
@@ -291,6 +298,7 @@ def submission_body(
         "environment": environment,
         "output": submission.output,
         "error": submission.error,
+        **share_fields(submission.share_mode, submission.share, submission.gpu_mem_mb),
     }
 
 

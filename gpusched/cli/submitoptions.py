@@ -26,7 +26,15 @@ GpusOpt = Annotated[str | None, _text_option(
               "either) or a MIG profile (1g.10gb).",
 )]
 GresOpt = Annotated[str | None, _text_option(
-    "--gres", metavar="gpu[:TYPE]:N", help_text="GPUs per node, Slurm's generic-resource way.",
+    "--gres", metavar="gpu[:TYPE]:N|mps:N|shard:N|gpumem:SIZE",
+    help_text="GPUs per node, Slurm's generic-resource way; mps:N or shard:N a share of one "
+              "GPU (N units: percent with MPS's usual 100); gpumem:SIZE as --gpu-mem. "
+              "Comma-separated.",
+)]
+GpuMemOpt = Annotated[str | None, _text_option(
+    "--gpu-mem", metavar="SIZE",
+    help_text="GPU memory the job needs (20G, 512M): one GPU, MIG slice or share with that "
+              "much; with --gres=mps:N, the share's memory limit.",
 )]
 NodesOpt = Annotated[int | None, typer.Option(
     "--nodes", "-N", min=1, metavar="K", show_default=False,
@@ -151,7 +159,8 @@ TmpOpt = Annotated[str | None, _ignored("--tmp", metavar="SIZE")]
 OpenModeOpt = Annotated[str | None, _ignored("--open-mode", metavar="append|truncate")]
 KillOnInvalidDepOpt = Annotated[str | None, _ignored("--kill-on-invalid-dep", metavar="yes|no")]
 OversubscribeOpt = Annotated[Optional[bool], typer.Option(
-    "--oversubscribe", "-s", help="Accepted and ignored: GPUs are never shared.")]
+    "--oversubscribe", "-s",
+    help="Accepted and ignored: GPUs are shared only by --gres=mps:N or shard:N.")]
 ProfileOpt = Annotated[str | None, _ignored("--profile")]
 AcctgFreqOpt = Annotated[str | None, _ignored("--acctg-freq")]
 TestOnlyOpt = Annotated[bool, typer.Option(

@@ -16,6 +16,7 @@ from gpusched.cli.common import use_light_coercion
 from gpusched.cli.output import fit_widths, format_plain_table, print_table
 from gpusched.core.model import JobState
 from gpusched.errors import UsageError
+from gpusched.messages import JobRequest
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -378,6 +379,42 @@ def test_resource_options_make_the_shape(in_tmp: Path, argv: list[str],
     body = gsubmit.submission_body(parse_submit([*argv, "--wrap", "true"]), work_dir="/w",
                                    environment={})
     assert (body["gpus"], body["gpu_types"], body["nodes"], body["cpus"], body["mem_mb"]) == shape
+
+
+@pytest.mark.parametrize(("argv", "share"), [
+    (["--gres=mps:50"], (1, [], "mps", 50, None)),
+    (["--gres", "shard:2"], (1, [], "shard", 2, None)),
+    (["--gres=mps:50", "--gpu-mem=20G"], (1, [], "mps", 50, 20 * 1024)),
+    (["--gres=gpu:a100:1,mps:25,gpumem:20g"], (1, ["a100"], "mps", 25, 20 * 1024)),
+    (["-G", "1", "--gres=shard:3"], (1, [], "shard", 3, None)),
+    (["--gpu-mem", "512M"], (1, [], None, None, 512)),
+    (["--gres=gpumem:40960"], (1, [], None, None, 40960)),
+    (["-G", "l4:1", "--gpu-mem", "1T"], (1, ["l4"], None, None, 1024 * 1024)),
+    (["-G", "2"], (2, [], None, None, None)),
+])
+def test_share_and_gpu_memory_options(in_tmp: Path, argv: list[str],
+                                      share: tuple[object, ...]) -> None:
+    """A share or GPU memory is one GPU; the body carries them as POST /v1/jobs takes them."""
+    body = gsubmit.submission_body(parse_submit([*argv, "--wrap", "true"]), work_dir="/w",
+                                   environment={})
+    assert (body["gpus"], body["gpu_types"], body.get("share_mode"), body.get("share"),
+            body.get("gpu_mem_mb")) == share
+    assert JobRequest.parse(body).to_json() | body == JobRequest.parse(body).to_json()
+
+
+def test_share_directives_and_their_errors(in_tmp: Path) -> None:
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --gres=mps:30\n#GSUB --gpu-mem=8G\ntrue\n")
+    sub = parse_submit(["job.sh"])
+    assert (sub.gpus, sub.share_mode, sub.share, sub.gpu_mem_mb) == (1, "mps", 30, 8192)
+    assert parse_submit(["--gres=shard:4", "job.sh"]).share_mode == "shard"  # the line wins
+    (in_tmp / "bad.sh").write_text("#!/bin/sh\n#SBATCH --gres=mps:20000\ntrue\n")
+    with pytest.raises(UsageError, match=r"^line 2: #SBATCH: invalid --gres 'mps:20000': "
+                                         r"mps:N takes N from 1 to 10000"):
+        parse_submit(["bad.sh"])
+    (in_tmp / "two.sh").write_text("#!/bin/sh\n#SBATCH --gpu-mem=4G -N 2\ntrue\n")
+    with pytest.raises(UsageError, match="^--gpu-mem asks for one GPU with that memory on one "
+                                         "node, not 2 nodes$"):
+        parse_submit(["two.sh"])
 
 
 def test_resource_directives_name_their_line(in_tmp: Path) -> None:
