@@ -15,14 +15,15 @@ from gpusched.configfile import TableReader
 from gpusched.core.shapes import is_gpu_kind, is_mig_profile
 from gpusched.core.topology import LINK_KINDS
 from gpusched.errors import ConfigError
+from gpusched.messages.agent import GPU_UUID
 
-_HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-# GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form of MIG devices.
-_GPU_UUID = re.compile(rf"^(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+)$")
 _DEMO_NAMESPACE = uuid.UUID("6c4d1f0e-2b7a-4f4e-9a53-0f6d5b2c9e11")
 
 _ADDRESS = re.compile(r"[A-Za-z0-9._:\-]+")
 MAX_ADDRESS = 255
+# A program the agent runs: an absolute path, or a name looked up on its PATH.
+_PROGRAM_NAME = re.compile(r"[A-Za-z0-9._+\-]{1,255}")
+MAX_PROGRAM_PATH = 4095
 GPU_SOURCES = ("auto", "nvml", "static")
 CGROUP_MODES = ("auto", "required", "off")
 
@@ -96,6 +97,9 @@ class AgentConfig:
     health_check: Path | None = None
     health_check_interval: float = 300.0
     health_check_timeout: float = 60.0
+    # The MPS control program run for GPUs shared by MPS (gpusched.agent.mps): an
+    # absolute path, or a name looked up on the agent's PATH when a job needs it.
+    mps_control: str = "nvidia-cuda-mps-control"
 
 
 def demo_gpus(node_name: str, count: int) -> tuple[StaticGpu, ...]:
@@ -144,7 +148,7 @@ def _static_gpus(r: TableReader, node_name: str) -> tuple[StaticGpu, ...]:
         index = g.get("index", int, i, "a GPU index (0 or more)")
         expected = "a GPU UUID such as 'GPU-8c3f…' (GPU- or MIG- and a UUID)"
         gpu_uuid = g.get("uuid", str, None, expected)
-        if gpu_uuid is None or not _GPU_UUID.match(gpu_uuid):
+        if gpu_uuid is None or not GPU_UUID.fullmatch(gpu_uuid):
             raise g.fail("uuid", expected)
         if index < 0:
             raise g.fail("index", "a GPU index (0 or more)")
@@ -215,7 +219,7 @@ def parse_agent(r: TableReader) -> AgentConfig:
     """The [agent] table (with its gpus, health, cgroups and site-program tables)."""
     r.check_keys({"node_name", "address", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health",
                   "min_job_uid", "controller_user", "cgroups", "prolog", "epilog",
-                  "health_check"})
+                  "health_check", "mps_control"})
     defaults = AgentConfig()
     min_job_uid = r.get("min_job_uid", int, defaults.min_job_uid, "a uid from 0 to 4294967294")
     if isinstance(min_job_uid, bool) or not 0 <= min_job_uid <= 4294967294:
@@ -242,6 +246,7 @@ def parse_agent(r: TableReader) -> AgentConfig:
         static_links=_static_links(gpus),
         block=r.get("block", str, None, "a topology block name"),
         min_job_uid=min_job_uid,
+        mps_control=_program(r, "mps_control", defaults.mps_control),
         controller_user=None if controller_user is None else str(controller_user),
         rediscover_interval=gpus.positive("rediscover_interval", defaults.rediscover_interval),
         **_health(r.sub("health"), defaults),
@@ -256,6 +261,18 @@ def _address(r: TableReader) -> str | None:
     if value is not None and (not 0 < len(value) <= MAX_ADDRESS
                               or not _ADDRESS.fullmatch(value)):
         raise r.fail("address", expected)
+    return value
+
+
+def _program(r: TableReader, key: str, default: str) -> str:
+    """A program to run: an absolute path, or a plain name found on PATH when run."""
+    expected = "an absolute path or a program name found on PATH"
+    value: str = r.get(key, str, default, expected)
+    if value.startswith("/"):
+        if "\0" in value or len(value) > MAX_PROGRAM_PATH or not value.isprintable():
+            raise r.fail(key, expected)
+    elif not _PROGRAM_NAME.fullmatch(value) or value in (".", ".."):
+        raise r.fail(key, expected)
     return value
 
 

@@ -11,6 +11,7 @@ is capped when it is expanded), as the agent must run what an older controller s
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,16 +55,60 @@ GRES_FLAGS = ("enforce-binding", "disable-binding")
 MAX_BYTES = (1 << 63) - 1  # a cgroup's counters are 64-bit
 MAX_HEALTH_REASON = 256  # characters of a node health check's reason
 COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel")
+SHARE_MODES = ("mps", "shard")
+MAX_SHARE_UNITS = 10_000  # units one shared GPU may offer (an MPS count of 100: percents)
+MAX_GPU_MEM_MB = 16 * 1024 * 1024  # MB of GPU memory one share may hold (16 TiB)
+_HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# A GPU's UUID as NVML gives it: GPU-<uuid>, MIG-<uuid>, or a MIG device's older
+# MIG-GPU-<uuid>/<gi>/<ci> form.
+GPU_UUID = re.compile(rf"(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d{{1,3}}/\d{{1,3}})")
 
 LAUNCH_FIELDS = frozenset({
     "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
     "environment", "output", "error", "umask", "time_limit", "warn_signal", "warn_seconds",
     "warn_batch_only", "gpu_uuids", "node_names", "array_job_id", "array_task_id",
-    "array_spec", "cpus", "mem_mb", "gres_flags"})
+    "array_spec", "cpus", "mem_mb", "gres_flags", "share"})
+SHARE_FIELDS = frozenset({"mode", "gpu_uuid", "units", "of", "mem_mb"})
 END_FIELDS = frozenset({"node", "run", "outcome", "exit_code", "signal", "end_time", "error",
                         "max_rss_bytes", "cpu_usec", "epilog_error"})
 HEALTH_FIELDS = frozenset({"node", "ok", "reason"})
 COMMAND_FIELDS = frozenset({"kind", "node", "job_id", "run", "seq", "payload"})
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGrant:
+    """The share of one GPU a job holds on this node, as the controller granted it.
+
+    ``mode`` is how the GPU is shared: "mps" (the agent runs the GPU's MPS control
+    daemon and limits the job to ``units`` of the ``of`` units the GPU offers, and to
+    ``mem_mb`` MB of its memory; 0: no memory limit) or "shard" (the job gets the GPU
+    with no limit, as Slurm's shards). ``gpu_uuid`` is the order's only GPU.
+    """
+
+    mode: str
+    gpu_uuid: str
+    units: int
+    of: int
+    mem_mb: int = 0
+
+    @classmethod
+    def parse(cls, raw: object) -> ShareGrant:
+        """Check every field's type and bounds; the first fault is a UsageError."""
+        body = as_object(raw, "the share")
+        refuse_unknown(body, SHARE_FIELDS, "the share")
+        mode = one_of(body, "mode", SHARE_MODES)
+        gpu_uuid = required_text(body, "gpu_uuid", bounds.MAX_WORD, "a GPU UUID")
+        if not GPU_UUID.fullmatch(gpu_uuid):
+            raise UsageError(f"gpu_uuid: expected a GPU UUID (GPU- or MIG- and a UUID), got "
+                             f"{shown(gpu_uuid)}")
+        of = required_integer(body, "of", 1, MAX_SHARE_UNITS, "the units the GPU offers")
+        return cls(mode=mode, gpu_uuid=gpu_uuid,
+                   units=required_integer(body, "units", 1, of, "units of the GPU"), of=of,
+                   mem_mb=integer(body, "mem_mb", 0, 0, MAX_GPU_MEM_MB, "MB of GPU memory"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "gpu_uuid": self.gpu_uuid, "units": self.units,
+                "of": self.of, "mem_mb": self.mem_mb}
 
 
 @dataclass(frozen=True)
@@ -75,6 +120,8 @@ class LaunchOrder:
     this one alone); ``output``/``error`` are patterns relative to ``work_dir``.
     ``cpus`` and ``mem_mb`` are what the job holds on this node (0: not counted, so not
     limited); ``gres_flags`` is sbatch's ``--gres-flags`` (None: the node's default).
+    ``share`` is the part of its one GPU a job that shares it holds (None: whole GPUs;
+    absent from the wire then).
     """
 
     job_id: int
@@ -103,6 +150,7 @@ class LaunchOrder:
     cpus: int = 0
     mem_mb: int = 0
     gres_flags: str | None = None
+    share: ShareGrant | None = None
 
     @classmethod
     def parse(cls, raw: object) -> LaunchOrder:
@@ -116,6 +164,11 @@ class LaunchOrder:
         script = typed(body, "script", str, None, "the batch script text")
         if script is None:
             raise UsageError("script: expected the batch script text, got nothing")
+        gpu_uuids = words(body, "gpu_uuids", bounds.MAX_GPUS, "GPU UUIDs")
+        share = None if body.get("share") is None else _share(as_object(body["share"], "share"))
+        if share is not None and gpu_uuids != (share.gpu_uuid,):
+            raise UsageError(f"share: the share is of GPU {share.gpu_uuid}, which must be the "
+                             f"order's only GPU, not {shown(list(gpu_uuids))}")
         return cls(
             job_id=required_integer(body, "job_id", 1, bounds.MAX_JOB_ID, "a job id"),
             run=integer(body, "restarts", 0, 0, bounds.MAX_INT32, "a restart count"),
@@ -136,7 +189,7 @@ class LaunchOrder:
             warn_seconds=optional_integer(body, "warn_seconds", 0, MAX_WARN_SECONDS,
                                           "seconds before the time limit"),
             warn_batch_only=flag(body, "warn_batch_only"),
-            gpu_uuids=words(body, "gpu_uuids", bounds.MAX_GPUS, "GPU UUIDs"),
+            gpu_uuids=gpu_uuids,
             node_names=words(body, "node_names", bounds.MAX_NODES, "node names"),
             array_job_id=optional_integer(body, "array_job_id", 1, bounds.MAX_JOB_ID,
                                           "a job id"),
@@ -146,11 +199,12 @@ class LaunchOrder:
             cpus=integer(body, "cpus", 0, 0, bounds.MAX_CPUS, "CPUs on this node"),
             mem_mb=integer(body, "mem_mb", 0, 0, bounds.MAX_MEM_MB, "MiB on this node"),
             gres_flags=None if body.get("gres_flags") is None
-            else one_of(body, "gres_flags", GRES_FLAGS))
+            else one_of(body, "gres_flags", GRES_FLAGS), share=share)
 
     def to_json(self) -> dict[str, Any]:
-        """The order as ``GET /agent/v1/work`` carries it."""
-        return {
+        """The order as ``GET /agent/v1/work`` carries it (``share`` only when there is
+        one, so that an order without one reads the same to an agent without shares)."""
+        body = {
             "job_id": self.job_id, "restarts": self.run, "node": self.node, "name": self.name,
             "user": self.user, "uid": self.uid, "gid": self.gid, "script": self.script,
             "args": list(self.args), "work_dir": self.work_dir,
@@ -162,6 +216,17 @@ class LaunchOrder:
             "array_task_id": self.array_task_id, "array_spec": self.array_spec,
             "cpus": self.cpus, "mem_mb": self.mem_mb, "gres_flags": self.gres_flags,
         }
+        if self.share is not None:
+            body["share"] = self.share.to_json()
+        return body
+
+
+def _share(body: Body) -> ShareGrant:
+    """The order's share, each fault named under ``share``."""
+    try:
+        return ShareGrant.parse(body)
+    except UsageError as exc:
+        raise UsageError(f"share: {exc.message}") from None
 
 
 def launch_job_of(raw: object) -> tuple[int, int] | None:
