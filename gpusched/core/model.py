@@ -268,6 +268,11 @@ class Policy:
     # Whether waiting jobs without a reservation get an expected start (gqueue --start);
     # a caller that only wants the starts (the simulator) turns it off.
     estimates: bool = True
+    # How a job asking for a share of one GPU is placed (core/sharing.py): "bestfit" or
+    # "fgd" (fragmentation-aware); and whether jobs of different users may share one
+    # GPU by MPS (one MPS server then serves them all).
+    packing: str = "bestfit"
+    mps_multi_user: bool = False
 
     @property
     def reservation_depth(self) -> float:

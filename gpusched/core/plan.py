@@ -31,6 +31,8 @@ from gpusched.core.ordering import (
     queue_order,
 )
 from gpusched.core.pools import UnitPools
+from gpusched.core.share_starts import reserve_share, share_choices, start_share
+from gpusched.core.sharing import ShareBook, wants_share
 from gpusched.core.units import INF, Shape
 
 # The queue's order lives in core/ordering.py; callers find it here too.
@@ -89,8 +91,14 @@ class SchedulingPass:
         # Partitions that hold no job back by their own rules: most, usually.
         self.open_partitions = frozenset(
             part.name for part in snapshot.partitions if _partition_open(part))
-        # A kept occupancy (the simulator's) must be that of snapshot.running.
-        self.capacity = Capacity(snapshot.nodes, snapshot.running, now, occupancy)
+        # Shared GPUs: each with a holder is held by a carrier (core/sharing.py). A kept
+        # occupancy (the simulator's) must be that of snapshot.running and its carriers.
+        book = ShareBook(snapshot.nodes, snapshot.running)
+        self.book = book if book.any else None
+        running = snapshot.running
+        if self.book is not None and occupancy is None and self.book.gpus:
+            running = (*running, *self.book.carriers())
+        self.capacity = Capacity(snapshot.nodes, running, now, occupancy)
         # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
         self.pools = UnitPools(self.capacity) if policy.backfill == "conservative" else None
         self.members = self.capacity.inventory.members(snapshot.partitions)
@@ -223,6 +231,8 @@ class SchedulingPass:
                 self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
         members, group = self.where(job)
+        if wants_share(job):
+            return self._try_share(job, task, members)
         whole: Shape | None = None
         shape: Shape | None
         pool = None if self.pools is None else self.pools.pool_for(job, members, group)
@@ -276,13 +286,42 @@ class SchedulingPass:
             uuids.extend(gpu.uuid for gpu in self.capacity.take(index, unit_kind, shape))
         if self.pools is not None:
             self.pools.started(placed)
-        self.starts.append(Start(job.job_id, names[0], tuple(uuids), task, kind,
+        self._started(job, Start(job.job_id, names[0], tuple(uuids), task, kind,
                                  tuple(names) if len(names) > 1 else ()))
+        return None
+
+    def _started(self, job: PendingJob, start: Start) -> None:
+        self.starts.append(start)
         self.limits.started(job)
         self.reshaped = self.reshaped or bool(self.reservations)
         self.busy_names.add((job.user, job.name))
         if job.array_job_id is not None:
             self.array_running[job.array_job_id] += 1
+
+    def _try_share(self, job: PendingJob, task: int | None,
+                   members: frozenset[int]) -> Reason | None:
+        """``_try_start`` for a job asking for a share of one GPU (core/share_starts.py):
+        best placement now, else a reservation (first jobs that must wait) or an estimate."""
+        book = self.book
+        choices = [] if book is None else share_choices(
+            self.capacity, book, job, members, self.policy.mps_multi_user)
+        if not choices or book is None:
+            first = job.partition not in self.blocked
+            self.blocked.setdefault(job.partition, job)
+            if book is not None and self.reserving \
+                    and self.reserved_in[job.partition] < self.depth:
+                self.reserved_in[job.partition] += 1
+                at, reservation = reserve_share(self.capacity, book, job, members)
+                if reservation is not None:
+                    self.reshaped = self.reshaped or at <= self.now
+                    self.reservations.append(reservation)
+                self.expected[job.job_id] = at
+            return Reason.RESOURCES if first else Reason.PRIORITY
+        kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])
+                else StartKind.IMMEDIATE)
+        if self.pools is not None:
+            self.pools.started([(choices[0].node, "")])
+        self._started(job, start_share(self.capacity, book, job, choices[0], task, kind))
         return None
 
     def _preempt(self, job: PendingJob, shape: Shape, members: frozenset[int]) -> bool:
@@ -322,7 +361,7 @@ class SchedulingPass:
             # array, and needs at least what could not start in this pass (``refused``)
             # waits behind the blocked job, as ``_try_start`` would decide without any
             # other work (when ``quick``: no pools, preemption or estimates).
-            if (self.quick and job.array_tasks is None and not job.exclusive
+            if (self.quick and job.array_tasks is None and not job.exclusive and not job.share
                     and not job.nodelist and not job.exclude
                     and len(self.starts) < self.max_starts and self._plain(job)
                     and self.capacity.refused(job, job.partition)):

@@ -1,0 +1,136 @@
+"""A pass's starts of jobs that ask for a share of one GPU (see core/sharing.py for the
+model): the candidates on the nodes a job may use, the packing choice among them, and
+the changes a start makes to the pass's resources."""
+
+from __future__ import annotations
+
+from bisect import insort
+from typing import TYPE_CHECKING, NamedTuple
+
+from gpusched.core.model import PendingJob, Reservation, Start, StartKind
+from gpusched.core.sharing import ShareBook, SharedGpu, share_memory
+from gpusched.core.units import INF, Shape
+
+if TYPE_CHECKING:
+    from gpusched.core.capacity import Capacity
+
+
+class ShareChoice(NamedTuple):
+    """Where a share starts: on node ``node`` (its index), on the partly used GPU
+    ``shared``, or (None) on a free whole GPU of ``kind`` there."""
+
+    score: tuple[float, ...]
+    node: int
+    kind: str
+    shared: SharedGpu | None
+
+
+def _cpu_mem(job: PendingJob, duration: float) -> Shape:
+    return Shape((), 0, job.cpus, job.mem_mb, 1, duration, job.uid)
+
+
+def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
+                  members: frozenset[int], multi_user: bool) -> list[ShareChoice]:
+    """Every place ``job``'s share could start now without delaying a reservation, best
+    fit first: least room left on the GPU (a partly used GPU before a free one, so whole
+    GPUs stay whole), then the node with fewest free GPUs, then the node's order."""
+    duration = INF if job.time_limit is None else float(job.time_limit)
+    end = capacity.now + duration
+    mode = job.share_mode
+    cpu_mem = _cpu_mem(job, duration)
+    found: list[ShareChoice] = []
+    names = book.sharing_nodes
+    for index in members:
+        node = capacity.nodes[index]
+        name = node.view.name
+        if names.get(name) != mode or index in capacity.whole \
+                or not capacity._usable(node, cpu_mem) \
+                or not capacity._fits_now(node, "", cpu_mem):
+            continue
+        free_gpus = node.free_gpus()
+        for shared in book.on_node.get(name, ()):
+            units = book.room_for(shared, job, multi_user)
+            if not units:
+                continue
+            where = capacity.kind_of.get(shared.uuid)
+            if where is None:
+                continue
+            if end > shared.end and index in capacity.reserved_nodes and not node.fits(
+                    where[1], Shape((where[1],), 1, 0, 0, 1, end - shared.end, job.uid),
+                    shared.end):
+                continue  # holding the GPU longer would delay a reservation
+            left = (shared.room - units) / shared.gpu.shares
+            found.append(ShareChoice((left, free_gpus, index, shared.gpu.index), index,
+                                     where[1], shared))
+        for kind, free in node.free.items():
+            if not free or kind in node.slices or not book.fits_whole(free[0], job):
+                continue
+            whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
+            if capacity._fits_now(node, kind, whole):
+                gpu = free[0]
+                left = (gpu.shares - job.share) / gpu.shares
+                found.append(ShareChoice((left, free_gpus, index, gpu.index), index, kind, None))
+    found.sort(key=lambda choice: choice.score)
+    return found
+
+
+def start_share(capacity: Capacity, book: ShareBook, job: PendingJob,
+                choice: ShareChoice, task: int | None, kind: StartKind) -> Start:
+    """Start ``job``'s share where ``choice`` says: take its CPUs and memory, and the
+    free GPU (which gets a carrier) or a longer hold of the partly used one."""
+    duration = INF if job.time_limit is None else float(job.time_limit)
+    end = capacity.now + duration
+    index = choice.node
+    shared = choice.shared
+    if shared is None:
+        gpu = capacity.take(index, choice.kind, Shape((choice.kind,), 1, 0, 0, 1, duration,
+                                                      job.uid))[0]
+        held = book.hold(gpu.uuid, job.job_id, job.user, job.share,
+                         share_memory(gpu, job.share, job.gpu_mem_mb), end)
+        assert held is not None  # a GPU of the snapshot's nodes
+        shared = held
+        if end < INF:  # the carrier's release is the one take() made for the GPU
+            _move_release(capacity, index, choice.kind, (end, -1), (end, shared.carrier))
+    else:
+        before = shared.end
+        mem = share_memory(shared.gpu, job.share, job.gpu_mem_mb)
+        book.hold(shared.uuid, job.job_id, job.user, job.share, mem, end)
+        if end > before:
+            _move_release(capacity, index, choice.kind, (before, shared.carrier),
+                          None if end == INF else (end, shared.carrier))
+    capacity.take(index, "", _cpu_mem(job, duration))  # its CPUs and memory; started here
+    mem = share_memory(shared.gpu, job.share, job.gpu_mem_mb)
+    return Start(job.job_id, capacity.nodes[index].view.name, (shared.uuid,), task, kind,
+                 shares=((shared.uuid, job.share, mem),))
+
+
+def _move_release(capacity: Capacity, index: int, kind: str, old: tuple[float, int],
+                  new: tuple[float, int] | None) -> None:
+    """Move the release of one unit of ``kind`` at ``old`` (time, job id) on node
+    ``index`` to ``new`` (None: never released)."""
+    node = capacity._own_units(index)
+    releases = node.releases
+    for position, (at, k, gpus, cpus, mem, owner) in enumerate(releases):
+        if at == old[0] and k == kind and gpus == 1 and not cpus and not mem \
+                and owner == old[1]:
+            del releases[position]
+            break
+    if new is not None:
+        insort(releases, (new[0], kind, 1, 0.0, 0.0, new[1]))
+    capacity._touched(index)
+
+
+def reserve_share(capacity: Capacity, book: ShareBook, job: PendingJob,
+                  members: frozenset[int]) -> tuple[float, Reservation | None]:
+    """A reservation for a blocked share job: a free whole GPU of a node sharing its way,
+    held from the earliest time one is (a whole GPU holds any share)."""
+    duration = INF if job.time_limit is None else float(job.time_limit)
+    sharing = frozenset(i for i in members
+                        if book.sharing_nodes.get(capacity.nodes[i].view.name) == job.share_mode)
+    shape = Shape(job.gpu_kinds, 1, job.cpus, job.mem_mb, 1, duration, job.uid)
+    at, where = capacity.where_to_reserve(shape, sharing)
+    if at >= INF:
+        return at, None
+    capacity.reserve(at, where, shape, job.job_id)
+    return at, Reservation(job.job_id, at, tuple(capacity.nodes[i].view.name for i, _ in where))
+

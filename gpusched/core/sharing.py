@@ -1,0 +1,146 @@
+"""Shares of GPUs during a pass: which GPUs are shared and by whom, and where a job
+asking for a share of one GPU (``PendingJob.share``) starts.
+
+A GPU that may be shared (``GpuView.sharing``: "mps" or "shard") offers ``shares``
+units. To the rest of a pass (matching, the timeline, reservations) a GPU with any
+share taken is simply held, by one stand-in running job, its *carrier*, until the last
+of its holders' time limits: whole-GPU jobs cannot have it before then, and a
+reservation counting on it counts on that time. Within the carrier's span the
+``ShareBook`` counts what each holder takes: units, GPU memory, and for MPS whose jobs
+they are (an MPS server serves one user: jobs of different users share a GPU by MPS
+only where the policy allows it).
+
+A share job starts on a GPU that already has room (a partly used GPU) or on a free
+whole GPU of a node that shares the way it asks, whichever the packing policy scores
+best (``Policy.packing``: "bestfit" leaves the least room on the GPU, so partly used
+GPUs fill up first and whole GPUs stay whole; "fgd" keeps the fragmentation of the
+node's free GPU capacity, as the pending jobs would see it, lowest). Starting on a free
+GPU is starting a one-GPU job there (the usual checks keep every reservation whole);
+starting on a partly used GPU past its carrier's end moves the carrier's end, allowed
+only when one unit of that GPU's kind is free for the extra time, reservations taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gpusched.core.model import GpuView, NodeView, PendingJob, RunningJob
+from gpusched.core.units import INF
+
+SHARE_MODES = ("mps", "shard")
+
+
+def carrier_id(position: int) -> int:
+    """The job id of the carrier of the GPU at ``position`` (its place among every GPU of
+    the snapshot's nodes, in order): negative, below the -1 a pass gives its own starts."""
+    return -2 - position
+
+
+@dataclass(slots=True)
+class SharedGpu:
+    """One shared GPU with at least one holder."""
+
+    uuid: str
+    node: str
+    gpu: GpuView
+    carrier: int  # the carrier's job id
+    used: int = 0  # units taken
+    mem_used: int = 0  # GPU memory taken (MB)
+    end: float = 0.0  # the latest holder's end (INF: one has no time limit)
+    users: set[str] = field(default_factory=set)
+    holders: list[int] = field(default_factory=list)
+
+    @property
+    def room(self) -> int:
+        """Units still free on it."""
+        return self.gpu.shares - self.used
+
+
+def share_memory(gpu: GpuView, units: int, asked_mb: int) -> int:
+    """The GPU memory (MB) a share of ``units`` of ``gpu`` gets: what the job asked for,
+    else its part of the GPU's memory (0 when that is not known)."""
+    if asked_mb:
+        return asked_mb
+    if gpu.memory_mb and gpu.shares:
+        return gpu.memory_mb * units // gpu.shares
+    return 0
+
+
+class ShareBook:
+    """The shared GPUs of a cluster, and their carriers."""
+
+    def __init__(self, nodes: Sequence[NodeView], running: Iterable[RunningJob] = ()) -> None:
+        self.where: dict[str, tuple[str, GpuView, int]] = {}  # uuid -> (node, GPU, position)
+        self.sharing_nodes: dict[str, str] = {}  # node -> its share mode
+        position = 0
+        for node in nodes:
+            for gpu in node.gpus:
+                self.where[gpu.uuid] = (node.name, gpu, position)
+                position += 1
+                if gpu.sharing in SHARE_MODES and gpu.shares > 0 and not gpu.mig_mode \
+                        and gpu.mig_profile is None:
+                    self.sharing_nodes.setdefault(node.name, gpu.sharing)
+        self.gpus: dict[str, SharedGpu] = {}
+        self.on_node: dict[str, list[SharedGpu]] = {}
+        for job in running:
+            if job.shares:
+                end = INF if job.end_time is None else job.end_time
+                for uuid, units, mem in job.shares:
+                    self.hold(uuid, job.job_id, job.user, units, mem, end)
+
+    @property
+    def any(self) -> bool:
+        """Whether any GPU of the cluster may be shared."""
+        return bool(self.sharing_nodes)
+
+    def hold(self, uuid: str, job_id: int, user: str, units: int, mem: int,
+             end: float) -> SharedGpu | None:
+        """Count a holder's share of GPU ``uuid`` (None: no such GPU)."""
+        found = self.where.get(uuid)
+        if found is None:
+            return None
+        shared = self.gpus.get(uuid)
+        if shared is None:
+            node, gpu, position = found
+            shared = self.gpus[uuid] = SharedGpu(uuid, node, gpu, carrier_id(position))
+            self.on_node.setdefault(node, []).append(shared)
+        shared.used += units
+        shared.mem_used += mem
+        shared.end = max(shared.end, end)
+        shared.users.add(user)
+        shared.holders.append(job_id)
+        return shared
+
+    def carrier(self, shared: SharedGpu) -> RunningJob:
+        """The stand-in running job that holds ``shared`` whole until its last holder's end."""
+        return RunningJob(shared.carrier, shared.node, (shared.uuid,),
+                          end_time=None if shared.end == INF else shared.end)
+
+    def carriers(self) -> list[RunningJob]:
+        """A carrier for every shared GPU with a holder."""
+        return [self.carrier(shared) for shared in self.gpus.values()]
+
+    def room_for(self, shared: SharedGpu, job: PendingJob, multi_user: bool) -> int:
+        """The units ``job`` takes on ``shared`` if it fits there (its mode, its units and
+        memory, and for MPS its user); else 0."""
+        gpu = shared.gpu
+        if gpu.sharing != job.share_mode or job.share > shared.room:
+            return 0
+        if gpu.sharing == "mps" and not multi_user and shared.users != {job.user}:
+            return 0
+        if gpu.memory_mb and shared.mem_used + share_memory(gpu, job.share, job.gpu_mem_mb) \
+                > gpu.memory_mb:
+            return 0
+        return job.share
+
+    def fits_whole(self, gpu: GpuView, job: PendingJob) -> bool:
+        """Whether a share for ``job`` fits a free whole ``gpu``."""
+        return (gpu.sharing == job.share_mode and gpu.shares > 0 and job.share <= gpu.shares
+                and (not gpu.memory_mb or share_memory(gpu, job.share, job.gpu_mem_mb)
+                     <= gpu.memory_mb))
+
+
+def wants_share(job: PendingJob) -> bool:
+    """Whether ``job`` asks for a share of one GPU."""
+    return job.share > 0 and job.share_mode in SHARE_MODES
