@@ -102,11 +102,32 @@ def _check_max_wall(qos: QosRow | None, time_limit: int | None) -> None:
                          f"{format_duration(qos.max_wall)} of QOS {qos.name}")
 
 
+_SHARED_BY = {"mps": "by MPS (--gres=mps:N)", "shard": "as shards (--gres=shard:N)"}
+
+
+def _check_share(part: PartitionRow, mode: str | None, units: int | None) -> None:
+    """A share of one GPU (``mode``, ``units``) is one ``part`` offers: its GPUs are
+    shared that way, each offering at least ``units``."""
+    if mode is None:
+        return
+    if part.sharing != mode:
+        does = ("it gives whole GPUs only" if part.sharing is None
+                else f"it shares them {_SHARED_BY[part.sharing]}")
+        raise UsageError(f"partition {part.name} does not share GPUs "
+                         f"{_SHARED_BY[mode].split(' (')[0]}: {does}")
+    if units is not None and part.shares is not None and units > part.shares:
+        raise UsageError(f"requested {mode}:{units}, more than the {part.shares} units each "
+                         f"GPU of partition {part.name} offers")
+
+
 def _check_fits(part: PartitionRow, members: Sequence[Sequence[Any]], per_node: int,
                 kinds: tuple[str, ...], nodes: int, cpus: int, mem_mb: int,
-                nodelist: Sequence[str] = (), exclude: Sequence[str] = ()) -> None:
+                nodelist: Sequence[str] = (), exclude: Sequence[str] = (),
+                gpu_mem_mb: int | None = None) -> None:
     """Refuse a shape no set of registered nodes of ``part`` (``members``, as
-    submit_facts reads them; those named, less those excluded) could ever hold.
+    submit_facts reads them; those named, less those excluded) could ever hold;
+    ``gpu_mem_mb``: GPU memory each of its GPUs needs (a GPU whose memory is not known
+    may have it).
 
     A partition without registered nodes yet takes anything.
     """
@@ -123,14 +144,21 @@ def _check_fits(part: PartitionRow, members: Sequence[Sequence[Any]], per_node: 
         return
     most = []  # per node: the most units of one matching kind
     able = 0
+    memory = 0  # the most GPU memory of a matching kind
     for _, _, c, m, units in members:
-        best = max((count for gpu_type, profile, count in units or ()
-                    if kind_matches(profile or gpu_type or "gpu", profile is not None, kinds)),
-                   default=0)
+        matching = [(count, gpu_mb or 0) for gpu_type, profile, count, gpu_mb in units or ()
+                    if kind_matches(profile or gpu_type or "gpu", profile is not None, kinds)]
+        memory = max([memory, *(gpu_mb for _, gpu_mb in matching)])
+        best = max((count for count, gpu_mb in matching
+                    if not gpu_mem_mb or not gpu_mb or gpu_mb >= gpu_mem_mb), default=0)
         most.append(best)
         able += best >= per_node and (not c or c >= cpus) and (not m or m >= mem_mb)
     if able >= nodes:
         return
+    if gpu_mem_mb and memory and memory < gpu_mem_mb:
+        raise UsageError(f"requested a GPU with {gpu_mem_mb} MiB of memory, but no "
+                         f"{'|'.join(kinds) + ' ' if kinds else ''}GPU in partition "
+                         f"{part.name} has that much (the most: {memory} MiB)")
     what = f"{per_node} {'|'.join(kinds) + ' ' if kinds else ''}GPUs"
     extra = "".join([f", {cpus} CPUs" if cpus else "", f", {mem_mb} MiB" if mem_mb else ""])
     if nodes == 1:
@@ -228,8 +256,10 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         if part.max_gpus_per_job is not None and gpus > part.max_gpus_per_job:
             raise UsageError(f"requested {gpus} GPUs, more than the {part.max_gpus_per_job} "
                              f"per job partition {part.name} allows")
+        _check_share(part, request.share_mode, request.share)
         _check_fits(part, chosen.members, gpus // nodes, request.gpu_types, nodes,
-                    request.cpus, request.mem_mb, request.nodelist, request.exclude)
+                    request.cpus, request.mem_mb, request.nodelist, request.exclude,
+                    request.gpu_mem_mb)
         return part, time_limit, _choose_account(facts.mine, facts.any_association, user,
                                                  request.account, part)
 
@@ -265,7 +295,8 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "warn_seconds": None if warn is None else warn.seconds,
         "warn_batch_only": False if warn is None else warn.batch_only,
         "exclusive": request.exclusive, "submit_key": request.submit_key,
-        "gres_flags": request.gres_flags,
+        "gres_flags": request.gres_flags, "share_mode": request.share_mode,
+        "share_units": request.share, "gpu_mem_mb": request.gpu_mem_mb,
         "array_tasks": None if array is None else array.tasks,
         "array_spec": None if array is None else array.tasks,
         "array_max_running": None if array is None else array.max_running},
@@ -342,9 +373,10 @@ def update_job(session: Session, job_id: int, who: Identity,
         raise UsageError(f"time limit {format_duration(limit)} exceeds the MaxTime "
                          f"{format_duration(part.max_time)} of partition {part.name}")
     if "partition" in given:
+        _check_share(part, job.share_mode, job.share_units)
         _check_fits(part, chosen.members, job.gpus // max(1, job.nodes),
                     tuple(job.gpu_types), job.nodes, job.cpus, job.mem_mb, job.nodelist,
-                    job.exclude_nodes)
+                    job.exclude_nodes, job.gpu_mem_mb)
     if "qos" in given:  # administrators only (above): any QOS that exists
         kept = choose_qos(change.qos, qos_access(session, job.user_name, job.account, True),
                           lambda name: qos_row(session, name))

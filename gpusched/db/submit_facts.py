@@ -35,21 +35,24 @@ class PartitionRow(NamedTuple):
     max_gpus_per_job: int | None
     allow_accounts: list[str] | None
     deny_accounts: list[str]
+    sharing: str | None  # how its GPUs are shared: "mps", "shard" or None (not at all)
+    shares: int | None  # units each shared GPU offers
 
 
 # The partition named, or (NULL) the default: the first not INACTIVE, default first.
 _PARTITION = (
     "SELECT name, nodes, state, max_time, default_time, max_gpus_per_job, allow_accounts,"
-    " deny_accounts FROM partitions WHERE name = CAST(%(part)s AS text)"
+    " deny_accounts, sharing, shares FROM partitions WHERE name = CAST(%(part)s AS text)"
     " OR (CAST(%(part)s AS text) IS NULL AND state <> 'INACTIVE')"
     " ORDER BY is_default DESC, name LIMIT 1")
 # The registered nodes of a partition, as JSON [id, name, cpus, memory_mb, units] rows,
-# units being [gpu_type, mig_profile, count] rows of its present GPUs that are not split
-# into MIG slices (NULL when none).
+# units being [gpu_type, mig_profile, count, most memory_mb] rows of its present GPUs
+# that are not split into MIG slices (NULL when none).
 _MEMBERS = (
     "(SELECT json_agg(json_build_array(n.id, n.name, n.cpus, n.memory_mb, ("
-    "SELECT json_agg(json_build_array(u.gpu_type, u.mig_profile, u.units)) FROM ("
-    "SELECT gpu_type, mig_profile, count(*) AS units FROM gpus WHERE gpus.node_id = n.id"
+    "SELECT json_agg(json_build_array(u.gpu_type, u.mig_profile, u.units, u.memory_mb))"
+    " FROM (SELECT gpu_type, mig_profile, count(*) AS units, max(memory_mb) AS memory_mb"
+    " FROM gpus WHERE gpus.node_id = n.id"
     " AND gpus.present AND gpus.id NOT IN (SELECT parent_id FROM gpus"
     " WHERE parent_id IS NOT NULL AND present) GROUP BY gpu_type, mig_profile) AS u)))"
     " FROM nodes AS n WHERE '*' = ANY({nodes}) OR n.name = ANY({nodes}))")
@@ -70,7 +73,8 @@ _FACTS = (
     f"SELECT COALESCE(CAST(%(qos)s AS text), assoc.default_qos, '{DEFAULT_QOS}') AS name"
     " FROM (SELECT) AS one LEFT JOIN assoc ON true)"
     " SELECT part.name, part.nodes, part.state, part.max_time, part.default_time,"
-    " part.max_gpus_per_job, part.allow_accounts, part.deny_accounts, "
+    " part.max_gpus_per_job, part.allow_accounts, part.deny_accounts, part.sharing,"
+    " part.shares, "
     + _MEMBERS.format(nodes="part.nodes") + ","
     " (SELECT json_agg(json_build_array(account, is_default)) FROM account_users"
     "  WHERE user_name = %(user)s),"
@@ -140,7 +144,8 @@ def read_partition(session: Session, name: str | None,
                                   {"part": name}).fetchone()
     if row is None:
         return PartitionFacts(None, ())
-    return PartitionFacts(PartitionRow(*row[:8]), (row[8] or ()) if members else ())
+    width = len(PartitionRow._fields)
+    return PartitionFacts(PartitionRow(*row[:width]), (row[width] or ()) if members else ())
 
 
 # The job's script, then its row (its id taken first: an array's record is its own
@@ -153,7 +158,8 @@ _STORE = (
     " begin_time, reason, dependency, gpus, time_limit, work_dir, output, error, umask,"
     " script_id, gpu_types, nodes, cpus, mem_mb, nodelist, requeue, interactive,"
     " client_seen, exclude_nodes, warn_signal, warn_seconds, warn_batch_only, exclusive,"
-    " submit_key, gres_flags, array_tasks, array_spec, array_max_running, array_job_id)"
+    " submit_key, gres_flags, array_tasks, array_spec, array_max_running, array_job_id,"
+    " share_mode, share_units, gpu_mem_mb)"
     " VALUES ((SELECT id FROM new), %(name)s, %(uid)s, %(gid)s, %(user_name)s,"
     " %(partition)s, %(account)s, %(qos)s, %(hold)s, %(begin_time)s, %(reason)s,"
     " %(dependency)s, %(gpus)s, %(time_limit)s, %(work_dir)s, %(output)s, %(error)s,"
@@ -162,7 +168,8 @@ _STORE = (
     " CASE WHEN %(interactive)s THEN now() END, CAST(%(exclude_nodes)s AS text[]),"
     " %(warn_signal)s, %(warn_seconds)s, %(warn_batch_only)s, %(exclusive)s,"
     " %(submit_key)s, %(gres_flags)s, %(array_tasks)s, %(array_spec)s,"
-    " %(array_max_running)s, CASE WHEN %(array)s THEN (SELECT id FROM new) END)"
+    " %(array_max_running)s, CASE WHEN %(array)s THEN (SELECT id FROM new) END,"
+    " %(share_mode)s, %(share_units)s, %(gpu_mem_mb)s)"
     " RETURNING id, CASE WHEN CAST(%(wake)s AS text) IS NOT NULL"
     " THEN pg_notify(%(channel)s, %(wake)s) END")
 
