@@ -19,6 +19,12 @@ from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.errors import ConfigError
 
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
+# How a partition's GPUs may be shared between jobs ("exclusive": not at all, stored as
+# None), and the units each shared GPU offers unless ``shares`` says: MPS counts percent
+# of the GPU, as Slurm's usual 100; shards are whole time slices, a few per GPU.
+SHARING = ("exclusive", "mps", "shard")
+DEFAULT_SHARES = {"mps": 100, "shard": 4}
+MAX_SHARES = 10_000
 ROOT_ACCOUNT = "root"
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
@@ -38,6 +44,8 @@ class PartitionSpec:
     max_gpus_per_job: int | None = None
     state: str = "UP"
     requeue: bool = True  # jobs go back to the queue when their GPU fails, unless they say no
+    sharing: str | None = None  # "mps" or "shard": jobs may ask for a share of one GPU
+    shares: int | None = None  # units each GPU offers when shared (None when not)
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,8 @@ def _count(r: TableReader, key: str, default: int | None, expected: str) -> int 
 
 def _partition(r: TableReader) -> PartitionSpec:
     r.check_keys({"name", "nodes", "default", "max_time", "default_time", "priority_tier",
-                  "allow_accounts", "deny_accounts", "max_gpus_per_job", "state", "requeue"})
+                  "allow_accounts", "deny_accounts", "max_gpus_per_job", "state", "requeue",
+                  "sharing", "shares"})
     nodes_raw = r.table.get("nodes", "*")
     expected = "a host list such as 'gpu[01-16]', a list of them, or '*'"
     items = [nodes_raw] if isinstance(nodes_raw, str) else nodes_raw
@@ -129,10 +138,50 @@ def _partition(r: TableReader) -> PartitionSpec:
         allow_accounts=_names(r, "allow_accounts"), deny_accounts=_names(r, "deny_accounts", []) or (),
         max_gpus_per_job=_count(r, "max_gpus_per_job", None, "a number of GPUs (0 or more)"),
         state=state, requeue=r.get("requeue", bool, True, "true or false"),
+        **_sharing(r),
     )
     if spec.max_time is not None and spec.default_time is not None and spec.default_time > spec.max_time:
         raise r.fail("default_time", "at most max_time")
     return spec
+
+
+def _sharing(r: TableReader) -> dict[str, Any]:
+    """``sharing`` (exclusive, mps or shard) and ``shares`` (1 to MAX_SHARES units per
+    GPU; by default DEFAULT_SHARES; not for exclusive)."""
+    expected = 'one of "exclusive", "mps", "shard"'
+    sharing = r.get("sharing", str, "exclusive", expected).lower()
+    if sharing not in SHARING:
+        raise r.fail("sharing", expected)
+    shares = r.get("shares", int, None, f"a number of units per GPU from 1 to {MAX_SHARES}")
+    if sharing == "exclusive":
+        if shares is not None:
+            raise r.fail("shares", 'it left out with sharing = "exclusive" (shares are for '
+                         '"mps" or "shard")')
+        return {"sharing": None, "shares": None}
+    if shares is not None and not 1 <= shares <= MAX_SHARES:
+        raise r.fail("shares", f"a number of units per GPU from 1 to {MAX_SHARES}")
+    return {"sharing": sharing, "shares": DEFAULT_SHARES[sharing] if shares is None else shares}
+
+
+def _check_sharing(where: str, partitions: Iterable[PartitionSpec]) -> None:
+    """A node is shared one way: two partitions that both share their GPUs, in different
+    ways or counts, have no node in common ("*" has every node)."""
+    shared = [p for p in partitions if p.sharing is not None]
+    for i, first in enumerate(shared):
+        for second in shared[i + 1:]:
+            if (first.sharing, first.shares) == (second.sharing, second.shares):
+                continue
+            every = [p for p in (first, second) if "*" in p.nodes]
+            named = (set(first.nodes) | set(second.nodes)) - {"*"}
+            common = (["*"] if len(every) == 2 else sorted(named) if every
+                      else sorted(set(first.nodes) & set(second.nodes)))
+            if common:
+                node = "every node" if common == ["*"] else f"node {common[0]}"
+                raise ConfigError(
+                    f"{where}: partitions {first.name!r} (sharing {first.sharing}, shares "
+                    f"{first.shares}) and {second.name!r} (sharing {second.sharing}, shares "
+                    f"{second.shares}) would share the GPUs of {node} differently; a node's "
+                    "GPUs are shared one way")
 
 
 def _qos_access(r: TableReader) -> tuple[tuple[str, ...] | None, str | None]:
@@ -259,6 +308,7 @@ def _check_whole(where: str, config: AdminConfig) -> None:
             _unique(where, kind, (i.name for i in items))
     if config.partitions is not None and sum(p.default for p in config.partitions) > 1:
         raise ConfigError(f"{where}: partition: at most one may have default = true")
+    _check_sharing(where, config.partitions or ())
     accounts = {a.name: a for a in config.accounts or ()}
     if ROOT_ACCOUNT in accounts:
         raise ConfigError(f"{where}: account: {ROOT_ACCOUNT!r} is implicit; do not declare it")

@@ -55,7 +55,7 @@ def _partition_row(p: PartitionSpec) -> Row:
             "default_time": p.default_time, "priority_tier": p.priority_tier,
             "allow_accounts": list(p.allow_accounts) if p.allow_accounts is not None else None,
             "deny_accounts": list(p.deny_accounts), "max_gpus_per_job": p.max_gpus_per_job,
-            "state": p.state, "requeue": p.requeue}
+            "state": p.state, "requeue": p.requeue, "sharing": p.sharing, "shares": p.shares}
 
 
 def _current(session: Session, model: Any, key: str, columns: list[str]) -> dict[str, Row]:

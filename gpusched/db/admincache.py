@@ -57,17 +57,19 @@ class AdminTables:
 def load_admin_tables(session: Session) -> AdminTables:
     """Read the admin-configured tables, four queries."""
     partitions, every_node = [], set()
-    for name, members, state, tier, max_time, allow, deny, max_gpus in session.execute(
+    for (name, members, state, tier, max_time, allow, deny, max_gpus, sharing,
+         shares) in session.execute(
             select(Partition.name, Partition.nodes, Partition.state, Partition.priority_tier,
                    Partition.max_time, Partition.allow_accounts, Partition.deny_accounts,
-                   Partition.max_gpus_per_job).order_by(Partition.name)):
+                   Partition.max_gpus_per_job, Partition.sharing,
+                   Partition.shares).order_by(Partition.name)):
         if EVERY_NODE in members:
             every_node.add(name)
         # DRAIN refuses new submissions but still runs what is queued (as in Slurm).
         partitions.append(PartitionView(
             name, () if EVERY_NODE in members else tuple(members), state in ("UP", "DRAIN"),
             tier, max_time, None if allow is None else frozenset(allow), frozenset(deny),
-            max_gpus))
+            max_gpus, sharing, shares or 0))
     qos_rows = session.execute(select(Qos.name, Qos.priority, Qos.max_gpus_per_user,
                                       Qos.max_jobs_per_user, Qos.grp_gpus, Qos.preempt)).all()
     # Read-only views: a kept copy is shared by every pass that uses it.

@@ -148,7 +148,7 @@ def test_usage_accrues_from_running_jobs_and_feeds_the_snapshot(sessions: sessio
     assert {(p.user, p.account, p.qos) for p in snapshot.pending} == {("bob", "bio", "normal")}
     assert ("alice", "theory") in {(u.user, u.account) for u in snapshot.user_shares}
     assert snapshot.qos_priority == {"normal": 10, "scavenger": 0}
-    assert {p.name: p.tier for p in snapshot.partitions} == {"gpu": 1, "debug": 2}
+    assert {p.name: p.tier for p in snapshot.partitions} == {"gpu": 1, "debug": 2, "inference": 0}
 
 
 def _submit_id(sessions: sessionmaker[Session], user: str, **body: object) -> int:
@@ -158,3 +158,34 @@ def _submit_id(sessions: sessionmaker[Session], user: str, **body: object) -> in
     with sessions() as s, s.begin():
         return submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp", **body},
                           Identity(1000, 1000, user)).id
+
+
+def test_partition_sharing_is_applied_changed_and_read_by_the_admin_cache(
+        sessions: sessionmaker[Session]) -> None:
+    from gpusched.db.admincache import load_admin_tables
+    from gpusched.errors import ConfigError
+
+    def config(**inference: object) -> object:
+        return parse_admin_config([("p.toml", {"partition": [
+            {"name": "gpu", "nodes": "gpu[01-04]", "default": True},
+            {"name": "inference", "nodes": "gpu[05-06]", **inference}]})])
+
+    changes = _apply(sessions, config(sharing="mps"))
+    assert "+ partition inference (nodes [gpu05,gpu06], is_default False, priority_tier 0, " \
+           "state UP, requeue True, sharing mps, shares 100)" in changes
+    assert _apply(sessions, config(sharing="mps")) == []
+    assert _apply(sessions, config(sharing="shard", shares=8)) == [
+        "~ partition inference: sharing mps -> shard; shares 100 -> 8"]
+    with sessions() as s:
+        stored = {p.name: (p.sharing, p.shares) for p in s.scalars(select(Partition))}
+        assert stored == {"gpu": (None, None), "inference": ("shard", 8)}
+        views = {p.name: (p.sharing, p.shares) for p in load_admin_tables(s).partitions}
+        assert views == {"gpu": (None, 0), "inference": ("shard", 8)}
+    # A node two partitions would share differently: refused before anything is applied.
+    with pytest.raises(ConfigError, match="partitions 'inference' .* and 'more' .* would share "
+                                          "the GPUs of node gpu06 differently"):
+        parse_admin_config([("p.toml", {"partition": [
+            {"name": "inference", "nodes": "gpu[05-06]", "sharing": "shard", "shares": 8},
+            {"name": "more", "nodes": "gpu06", "sharing": "mps"}]})])
+    assert _apply(sessions, config()) == [
+        "~ partition inference: sharing shard -> None; shares 8 -> None"]
