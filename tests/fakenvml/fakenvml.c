@@ -10,6 +10,8 @@
  *   FAKENVML_CONFIG  path of the inventory JSON, read at nvmlInit time
  *   FAKENVML_FAULTS  path of the fault file, polled on every API call and
  *                    every ~10 ms inside nvmlEventSetWait*
+ *   FAKENVML_MIG_LOG MIG create/destroy calls, appended; replayed at nvmlInit
+ *                    (default "<FAKENVML_FAULTS>.mig", "" for none)
  *
  * See README.md next to this file for the inventory schema and the fault
  * syntax.  Everything here is written from the public NVML API description
@@ -28,6 +30,7 @@
  *   6. event sets
  *   7. fault file watcher
  *   8. exported NVML API
+ *   9. MIG re-partitioning (GPU and compute instances)
  */
 
 #define _GNU_SOURCE
@@ -702,13 +705,49 @@ static const json_value *json_get(const json_value *obj, const char *key)
 #define GPU_MAGIC        0x47505521u    /* "GPU!" */
 #define MIG_MAGIC        0x4D494721u    /* "MIG!" */
 #define SET_MAGIC        0x45565321u    /* "EVS!" */
+#define GI_MAGIC         0x47494E21u    /* "GIN!" */
+#define CI_MAGIC         0x43494E21u    /* "CIN!" */
+#define MAX_GI           8
+#define MAX_PROCS        64
 
 typedef struct fake_gpu fake_gpu;
+typedef struct fake_gi fake_gi;
+
+/* A GPU-instance profile of a MIG model (see section 9). */
+typedef struct {
+    const char *name;                   /* "1g.10gb" */
+    unsigned nvml_profile;              /* NVML_GPU_INSTANCE_PROFILE_* */
+    unsigned id;                        /* profile id (nvidia-smi's "ID") */
+    unsigned slices;                    /* compute slices */
+    unsigned size;                      /* memory slices a placement covers */
+    unsigned starts;                    /* bit s: a placement may start at memory slice s */
+    unsigned instances;                 /* at most this many at once */
+    unsigned sm, ce, dec, enc, jpeg, ofa;
+    unsigned long long memory_mb;
+} gi_profile;
+
+typedef struct {
+    const char *name;                   /* "a100-80gb" */
+    const gi_profile *profiles;
+    unsigned n;
+} mig_model;
+
+/* A GPU instance: a placement of a profile on its GPU.  Its compute
+ * instances are the MIG devices whose gio points at it. */
+struct fake_gi {
+    uint32_t magic;
+    fake_gpu *gpu;
+    const gi_profile *prof;
+    unsigned id, start;
+};
 
 typedef struct {
     uint32_t magic;
     fake_gpu *parent;
-    unsigned index;                     /* position under the parent */
+    fake_gi *gio;                       /* its GPU instance (NULL: layout not modelled) */
+    uint32_t ci_magic;                  /* &ci_magic is the nvmlComputeInstance_t */
+    unsigned ci_profile, ci_start;      /* compute-instance profile and placement */
+    unsigned index;                     /* position under the parent (at load time) */
     char uuid[UUID_BUFFER_SIZE];
     char name[NAME_BUFFER_SIZE];
     char profile[32];
@@ -746,7 +785,12 @@ struct fake_gpu {
     int mig_capable, mig_current, mig_pending;
     unsigned max_mig;
     unsigned n_mig;
-    fake_mig migs[MAX_MIG];
+    fake_mig *migs[MAX_MIG];            /* in nvmlDeviceGetMigDeviceHandleByIndex order */
+    const mig_model *model;             /* MIG profiles, NULL: cannot be re-partitioned */
+    char mig_fixed[160];                /* why the static layout is not modelled, "" if it is */
+    unsigned n_gi;
+    fake_gi *gis[MAX_GI];
+    unsigned mig_seq;                   /* compute instances created (makes new UUIDs) */
 
     fake_link links[NVML_NVLINK_MAX_LINKS];
 
@@ -765,6 +809,20 @@ struct fake_gpu {
     int lost;
 };
 
+/* A process running on a GPU or a MIG device (fault lines "proc"/"endproc"). */
+typedef struct {
+    unsigned pid, gpu, gi, ci;          /* gi = ci = NVML_INSTANCE_ID_NONE: the whole GPU */
+    unsigned long long mem_mb;
+} fake_proc;
+
+/* Every fake_mig and fake_gi is allocated here and freed with the
+ * inventory, so a handle to a destroyed instance never points at freed
+ * memory (it fails validation instead). */
+typedef struct pool_block {
+    struct pool_block *next;
+    max_align_t data[];
+} pool_block;
+
 typedef struct {
     char driver[VERSION_BUFFER_SIZE];
     char nvml_version[VERSION_BUFFER_SIZE];
@@ -773,7 +831,20 @@ typedef struct {
     unsigned n_gpus;
     fake_gpu *gpus;
     unsigned char topo[MAX_GPUS][MAX_GPUS];
+    pool_block *pool;
+    unsigned n_procs;
+    fake_proc procs[MAX_PROCS];
 } inventory;
+
+static void *pool_alloc(inventory *inv, size_t n)
+{
+    pool_block *b = calloc(1, sizeof *b + n);
+    if (!b)
+        return NULL;
+    b->next = inv->pool;
+    inv->pool = b;
+    return b->data;
+}
 
 typedef struct {
     char err[512];
@@ -929,7 +1000,7 @@ static int uuid_taken(const inventory *inv, unsigned upto_gpu, const char *uuid)
         if (g->magic && strcmp(g->uuid, uuid) == 0)
             return 1;
         for (j = 0; j < g->n_mig; j++)
-            if (strcmp(g->migs[j].uuid, uuid) == 0)
+            if (strcmp(g->migs[j]->uuid, uuid) == 0)
                 return 1;
     }
     return 0;
@@ -942,13 +1013,17 @@ static int load_mig(loader *ld, inventory *inv, fake_gpu *g, unsigned k, const j
         "gi", "ci", "sm_count", "copy_engines", "decoders", "encoders", "jpegs", "ofas", NULL
     };
     char ctx[64];
-    fake_mig *mig = &g->migs[k];
+    fake_mig *mig;
     unsigned long long u;
     unsigned j;
 
     snprintf(ctx, sizeof ctx, "gpus[%u].mig_devices[%u]", g->index, k);
     if (check_keys(ld, ctx, m, keys) < 0)
         return -1;
+    mig = pool_alloc(inv, sizeof *mig);
+    if (!mig)
+        return load_fail(ld, ctx, "out of memory");
+    g->migs[k] = mig;
     mig->parent = g;
     mig->index = k;
     if (get_string(ld, ctx, m, "uuid", mig->uuid, 80, NULL, 1) < 0)
@@ -989,7 +1064,7 @@ static int load_mig(loader *ld, inventory *inv, fake_gpu *g, unsigned k, const j
     if (get_uint(ld, ctx, m, "ofas", 64, 0, 0, &u) < 0) return -1;
     mig->ofas = (unsigned)u;
     for (j = 0; j < k; j++)
-        if (g->migs[j].gi == mig->gi && g->migs[j].ci == mig->ci)
+        if (g->migs[j]->gi == mig->gi && g->migs[j]->ci == mig->ci)
             return load_fail(ld, ctx, "another MIG device already has gi %u ci %u", mig->gi, mig->ci);
     mig->magic = MIG_MAGIC;
     return 0;
@@ -1058,6 +1133,240 @@ static int load_links(loader *ld, fake_gpu *g, const json_value *arr, unsigned n
     return 0;
 }
 
+/* ---- MIG models: GPU-instance profiles and placements -----------------
+ *
+ * A MIG GPU has 8 memory slices and 7 compute slices.  A GPU instance of a
+ * profile covers `size` consecutive memory slices starting at one of the
+ * offsets its profile allows, and instances may not overlap (this also
+ * bounds the compute slices to 7).  The GPU-instance id follows from the
+ * placement: 0 for the whole GPU, 1-2 for the halves (size 4), 3-6 for the
+ * quarters (size 2), 7-14 for single slices, as on an A100. */
+
+static const gi_profile PROFILES_A100_40GB[] = {
+    /* name      enum  id sl sz starts inst  sm ce dec enc jpg ofa  memory */
+    { "1g.5gb",  0x0, 19, 1, 1, 0x7F, 7,  14, 1, 0, 0, 0, 0,  4864 },
+    { "1g.10gb", 0x9, 15, 1, 2, 0x55, 4,  14, 1, 1, 0, 1, 0,  9856 },
+    { "2g.10gb", 0x1, 14, 2, 2, 0x15, 3,  28, 2, 1, 0, 0, 0,  9856 },
+    { "3g.20gb", 0x2,  9, 3, 4, 0x11, 2,  42, 3, 2, 0, 0, 0, 19968 },
+    { "4g.20gb", 0x3,  5, 4, 4, 0x01, 1,  56, 4, 2, 0, 0, 0, 19968 },
+    { "7g.40gb", 0x4,  0, 7, 8, 0x01, 1,  98, 7, 5, 0, 1, 1, 40192 },
+};
+
+static const gi_profile PROFILES_A100_80GB[] = {
+    { "1g.10gb", 0x0, 19, 1, 1, 0x7F, 7,  14, 1, 0, 0, 0, 0,  9728 },
+    { "1g.20gb", 0x9, 15, 1, 2, 0x55, 4,  14, 1, 1, 0, 1, 0, 19968 },
+    { "2g.20gb", 0x1, 14, 2, 2, 0x15, 3,  28, 2, 1, 0, 0, 0, 19968 },
+    { "3g.40gb", 0x2,  9, 3, 4, 0x11, 2,  42, 3, 2, 0, 0, 0, 40192 },
+    { "4g.40gb", 0x3,  5, 4, 4, 0x01, 1,  56, 4, 2, 0, 0, 0, 40192 },
+    { "7g.80gb", 0x4,  0, 7, 8, 0x01, 1,  98, 7, 5, 0, 1, 1, 80896 },
+};
+
+static const gi_profile PROFILES_H100_80GB[] = {
+    { "1g.10gb", 0x0, 19, 1, 1, 0x7F, 7,  16, 1, 1, 0, 1, 0,  9856 },
+    { "1g.20gb", 0x9, 15, 1, 2, 0x55, 4,  16, 1, 1, 0, 1, 0, 19968 },
+    { "2g.20gb", 0x1, 14, 2, 2, 0x15, 3,  32, 2, 2, 0, 2, 0, 19968 },
+    { "3g.40gb", 0x2,  9, 3, 4, 0x11, 2,  60, 3, 3, 0, 3, 0, 40320 },
+    { "4g.40gb", 0x3,  5, 4, 4, 0x01, 1,  64, 4, 4, 0, 4, 0, 40320 },
+    { "7g.80gb", 0x4,  0, 7, 8, 0x01, 1, 132, 7, 7, 0, 7, 1, 80896 },
+};
+
+#define MODEL(n, t) { n, t, sizeof t / sizeof t[0] }
+static const mig_model MIG_MODELS[] = {
+    MODEL("a100-40gb", PROFILES_A100_40GB),
+    MODEL("a100-80gb", PROFILES_A100_80GB),
+    MODEL("h100-80gb", PROFILES_H100_80GB),
+};
+#undef MODEL
+
+#define MIG_MEMORY_SLICES 8
+
+/* The MIG model of a GPU: the inventory's "mig_model", else guessed from the
+ * product name and memory (A100 40/80 GB, H100 80 GB); NULL for others. */
+static const mig_model *guess_mig_model(const fake_gpu *g)
+{
+    const char *want = NULL;
+    size_t i;
+    if (strstr(g->name, "H100") && g->memory_mb >= 65536)
+        want = "h100-80gb";
+    else if (strstr(g->name, "A100"))
+        want = g->memory_mb >= 65536 ? "a100-80gb" : "a100-40gb";
+    for (i = 0; want && i < sizeof MIG_MODELS / sizeof MIG_MODELS[0]; i++)
+        if (strcmp(MIG_MODELS[i].name, want) == 0)
+            return &MIG_MODELS[i];
+    return NULL;
+}
+
+static const gi_profile *profile_by_enum(const fake_gpu *g, unsigned e)
+{
+    unsigned i;
+    for (i = 0; g->model && i < g->model->n; i++)
+        if (g->model->profiles[i].nvml_profile == e)
+            return &g->model->profiles[i];
+    return NULL;
+}
+
+static const gi_profile *profile_by_id(const fake_gpu *g, unsigned id)
+{
+    unsigned i;
+    for (i = 0; g->model && i < g->model->n; i++)
+        if (g->model->profiles[i].id == id)
+            return &g->model->profiles[i];
+    return NULL;
+}
+
+/* "3g.40gb", or "1c.3g.40gb" for a compute instance smaller than its GPU instance. */
+static const gi_profile *profile_by_name(const fake_gpu *g, const char *name)
+{
+    unsigned i;
+    const char *dot = strchr(name, '.');
+    if (dot && dot[-1] == 'c' && strchr(dot + 1, '.'))
+        name = dot + 1;
+    for (i = 0; g->model && i < g->model->n; i++)
+        if (strcmp(g->model->profiles[i].name, name) == 0)
+            return &g->model->profiles[i];
+    return NULL;
+}
+
+static unsigned gi_id_for(unsigned size, unsigned start)
+{
+    switch (size) {
+    case 8: return 0;
+    case 4: return 1 + start / 4;
+    case 2: return 3 + start / 2;
+    default: return 7 + start;
+    }
+}
+
+/* Compute-instance profiles: NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE
+ * are 0-4; the profile id is the enum value. */
+static unsigned ci_profile_slices(unsigned e)
+{
+    static const unsigned slices[] = { 1, 2, 3, 4, 7 };
+    return e < 5 ? slices[e] : 0;
+}
+
+static int ci_profile_for_slices(unsigned n)
+{
+    unsigned e;
+    for (e = 0; e < 5; e++)
+        if (ci_profile_slices(e) == n)
+            return (int)e;
+    return -1;
+}
+
+/* Memory slices covered by the GPU's instances. */
+static unsigned gi_used_mask(const fake_gpu *g)
+{
+    unsigned i, mask = 0;
+    for (i = 0; i < g->n_gi; i++)
+        mask |= ((1u << g->gis[i]->prof->size) - 1) << g->gis[i]->start;
+    return mask;
+}
+
+static int placement_free(const fake_gpu *g, const gi_profile *p, unsigned start)
+{
+    unsigned want;
+    if (start >= MIG_MEMORY_SLICES || !(p->starts & (1u << start)))
+        return 0;
+    want = ((1u << p->size) - 1) << start;
+    return !(gi_used_mask(g) & want);
+}
+
+static unsigned gi_count(const fake_gpu *g, const gi_profile *p)
+{
+    unsigned i, n = 0;
+    for (i = 0; i < g->n_gi; i++)
+        n += g->gis[i]->prof == p;
+    return n;
+}
+
+static fake_gi *gi_by_id(const fake_gpu *g, unsigned id)
+{
+    unsigned i;
+    for (i = 0; i < g->n_gi; i++)
+        if (g->gis[i]->id == id)
+            return g->gis[i];
+    return NULL;
+}
+
+static fake_gi *gi_add(inventory *inv, fake_gpu *g, const gi_profile *p, unsigned start)
+{
+    fake_gi *gi = pool_alloc(inv, sizeof *gi);
+    if (!gi)
+        return NULL;
+    gi->magic = GI_MAGIC;
+    gi->gpu = g;
+    gi->prof = p;
+    gi->start = start;
+    gi->id = gi_id_for(p->size, start);
+    g->gis[g->n_gi++] = gi;
+    return gi;
+}
+
+/* Works out the GPU and compute instances behind the inventory's MIG
+ * devices.  When they do not describe a layout the model allows, the GPU
+ * keeps its MIG devices but cannot be re-partitioned; mig_fixed says why. */
+static int build_static_layout(inventory *inv, fake_gpu *g)
+{
+    unsigned j, k;
+    g->mig_fixed[0] = '\0';
+    g->n_gi = 0;
+    if (!g->mig_capable || !g->model) {
+        snprintf(g->mig_fixed, sizeof g->mig_fixed, "%s",
+                 g->mig_capable ? "no MIG model for this GPU (set \"mig_model\")" : "not MIG capable");
+        return 0;
+    }
+    for (j = 0; j < g->n_mig && !g->mig_fixed[0]; j++) {
+        fake_mig *m = g->migs[j];
+        const gi_profile *p = profile_by_name(g, m->profile);
+        fake_gi *gi = gi_by_id(g, m->gi);
+        unsigned start = 0, used = 0;
+        int cip = ci_profile_for_slices(m->ci_slices);
+        if (!p) {
+            snprintf(g->mig_fixed, sizeof g->mig_fixed, "MIG device %u: profile \"%s\" is not one of %s",
+                     j, m->profile, g->model->name);
+            break;
+        }
+        if (!gi) {
+            for (start = 0; start < MIG_MEMORY_SLICES; start++)
+                if ((p->starts & (1u << start)) && gi_id_for(p->size, start) == m->gi)
+                    break;
+            if (start == MIG_MEMORY_SLICES || !placement_free(g, p, start) || g->n_gi == MAX_GI) {
+                snprintf(g->mig_fixed, sizeof g->mig_fixed,
+                         "MIG device %u: GPU instance %u cannot hold a %s instance here", j, m->gi, p->name);
+                break;
+            }
+            gi = gi_add(inv, g, p, start);
+            if (!gi)
+                return -1;
+        } else if (gi->prof != p) {
+            snprintf(g->mig_fixed, sizeof g->mig_fixed,
+                     "MIG device %u: GPU instance %u is a %s instance, not %s", j, m->gi, gi->prof->name, p->name);
+            break;
+        }
+        for (k = 0; k < j; k++)
+            if (g->migs[k]->gio == gi)
+                used += g->migs[k]->ci_slices;
+        if (m->slices != p->slices || cip < 0 || used + m->ci_slices > p->slices) {
+            snprintf(g->mig_fixed, sizeof g->mig_fixed,
+                     "MIG device %u: %u/%u slices do not fit GPU instance %u (%s)",
+                     j, m->ci_slices, m->slices, m->gi, p->name);
+            break;
+        }
+        m->gio = gi;
+        m->ci_profile = (unsigned)cip;
+        m->ci_start = used;
+    }
+    if (g->mig_fixed[0]) {
+        for (j = 0; j < g->n_mig; j++)
+            g->migs[j]->gio = NULL;
+        for (j = 0; j < g->n_gi; j++)
+            g->gis[j]->magic = 0;
+        g->n_gi = 0;
+    }
+    return 0;
+}
+
 static int load_gpu(loader *ld, inventory *inv, unsigned idx, const json_value *o)
 {
     static const char *const keys[] = {
@@ -1065,7 +1374,7 @@ static int load_gpu(loader *ld, inventory *inv, unsigned idx, const json_value *
         "pci_bus_id", "pci_device_id", "pci_subsystem_id", "minor_number", "numa_node",
         "compute_capability", "sm_count", "temperature", "utilization", "memory_utilization",
         "power_mw", "power_limit_mw", "mig", "mig_pending", "max_mig_devices", "mig_devices",
-        "nvlinks", "remapped_rows", "retired_pages", "ecc", "supported_events", NULL
+        "nvlinks", "remapped_rows", "retired_pages", "ecc", "supported_events", "mig_model", NULL
     };
     static const char *const remap_keys[] = {
         "supported", "correctable", "uncorrectable", "pending", "failure", NULL
@@ -1174,6 +1483,26 @@ static int load_gpu(loader *ld, inventory *inv, unsigned idx, const json_value *
                 return -1;
             g->n_mig = j + 1;
         }
+    }
+    {
+        char model[16];
+        size_t mi;
+        r = get_string(ld, ctx, o, "mig_model", model, sizeof model, NULL, 0);
+        if (r < 0)
+            return -1;
+        if (r == 0) {
+            g->model = guess_mig_model(g);
+        } else if (strcmp(model, "none") != 0) {
+            for (mi = 0; mi < sizeof MIG_MODELS / sizeof MIG_MODELS[0]; mi++)
+                if (strcmp(MIG_MODELS[mi].name, model) == 0)
+                    g->model = &MIG_MODELS[mi];
+            if (!g->model)
+                return load_fail(ld, ctx, "\"mig_model\" must be a100-40gb, a100-80gb, h100-80gb or none");
+        }
+        if (r == 1 && !g->mig_capable)
+            return load_fail(ld, ctx, "\"mig_model\" needs \"mig\" (the GPU is not MIG capable without it)");
+        if (build_static_layout(inv, g) < 0)
+            return load_fail(ld, ctx, "out of memory");
     }
 
     v = json_get(o, "nvlinks");
@@ -1308,6 +1637,11 @@ static void inventory_free(inventory *inv)
 {
     if (!inv)
         return;
+    while (inv->pool) {
+        pool_block *b = inv->pool;
+        inv->pool = b->next;
+        free(b);
+    }
     free(inv->gpus);
     free(inv);
 }
@@ -1496,8 +1830,8 @@ static fake_mig *find_mig(const void *h)
     unsigned i, j;
     for (i = 0; i < g_inv->n_gpus; i++)
         for (j = 0; j < g_inv->gpus[i].n_mig; j++)
-            if ((const void *)&g_inv->gpus[i].migs[j] == h)
-                return &g_inv->gpus[i].migs[j];
+            if ((const void *)g_inv->gpus[i].migs[j] == h)
+                return g_inv->gpus[i].migs[j];
     return NULL;
 }
 
@@ -1663,8 +1997,8 @@ static void apply_fault(char *line, unsigned long lineno)
             parse_uint_tok(argv[4], UINT_MAX, &b) == 0 && parse_uint_tok(argv[5], UINT_MAX, &c) == 0) {
             unsigned j;
             for (j = 0; j < g->n_mig; j++) {
-                if (g->migs[j].gi == b && g->migs[j].ci == c) {
-                    emit(g, &g->migs[j], EV_XID_CRITICAL, a);
+                if (g->migs[j]->gi == b && g->migs[j]->ci == c) {
+                    emit(g, g->migs[j], EV_XID_CRITICAL, a);
                     return;
                 }
             }
@@ -1692,6 +2026,32 @@ static void apply_fault(char *line, unsigned long lineno)
             g->ecc[type][NVML_AGGREGATE_ECC]++;
         }
         emit(g, NULL, dbe ? EV_DOUBLE_BIT_ECC : EV_SINGLE_BIT_ECC, 0);
+    } else if (strcmp(cmd, "proc") == 0 && (argc == 4 || argc == 7) &&
+               parse_uint_tok(argv[2], UINT_MAX, &a) == 0 && parse_uint_tok(argv[3], 1ULL << 40, &b) == 0 &&
+               (argc == 4 || strcmp(argv[4], "mig") == 0)) {
+        /* proc GPU PID MEM_MB [mig GI CI] */
+        unsigned long long gi = NVML_INSTANCE_ID_NONE, ci = NVML_INSTANCE_ID_NONE;
+        fake_proc *p;
+        if (argc == 7 && (parse_uint_tok(argv[5], 0xFFFFFFFEu, &gi) < 0 || parse_uint_tok(argv[6], 0xFFFFFFFEu, &ci) < 0)) {
+            warnf("FAKENVML_FAULTS line %lu: usage: proc GPU PID MEM_MB [mig GI CI]; ignored", lineno);
+            return;
+        }
+        if (g_inv->n_procs == MAX_PROCS) {
+            warnf("FAKENVML_FAULTS line %lu: more than %d processes; ignored", lineno, MAX_PROCS);
+            return;
+        }
+        p = &g_inv->procs[g_inv->n_procs++];
+        p->gpu = (unsigned)gpu_idx;
+        p->pid = (unsigned)a;
+        p->mem_mb = b;
+        p->gi = (unsigned)gi;
+        p->ci = (unsigned)ci;
+    } else if (strcmp(cmd, "endproc") == 0 && argc == 3 && parse_uint_tok(argv[2], UINT_MAX, &a) == 0) {
+        unsigned i, j;
+        for (i = j = 0; i < g_inv->n_procs; i++)
+            if (g_inv->procs[i].gpu != gpu_idx || g_inv->procs[i].pid != a)
+                g_inv->procs[j++] = g_inv->procs[i];
+        g_inv->n_procs = j;
     } else if (strcmp(cmd, "lost") == 0 && argc == 2) {
         if (!g->lost) {
             emit_lost(g);
@@ -1829,6 +2189,8 @@ static void poll_faults_locked(void)
 
 /* ---- init / shutdown / errors ---------------------------------------- */
 
+static void setup_mig_log(void);        /* section 9 */
+
 static nvmlReturn_t do_init(void)
 {
     const char *cfg, *faults;
@@ -1864,6 +2226,7 @@ static nvmlReturn_t do_init(void)
         }
     }
     g_init_count = 1;
+    setup_mig_log();                        /* the MIG layout as earlier calls left it */
     poll_faults_locked();                   /* state faults already written apply now */
     return leave(NVML_SUCCESS);
 }
@@ -2049,8 +2412,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
         if (strcmp(g->uuid, uuid) == 0)
             found = g;
         for (j = 0; !found && j < g->n_mig; j++)
-            if (strcmp(g->migs[j].uuid, uuid) == 0)
-                found = &g->migs[j];
+            if (strcmp(g->migs[j]->uuid, uuid) == 0)
+                found = g->migs[j];
         if (found) {
             if (g->lost)
                 return leave(NVML_ERROR_GPU_IS_LOST);
@@ -2266,7 +2629,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (index >= d.gpu->n_mig)
         return leave(NVML_ERROR_NOT_FOUND);
-    *migDevice = (nvmlDevice_t)(void *)&d.gpu->migs[index];
+    *migDevice = (nvmlDevice_t)(void *)d.gpu->migs[index];
     return leave(NVML_SUCCESS);
 }
 
@@ -2540,18 +2903,40 @@ EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigne
     return get_power_limit(device, limit);
 }
 
-/* No process ever runs on a fake GPU. */
+/* nvmlProcessInfo_v2_t (the _v3 call fills the same layout). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* Processes come from "proc" fault lines.  On a GPU handle: every process
+ * on the GPU, its MIG devices' included; on a MIG handle: that device's. */
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, void *infos)
 {
     dev_ref d;
+    unsigned i, n = 0;
+    nvmlProcessInfo_t *out = infos;
     nvmlReturn_t r = enter_dev(device, ALLOW_MIG, &d);
-    (void)infos;
-    if (r == NVML_SUCCESS) {
-        if (!infoCount)
-            r = NVML_ERROR_INVALID_ARGUMENT;
-        else
-            *infoCount = 0;
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!infoCount)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (i = 0; i < g_inv->n_procs; i++) {
+        const fake_proc *p = &g_inv->procs[i];
+        if (p->gpu != d.gpu->index || (d.mig && (p->gi != d.mig->gi || p->ci != d.mig->ci)))
+            continue;
+        if (out && n < *infoCount) {
+            out[n].pid = p->pid;
+            out[n].usedGpuMemory = MIB(p->mem_mb);
+            out[n].gpuInstanceId = p->gi;
+            out[n].computeInstanceId = p->ci;
+        }
+        n++;
     }
+    if (n > *infoCount || (n && !out))
+        r = NVML_ERROR_INSUFFICIENT_SIZE;
+    *infoCount = n;
     return leave(r);
 }
 
@@ -2801,4 +3186,881 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
         }
     }
     return leave(NVML_ERROR_INVALID_ARGUMENT);
+}
+
+/* ======================================================================
+ * 9. MIG re-partitioning: GPU instances and compute instances
+ *
+ * Each compute instance is one MIG device.  Creating one appends a MIG
+ * device to its GPU's nvmlDeviceGetMigDeviceHandleByIndex list, with a new
+ * UUID; destroying one removes it (the others keep their order).  Every
+ * create/destroy call is appended to the MIG log (FAKENVML_MIG_LOG, by
+ * default "<FAKENVML_FAULTS>.mig"), and nvmlInit replays the successful
+ * ones, so the layout outlives nvmlShutdown and is seen by processes that
+ * start later, as a real driver keeps it.
+ * ====================================================================== */
+
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st *nvmlComputeInstance_t;
+
+typedef struct {
+    unsigned int start, size;
+} nvmlPlacement_t;                      /* GPU- and compute-instance placements */
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[NAME_BUFFER_SIZE];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+#define NVML_GI_PROFILE_INFO_V2_VERSION 0x02000098u
+#define NVML_CI_PROFILE_INFO_V2_VERSION 0x02000088u
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount;
+    unsigned int sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount;
+    unsigned int sharedJpegCount, sharedOfaCount;
+    char name[NAME_BUFFER_SIZE];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlPlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlPlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+static struct {
+    char path[4096];                    /* "" = no log */
+    int replaying;
+} g_miglog;
+
+static const char *result_name(nvmlReturn_t r)
+{
+    switch (r) {
+    case NVML_SUCCESS: return "SUCCESS";
+    case NVML_ERROR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case NVML_ERROR_NOT_SUPPORTED: return "NOT_SUPPORTED";
+    case NVML_ERROR_NOT_FOUND: return "NOT_FOUND";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU_IS_LOST";
+    case NVML_ERROR_IN_USE: return "IN_USE";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "INSUFFICIENT_RESOURCES";
+    default: return "UNKNOWN";
+    }
+}
+
+/* Appends one line to the MIG log with a single O_APPEND write. */
+static void mig_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void mig_log(const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    int n, fd;
+    if (!g_miglog.path[0] || g_miglog.replaying)
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= (int)sizeof line - 1)
+        return;
+    line[n++] = '\n';
+    fd = open(g_miglog.path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        warnf("FAKENVML_MIG_LOG %s: %s", g_miglog.path, strerror(errno));
+        return;
+    }
+    if (write(fd, line, (size_t)n) != n)
+        warnf("FAKENVML_MIG_LOG %s: short write", g_miglog.path);
+    close(fd);
+}
+
+static fake_gi *find_gi(const void *h)
+{
+    unsigned i, j;
+    for (i = 0; i < g_inv->n_gpus; i++)
+        for (j = 0; j < g_inv->gpus[i].n_gi; j++)
+            if ((const void *)g_inv->gpus[i].gis[j] == h)
+                return g_inv->gpus[i].gis[j];
+    return NULL;
+}
+
+static fake_mig *find_ci(const void *h)
+{
+    unsigned i, j;
+    for (i = 0; i < g_inv->n_gpus; i++)
+        for (j = 0; j < g_inv->gpus[i].n_mig; j++) {
+            fake_mig *m = g_inv->gpus[i].migs[j];
+            if ((const void *)&m->ci_magic == h && m->gio)
+                return m;
+        }
+    return NULL;
+}
+
+/* The GPU must be in MIG mode with a modelled layout. */
+static nvmlReturn_t mig_ready(fake_gpu *g)
+{
+    if (!g->mig_capable || !g->mig_current || !g->model)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (g->mig_fixed[0]) {
+        warnf("GPU %u cannot be re-partitioned: %s", g->index, g->mig_fixed);
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    return NVML_SUCCESS;
+}
+
+static unsigned procs_on(unsigned gpu, unsigned gi, unsigned ci)
+{
+    unsigned i, n = 0;
+    for (i = 0; i < g_inv->n_procs; i++) {
+        const fake_proc *p = &g_inv->procs[i];
+        n += p->gpu == gpu && (gi == NVML_INSTANCE_ID_NONE || (p->gi == gi && (ci == NVML_INSTANCE_ID_NONE || p->ci == ci)));
+    }
+    return n;
+}
+
+/* start < 0: the lowest free allowed start. */
+static nvmlReturn_t gi_create(fake_gpu *g, const gi_profile *p, int start, fake_gi **out)
+{
+    unsigned s;
+    if (g->n_gi == MAX_GI || gi_count(g, p) >= p->instances)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (start >= 0) {
+        if (start >= MIG_MEMORY_SLICES || !(p->starts & (1u << start)))
+            return NVML_ERROR_INVALID_ARGUMENT;
+        if (!placement_free(g, p, (unsigned)start))
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+        s = (unsigned)start;
+    } else {
+        for (s = 0; s < MIG_MEMORY_SLICES && !placement_free(g, p, s); s++)
+            ;
+        if (s == MIG_MEMORY_SLICES)
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    *out = gi_add(g_inv, g, p, s);
+    return *out ? NVML_SUCCESS : NVML_ERROR_MEMORY;
+}
+
+static nvmlReturn_t gi_destroy(fake_gi *gi)
+{
+    fake_gpu *g = gi->gpu;
+    unsigned i, j;
+    for (i = 0; i < g->n_mig; i++)
+        if (g->migs[i]->gio == gi)
+            return NVML_ERROR_IN_USE;   /* destroy its compute instances first */
+    if (procs_on(g->index, gi->id, NVML_INSTANCE_ID_NONE))
+        return NVML_ERROR_IN_USE;
+    for (i = j = 0; i < g->n_gi; i++)
+        if (g->gis[i] != gi)
+            g->gis[j++] = g->gis[i];
+    g->n_gi = j;
+    gi->magic = 0;
+    return NVML_SUCCESS;
+}
+
+/* 64-bit FNV-1a, for UUIDs that are the same in every run. */
+static unsigned long long fnv1a(unsigned long long h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001B3ULL;
+    }
+    return h;
+}
+
+static void new_mig_uuid(fake_gpu *g, unsigned gi, unsigned ci, char *out, size_t outsz)
+{
+    do {
+        unsigned key[3] = { gi, ci, g->mig_seq++ };
+        unsigned long long a = fnv1a(0xCBF29CE484222325ULL, g->uuid, strlen(g->uuid));
+        unsigned long long b;
+        a = fnv1a(a, key, sizeof key);
+        b = fnv1a(a ^ 0x5bd1e995ULL, key, sizeof key);
+        snprintf(out, outsz, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", a >> 32, (a >> 16) & 0xFFFF,
+                 a & 0xFFFF, b >> 48, b & 0xFFFFFFFFFFFFULL);
+    } while (uuid_taken(g_inv, g_inv->n_gpus - 1, out));
+}
+
+/* uuid: NULL for a new one (replay passes the logged one). */
+static nvmlReturn_t ci_create(fake_gi *gi, unsigned profile, const char *uuid, fake_mig **out)
+{
+    fake_gpu *g = gi->gpu;
+    unsigned n = ci_profile_slices(profile), used = 0, ids = 0, i, start, id;
+    fake_mig *m;
+    if (!n || n > gi->prof->slices)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (i = 0; i < g->n_mig; i++)
+        if (g->migs[i]->gio == gi) {
+            used |= ((1u << g->migs[i]->ci_slices) - 1) << g->migs[i]->ci_start;
+            ids |= 1u << g->migs[i]->ci;
+        }
+    for (start = 0; start + n <= gi->prof->slices; start += n)
+        if (!(used & (((1u << n) - 1) << start)))
+            break;
+    if (start + n > gi->prof->slices || g->n_mig >= g->max_mig)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    for (id = 0; ids & (1u << id); id++)
+        ;
+    m = pool_alloc(g_inv, sizeof *m);
+    if (!m)
+        return NVML_ERROR_MEMORY;
+    m->parent = g;
+    m->gio = gi;
+    m->ci_magic = CI_MAGIC;
+    m->ci_profile = profile;
+    m->ci_start = start;
+    m->index = g->n_mig;
+    m->gi = gi->id;
+    m->ci = id;
+    m->slices = gi->prof->slices;
+    m->ci_slices = n;
+    if (n == gi->prof->slices)
+        snprintf(m->profile, sizeof m->profile, "%s", gi->prof->name);
+    else
+        snprintf(m->profile, sizeof m->profile, "%uc.%s", n, gi->prof->name);
+    snprintf(m->name, sizeof m->name, "%.60s MIG %.24s", g->name, m->profile);
+    if (uuid)
+        snprintf(m->uuid, sizeof m->uuid, "%s", uuid);
+    else
+        new_mig_uuid(g, gi->id, id, m->uuid, sizeof m->uuid);
+    m->memory_mb = gi->prof->memory_mb;
+    m->sm_count = gi->prof->sm * n / gi->prof->slices;
+    m->copy_engines = gi->prof->ce;
+    m->decoders = gi->prof->dec;
+    m->encoders = gi->prof->enc;
+    m->jpegs = gi->prof->jpeg;
+    m->ofas = gi->prof->ofa;
+    m->magic = MIG_MAGIC;
+    g->migs[g->n_mig++] = m;
+    *out = m;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t ci_destroy(fake_mig *m)
+{
+    fake_gpu *g = m->parent;
+    unsigned i, j;
+    if (procs_on(g->index, m->gi, m->ci))
+        return NVML_ERROR_IN_USE;
+    for (i = j = 0; i < g->n_mig; i++)
+        if (g->migs[i] != m)
+            g->migs[j++] = g->migs[i];
+    g->n_mig = j;
+    m->magic = 0;
+    m->ci_magic = 0;
+    return NVML_SUCCESS;
+}
+
+/* ---- replaying the MIG log at nvmlInit -------------------------------- */
+
+static const char *log_field(char *const *argv, int argc, const char *key)
+{
+    int i;
+    size_t n = strlen(key);
+    for (i = 1; i < argc; i++)
+        if (strncmp(argv[i], key, n) == 0 && argv[i][n] == '=')
+            return argv[i] + n + 1;
+    return NULL;
+}
+
+static int log_uint(char *const *argv, int argc, const char *key, unsigned *out)
+{
+    const char *v = log_field(argv, argc, key);
+    unsigned long long u;
+    if (!v || parse_ull(v, &u) < 0 || u > UINT_MAX)
+        return -1;
+    *out = (unsigned)u;
+    return 0;
+}
+
+/* Applies one successful call of the log; -1 when it does not apply. */
+static int replay_line(char *line)
+{
+    char *argv[12], *save = NULL, *tok;
+    int argc = 0;
+    unsigned gpu, gi_id, ci_id, profile, start;
+    const char *result, *uuid;
+    fake_gpu *g;
+    fake_gi *gi;
+    fake_mig *m = NULL;
+    unsigned i;
+
+    for (tok = strtok_r(line, " \t", &save); tok && argc < 12; tok = strtok_r(NULL, " \t", &save))
+        argv[argc++] = tok;
+    if (argc == 0 || argv[0][0] == '#')
+        return 0;
+    result = log_field(argv, argc, "result");
+    if (!result || strcmp(result, "SUCCESS") != 0)
+        return 0;                       /* refused calls changed nothing */
+    if (log_uint(argv, argc, "gpu", &gpu) < 0 || gpu >= g_inv->n_gpus ||
+        log_uint(argv, argc, "gi", &gi_id) < 0)
+        return -1;
+    g = &g_inv->gpus[gpu];
+    if (mig_ready(g) != NVML_SUCCESS)
+        return -1;
+    gi = gi_by_id(g, gi_id);
+    if (strcmp(argv[0], "gi-create") == 0) {
+        const gi_profile *p;
+        if (log_uint(argv, argc, "profile", &profile) < 0 || log_uint(argv, argc, "start", &start) < 0 ||
+            !(p = profile_by_id(g, profile)) || gi_create(g, p, (int)start, &gi) != NVML_SUCCESS)
+            return -1;
+        return gi->id == gi_id ? 0 : -1;
+    }
+    if (!gi)
+        return -1;
+    if (strcmp(argv[0], "gi-destroy") == 0)
+        return gi_destroy(gi) == NVML_SUCCESS ? 0 : -1;
+    if (log_uint(argv, argc, "ci", &ci_id) < 0)
+        return -1;
+    if (strcmp(argv[0], "ci-create") == 0) {
+        uuid = log_field(argv, argc, "uuid");
+        if (!uuid || strncmp(uuid, "MIG-", 4) != 0 || strlen(uuid) >= 80 ||
+            uuid_taken(g_inv, g_inv->n_gpus - 1, uuid) ||
+            log_uint(argv, argc, "profile", &profile) < 0 || ci_create(gi, profile, uuid, &m) != NVML_SUCCESS)
+            return -1;
+        return m->ci == ci_id ? 0 : -1;
+    }
+    if (strcmp(argv[0], "ci-destroy") == 0) {
+        for (i = 0; i < g->n_mig; i++)
+            if (g->migs[i]->gio == gi && g->migs[i]->ci == ci_id)
+                return ci_destroy(g->migs[i]) == NVML_SUCCESS ? 0 : -1;
+    }
+    return -1;
+}
+
+static void replay_mig_log(void)
+{
+    FILE *f;
+    char line[600];
+    unsigned long lineno = 0;
+    if (!g_miglog.path[0])
+        return;
+    f = fopen(g_miglog.path, "r");
+    if (!f)
+        return;                         /* nothing changed yet */
+    g_miglog.replaying = 1;
+    while (fgets(line, sizeof line, f)) {
+        char copy[600];
+        lineno++;
+        line[strcspn(line, "\n")] = '\0';
+        snprintf(copy, sizeof copy, "%s", line);
+        if (replay_line(line) < 0) {
+            warnf("FAKENVML_MIG_LOG line %lu does not apply to the current layout; "
+                  "the rest of the log is ignored: %s", lineno, copy);
+            break;
+        }
+    }
+    g_miglog.replaying = 0;
+    fclose(f);
+}
+
+static void setup_mig_log(void)
+{
+    const char *log = getenv("FAKENVML_MIG_LOG");
+    const char *faults = getenv("FAKENVML_FAULTS");
+    g_miglog.path[0] = '\0';
+    if (log) {
+        if (*log && strlen(log) < sizeof g_miglog.path)
+            snprintf(g_miglog.path, sizeof g_miglog.path, "%s", log);
+    } else if (faults && *faults && strlen(faults) + 4 < sizeof g_miglog.path) {
+        snprintf(g_miglog.path, sizeof g_miglog.path, "%s.mig", faults);
+    }
+    replay_mig_log();
+}
+
+/* ---- exported: profiles ------------------------------------------------ */
+
+static void fill_gi_info(const gi_profile *p, nvmlGpuInstanceProfileInfo_t *info)
+{
+    memset(info, 0, sizeof *info);
+    info->id = p->id;
+    info->sliceCount = p->slices;
+    info->instanceCount = p->instances;
+    info->multiprocessorCount = p->sm;
+    info->copyEngineCount = p->ce;
+    info->decoderCount = p->dec;
+    info->encoderCount = p->enc;
+    info->jpegCount = p->jpeg;
+    info->ofaCount = p->ofa;
+    info->memorySizeMB = p->memory_mb;
+}
+
+/* Profile information is there whether MIG is on or off, on a MIG-capable
+ * GPU of a known model; other profiles give NOT_SUPPORTED. */
+static nvmlReturn_t enter_profile(nvmlDevice_t device, unsigned profile, const gi_profile **p)
+{
+    dev_ref d;
+    nvmlReturn_t r = enter_dev(device, 0, &d);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (profile >= 0x12)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d.gpu->mig_capable || !(*p = profile_by_enum(d.gpu, profile)))
+        return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                        nvmlGpuInstanceProfileInfo_t *info)
+{
+    const gi_profile *p;
+    nvmlReturn_t r = enter_profile(device, profile, &p);
+    if (r == NVML_SUCCESS) {
+        if (!info)
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            fill_gi_info(p, info);
+    }
+    return leave(r);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                         nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    const gi_profile *p;
+    nvmlGpuInstanceProfileInfo_t v1;
+    nvmlReturn_t r = enter_profile(device, profile, &p);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!info)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != NVML_GI_PROFILE_INFO_V2_VERSION)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    fill_gi_info(p, &v1);
+    memset(info, 0, sizeof *info);
+    info->version = NVML_GI_PROFILE_INFO_V2_VERSION;
+    info->id = v1.id;
+    info->isP2pSupported = v1.isP2pSupported;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->copyEngineCount = v1.copyEngineCount;
+    info->decoderCount = v1.decoderCount;
+    info->encoderCount = v1.encoderCount;
+    info->jpegCount = v1.jpegCount;
+    info->ofaCount = v1.ofaCount;
+    info->memorySizeMB = v1.memorySizeMB;
+    snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    return leave(NVML_SUCCESS);
+}
+
+/* enter_dev for calls that take a profile id and need MIG on. */
+static nvmlReturn_t enter_mig(nvmlDevice_t device, unsigned profile_id, dev_ref *d, const gi_profile **p)
+{
+    nvmlReturn_t r = enter_dev(device, 0, d);
+    if (r != NVML_SUCCESS)
+        return r;
+    if ((r = mig_ready(d->gpu)) != NVML_SUCCESS)
+        return r;
+    if (p && !(*p = profile_by_id(d->gpu, profile_id)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsigned int profileId,
+                                                              unsigned int *count)
+{
+    dev_ref d;
+    const gi_profile *p;
+    unsigned s, n = 0, room, mask = 0;
+    nvmlReturn_t r = enter_mig(device, profileId, &d, &p);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!count)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* Greedy over the free allowed placements, lowest first. */
+    for (s = 0; s < MIG_MEMORY_SLICES; s++) {
+        unsigned want = ((1u << p->size) - 1) << s;
+        if (placement_free(d.gpu, p, s) && !(mask & want)) {
+            mask |= want;
+            n++;
+        }
+    }
+    room = p->instances - gi_count(d.gpu, p);
+    *count = n < room ? n : room;
+    return leave(NVML_SUCCESS);
+}
+
+/* All placements the profile allows, taken or not (as NVML's _v2).  With
+ * placements NULL, *count is set to their number; otherwise *count is the
+ * array's length (INSUFFICIENT_SIZE if too short) and is set to the number
+ * written. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profileId,
+                                                                  nvmlPlacement_t *placements,
+                                                                  unsigned int *count)
+{
+    dev_ref d;
+    const gi_profile *p;
+    unsigned s, n = 0;
+    nvmlReturn_t r = enter_dev(device, 0, &d);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!d.gpu->mig_capable || !d.gpu->model)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!(p = profile_by_id(d.gpu, profileId)) || !count)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (s = 0; s < MIG_MEMORY_SLICES; s++)
+        n += (p->starts >> s) & 1;
+    if (!placements) {
+        *count = n;
+        return leave(NVML_SUCCESS);
+    }
+    if (*count < n) {
+        *count = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (s = 0, n = 0; s < MIG_MEMORY_SLICES; s++)
+        if (p->starts & (1u << s)) {
+            placements[n].start = s;
+            placements[n].size = p->size;
+            n++;
+        }
+    *count = n;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- exported: GPU instances ------------------------------------------- */
+
+static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned profileId, const nvmlPlacement_t *placement,
+                              nvmlGpuInstance_t *out)
+{
+    dev_ref d;
+    const gi_profile *p = NULL;
+    fake_gi *gi = NULL;
+    char where[16];
+    nvmlReturn_t r = enter_dev(device, 0, &d);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (placement)
+        snprintf(where, sizeof where, "%u", placement->start);
+    else
+        snprintf(where, sizeof where, "any");
+    r = mig_ready(d.gpu);
+    if (r == NVML_SUCCESS && (!out || !(p = profile_by_id(d.gpu, profileId))))
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    if (r == NVML_SUCCESS && placement && placement->size != p->size)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    if (r == NVML_SUCCESS)
+        r = gi_create(d.gpu, p, placement ? (int)(placement->start < 64 ? placement->start : 64) : -1, &gi);
+    if (r == NVML_SUCCESS) {
+        *out = (nvmlGpuInstance_t)(void *)gi;
+        mig_log("gi-create gpu=%u profile=%u start=%u gi=%u result=SUCCESS", d.gpu->index, profileId,
+                gi->start, gi->id);
+    } else {
+        mig_log("gi-create gpu=%u profile=%u start=%s result=%s", d.gpu->index, profileId, where,
+                result_name(r));
+    }
+    return leave(r);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                                nvmlGpuInstance_t *gpuInstance)
+{
+    return create_gi(device, profileId, NULL, gpuInstance);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profileId,
+                                                             const nvmlPlacement_t *placement,
+                                                             nvmlGpuInstance_t *gpuInstance)
+{
+    if (!placement) {
+        nvmlReturn_t r = enter();
+        return leave(r != NVML_SUCCESS ? r : NVML_ERROR_INVALID_ARGUMENT);
+    }
+    return create_gi(device, profileId, placement, gpuInstance);
+}
+
+/* A GPU-instance handle: INVALID_ARGUMENT if unknown or destroyed. */
+static nvmlReturn_t enter_gi(nvmlGpuInstance_t h, fake_gi **out)
+{
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!(*out = find_gi(h)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return (*out)->gpu->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
+{
+    fake_gi *gi;
+    unsigned gpu, id;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    gpu = gi->gpu->index;
+    id = gi->id;
+    r = gi_destroy(gi);
+    mig_log("gi-destroy gpu=%u gi=%u result=%s", gpu, id, result_name(r));
+    return leave(r);
+}
+
+/* Fills gpuInstances (which the caller sizes by the profile's
+ * instanceCount, as NVML asks) with the instances of that profile. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                              nvmlGpuInstance_t *gpuInstances, unsigned int *count)
+{
+    dev_ref d;
+    const gi_profile *p;
+    unsigned i, n = 0;
+    nvmlReturn_t r = enter_mig(device, profileId, &d, &p);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!gpuInstances || !count)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (i = 0; i < d.gpu->n_gi; i++)
+        if (d.gpu->gis[i]->prof == p)
+            gpuInstances[n++] = (nvmlGpuInstance_t)(void *)d.gpu->gis[i];
+    *count = n;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                 nvmlGpuInstance_t *gpuInstance)
+{
+    dev_ref d;
+    fake_gi *gi;
+    nvmlReturn_t r = enter_mig(device, 0, &d, NULL);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!gpuInstance)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!(gi = gi_by_id(d.gpu, id)))
+        return leave(NVML_ERROR_NOT_FOUND);
+    *gpuInstance = (nvmlGpuInstance_t)(void *)gi;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
+{
+    fake_gi *gi;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!info)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    memset(info, 0, sizeof *info);
+    info->device = (nvmlDevice_t)(void *)gi->gpu;
+    info->id = gi->id;
+    info->profileId = gi->prof->id;
+    info->placement.start = gi->start;
+    info->placement.size = gi->prof->size;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- exported: compute instances --------------------------------------- */
+
+static nvmlReturn_t ci_profile_info(fake_gi *gi, unsigned profile, unsigned engProfile,
+                                    nvmlComputeInstanceProfileInfo_t *info)
+{
+    unsigned n = ci_profile_slices(profile);
+    if (profile >= 0x9 || engProfile != 0 || !info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!n || n > gi->prof->slices)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(info, 0, sizeof *info);
+    info->id = profile;
+    info->sliceCount = n;
+    info->instanceCount = gi->prof->slices / n;
+    info->multiprocessorCount = gi->prof->sm * n / gi->prof->slices;
+    info->sharedCopyEngineCount = gi->prof->ce;
+    info->sharedDecoderCount = gi->prof->dec;
+    info->sharedEncoderCount = gi->prof->enc;
+    info->sharedJpegCount = gi->prof->jpeg;
+    info->sharedOfaCount = gi->prof->ofa;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                                                                 unsigned int engProfile,
+                                                                 nvmlComputeInstanceProfileInfo_t *info)
+{
+    fake_gi *gi;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r == NVML_SUCCESS)
+        r = ci_profile_info(gi, profile, engProfile, info);
+    return leave(r);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                                                                  unsigned int engProfile,
+                                                                  nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+    fake_gi *gi;
+    nvmlComputeInstanceProfileInfo_t v1;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!info)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != NVML_CI_PROFILE_INFO_V2_VERSION)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if ((r = ci_profile_info(gi, profile, engProfile, &v1)) != NVML_SUCCESS)
+        return leave(r);
+    memset(info, 0, sizeof *info);
+    info->version = NVML_CI_PROFILE_INFO_V2_VERSION;
+    info->id = v1.id;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->sharedCopyEngineCount = v1.sharedCopyEngineCount;
+    info->sharedDecoderCount = v1.sharedDecoderCount;
+    info->sharedEncoderCount = v1.sharedEncoderCount;
+    info->sharedJpegCount = v1.sharedJpegCount;
+    info->sharedOfaCount = v1.sharedOfaCount;
+    if (v1.sliceCount == gi->prof->slices)
+        snprintf(info->name, sizeof info->name, "MIG %s", gi->prof->name);
+    else
+        snprintf(info->name, sizeof info->name, "MIG %uc.%s", v1.sliceCount, gi->prof->name);
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuInstance_t gpuInstance,
+                                                                       unsigned int profileId, unsigned int *count)
+{
+    fake_gi *gi;
+    unsigned n = ci_profile_slices(profileId), used = 0, i, start, free_n = 0;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!count || !n)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (n > gi->prof->slices)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    for (i = 0; i < gi->gpu->n_mig; i++)
+        if (gi->gpu->migs[i]->gio == gi)
+            used |= ((1u << gi->gpu->migs[i]->ci_slices) - 1) << gi->gpu->migs[i]->ci_start;
+    for (start = 0; start + n <= gi->prof->slices; start += n)
+        free_n += !(used & (((1u << n) - 1) << start));
+    i = gi->gpu->max_mig - gi->gpu->n_mig;
+    *count = free_n < i ? free_n : i;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                         nvmlComputeInstance_t *computeInstance)
+{
+    fake_gi *gi;
+    fake_mig *m = NULL;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!computeInstance || profileId >= 0x9)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else
+        r = ci_create(gi, profileId, NULL, &m);
+    if (r == NVML_SUCCESS) {
+        *computeInstance = (nvmlComputeInstance_t)(void *)&m->ci_magic;
+        mig_log("ci-create gpu=%u gi=%u profile=%u ci=%u uuid=%s result=SUCCESS", gi->gpu->index, gi->id,
+                profileId, m->ci, m->uuid);
+    } else {
+        mig_log("ci-create gpu=%u gi=%u profile=%u result=%s", gi->gpu->index, gi->id, profileId,
+                result_name(r));
+    }
+    return leave(r);
+}
+
+static nvmlReturn_t enter_ci(nvmlComputeInstance_t h, fake_mig **out)
+{
+    nvmlReturn_t r = enter();
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!(*out = find_ci(h)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return (*out)->parent->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
+{
+    fake_mig *m;
+    char uuid[UUID_BUFFER_SIZE];
+    unsigned gpu, gi, ci;
+    nvmlReturn_t r = enter_ci(computeInstance, &m);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    snprintf(uuid, sizeof uuid, "%s", m->uuid);
+    gpu = m->parent->index;
+    gi = m->gi;
+    ci = m->ci;
+    r = ci_destroy(m);
+    mig_log("ci-destroy gpu=%u gi=%u ci=%u uuid=%s result=%s", gpu, gi, ci, uuid, result_name(r));
+    return leave(r);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                       nvmlComputeInstance_t *computeInstances, unsigned int *count)
+{
+    fake_gi *gi;
+    unsigned i, n = 0;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!computeInstances || !count || profileId >= 0x9)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (i = 0; i < gi->gpu->n_mig; i++) {
+        fake_mig *m = gi->gpu->migs[i];
+        if (m->gio == gi && m->ci_profile == profileId)
+            computeInstances[n++] = (nvmlComputeInstance_t)(void *)&m->ci_magic;
+    }
+    *count = n;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                          nvmlComputeInstance_t *computeInstance)
+{
+    fake_gi *gi;
+    unsigned i;
+    nvmlReturn_t r = enter_gi(gpuInstance, &gi);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!computeInstance)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    for (i = 0; i < gi->gpu->n_mig; i++)
+        if (gi->gpu->migs[i]->gio == gi && gi->gpu->migs[i]->ci == id) {
+            *computeInstance = (nvmlComputeInstance_t)(void *)&gi->gpu->migs[i]->ci_magic;
+            return leave(NVML_SUCCESS);
+        }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                  nvmlComputeInstanceInfo_t *info)
+{
+    fake_mig *m;
+    nvmlReturn_t r = enter_ci(computeInstance, &m);
+    if (r != NVML_SUCCESS)
+        return leave(r);
+    if (!info)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    memset(info, 0, sizeof *info);
+    info->device = (nvmlDevice_t)(void *)m;
+    info->gpuInstance = (nvmlGpuInstance_t)(void *)m->gio;
+    info->id = m->ci;
+    info->profileId = m->ci_profile;
+    info->placement.start = m->ci_start;
+    info->placement.size = m->ci_slices;
+    return leave(NVML_SUCCESS);
 }
