@@ -197,7 +197,9 @@ def queue_columns(values: Mapping[str, Sequence[Any]], now: datetime | None = No
         [str(text or "") for text in values["user"]],
         [short_state(str(state or "")) for state in states],
         _run_times(values["start_time"], values["end_time"], now),
-        [str(gpus or 0) for gpus in values["gpus"]],
+        [str(gpus or 0) if mode is None and memory is None else gpu_share(mode, units, memory)
+         for gpus, mode, units, memory in zip(values["gpus"], values["share_mode"],
+                                              values["share"], values["gpu_mem_mb"])],
         [_node_or_reason(*cells) for cells in zip(
             states, values["reason"], values["node"], values["node_names"])],
     ]
@@ -357,7 +359,8 @@ class Field:
 
 # The JOB fields the plain table and --start show.
 TABLE_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
-                "gpus", "start_time", "end_time", "node", "node_names")
+                "gpus", "start_time", "end_time", "node", "node_names", "share_mode", "share",
+                "gpu_mem_mb")
 START_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
                 "expected_start", "nodes", "node", "node_names")
 # The JOB fields each format code reads (beyond state, which every line's code may use).
@@ -365,7 +368,8 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "i": ("job_id", "display_id"), "A": ("job_id",), "P": ("partition",), "j": ("name",),
     "u": ("user",), "a": ("account",), "q": ("qos",), "t": (), "T": (),
     "M": ("start_time", "end_time"), "l": ("time_limit",), "D": ("nodes",),
-    "b": ("gpus", "nodes", "gpu_types"), "C": ("cpus",), "m": ("mem_mb",),
+    "b": ("gpus", "nodes", "gpu_types", "share_mode", "share", "gpu_mem_mb"),
+    "C": ("cpus",), "m": ("mem_mb",),
     "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
     "S": ("start_time", "expected_start"), "V": ("submit_time",), "e": ("end_time",), "Q": (),
 }
@@ -399,11 +403,36 @@ _CODE = r"%(\.?)(\d*)([A-Za-z%])"
 
 
 def _gres(job: Mapping[str, Any]) -> str:
+    """squeue's TRES_PER_NODE: ``gres/gpu:a100:2``, a share ``gres/mps:50``, GPU memory
+    ``gres/gpumem:20G`` (after the share or the GPU it is of)."""
     gpus = int(job.get("gpus") or 0) // max(1, int(job.get("nodes") or 1))
     if not gpus:
         return "N/A"
     kinds = job.get("gpu_types") or []
-    return f"gres/gpu:{kinds[0]}:{gpus}" if len(kinds) == 1 else f"gres/gpu:{gpus}"
+    mode, memory = job.get("share_mode"), job.get("gpu_mem_mb")
+    head = (f"gres/{mode}:{job.get('share')}" if mode is not None
+            else f"gres/gpu:{kinds[0]}:{gpus}" if len(kinds) == 1 else f"gres/gpu:{gpus}")
+    if memory is None:
+        return head
+    memory_item = f"gres/gpumem:{memory_size(int(memory))}"
+    return memory_item if mode is None and not kinds else f"{head},{memory_item}"
+
+
+def gpu_share(mode: str | None, units: int | None, memory: int | None) -> str:
+    """The GPUS cell of a share or a GPU-memory request: ``mps:50``, ``shard:2``,
+    ``gpumem:20G``, ``mps:50,gpumem:20G``."""
+    parts = [] if mode is None else [f"{mode}:{units}"]
+    if memory is not None:
+        parts.append(f"gpumem:{memory_size(int(memory))}")
+    return ",".join(parts)
+
+
+def memory_size(mib: int) -> str:
+    """MiB as sbatch writes a size: ``20G``, ``1T``, ``512M``."""
+    for unit, size in (("T", 1024 * 1024), ("G", 1024)):
+        if mib % size == 0:
+            return f"{mib // size}{unit}"
+    return f"{mib}M"
 
 
 def _local(value: object) -> str:

@@ -99,6 +99,8 @@ JOB_FIELDS: dict[str, Field] = {
     "idle": _same("idle"), "idle_since": _when("idle_since"),
     "gres_flags": _same("gres_flags"), "max_rss_bytes": _same("max_rss_bytes"),
     "cpu_usec": _same("cpu_usec"), "interactive": _same("interactive"),
+    "share_mode": _same("share_mode"), "share": _same("share_units"),
+    "gpu_mem_mb": _same("gpu_mem_mb"),
     "display_id": (("id", "array_job_id", "array_task_id", "array_tasks", "array_max_running"),
                    display_id),
 }

@@ -130,6 +130,10 @@ FULL_JOBS = [
         array_max_running=2, display_id="40_[3-9%2]", expected_start="2026-11-22T13:00:00+00:00"),
     job(state="COMPLETED", start_time="2026-11-22T10:00:00+00:00", time_limit=None,
         end_time="2026-11-22T10:30:00+00:00", node="node03", exit_code=0),
+    job(job_id=50, gpus=1, share_mode="mps", share=50, gpu_mem_mb=20480, node="node04",
+        start_time="2026-11-22T11:00:00+00:00"),
+    job(job_id=51, gpus=1, state="PENDING", reason="Resources", share_mode="shard", share=2),
+    job(job_id=52, gpus=1, state="PENDING", reason="Resources", gpu_mem_mb=512),
 ]
 
 
@@ -162,7 +166,8 @@ def test_queue_columns_are_the_same_from_a_table_and_from_job_objects() -> None:
     by_objects = listing.queue_columns(listing.job_columns(objects, listing.TABLE_FIELDS), NOW)
     assert by_table == by_objects
     assert [list(row) for row in zip(*by_table)] == [listing.job_row(j, NOW) for j in objects["jobs"]]
-    assert by_table[0][1:] == ["40_[3-9%2]", "17", "9_[1,3,5,7,9,11,13,...]"]
+    assert by_table[0][1:] == ["40_[3-9%2]", "17", "50", "51", "52", "9_[1,3,5,7,9,11,13,...]"]
+    assert by_table[6] == ["2", "2", "2", "mps:50,gpumem:20G", "shard:2", "gpumem:512M", "2"]
     assert by_table[7][:3] == ["node[01-02]", "(Priority)", "node03"]
     empty = listing.job_columns({"fields": fields, "rows": []}, listing.TABLE_FIELDS)
     assert listing.queue_columns(empty, NOW) == [[] for _ in listing.HEADERS]
@@ -438,6 +443,29 @@ def test_requeue_flags_and_the_mig_warning(in_tmp: Path) -> None:
     assert "2 MIG slices per node" in (gsubmit.mig_warning(two) or "")
     assert gsubmit.mig_warning(parse_submit(["--gpus", "1g.10gb:1", "--wrap", "true"])) is None
     assert gsubmit.mig_warning(parse_submit(["--gpus", "a100:2", "--wrap", "true"])) is None
+
+
+def test_gqueue_shows_shares_and_gpu_memory_slurm_style() -> None:
+    """%b as squeue's TRES_PER_NODE; the default table's GPUS column; whole GPUs as
+    before."""
+    from gpusched.cli.listing import parse_format, render_format
+
+    b = parse_format("%b")
+    cases = [
+        (job(gpus=1, share_mode="mps", share=50), "gres/mps:50", "mps:50"),
+        (job(gpus=1, share_mode="shard", share=2), "gres/shard:2", "shard:2"),
+        (job(gpus=1, share_mode="mps", share=25, gpu_mem_mb=20480),
+         "gres/mps:25,gres/gpumem:20G", "mps:25,gpumem:20G"),
+        (job(gpus=1, gpu_mem_mb=20480), "gres/gpumem:20G", "gpumem:20G"),
+        (job(gpus=1, gpu_mem_mb=1536, gpu_types=["a100"]), "gres/gpu:a100:1,gres/gpumem:1536M",
+         "gpumem:1536M"),
+        (job(gpus=1, gpu_mem_mb=2 * 1024 * 1024), "gres/gpumem:2T", "gpumem:2T"),
+        (job(gpus=2, share_mode=None, share=None, gpu_mem_mb=None), "gres/gpu:2", "2"),
+        (job(gpus=0), "N/A", "0"),
+    ]
+    for full, tres, cell in cases:
+        assert render_format(b, full, NOW) == tres
+        assert listing.job_row(full, NOW)[6] == cell
 
 
 def test_gqueue_format_codes_widths_and_literal_text() -> None:

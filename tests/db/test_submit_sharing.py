@@ -115,3 +115,29 @@ def test_a_share_moves_only_to_a_partition_that_offers_it(
     with sessions() as s, s.begin():
         submit.update_job(s, job_id, ROOT, {"partition": "mps3"})
     assert _columns(sessions, job_id) == (1, "mps", 80, None, "mps3")
+
+
+def test_job_views_show_the_share_and_gpu_memory(sessions: sessionmaker[Session]) -> None:
+    """The JOB object has share_mode, share and gpu_mem_mb; the listings PostgreSQL
+    writes carry them exactly as the Python-built ones."""
+    import json
+
+    from gpusched.db import job_views
+
+    mps = _submit(sessions, partition="mps", share_mode="mps", share=50, gpu_mem_mb=20480)
+    memory = _submit(sessions, gpu_mem_mb=512)
+    plain = _submit(sessions, gpus=1)
+    with sessions() as s:
+        shown = {j: job_views.get_job(s, j, ALICE) for j in (mps, memory, plain)}
+        listed = job_views.list_jobs(s, {})
+        by_sql = job_views.job_list_json(s, {})
+        fields = {"fields": "job_id,gpus,share_mode,share,gpu_mem_mb"}
+        table = job_views.job_table_json(s, fields)
+        table_python = job_views.list_jobs(s, fields)
+    assert [(shown[j]["gpus"], shown[j]["share_mode"], shown[j]["share"], shown[j]["gpu_mem_mb"])
+            for j in (mps, memory, plain)] == [(1, "mps", 50, 20480), (1, None, None, 512),
+                                               (1, None, None, None)]
+    assert by_sql is not None and json.loads(by_sql) == json.loads(json.dumps(listed))
+    assert table is not None and json.loads(table) == json.loads(json.dumps(table_python))
+    assert json.loads(table)["rows"] == [[mps, 1, "mps", 50, 20480], [memory, 1, None, None, 512],
+                                         [plain, 1, None, None, None]]
