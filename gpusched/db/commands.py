@@ -26,11 +26,11 @@ from sqlalchemy.orm import Session
 from gpusched.db.engine import rowcount
 from gpusched.db.models import Node, NodeCommand
 from gpusched.db.nodes import unregistered
-from gpusched.db.placements import latest_gpus_sql
+from gpusched.db.placements import latest_gpus_sql, latest_share_sql
 from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
-from gpusched.messages.agent import LimitJob, SignalJob
+from gpusched.messages.agent import LimitJob, ShareGrant, SignalJob
 from gpusched.messages.steps import StepCancel, StepLaunch
 
 if TYPE_CHECKING:
@@ -91,7 +91,10 @@ _JOBS = text(
     " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
     " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
     " CASE WHEN s.id IS NULL THEN NULL ELSE "
-    + latest_gpus_sql("j.id") + " END AS gpu_uuids "
+    + latest_gpus_sql("j.id") + " END AS gpu_uuids,"
+    " j.share_mode, CASE WHEN s.id IS NOT NULL AND j.share_mode IS NOT NULL THEN "
+    + latest_share_sql("j.id") + " END AS share,"
+    " (SELECT p.shares FROM partitions AS p WHERE p.name = j.partition) AS share_of "
     "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id AND j.id = ANY(:launch) "
     "WHERE j.id = ANY(:ids)")
 _CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = ANY(:ids)")
@@ -200,7 +203,18 @@ def _launch_order(j: Any, node_name: str) -> LaunchOrder:
         warn_batch_only=bool(j.warn_batch_only), gpu_uuids=tuple(j.gpu_uuids or ()),
         node_names=tuple(j.node_names or ()), array_job_id=j.array_job_id,
         array_task_id=j.array_task_id, array_spec=j.array_spec, cpus=j.cpus,
-        mem_mb=j.mem_mb, gres_flags=j.gres_flags)
+        mem_mb=j.mem_mb, gres_flags=j.gres_flags, share=_share(j))
+
+
+def _share(j: Any) -> ShareGrant | None:
+    """The share of its GPU a job to launch holds (None: its GPUs whole), from its row of
+    _JOBS: its share mode, its latest run's share [uuid, units, mem_mb], and the units
+    its partition's GPUs offer."""
+    if j.share_mode is None or not j.share or not j.share_of:
+        return None
+    uuid, units, mem = j.share
+    return ShareGrant(mode=j.share_mode, gpu_uuid=uuid, units=units, of=j.share_of,
+                      mem_mb=mem or 0)
 
 
 def node_id(session: Session, name: str) -> int:

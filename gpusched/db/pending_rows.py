@@ -30,7 +30,7 @@ _FIELDS = (
     "extract(epoch FROM j.begin_time)", "j.dependency", "j.name", "j.array_job_id",
     "j.array_tasks", "j.array_max_running", "j.gpu_types", "j.nodes", "j.cpus", "j.mem_mb",
     "extract(epoch FROM j.expected_start)", "j.nodelist", "j.exclude_nodes",
-    "j.admin_priority", "j.exclusive",
+    "j.admin_priority", "j.exclusive", "j.share_units", "j.share_mode", "j.gpu_mem_mb",
 )
 # The pending jobs, for the snapshot query: a JSON array of columns (one JSON array
 # each, a row's values at the same place in each): the id and version of every pending
@@ -53,19 +53,19 @@ _COLUMNS = (
     Job.array_max_running, type_coerce(Job.gpu_types, NullType()), Job.nodes,
     Job.cpus, Job.mem_mb, Job.expected_start,
     type_coerce(Job.nodelist, NullType()), type_coerce(Job.exclude_nodes, NullType()),
-    Job.admin_priority, Job.exclusive,
+    Job.admin_priority, Job.exclusive, Job.share_units, Job.share_mode, Job.gpu_mem_mb,
 )
 
 
 def _job(row: Sequence[Any]) -> PendingJob:
     (jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
      dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
-     nodelist, exclude, fixed, exclusive) = row[:26]
+     nodelist, exclude, fixed, exclusive, share, share_mode, gpu_mem) = row[:29]
     return PendingJob(jid, part, n // nodes, uid, submitted.timestamp(), limit, Reason(reason),
                       user, account, qos, hold, begin.timestamp() if begin else None,
                       dependency, name, array_job, array_tasks, array_cap, tuple(types), nodes,
                       cpus, mem, expected.timestamp() if expected else None, tuple(nodelist),
-                      tuple(exclude), fixed, exclusive)
+                      tuple(exclude), fixed, exclusive, share or 0, share_mode, gpu_mem or 0)
 
 
 def _float(value: float | None) -> float | None:
@@ -77,11 +77,12 @@ def _json_job(row: Sequence[Any]) -> PendingJob:
     """A pending job from its _FIELDS as PENDING_SQL gives them."""
     (jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
      dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
-     nodelist, exclude, fixed, exclusive) = row
+     nodelist, exclude, fixed, exclusive, share, share_mode, gpu_mem) = row
     return PendingJob(jid, part, n // nodes, uid, float(submitted), limit, Reason(reason),
                       user, account, qos, hold, _float(begin), dependency, name, array_job,
                       array_tasks, array_cap, tuple(types), nodes, cpus, mem, _float(expected),
-                      tuple(nodelist), tuple(exclude), _float(fixed), exclusive)
+                      tuple(nodelist), tuple(exclude), _float(fixed), exclusive, share or 0,
+                      share_mode, gpu_mem or 0)
 
 
 def read_pending(session: Session) -> tuple[PendingJob, ...]:

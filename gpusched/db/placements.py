@@ -19,6 +19,14 @@ def latest_gpus_sql(job: str) -> str:
             f" FROM allocations AS b WHERE b.job_id = {job}) ORDER BY g.index, g.id)")
 
 
+def latest_share_sql(job: str) -> str:
+    """SQL for the share of a GPU that the latest run of job ``job`` holds, as a JSON
+    array [GPU UUID, units, GPU memory MB] (NULL: none)."""
+    return ("(SELECT json_build_array(g.uuid, a.units, a.mem_mb) FROM allocations AS a"
+            f" JOIN gpus AS g ON g.id = a.gpu_id WHERE a.job_id = {job} AND a.units IS NOT NULL"
+            " ORDER BY a.allocated_at DESC LIMIT 1)")
+
+
 def job_placements(session: Session, jobs: Iterable[tuple[int, int | None]]
                    ) -> dict[int, tuple[str, list[str]]]:
     """Node name and GPU UUIDs (in index order) of each started job of ``jobs``, given

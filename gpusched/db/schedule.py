@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from gpusched.core.model import (
     JobState,
     NodeState,
     NodeView,
+    PartitionView,
     PendingJob,
     Plan,
     RunningJob,
@@ -48,11 +50,12 @@ _SNAPSHOT = text(
     + _columns("id", "name", "state", "run_uid", "cpus", "memory_mb", "block",
                order=" ORDER BY name") + " FROM nodes), "
     "(SELECT " + _columns("id", "node_id", '"index"', "uuid", "healthy", "gpu_type",
-                          "mig_profile", "parent_id") + " FROM gpus WHERE present), "
+                          "mig_profile", "parent_id", "memory_mb") + " FROM gpus WHERE present), "
     "(SELECT " + _columns("a.node_id", 'a."index"', 'b."index"', "l.kind", "l.nvlinks")
     + " FROM gpu_links AS l JOIN gpus AS a ON a.id = l.gpu_a AND a.present "
     "JOIN gpus AS b ON b.id = l.gpu_b AND b.present), "
-    "(SELECT " + _columns("al.job_id", "g.uuid", order=' ORDER BY al.job_id, g."index"')
+    "(SELECT " + _columns("al.job_id", "g.uuid", "al.units", "al.mem_mb",
+                          order=' ORDER BY al.job_id, g."index"')
     + " FROM allocations AS al JOIN gpus AS g ON g.id = al.gpu_id "
     "WHERE al.released_at IS NULL), "
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
@@ -75,12 +78,13 @@ def _nodes(node_rows: list[tuple[Any, ...]], gpu_rows: list[tuple[Any, ...]],
            link_rows: list[tuple[Any, ...]]) -> tuple[tuple[NodeView, ...], dict[str, int]]:
     """Nodes with their GPUs and MIG slices in index order, and node ids by name."""
     index_of = {gpu_id: index for gpu_id, _, index, *_ in gpu_rows}
-    parents = {parent for *_, parent in gpu_rows if parent is not None}
+    parents = {row[7] for row in gpu_rows if row[7] is not None}
     gpus: dict[int, list[GpuView]] = {}
-    for gpu_id, node_id, index, uuid, healthy, gpu_type, profile, parent in gpu_rows:
+    for gpu_id, node_id, index, uuid, healthy, gpu_type, profile, parent, memory in gpu_rows:
         gpus.setdefault(node_id, []).append(GpuView(
             uuid, index, healthy, gpu_type or "gpu", profile,
-            index_of.get(parent) if parent is not None else None, gpu_id in parents))
+            index_of.get(parent) if parent is not None else None, gpu_id in parents,
+            memory_mb=memory or 0))
     links: dict[int, dict[tuple[int, int], int]] = {}
     for node_id, a, b, kind, nvlinks in link_rows:
         links.setdefault(node_id, {})[(a, b) if a <= b else (b, a)] = link_rank(kind, nvlinks)
@@ -92,12 +96,37 @@ def _nodes(node_rows: list[tuple[Any, ...]], gpu_rows: list[tuple[Any, ...]],
     return nodes, {name: nid for nid, name, *_ in node_rows}
 
 
+def shared_gpus(nodes: tuple[NodeView, ...], partitions: tuple[PartitionView, ...]
+                ) -> tuple[NodeView, ...]:
+    """``nodes`` with the whole GPUs of each node in a partition that shares its GPUs
+    marked so (``GpuView.sharing`` and ``shares``; the first such partition by name,
+    admin apply refusing a node shared two ways)."""
+    sharing: dict[str, tuple[str, int]] = {}
+    for part in partitions:
+        if part.sharing is not None and part.shares > 0:
+            for name in part.nodes:
+                sharing.setdefault(name, (part.sharing, part.shares))
+    if not sharing:
+        return nodes
+    return tuple(
+        replace(node, gpus=tuple(
+            gpu if gpu.mig_profile is not None or gpu.mig_mode
+            else replace(gpu, sharing=sharing[node.name][0], shares=sharing[node.name][1])
+            for gpu in node.gpus)) if node.name in sharing else node
+        for node in nodes)
+
+
 def _running(allocated: list[tuple[Any, ...]], rows: list[tuple[Any, ...]], grace: float
              ) -> tuple[tuple[RunningJob, ...], frozenset[tuple[str, str]]]:
-    """Running jobs with their GPUs, and the (user, name) pairs singleton checks."""
+    """Running jobs with their GPUs (whole, and shares), and the (user, name) pairs
+    singleton checks."""
     gpus_of: dict[int, list[str]] = {}
-    for job_id, uuid in allocated:
-        gpus_of.setdefault(job_id, []).append(uuid)
+    shares_of: dict[int, list[tuple[str, int, int]]] = {}
+    for job_id, uuid, units, mem in allocated:
+        if units is None:
+            gpus_of.setdefault(job_id, []).append(uuid)
+        else:
+            shares_of.setdefault(job_id, []).append((uuid, units, mem or 0))
 
     def ends(start: float | None, limit: int | None, preempted: float | None) -> float | None:
         end = start + limit if start is not None and limit else None
@@ -114,7 +143,7 @@ def _running(allocated: list[tuple[Any, ...]], rows: list[tuple[Any, ...]], grac
         running.append(RunningJob(
             job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos, array_job,
             ends(start, limit, preempted), cpus, mem, tuple(names or ()), start,
-            preempted is not None, exclusive))
+            preempted is not None, exclusive, tuple(shares_of.get(job_id, ()))))
     return tuple(running), frozenset((row[2], row[5]) for row in rows)
 
 
@@ -166,8 +195,9 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
     pending = queue.take(pending_answer)
     running, running_names = _running(_rows(allocated), _rows(running_rows), preempt_grace)
     tables = admin.tables(session) if admin is not None else load_admin_tables(session)
+    partitions = tables.partitions_over(tuple(node_ids))
     snapshot = Snapshot(
-        nodes=nodes, partitions=tables.partitions_over(tuple(node_ids)), pending=pending,
+        nodes=shared_gpus(nodes, partitions), partitions=partitions, pending=pending,
         running=running, accounts=tables.accounts, user_shares=tables.user_shares,
         usage={(u, a): float(value) for u, a, value in _rows(usage_rows)},
         qos_priority=tables.qos_priority, qos_limits=tables.qos_limits,
@@ -184,7 +214,8 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "output", "error", "array_job_id", "array_spec",
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
-                "admin_priority", "exclusive", "umask", "gres_flags", "requeue")
+                "admin_priority", "exclusive", "umask", "gres_flags", "requeue",
+                "share_mode", "share_units", "gpu_mem_mb")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
     f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "
@@ -206,9 +237,11 @@ def _started(start: Start, node_ids: dict[str, int], now: datetime) -> dict[str,
 # Allocations of GPUs from :now, one for each (job, GPU UUID) pair of :alloc_jobs and
 # :alloc_uuids, in their order, to the GPU row of that UUID as it is now.
 _ALLOCATE = (
-    "INSERT INTO allocations (job_id, gpu_id, node_id, allocated_at) "
-    "SELECT a.job, g.id, g.node_id, :now FROM unnest(CAST(:alloc_jobs AS bigint[]), "
-    "CAST(:alloc_uuids AS text[])) WITH ORDINALITY AS a(job, uuid, n) "
+    "INSERT INTO allocations (job_id, gpu_id, node_id, allocated_at, units, mem_mb) "
+    "SELECT a.job, g.id, g.node_id, :now, a.units, a.mem FROM unnest("
+    "CAST(:alloc_jobs AS bigint[]), CAST(:alloc_uuids AS text[]), "
+    "CAST(:alloc_units AS integer[]), CAST(:alloc_mems AS integer[])) "
+    "WITH ORDINALITY AS a(job, uuid, units, mem, n) "
     "JOIN gpus AS g ON g.uuid = a.uuid {where}ORDER BY a.n RETURNING job_id"
 )
 _ALLOCATE_TASKS = text(f"WITH placed AS ({_ALLOCATE.format(where='')}) "
@@ -234,9 +267,16 @@ _START_JOBS = text(
 
 
 def _allocations(started: list[tuple[int, Start]]) -> dict[str, list[Any]]:
-    """The :alloc_jobs and :alloc_uuids of the GPUs of ``started`` (job id, start)."""
-    return {"alloc_jobs": [job_id for job_id, start in started for _ in start.gpu_uuids],
-            "alloc_uuids": [uuid for _, start in started for uuid in start.gpu_uuids]}
+    """The :alloc_jobs, :alloc_uuids, :alloc_units and :alloc_mems of the GPUs of
+    ``started`` (job id, start): units and memory for a share, NULL for a whole GPU."""
+    shares = [({uuid: (units, mem) for uuid, units, mem in start.shares}
+               if start.shares else None) for _, start in started]
+    held = [(job_id, uuid, None if share is None else share.get(uuid))
+            for (job_id, start), share in zip(started, shares) for uuid in start.gpu_uuids]
+    return {"alloc_jobs": [job_id for job_id, _, _ in held],
+            "alloc_uuids": [uuid for _, uuid, _ in held],
+            "alloc_units": [None if part is None else part[0] for _, _, part in held],
+            "alloc_mems": [None if part is None else part[1] for _, _, part in held]}
 
 
 def _check_allocated(started: list[tuple[int, Start]], made: int) -> None:
