@@ -22,6 +22,7 @@ from typing import Any
 from gpusched.agent.cgroups import (
     CgroupTree,
     CgroupUnavailable,
+    JobCgroup,
     detect,
     gpu_device_rules,
 )
@@ -276,3 +277,17 @@ def agent_cpus(tree: CgroupTree) -> set[int]:
         if owned:
             cpus &= owned
     return cpus
+
+
+def remove_lost_job_cgroup(job: str, spec: Mapping[str, Any]) -> None:
+    """Kill whatever is left in the cgroup of job ``job`` (its directory's name), whose
+    supervisor was lost, and remove it; ``spec`` is its spec (no cgroup: nothing)."""
+    cgroup = spec.get("cgroup")
+    if not isinstance(cgroup, dict):
+        return
+    try:
+        found = JobCgroup.existing(CgroupTree.from_json(cgroup["tree"]), str(cgroup["name"]))
+        found.kill()
+        found.remove()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("job %s: cannot remove its cgroup: %s", job, exc)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from gpusched.agent import mps
 from gpusched.core.arrays import runs, task_bounds
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
@@ -14,6 +16,8 @@ from gpusched.messages import LaunchOrder
 
 SCRIPT_PLACEHOLDER = "script"  # argv[0] of a built spec, until launch() writes the file
 DEFAULT_UMASK = 0o022  # for a job stored without its submitter's umask
+DEFAULT_STATE_DIR = "/var/lib/gpusched/agent"  # as AgentConfig's, for a spec built without
+DEFAULT_MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
 def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
@@ -30,7 +34,9 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
     this run of it in everything the agent tells the controller. ``min_uid`` travels in the spec for the
     supervisor, which refuses a job below it too; ``umask`` is the submitter's.
     ``cgroup`` is what the supervisor confines the job in (gpusched.agent.confine; None:
-    not confined) and ``site`` the node's prolog and epilog (``site_programs``).
+    not confined) and ``site`` the agent's settings as a mapping: the node's prolog and
+    epilog (``site_programs``), and for a job that shares its GPU, ``state_dir`` and
+    ``mps_control`` (gpusched.agent.mps: its variables, and ``mps``, the daemon it needs).
     """
     job_id, name, user, work_dir = order.job_id, order.name, order.user, order.work_dir
     gpus = ",".join(order.gpu_uuids)
@@ -51,6 +57,9 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
             env[f"SLURM_{key}"] = value
     env["CUDA_VISIBLE_DEVICES"] = gpus
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # else CUDA orders by speed, unlike nvidia-smi
+    site = site or {}
+    state_dir = Path(site.get("state_dir", DEFAULT_STATE_DIR))
+    env.update(mps.share_environment(order.share, state_dir))
     job_vars = {**env, "SLURM_JOB_USER": user, "SLURM_JOB_UID": str(order.uid),
                 "SLURM_JOB_GID": str(order.gid)}
     env = {**order.environment, **env}
@@ -71,7 +80,8 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
         "umask": DEFAULT_UMASK if order.umask is None else order.umask,
         "min_uid": int(min_uid),
         "cgroup": cgroup,
-        **site_programs(site or {}),
+        "mps": mps.spec_entry(order.share, str(site.get("mps_control", DEFAULT_MPS_CONTROL))),
+        **site_programs(site),
         "job_vars": job_vars,
     }
 

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent import procs
+from gpusched.agent.confine import remove_lost_job_cgroup
 from gpusched.agent.jobspec import build_spec, site_programs
+from gpusched.agent.mps import MpsDaemons, MpsError
 from gpusched.agent.spawn import (
     LOCK_FD_IN_SUPERVISOR,
     SupervisorSpawner,
@@ -89,6 +91,7 @@ class Launcher:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._spawner = SupervisorSpawner(python, self.jobs_dir.parent / "spawner.log") if spawner else None
+        self.mps = MpsDaemons(self.jobs_dir.parent / "mps")  # of the GPUs jobs share by MPS
 
     def close(self) -> None:
         """Stop watching; the supervisors (and their jobs) keep running."""
@@ -130,8 +133,10 @@ class Launcher:
             # too, and a spec lost in one reads as none, the run as one whose supervisor
             # was lost (the node's registration fences it in any case).
             write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600, durable=False)
+            self.mps.ensure(spec.get("mps"))  # its GPU's MPS daemon, before the job
         except Exception as exc:  # noqa: BLE001 - a bad job fails itself, never the agent
-            _write_status(jobdir, "launch_failed", None, f"cannot prepare the job: {exc!r}")
+            _write_status(jobdir, "launch_failed", None, str(exc) if isinstance(exc, MpsError)
+                          else f"cannot prepare the job: {exc!r}")
             self._wake()
             return True
         try:
@@ -264,7 +269,9 @@ class Launcher:
     def adopt(self) -> list[int]:
         """Watch the live supervisors found in jobs_dir; return the ids of running jobs."""
         with self._launch_lock:
-            return [job_id for job_id in self._job_ids() if self._adopt_one(job_id)]
+            running = [job_id for job_id in self._job_ids() if self._adopt_one(job_id)]
+            self.mps.release(self.jobs_dir)  # MPS daemons left that no job here needs
+            return running
 
     def _adopt_one(self, job_id: int) -> bool:
         """Watch one job dir's supervisor; True if the job is still running."""
@@ -310,7 +317,7 @@ class Launcher:
         """Record the end of a job whose supervisor died without writing its status."""
         info = _read_json(jobdir / "supervisor.json") or {}
         spec = _read_json(jobdir / "spec.json") or {}
-        _remove_job_cgroup(jobdir, spec)
+        remove_lost_job_cgroup(jobdir.name, spec)
         if info:
             procs.reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
             # Nothing else will ever stop the job now; Slurm kills a step whose
@@ -391,6 +398,8 @@ class Launcher:
         # Not current: the job was reported and launched anew; the dir is the new run's.
         if current and jobdir.is_dir() and not (jobdir / "status.json").exists():
             self._record_lost(jobdir)
+        with self._launch_lock:  # a launch that needs a daemon does not see it stop
+            self.mps.release(self.jobs_dir)
 
     def held_cpus(self) -> set[int]:
         """The CPUs of the cpusets of the jobs running here."""
@@ -454,21 +463,6 @@ def _counter(value: object) -> int | None:
 
 def _text_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _remove_job_cgroup(jobdir: Path, spec: Mapping[str, Any]) -> None:
-    """Kill whatever is left of a lost supervisor's job in its cgroup, and remove it."""
-    cgroup = spec.get("cgroup")
-    if not isinstance(cgroup, dict):
-        return
-    from gpusched.agent.cgroups import CgroupTree, JobCgroup
-
-    try:
-        job = JobCgroup.existing(CgroupTree.from_json(cgroup["tree"]), str(cgroup["name"]))
-        job.kill()
-        job.remove()
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("job %s: cannot remove its cgroup: %s", jobdir.name, exc)
 
 
 def _write_script(path: Path, text: str, spec: Mapping[str, Any]) -> None:
