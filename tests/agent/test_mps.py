@@ -7,6 +7,7 @@ asked (tests/fakemps)."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -157,6 +158,26 @@ def test_each_shared_gpu_has_its_own_daemon_and_directories(
     assert len(fake_mps.live_daemons()) == 1
     finish(launcher, work_dir, 2, wait_for)
     wait_for(lambda: not fake_mps.live_daemons(), "GPU 2's daemon to quit")
+
+
+def test_a_users_mps_job_reaches_the_daemons_directories(
+        launcher: Launcher, state: Path, user_dir: Path, test_user: pwd.struct_passwd,
+        fake_mps: FakeMps, wait_for: WaitFor) -> None:
+    script = ("#!/bin/sh\nls $CUDA_MPS_PIPE_DIRECTORY > listed\n"
+              "cat $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid > pid\nid -u > uid\n")
+    body = launch_object(user_dir, 1, script=script, user=test_user.pw_name,
+                         uid=test_user.pw_uid, gid=test_user.pw_gid, gpu_uuids=[GPU],
+                         share=share())
+    config = AgentConfig(state_dir=state, mps_control=str(fake_mps.program), min_job_uid=1)
+    spec = build_spec(LaunchOrder.parse(body), 0.3, "node01", 1, None, vars(config))
+    assert launcher.launch(1, spec, script)
+    end = wait_end(launcher, 1, wait_for)
+    assert end.outcome == "completed", end
+    assert (user_dir / "uid").read_text().strip() == str(test_user.pw_uid)
+    assert "nvidia-cuda-mps-control.pid" in (user_dir / "listed").read_text().split()
+    (daemon,) = fake_mps.events("daemon")
+    assert (user_dir / "pid").read_text().strip() == str(daemon["pid"])
+    wait_for(lambda: not fake_mps.live_daemons(), "the daemon to quit")
 
 
 def test_a_shard_job_gets_the_gpu_unlimited_and_no_daemon(
