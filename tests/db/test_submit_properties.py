@@ -65,6 +65,11 @@ BAD: dict[str, st.SearchStrategy[Any]] = {
     "nodes": st.just(0) | st.integers(min_value=bounds.MAX_NODES + 1),
     "array": st.just("0-" + "9" * 20) | st.just("1," * 6000),
     "smuggled": st.just("an unknown field"),
+    # A share no partition here offers (the one partition gives whole GPUs), or malformed.
+    "share_mode": st.sampled_from(["mps", "shard", "mig", 1]),
+    "share": st.integers(1, 10_000) | st.just(0) | st.just(10_001),
+    "gpu_mem_mb": st.just(0) | st.integers(min_value=16 * 1024 * 1024 + 1) | st.just("20G")
+    | st.just(-1),
 }
 
 
