@@ -197,12 +197,21 @@ def queue_columns(values: Mapping[str, Sequence[Any]], now: datetime | None = No
         [str(text or "") for text in values["user"]],
         [short_state(str(state or "")) for state in states],
         _run_times(values["start_time"], values["end_time"], now),
-        [str(gpus or 0) if mode is None and memory is None else gpu_share(mode, units, memory)
-         for gpus, mode, units, memory in zip(values["gpus"], values["share_mode"],
-                                              values["share"], values["gpu_mem_mb"])],
+        _gpu_cells(values),
         [_node_or_reason(*cells) for cells in zip(
             states, values["reason"], values["node"], values["node_names"])],
     ]
+
+
+def _gpu_cells(values: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The GPUS column: whole GPUs as a count; a share or GPU memory as gpu_share says
+    (a queue with none of those is the count alone, as fast as before)."""
+    modes, memories = values["share_mode"], values["gpu_mem_mb"]
+    if not any(modes) and not any(memories):
+        return [str(gpus or 0) for gpus in values["gpus"]]
+    return [str(gpus or 0) if mode is None and memory is None else gpu_share(mode, units, memory)
+            for gpus, mode, units, memory in zip(values["gpus"], modes, values["share"],
+                                                 memories)]
 
 
 def _run_times(starts: Sequence[Any], ends: Sequence[Any], now: datetime | None) -> list[str]:
