@@ -49,3 +49,20 @@ def test_the_allocation_grace_defaults_to_a_minute_and_is_bounded(tmp_path: Path
             load_config(path)
         assert "scheduler.allocation_grace" in str(caught.value)
         assert "5 to 86400 seconds" in str(caught.value)
+
+
+def test_an_allocation_may_ask_for_a_share_of_one_gpu() -> None:
+    """galloc and gsrun take gsubmit's --gres, shares included; a body without one has no
+    share fields, as before."""
+    from gpusched.cli.allocation import allocation_body
+
+    body = allocation_body({"gres": "mps:30,gpumem:8G"}, "alloc", "/home/a", {})
+    assert (body["gpus"], body["share_mode"], body["share"], body["gpu_mem_mb"]) == (
+        1, "mps", 30, 8192)
+    request = JobRequest.parse(body)
+    assert (request.interactive, request.share_mode, request.share, request.gpu_mem_mb) == (
+        True, "mps", 30, 8192)
+    plain = allocation_body({"gpus": "2"}, "alloc", "/home/a", {})
+    assert {"share_mode", "share", "gpu_mem_mb"}.isdisjoint(plain)
+    with pytest.raises(UsageError, match="cannot take whole nodes"):
+        allocation_body({"gres": "shard:1", "exclusive": True}, "alloc", "/home/a", {})
