@@ -222,3 +222,108 @@ def _links(nvml: Any, handles: dict[int, Any], buses: dict[str, int]
             if level is not None and int(level) in _LEVELS:
                 links.append((a, b, _LEVELS[int(level)], 0))
     return tuple(links)
+
+
+# ---------------------------------------------------------------------------
+# One GPU's MIG state, for re-partitioning (gpusched.agent.migconfig).
+
+
+@dataclass(frozen=True)
+class ComputeInstance:
+    """A compute instance: one MIG device."""
+
+    handle: Any
+    id: int
+    slices: int  # compute slices
+    uuid: str  # its MIG device's UUID
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """A GPU instance: a profile placed on the GPU, and its compute instances."""
+
+    handle: Any
+    id: int
+    profile: str  # 3g.40gb
+    slices: int  # compute slices
+    start: int  # placement: first memory slice ...
+    size: int  # ... and how many
+    compute: tuple[ComputeInstance, ...]
+
+    @property
+    def whole(self) -> bool:
+        """One compute instance over all its slices: one MIG device of its profile."""
+        return len(self.compute) == 1 and self.compute[0].slices == self.slices
+
+
+def gpu_slices(nvml: Any, handle: Any) -> list[StaticGpu]:
+    """The MIG slices of one GPU, as :func:`discover` reports them."""
+    index = call_or(nvml, nvml.nvmlDeviceGetIndex, handle, default=0)
+    name = as_text(nvml.nvmlDeviceGetName(handle))
+    memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024))
+    return _mig_devices(nvml, handle, index, name, memory_mb, gpu_type(name))
+
+
+def gpu_processes(nvml: Any, handle: Any) -> list[int]:
+    """The ids of the compute processes on a GPU and on each of its MIG devices."""
+    pids: set[int] = set()
+    for device in [handle, *mig_handles(nvml, handle)]:
+        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(device):
+            pids.add(int(proc.pid))
+    return sorted(pids)
+
+
+def instance_profiles(nvml: Any, handle: Any) -> dict[str, Any]:
+    """The GPU-instance profiles a GPU offers, by name (``1g.10gb``): NVML's profile
+    information (``id``, ``sliceCount``, ``instanceCount``, ``memorySizeMB``)."""
+    name = as_text(nvml.nvmlDeviceGetName(handle))
+    memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024))
+    found: dict[str, Any] = {}
+    for profile in range(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):
+        info = call_or(nvml, nvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, profile)
+        if info is None or not info.sliceCount:
+            continue
+        named = as_text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
+        found.setdefault(named or mig_profile(int(info.sliceCount), int(info.memorySizeMB),
+                                              memory_mb, name), info)
+    return found
+
+
+def gpu_instances(nvml: Any, handle: Any) -> list[GpuInstance]:
+    """A MIG GPU's GPU instances with their compute instances, by placement."""
+    import ctypes
+
+    found: list[GpuInstance] = []
+    for profile, info in instance_profiles(nvml, handle).items():
+        array = (nvml.c_nvmlGpuInstance_t * max(1, int(info.instanceCount)))()
+        count = ctypes.c_uint(0)
+        nvml.nvmlDeviceGetGpuInstances(handle, info.id, array, ctypes.byref(count))
+        for gi in array[:count.value]:
+            gi_info = nvml.nvmlGpuInstanceGetInfo(gi)
+            found.append(GpuInstance(gi, int(gi_info.id), profile, int(info.sliceCount),
+                                     int(gi_info.placement.start), int(gi_info.placement.size),
+                                     tuple(_compute_instances(nvml, gi))))
+    return sorted(found, key=lambda gi: (gi.start, gi.id))
+
+
+def _compute_instances(nvml: Any, gi: Any) -> list[ComputeInstance]:
+    import ctypes
+
+    found: list[ComputeInstance] = []
+    seen: set[int] = set()
+    for profile in range(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 0)):
+        info = call_or(nvml, nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, profile,
+                       nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        if info is None or int(info.id) in seen:
+            continue
+        seen.add(int(info.id))
+        array = (nvml.c_nvmlComputeInstance_t * max(1, int(info.instanceCount)))()
+        count = ctypes.c_uint(0)
+        if call_or(nvml, nvml.nvmlGpuInstanceGetComputeInstances, gi, info.id, array,
+                   ctypes.byref(count)) is None:
+            continue
+        for ci in array[:count.value]:
+            ci_info = nvml.nvmlComputeInstanceGetInfo(ci)
+            found.append(ComputeInstance(ci, int(ci_info.id), int(info.sliceCount),
+                                         as_text(nvml.nvmlDeviceGetUUID(ci_info.device))))
+    return found

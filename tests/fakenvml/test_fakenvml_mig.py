@@ -100,8 +100,11 @@ def log_lines(fake: FakeNvml) -> list[dict[str, str]]:
     path = Path(str(fake.fault_path) + ".mig")
     if not path.exists():
         return []
-    return [dict([("op", line.split()[0])] + [w.split("=", 1) for w in line.split()[1:]])
-            for line in path.read_text().splitlines()]
+    lines = []
+    for line in path.read_text().splitlines():
+        op, *fields = line.split()
+        lines.append({"op": op, **dict(w.split("=", 1) for w in fields)})
+    return lines
 
 
 def test_profiles_and_placements_of_an_a100_80gb(fake_nvml_factory: Factory) -> None:
