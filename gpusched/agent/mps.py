@@ -120,8 +120,9 @@ class MpsDaemons:
     job ends and at start, each under its launch lock, so a daemon is never stopped
     between the check and the start of a job that needs it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, start_timeout: float = START_TIMEOUT) -> None:
         self.root = Path(root)
+        self.start_timeout = start_timeout
 
     def ensure(self, need: Mapping[str, Any] | None) -> None:
         """Have the daemon a job's spec entry (``spec_entry``) names running; MpsError
@@ -176,17 +177,18 @@ class MpsDaemons:
         _write_json(directory / DAEMON_FILE, {"gpu": gpu, "control": program})
         with contextlib.suppress(FileNotFoundError):
             (pipe / PID_FILE).unlink()  # a dead daemon's: not to be read as the new one's
-        deadline = time.monotonic() + START_TIMEOUT
+        timeout = self.start_timeout
+        deadline = time.monotonic() + timeout
         output = logs / START_OUTPUT
         try:
             with open(output, "wb") as out:  # a file, not a pipe: the daemon may keep it
                 done = subprocess.run([program, "-d"], env=_environment(gpu, directory),
                                       stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                      cwd="/", start_new_session=True, timeout=START_TIMEOUT,
+                                      cwd="/", start_new_session=True, timeout=timeout,
                                       check=False)
         except subprocess.TimeoutExpired:
             raise MpsError(f"cannot start the MPS control daemon for GPU {gpu}: {program} -d "
-                           f"did not return within {START_TIMEOUT:g} s") from None
+                           f"did not return within {timeout:g} s") from None
         except OSError as exc:
             raise MpsError(f"cannot start the MPS control daemon for GPU {gpu}: {exc}") from None
         if done.returncode != 0:
@@ -196,7 +198,7 @@ class MpsDaemons:
         while self.running(directory) is None:
             if time.monotonic() >= deadline:
                 raise MpsError(f"the MPS control daemon for GPU {gpu} did not start within "
-                               f"{START_TIMEOUT:g} s: no live daemon in {pipe / PID_FILE}")
+                               f"{timeout:g} s: no live daemon in {pipe / PID_FILE}")
             time.sleep(0.02)
         log.info("MPS control daemon for GPU %s started (pid %s)", gpu, self.running(directory))
 

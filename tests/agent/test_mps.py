@@ -10,6 +10,7 @@ import os
 import pwd
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpusched.agent.launcher import Launcher, build_spec
-from gpusched.agent.mps import MpsDaemons, daemon_dir, thread_percentage
+from gpusched.agent.mps import MpsDaemons, MpsError, daemon_dir, thread_percentage
 from gpusched.agent.settings import AgentConfig
 from gpusched.messages import LaunchOrder
 from tests.agent.conftest import _private_dir, kill_leftovers
@@ -80,10 +81,22 @@ def job_env(work: Path, job_id: int, wait_for: WaitFor) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+def seen_by(launcher: Launcher, check: Callable[[], Any]) -> Callable[[], Any]:
+    """``check``, after the launcher has handled the supervisors that exited (the
+    agent's report loop calls wait_ended all the time; a test calls it while it waits)."""
+    def look() -> Any:
+        launcher.wait_ended(timeout=0.05)
+        return check()
+    return look
+
+
 def finish(launcher: Launcher, work: Path, job_id: int, wait_for: WaitFor) -> None:
     (work / f"go-{job_id}").touch()
     end = wait_end(launcher, job_id, wait_for)
     assert end.outcome == "completed", end
+    # Its supervisor's exit handled too (that is when daemons no job needs are stopped).
+    wait_for(seen_by(launcher, lambda: not launcher.is_running(job_id)), "its supervisor to exit")
+    launcher.wait_ended(timeout=0.05)
 
 
 def test_two_mps_jobs_on_one_gpu_share_one_daemon_that_quits_after_the_last(
@@ -126,7 +139,7 @@ def test_two_mps_jobs_on_one_gpu_share_one_daemon_that_quits_after_the_last(
     assert fake_mps.live_daemons() == [daemon["pid"]]
 
     finish(launcher, work_dir, 2, wait_for)
-    wait_for(lambda: fake_mps.events("quit"), "the daemon to be told to quit",
+    wait_for(seen_by(launcher, lambda: fake_mps.events("quit")), "the daemon to be told to quit",
              seen=fake_mps.events)
     (client,) = fake_mps.events("client")
     assert client["stdin"] == ["quit"]
@@ -152,12 +165,12 @@ def test_each_shared_gpu_has_its_own_daemon_and_directories(
     assert len(fake_mps.live_daemons()) == 2
 
     finish(launcher, work_dir, 1, wait_for)
-    wait_for(lambda: fake_mps.events("quit"), "GPU 1's daemon to quit")
+    wait_for(seen_by(launcher, lambda: fake_mps.events("quit")), "GPU 1's daemon to quit")
     (client,) = [r for r in fake_mps.events("run") if r["argv"] == []]
     assert client["env"]["CUDA_VISIBLE_DEVICES"] == GPU
     assert len(fake_mps.live_daemons()) == 1
     finish(launcher, work_dir, 2, wait_for)
-    wait_for(lambda: not fake_mps.live_daemons(), "GPU 2's daemon to quit")
+    wait_for(seen_by(launcher, lambda: not fake_mps.live_daemons()), "GPU 2's daemon to quit")
 
 
 def test_a_users_mps_job_reaches_the_daemons_directories(
@@ -177,7 +190,7 @@ def test_a_users_mps_job_reaches_the_daemons_directories(
     assert "nvidia-cuda-mps-control.pid" in (user_dir / "listed").read_text().split()
     (daemon,) = fake_mps.events("daemon")
     assert (user_dir / "pid").read_text().strip() == str(daemon["pid"])
-    wait_for(lambda: not fake_mps.live_daemons(), "the daemon to quit")
+    wait_for(seen_by(launcher, lambda: not fake_mps.live_daemons()), "the daemon to quit")
 
 
 def test_a_shard_job_gets_the_gpu_unlimited_and_no_daemon(
@@ -220,7 +233,29 @@ def test_a_daemon_that_cannot_start_fails_the_launch_cleanly(
     assert job_env(work_dir, 3, wait_for)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert len(fake_mps.live_daemons()) == 1
     finish(launcher, work_dir, 3, wait_for)
-    wait_for(lambda: not fake_mps.live_daemons(), "the daemon to quit")
+    wait_for(seen_by(launcher, lambda: not fake_mps.live_daemons()), "the daemon to quit")
+
+
+@pytest.mark.parametrize(("how", "said"), [
+    ("start-hangs", "-d did not return within 0.5 s"),
+    ("start-no-daemon", "did not start within 0.5 s: no live daemon in "),
+])
+def test_a_daemon_start_that_stalls_fails_within_its_timeout(
+        state: Path, fake_mps: FakeMps, how: str, said: str) -> None:
+    fake_mps.fail_start(how=how)
+    daemons = MpsDaemons(state / "mps", start_timeout=0.5)
+    began = time.monotonic()
+    with pytest.raises(MpsError) as caught:
+        daemons.ensure({"gpu": GPU, "control": str(fake_mps.program)})
+    assert time.monotonic() - began < 5
+    assert said in str(caught.value) and GPU in str(caught.value)
+    assert daemons.running(daemon_dir(state / "mps", GPU)) is None
+    assert [e["event"] for e in fake_mps.events()] == ["run", how.replace("-", "_")]
+    fake_mps.fail_start(False, how=how)
+    daemons.ensure({"gpu": GPU, "control": str(fake_mps.program)})  # works again
+    assert daemons.running(daemon_dir(state / "mps", GPU)) == fake_mps.live_daemons()[0]
+    assert daemons.release(state / "jobs") == [GPU]
+    assert not fake_mps.live_daemons()
 
 
 def test_a_restarted_agent_keeps_the_daemon_of_running_jobs_and_stops_others(
@@ -242,7 +277,7 @@ def test_a_restarted_agent_keeps_the_daemon_of_running_jobs_and_stops_others(
         assert fake_mps.events("run")[-1]["env"]["CUDA_VISIBLE_DEVICES"] == GPU2
         assert client["stdin"] == ["quit"]
         finish(after, work_dir, 1, wait_for)
-        wait_for(lambda: not fake_mps.live_daemons(), "the kept daemon to quit")
+        wait_for(seen_by(after, lambda: not fake_mps.live_daemons()), "the kept daemon to quit")
     finally:
         after.close()
 

@@ -31,9 +31,11 @@ class FakeMps:
                                 f'--record "{self.record}" "$@"\n')
         self.program.chmod(0o755)
 
-    def fail_start(self, fail: bool = True) -> None:
-        """Make ``-d`` fail (status 1, a message) from now on, or work again."""
-        flag = self.root / "fail-start"
+    def fail_start(self, fail: bool = True, how: str = "fail-start") -> None:
+        """Make ``-d`` fail from now on, or work again: ``how`` is "fail-start" (status
+        1, a message), "start-hangs" (never returns) or "start-no-daemon" (status 0,
+        no daemon)."""
+        flag = self.root / how
         if fail:
             flag.touch()
         else:
