@@ -3358,7 +3358,10 @@ static nvmlReturn_t gi_create(fake_gpu *g, const gi_profile *p, int start, fake_
             return NVML_ERROR_INSUFFICIENT_RESOURCES;
     }
     *out = gi_add(g_inv, g, p, s);
-    return *out ? NVML_SUCCESS : NVML_ERROR_MEMORY;
+    if (!*out)
+        return NVML_ERROR_MEMORY;
+    emit(g, NULL, EV_MIG_CONFIG, 0);
+    return NVML_SUCCESS;
 }
 
 static nvmlReturn_t gi_destroy(fake_gi *gi)
@@ -3375,6 +3378,7 @@ static nvmlReturn_t gi_destroy(fake_gi *gi)
             g->gis[j++] = g->gis[i];
     g->n_gi = j;
     gi->magic = 0;
+    emit(g, NULL, EV_MIG_CONFIG, 0);
     return NVML_SUCCESS;
 }
 
@@ -3455,6 +3459,7 @@ static nvmlReturn_t ci_create(fake_gi *gi, unsigned profile, const char *uuid, f
     m->magic = MIG_MAGIC;
     g->migs[g->n_mig++] = m;
     *out = m;
+    emit(g, NULL, EV_MIG_CONFIG, 0);
     return NVML_SUCCESS;
 }
 
@@ -3470,6 +3475,7 @@ static nvmlReturn_t ci_destroy(fake_mig *m)
     g->n_mig = j;
     m->magic = 0;
     m->ci_magic = 0;
+    emit(g, NULL, EV_MIG_CONFIG, 0);
     return NVML_SUCCESS;
 }
 

@@ -311,3 +311,29 @@ def test_a_bad_mig_model_is_refused(fake_nvml_factory: Factory, tmp_path: Path) 
                          env=fake_nvml_factory(inv).env(), capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "NVMLError_Unknown"
     assert '"mig_model" must be a100-40gb, a100-80gb, h100-80gb or none' in res.stderr
+
+
+def test_changes_raise_mig_config_events(fake_nvml_factory: Factory) -> None:
+    got = run(fake_nvml_factory("mixed_mig.json"), """
+h = gpu(1)
+events = N.nvmlEventSetCreate()
+N.nvmlDeviceRegisterEvents(h, N.nvmlEventMigConfigChange, events)
+g = N.nvmlDeviceGetGpuInstanceById(h, 13)
+N.nvmlComputeInstanceDestroy(cis(g)[0])
+N.nvmlGpuInstanceDestroy(g)
+create(h, N.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+seen = []
+while True:
+    e = err(N.nvmlEventSetWait_v2, events, 100)
+    if isinstance(e, str):
+        break
+    seen.append([e.eventType, e.gpuInstanceId])
+out["seen"] = seen
+out["other"] = err(N.nvmlEventSetWait_v2, events, 10)
+""")
+    assert got["seen"] == [[N_MIG_CONFIG, NONE]] * 4
+    assert got["other"] == "NVMLError_Timeout"
+
+
+N_MIG_CONFIG = 0x100  # nvmlEventTypeMigConfigChange
+NONE = 0xFFFFFFFF
