@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.capacity import Capacity
@@ -31,8 +31,8 @@ from gpusched.core.ordering import (
     queue_order,
 )
 from gpusched.core.pools import UnitPools
-from gpusched.core.share_starts import reserve_share, share_choices, start_share
-from gpusched.core.sharing import ShareBook, wants_share
+from gpusched.core.share_starts import ShareStartsMixin
+from gpusched.core.sharing import KindMemory, ShareBook, by_memory, wants_share
 from gpusched.core.units import INF, Shape
 
 # The queue's order lives in core/ordering.py; callers find it here too.
@@ -78,7 +78,7 @@ def _partition_open(part: PartitionView) -> bool:
             and not part.deny_accounts and part.max_gpus_per_job is None)
 
 
-class SchedulingPass:
+class SchedulingPass(ShareStartsMixin):
     """The state of one pass as it walks the queue; ``plan`` runs one to the end.
 
     ``watch`` names a job whose ``Moment`` is recorded when the pass reaches it.
@@ -99,6 +99,7 @@ class SchedulingPass:
         if self.book is not None and occupancy is None and self.book.gpus:
             running = (*running, *self.book.carriers())
         self.capacity = Capacity(snapshot.nodes, running, now, occupancy)
+        self.memory = KindMemory(snapshot.nodes)
         # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
         self.pools = UnitPools(self.capacity) if policy.backfill == "conservative" else None
         self.members = self.capacity.inventory.members(snapshot.partitions)
@@ -233,6 +234,12 @@ class SchedulingPass:
         members, group = self.where(job)
         if wants_share(job):
             return self._try_share(job, task, members)
+        if by_memory(job):
+            # A MIG slice or an MPS share with that much memory, if one is free now;
+            # else a whole GPU with it (or its wait).
+            if self._memory_now(job, task, members, group):
+                return None
+            job = replace(job, gpu_kinds=self.memory.whole(job.gpu_mem_mb))
         whole: Shape | None = None
         shape: Shape | None
         pool = None if self.pools is None else self.pools.pool_for(job, members, group)
@@ -277,8 +284,16 @@ class SchedulingPass:
                     else self.capacity.estimate(shape or whole or Shape.of(job), members, group))
             return Reason.RESOURCES if first else Reason.PRIORITY
         assert shape is not None  # a job is placed only once it has its shape
-        kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])
+        self._start_placed(job, task, placed, shape)
+        return None
+
+    def _start_kind(self, job: PendingJob) -> StartKind:
+        return (StartKind.BACKFILLED if any(p in self.blocked
+                                            for p in self.overlaps[job.partition])
                 else StartKind.IMMEDIATE)
+
+    def _start_placed(self, job: PendingJob, task: int | None,
+                      placed: list[tuple[int, str]], shape: Shape) -> None:
         names: list[str] = []
         uuids: list[str] = []
         for index, unit_kind in placed:
@@ -286,9 +301,8 @@ class SchedulingPass:
             uuids.extend(gpu.uuid for gpu in self.capacity.take(index, unit_kind, shape))
         if self.pools is not None:
             self.pools.started(placed)
-        self._started(job, Start(job.job_id, names[0], tuple(uuids), task, kind,
-                                 tuple(names) if len(names) > 1 else ()))
-        return None
+        self._started(job, Start(job.job_id, names[0], tuple(uuids), task,
+                                 self._start_kind(job), tuple(names) if len(names) > 1 else ()))
 
     def _started(self, job: PendingJob, start: Start) -> None:
         self.starts.append(start)
@@ -297,32 +311,6 @@ class SchedulingPass:
         self.busy_names.add((job.user, job.name))
         if job.array_job_id is not None:
             self.array_running[job.array_job_id] += 1
-
-    def _try_share(self, job: PendingJob, task: int | None,
-                   members: frozenset[int]) -> Reason | None:
-        """``_try_start`` for a job asking for a share of one GPU (core/share_starts.py):
-        best placement now, else a reservation (first jobs that must wait) or an estimate."""
-        book = self.book
-        choices = [] if book is None else share_choices(
-            self.capacity, book, job, members, self.policy.mps_multi_user)
-        if not choices or book is None:
-            first = job.partition not in self.blocked
-            self.blocked.setdefault(job.partition, job)
-            if book is not None and self.reserving \
-                    and self.reserved_in[job.partition] < self.depth:
-                self.reserved_in[job.partition] += 1
-                at, reservation = reserve_share(self.capacity, book, job, members)
-                if reservation is not None:
-                    self.reshaped = self.reshaped or at <= self.now
-                    self.reservations.append(reservation)
-                self.expected[job.job_id] = at
-            return Reason.RESOURCES if first else Reason.PRIORITY
-        kind = (StartKind.BACKFILLED if any(p in self.blocked for p in self.overlaps[job.partition])
-                else StartKind.IMMEDIATE)
-        if self.pools is not None:
-            self.pools.started([(choices[0].node, "")])
-        self._started(job, start_share(self.capacity, book, job, choices[0], task, kind))
-        return None
 
     def _preempt(self, job: PendingJob, shape: Shape, members: frozenset[int]) -> bool:
         """Stop running jobs of a QOS ``job``'s QOS may preempt, if that lets it start

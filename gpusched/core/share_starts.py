@@ -5,14 +5,20 @@ the changes a start makes to the pass's resources."""
 from __future__ import annotations
 
 from bisect import insort
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from gpusched.core.model import PendingJob, Reservation, Start, StartKind
+from gpusched.core.model import PendingJob, Reason, Reservation, Start, StartKind
 from gpusched.core.sharing import ShareBook, SharedGpu, share_memory
 from gpusched.core.units import INF, Shape
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from gpusched.core.capacity import Capacity
+    from gpusched.core.model import Policy
+    from gpusched.core.pools import UnitPools
+    from gpusched.core.sharing import KindMemory
 
 
 class ShareChoice(NamedTuple):
@@ -23,6 +29,7 @@ class ShareChoice(NamedTuple):
     node: int
     kind: str
     shared: SharedGpu | None
+    units: int
 
 
 def _cpu_mem(job: PendingJob, duration: float) -> Shape:
@@ -61,15 +68,17 @@ def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
                 continue  # holding the GPU longer would delay a reservation
             left = (shared.room - units) / shared.gpu.shares
             found.append(ShareChoice((left, free_gpus, index, shared.gpu.index), index,
-                                     where[1], shared))
+                                     where[1], shared, units))
         for kind, free in node.free.items():
-            if not free or kind in node.slices or not book.fits_whole(free[0], job):
+            if not free or kind in node.slices:
                 continue
+            units = book.fits_whole(free[0], job)
             whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
-            if capacity._fits_now(node, kind, whole):
+            if units and capacity._fits_now(node, kind, whole):
                 gpu = free[0]
-                left = (gpu.shares - job.share) / gpu.shares
-                found.append(ShareChoice((left, free_gpus, index, gpu.index), index, kind, None))
+                left = (gpu.shares - units) / gpu.shares
+                found.append(ShareChoice((left, free_gpus, index, gpu.index), index, kind, None,
+                                         units))
     found.sort(key=lambda choice: choice.score)
     return found
 
@@ -80,28 +89,28 @@ def start_share(capacity: Capacity, book: ShareBook, job: PendingJob,
     free GPU (which gets a carrier) or a longer hold of the partly used one."""
     duration = INF if job.time_limit is None else float(job.time_limit)
     end = capacity.now + duration
-    index = choice.node
+    index, units = choice.node, choice.units
     shared = choice.shared
     if shared is None:
         gpu = capacity.take(index, choice.kind, Shape((choice.kind,), 1, 0, 0, 1, duration,
                                                       job.uid))[0]
-        held = book.hold(gpu.uuid, job.job_id, job.user, job.share,
-                         share_memory(gpu, job.share, job.gpu_mem_mb), end)
+        held = book.hold(gpu.uuid, job.job_id, job.user, units,
+                         share_memory(gpu, units, job.gpu_mem_mb), end)
         assert held is not None  # a GPU of the snapshot's nodes
         shared = held
         if end < INF:  # the carrier's release is the one take() made for the GPU
             _move_release(capacity, index, choice.kind, (end, -1), (end, shared.carrier))
     else:
         before = shared.end
-        mem = share_memory(shared.gpu, job.share, job.gpu_mem_mb)
-        book.hold(shared.uuid, job.job_id, job.user, job.share, mem, end)
+        mem = share_memory(shared.gpu, units, job.gpu_mem_mb)
+        book.hold(shared.uuid, job.job_id, job.user, units, mem, end)
         if end > before:
             _move_release(capacity, index, choice.kind, (before, shared.carrier),
                           None if end == INF else (end, shared.carrier))
     capacity.take(index, "", _cpu_mem(job, duration))  # its CPUs and memory; started here
-    mem = share_memory(shared.gpu, job.share, job.gpu_mem_mb)
+    mem = share_memory(shared.gpu, units, job.gpu_mem_mb)
     return Start(job.job_id, capacity.nodes[index].view.name, (shared.uuid,), task, kind,
-                 shares=((shared.uuid, job.share, mem),))
+                 shares=((shared.uuid, units, mem),))
 
 
 def _move_release(capacity: Capacity, index: int, kind: str, old: tuple[float, int],
@@ -134,3 +143,77 @@ def reserve_share(capacity: Capacity, book: ShareBook, job: PendingJob,
     capacity.reserve(at, where, shape, job.job_id)
     return at, Reservation(job.job_id, at, tuple(capacity.nodes[i].view.name for i, _ in where))
 
+
+class ShareStartsMixin:
+    """The part of a scheduling pass (core/plan.py) that starts jobs asking for a share of
+    one GPU, or only for GPU memory."""
+
+    book: ShareBook | None
+    capacity: Capacity
+    memory: KindMemory
+    policy: Policy
+    pools: UnitPools | None
+    blocked: dict[str, PendingJob]
+    reserving: bool
+    reserved_in: Counter[str]
+    depth: float
+    reshaped: bool
+    reservations: list[Reservation]
+    expected: dict[int, float]
+    now: float
+
+    def _started(self, job: PendingJob, start: Start) -> None:
+        raise NotImplementedError
+
+    def _start_kind(self, job: PendingJob) -> StartKind:
+        raise NotImplementedError
+
+    def _start_placed(self, job: PendingJob, task: int | None,
+                      placed: list[tuple[int, str]], shape: Shape) -> None:
+        raise NotImplementedError
+
+    def _try_share(self, job: PendingJob, task: int | None,
+                   members: frozenset[int]) -> Reason | None:
+        """``_try_start`` for a job asking for a share of one GPU (core/share_starts.py):
+        best placement now, else a reservation (first jobs that must wait) or an estimate."""
+        book = self.book
+        choices = [] if book is None else share_choices(
+            self.capacity, book, job, members, self.policy.mps_multi_user)
+        if not choices or book is None:
+            first = job.partition not in self.blocked
+            self.blocked.setdefault(job.partition, job)
+            if book is not None and self.reserving \
+                    and self.reserved_in[job.partition] < self.depth:
+                self.reserved_in[job.partition] += 1
+                at, reservation = reserve_share(self.capacity, book, job, members)
+                if reservation is not None:
+                    self.reshaped = self.reshaped or at <= self.now
+                    self.reservations.append(reservation)
+                self.expected[job.job_id] = at
+            return Reason.RESOURCES if first else Reason.PRIORITY
+        if self.pools is not None:
+            self.pools.started([(choices[0].node, "")])
+        self._started(job, start_share(self.capacity, book, job, choices[0], task,
+                                       self._start_kind(job)))
+        return None
+
+    def _memory_now(self, job: PendingJob, task: int | None, members: frozenset[int],
+                    group: object) -> bool:
+        """Start a job that asks only for GPU memory on a MIG slice with that much, else
+        on a share of a GPU shared by MPS, if either is free now."""
+        slices = self.memory.slices(job.gpu_mem_mb)
+        if slices:
+            shape = Shape.of(replace(job, gpu_kinds=slices))
+            placed = self.capacity.place_now(shape, members, (group, slices))
+            if placed is not None:
+                self._start_placed(job, task, placed, shape)
+                return True
+        if self.book is not None:
+            shared = replace(job, share_mode="mps")
+            choices = share_choices(self.capacity, self.book, shared, members,
+                                    self.policy.mps_multi_user)
+            if choices:
+                self._started(job, start_share(self.capacity, self.book, shared, choices[0],
+                                               task, self._start_kind(job)))
+                return True
+        return False

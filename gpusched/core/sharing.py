@@ -57,6 +57,17 @@ class SharedGpu:
         return self.gpu.shares - self.used
 
 
+def units_for(gpu: GpuView, job: PendingJob) -> int:
+    """The units of ``gpu`` that ``job`` takes: its share, or for a job that asks only
+    for GPU memory, the part of the GPU's units its memory is (0: not known, or more
+    than the GPU has)."""
+    if job.share:
+        return job.share
+    if not gpu.memory_mb or not gpu.shares or job.gpu_mem_mb > gpu.memory_mb:
+        return 0
+    return max(1, -(-job.gpu_mem_mb * gpu.shares // gpu.memory_mb))
+
+
 def share_memory(gpu: GpuView, units: int, asked_mb: int) -> int:
     """The GPU memory (MB) a share of ``units`` of ``gpu`` gets: what the job asked for,
     else its part of the GPU's memory (0 when that is not known)."""
@@ -125,22 +136,75 @@ class ShareBook:
         """The units ``job`` takes on ``shared`` if it fits there (its mode, its units and
         memory, and for MPS its user); else 0."""
         gpu = shared.gpu
-        if gpu.sharing != job.share_mode or job.share > shared.room:
+        units = units_for(gpu, job)
+        if gpu.sharing != job.share_mode or not units or units > shared.room:
             return 0
         if gpu.sharing == "mps" and not multi_user and shared.users != {job.user}:
             return 0
-        if gpu.memory_mb and shared.mem_used + share_memory(gpu, job.share, job.gpu_mem_mb) \
+        if gpu.memory_mb and shared.mem_used + share_memory(gpu, units, job.gpu_mem_mb) \
                 > gpu.memory_mb:
             return 0
-        return job.share
+        return units
 
-    def fits_whole(self, gpu: GpuView, job: PendingJob) -> bool:
-        """Whether a share for ``job`` fits a free whole ``gpu``."""
-        return (gpu.sharing == job.share_mode and gpu.shares > 0 and job.share <= gpu.shares
-                and (not gpu.memory_mb or share_memory(gpu, job.share, job.gpu_mem_mb)
-                     <= gpu.memory_mb))
+    def fits_whole(self, gpu: GpuView, job: PendingJob) -> int:
+        """The units a share for ``job`` takes of a free whole ``gpu`` (0: it does not fit)."""
+        units = units_for(gpu, job)
+        if gpu.sharing != job.share_mode or not units or units > gpu.shares:
+            return 0
+        if gpu.memory_mb and share_memory(gpu, units, job.gpu_mem_mb) > gpu.memory_mb:
+            return 0
+        return units
 
 
 def wants_share(job: PendingJob) -> bool:
     """Whether ``job`` asks for a share of one GPU."""
     return job.share > 0 and job.share_mode in SHARE_MODES
+
+
+def by_memory(job: PendingJob) -> bool:
+    """Whether ``job`` asks only for GPU memory: a MIG slice, an MPS share or a whole
+    GPU with that much (core/share_starts.py tries them in that order)."""
+    return job.gpu_mem_mb > 0 and not job.share and job.share_mode is None
+
+
+# A kind of unit no request names: asking for it, a job waits (nothing has the memory).
+NO_KIND = "(no GPU with that memory)"
+
+
+class KindMemory:
+    """The GPU memory of each kind of unit (a GPU type, a MIG profile) in a cluster: the
+    least of its units' (a kind whose memory no unit reports counts as having any)."""
+
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        self._slices: dict[str, int] = {}
+        self._whole: dict[str, int] = {}
+        self._asked: dict[tuple[bool, int], tuple[str, ...]] = {}
+        for node in nodes:
+            for gpu in node.gpus:
+                if gpu.mig_mode:
+                    continue
+                kinds = self._slices if gpu.mig_profile is not None else self._whole
+                known = kinds.get(gpu.kind)
+                memory = gpu.memory_mb or 0
+                kinds[gpu.kind] = memory if known is None else (
+                    min(known, memory) if known and memory else known or memory)
+
+    def _fitting(self, slices: bool, mem_mb: int) -> tuple[str, ...]:
+        found = self._asked.get((slices, mem_mb))
+        if found is None:
+            kinds = self._slices if slices else self._whole
+            # Smallest first, for best fit; unknown memory last.
+            fit = sorted((memory or float("inf"), kind) for kind, memory in kinds.items()
+                         if not memory or memory >= mem_mb)
+            found = self._asked[(slices, mem_mb)] = tuple(kind for _, kind in fit)
+        return found
+
+    def slices(self, mem_mb: int) -> tuple[str, ...]:
+        """The MIG profiles with at least ``mem_mb`` MB, smallest first."""
+        return self._fitting(True, mem_mb)
+
+    def whole(self, mem_mb: int) -> tuple[str, ...]:
+        """What a job asking for ``mem_mb`` MB of GPU memory waits for when no slice or
+        share is free: the GPU types with that much, and the MIG profiles too (NO_KIND
+        when nothing has it)."""
+        return (self._fitting(False, mem_mb) + self._fitting(True, mem_mb)) or (NO_KIND,)

@@ -92,7 +92,8 @@ _JOBS = text(
     " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
     " CASE WHEN s.id IS NULL THEN NULL ELSE "
     + latest_gpus_sql("j.id") + " END AS gpu_uuids,"
-    " j.share_mode, CASE WHEN s.id IS NOT NULL AND j.share_mode IS NOT NULL THEN "
+    " j.share_mode, CASE WHEN s.id IS NOT NULL AND (j.share_mode IS NOT NULL"
+    " OR j.gpu_mem_mb IS NOT NULL) THEN "
     + latest_share_sql("j.id") + " END AS share,"
     " (SELECT p.shares FROM partitions AS p WHERE p.name = j.partition) AS share_of "
     "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id AND j.id = ANY(:launch) "
@@ -209,11 +210,12 @@ def _launch_order(j: Any, node_name: str) -> LaunchOrder:
 def _share(j: Any) -> ShareGrant | None:
     """The share of its GPU a job to launch holds (None: its GPUs whole), from its row of
     _JOBS: its share mode, its latest run's share [uuid, units, mem_mb], and the units
-    its partition's GPUs offer."""
-    if j.share_mode is None or not j.share or not j.share_of:
+    its partition's GPUs offer. A job that asked only for GPU memory and got a share
+    has it by MPS."""
+    if not j.share or not j.share_of:
         return None
     uuid, units, mem = j.share
-    return ShareGrant(mode=j.share_mode, gpu_uuid=uuid, units=units, of=j.share_of,
+    return ShareGrant(mode=j.share_mode or "mps", gpu_uuid=uuid, units=units, of=j.share_of,
                       mem_mb=mem or 0)
 
 

@@ -86,3 +86,13 @@ def test_shares_are_allocated_seen_and_launched(sessions: sessionmaker[Session])
     with sessions() as s:
         assert s.scalar(select(Job.state).where(Job.id == whole)) == "PENDING"
         assert len(s.execute(select(Allocation.job_id)).all()) == 3
+
+
+def test_a_gpu_memory_job_on_an_mps_share_is_launched_with_it(
+        sessions: sessionmaker[Session]) -> None:
+    job = _submit(sessions, gpu_mem_mb=10_000)
+    _pass(sessions)
+    with sessions() as s, s.begin():
+        node = s.scalars(select(Node)).one()
+        orders = {c.job_id: c.payload for c in commands.claim(s, node)}
+    assert orders[job].share == ShareGrant("mps", "GPU-1-0", 25, 100, 10_000)

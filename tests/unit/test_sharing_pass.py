@@ -27,7 +27,8 @@ NOW = 1_000.0
 def node(name: str, gpus: int = 1, sharing: str | None = "mps", shares: int = 100,
          memory_mb: int = 80_000) -> NodeView:
     return NodeView(name, NodeState.UP, tuple(
-        GpuView(f"GPU-{name}-{i}", i, sharing=sharing, shares=shares, memory_mb=memory_mb)
+        GpuView(f"GPU-{name}-{i}", i, gpu_type=f"gpu-{memory_mb // 1000}gb", sharing=sharing,
+                shares=shares, memory_mb=memory_mb)
         for i in range(gpus)))
 
 
@@ -152,3 +153,52 @@ def test_the_first_share_that_waits_had_no_room(requests, gpus) -> None:
             units[g] + waiting.share <= 100 and memory[g] + need_mem <= 60_000
             and users.get(g, {waiting.user}) == {waiting.user}
             for g in [f"GPU-a-{i}" for i in range(gpus)] + ["GPU-b-0"])
+
+
+def mig_node(name: str) -> NodeView:
+    parent = GpuView(f"GPU-{name}-0", 0, gpu_type="a100-80gb", mig_mode=True, memory_mb=80_000)
+    return NodeView(name, NodeState.UP, (
+        parent,
+        GpuView(f"MIG-{name}-1", 1, gpu_type="a100-80gb", mig_profile="1g.10gb", parent=0,
+                memory_mb=9_728),
+        GpuView(f"MIG-{name}-2", 2, gpu_type="a100-80gb", mig_profile="3g.40gb", parent=0,
+                memory_mb=40_192)))
+
+
+def memory_job(job_id: int, mem: int, limit: int = 100) -> PendingJob:
+    return PendingJob(job_id, "p", 1, 1000, float(job_id), limit, user="u1", gpu_mem_mb=mem)
+
+
+def test_gpu_memory_gets_the_smallest_slice_with_enough() -> None:
+    decided = plan(snapshot([mig_node("m")], [memory_job(1, 8_000), memory_job(2, 8_000),
+                                              memory_job(3, 30_000)]), NOW, Policy())
+    assert [(s.job_id, s.gpu_uuids, s.shares) for s in decided.starts] == [
+        (1, ("MIG-m-1",), ()), (2, ("MIG-m-2",), ())]
+    assert decided.pending[0].job_id == 3
+
+
+def test_gpu_memory_gets_an_mps_share_then_a_whole_gpu() -> None:
+    nodes = [node("a", memory_mb=40_000), node("x", sharing=None, memory_mb=16_000),
+             node("y", sharing=None, memory_mb=80_000)]
+    decided = plan(snapshot(nodes, [memory_job(1, 10_000), memory_job(2, 10_001),
+                                    memory_job(3, 50_000)]), NOW, Policy())
+    assert [(s.job_id, s.gpu_uuids, s.shares) for s in decided.starts] == [
+        (1, ("GPU-a-0",), (("GPU-a-0", 25, 10_000),)),
+        (2, ("GPU-a-0",), (("GPU-a-0", 26, 10_001),)),
+        (3, ("GPU-y-0",), ())]
+
+
+def test_gpu_memory_of_a_type_is_its_smallest_gpus() -> None:
+    # Two GPUs of one type, one reporting less memory: the type counts as the smaller,
+    # so a job is never placed on a GPU without the memory it asked for.
+    mixed = NodeView("z", NodeState.UP, (
+        GpuView("GPU-z-0", 0, gpu_type="l4", memory_mb=16_000),
+        GpuView("GPU-z-1", 1, gpu_type="l4", memory_mb=24_000)))
+    decided = plan(snapshot([mixed], [memory_job(1, 20_000)]), NOW, Policy())
+    assert not decided.starts
+
+
+def test_gpu_memory_nothing_has_waits() -> None:
+    decided = plan(snapshot([node("x", sharing=None, memory_mb=16_000)],
+                            [memory_job(1, 20_000)]), NOW, Policy())
+    assert not decided.starts and decided.pending[0].reason is Reason.RESOURCES
