@@ -84,6 +84,8 @@ def apply_layout(gpu: int | str, layout: Sequence[str], busy: Iterable[str] = ()
     nvml = load()
     try:
         return _apply(nvml, _handle(nvml, gpu), wanted, taken)
+    except nvml.NVMLError as exc:  # a read that failed (a lost GPU, say)
+        raise MigConfigError(f"GPU {gpu!r}: NVML failed: {exc}") from None
     finally:
         try:
             nvml.nvmlShutdown()
@@ -99,7 +101,9 @@ def _handle(nvml: Any, gpu: int | str) -> Any:
             raise MigConfigError(f"{gpu!r} is not a GPU UUID (GPU-...)")
         return nvml.nvmlDeviceGetHandleByUUID(gpu)
     except nvml.NVMLError as exc:
-        raise MigConfigError(f"no GPU {gpu!r} here: {exc}") from None
+        if getattr(exc, "value", None) in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT):
+            raise MigConfigError(f"no GPU {gpu!r} here: {exc}") from None
+        raise MigConfigError(f"GPU {gpu!r}: {exc}") from None
 
 
 def _apply(nvml: Any, handle: Any, layout: tuple[str, ...], busy: frozenset[str]) -> Applied:

@@ -114,6 +114,8 @@ def test_a_busy_gpu_is_refused_and_left_unchanged(mixed: FakeNvml, tmp_path: Pat
     assert got["error"] == "GpuBusy" and "processes 4242 run on it" in got["message"]
     # A job on the whole GPU's UUID counts too, and so does a process on another slice.
     assert apply(mixed, 0, MIXED[:2], busy=[mixed.inventory["gpus"][0]["uuid"]])["error"] == "GpuBusy"
+    mixed.inject("proc 0 77 100")
+    assert "processes 77 run on it" in apply(mixed, 0, MIXED[:2])["message"]
     assert mig_log(mixed) == []
     assert inventory(mixed, tmp_path) == before
 
@@ -148,3 +150,10 @@ def test_an_a100_40gb_takes_its_own_profiles(fake_nvml_factory: Callable[..., Fa
     assert {s["mig_profile"]: s["memory_mb"] for s in done["slices"]} == {
         "1g.5gb": 4864, "1g.10gb": 9856, "2g.10gb": 9856}
     assert apply(fake, 0, ["1g.10gb"] * 5)["message"].endswith("takes at most 4 x 1g.10gb, not 5")
+
+
+def test_a_lost_gpu_is_an_error_not_a_crash(mixed: FakeNvml) -> None:
+    mixed.inject("lost 1")
+    got = apply(mixed, 1, ["7g.80gb"])
+    assert got == {"error": "MigConfigError", "message": "GPU 1: GPU is lost"}
+    assert mig_log(mixed) == []
