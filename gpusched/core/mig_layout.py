@@ -26,13 +26,20 @@ they already are as it can.
    added keeps its layout.
 4. The result maps the UUID of each GPU to change to its target layout, largest profile
    first. Same input, same output.
+
+GPUs of several nodes may be planned together (UUIDs are unique): demand is then met once
+over them, not once per node. :func:`mig_gpus` and :func:`waiting_demand` build the
+planner's input from a pass's snapshot (``NodeView``, ``RunningJob``, ``PendingJob``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
+
+from gpusched.core.model import NodeView, PendingJob, Reason, RunningJob
+from gpusched.core.shapes import is_mig_profile
 
 MEMORY_SLICES = 8
 
@@ -238,3 +245,53 @@ def plan_layouts(gpus: Sequence[MigGpu], demand: Sequence[MigDemand], now: float
         if Counter(target) != Counter(gpu.layout):
             targets[gpu.uuid] = target
     return targets
+
+
+# Pending reasons of jobs that wait for resources (not for a hold, a dependency, a time).
+_WAITING = frozenset({Reason.NONE, Reason.RESOURCES, Reason.PRIORITY})
+
+
+def mig_gpus(node: NodeView, running: Iterable[RunningJob],
+             changed_at: Mapping[str, float] | None = None,
+             processes: Collection[str] = ()) -> list[MigGpu]:
+    """The node's GPUs in MIG mode, for :func:`plan_layouts`: each one's slices, those
+    that running jobs hold (whole or a share of), when its layout last changed
+    (``changed_at``, by GPU UUID) and whether ``processes`` (UUIDs of GPUs or slices
+    with a process) names it or a slice. A GPU that is unhealthy, or has an unhealthy
+    slice, is left out: it is never changed and its slices meet no demand."""
+    held: set[str] = set()
+    for job in running:
+        if node.name == job.node or node.name in job.nodes:
+            held.update(job.gpu_uuids)
+            held.update(uuid for uuid, _, _ in job.shares)
+    busy = set(processes)
+    found: list[MigGpu] = []
+    for gpu in node.gpus:
+        if not gpu.mig_mode or gpu.parent is not None:
+            continue
+        slices = [s for s in node.gpus if s.parent == gpu.index and s.mig_profile]
+        if not gpu.healthy or not all(s.healthy for s in slices):
+            continue
+        found.append(MigGpu(
+            gpu.uuid, gpu.gpu_type, tuple(s.mig_profile or "" for s in slices),
+            tuple(s.mig_profile or "" for s in slices if s.uuid in held),
+            gpu.uuid in busy or gpu.uuid in held or any(s.uuid in busy for s in slices),
+            (changed_at or {}).get(gpu.uuid)))
+    return found
+
+
+def waiting_demand(jobs: Iterable[PendingJob], now: float) -> list[MigDemand]:
+    """The MIG slices pending jobs wait for: jobs that ask for one MIG profile
+    (``--gpus 1g.10gb:2``), are not held and wait for resources (not for a dependency, a
+    begin time or a limit), by profile; ``waited`` counts from each job's eligible time."""
+    slices: Counter[str] = Counter()
+    waited: dict[str, float] = {}
+    for job in jobs:
+        if len(job.gpu_kinds) != 1 or not is_mig_profile(job.gpu_kinds[0]) or job.gpus <= 0:
+            continue
+        if job.hold is not None or job.reason not in _WAITING or job.eligible_time > now:
+            continue
+        profile = job.gpu_kinds[0]
+        slices[profile] += job.gpus
+        waited[profile] = max(waited.get(profile, 0.0), now - job.eligible_time)
+    return [MigDemand(p, slices[p], waited[p]) for p in sorted(slices)]

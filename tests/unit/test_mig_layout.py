@@ -17,8 +17,18 @@ from gpusched.core.mig_layout import (
     best_placement,
     check_layout,
     fits,
+    mig_gpus,
     placements,
     plan_layouts,
+    waiting_demand,
+)
+from gpusched.core.model import (
+    GpuView,
+    NodeState,
+    NodeView,
+    PendingJob,
+    Reason,
+    RunningJob,
 )
 
 A80 = "a100-80gb"
@@ -173,3 +183,33 @@ def test_plans_are_valid_and_touch_only_idle_gpus_past_their_interval(
         # Only for waiting demand: every change adds a profile that jobs wait for.
         assert set(Counter(target) - Counter(g.layout)) <= {d.profile for d in demand if d.slices}
     assert plan == plan_layouts(list(reversed(gpus)), demand, now, min_interval=600.0)
+
+
+def test_snapshot_to_planner_input() -> None:
+    def mig(uuid: str, index: int, parent: int, profile: str, healthy: bool = True) -> GpuView:
+        return GpuView(uuid, index, healthy, A80, profile, parent)
+
+    node = NodeView("n1", NodeState.UP, (
+        GpuView("GPU-0", 0, gpu_type=A80, mig_mode=True),
+        mig("MIG-0a", 100, 0, "3g.40gb"), mig("MIG-0b", 101, 0, "1g.10gb"),
+        GpuView("GPU-1", 1, gpu_type=A80, mig_mode=True),
+        mig("MIG-1a", 200, 1, "7g.80gb"),
+        GpuView("GPU-2", 2, gpu_type=A80, mig_mode=True),
+        mig("MIG-2a", 300, 2, "7g.80gb", healthy=False),
+        GpuView("GPU-3", 3, gpu_type=A80),
+    ))
+    running = [RunningJob(1, "n1", ("MIG-0b",)), RunningJob(2, "n9", ("MIG-1a",)),
+               RunningJob(3, "n1", (), shares=(("MIG-0a", 50, 0),))]
+    got = mig_gpus(node, running, changed_at={"GPU-1": 12.0}, processes={"MIG-1a"})
+    assert got == [MigGpu("GPU-0", A80, ("3g.40gb", "1g.10gb"), ("3g.40gb", "1g.10gb"), False, None),
+                   MigGpu("GPU-1", A80, ("7g.80gb",), (), True, 12.0)]
+
+    def job(job_id: int, kinds: tuple[str, ...], gpus: int = 1, **kw: object) -> PendingJob:
+        return PendingJob(job_id, "p", gpus, 1000, 100.0 + job_id, gpu_kinds=kinds, **kw)  # type: ignore[arg-type]
+
+    jobs = [job(1, ("1g.10gb",)), job(2, ("1g.10gb",), 2, reason=Reason.RESOURCES),
+            job(3, ("3g.40gb",), begin_time=500.0), job(4, ("3g.40gb",), hold="user"),
+            job(5, ("3g.40gb",), reason=Reason.DEPENDENCY), job(6, ("a100-80gb",)),
+            job(7, ("1g.10gb", "2g.20gb")), job(8, ("2g.20gb",), reason=Reason.PRIORITY)]
+    assert waiting_demand(jobs, now=400.0) == [MigDemand("1g.10gb", 3, 299.0),
+                                               MigDemand("2g.20gb", 1, 292.0)]
