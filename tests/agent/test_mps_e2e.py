@@ -24,7 +24,10 @@ def fake_mps(tmp_path: Path) -> Iterator[FakeMps]:
 
 
 @pytest.fixture
-def cluster(db_url: str, fake_mps: FakeMps) -> Iterator[Cluster]:
+def cluster(db_url: str, fake_mps: FakeMps, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """One node with one GPU; partition "shared" shares it by MPS (or as the test's
+    parameter says)."""
+    sharing = getattr(request, "param", "mps")
     c = Cluster(db_url, gpus=1, schedule_interval=0.5, poll_wait=1.0,
                 agent_toml=f'mps_control = "{fake_mps.program}"\n')
     try:
@@ -37,7 +40,7 @@ default = true
 [[partition]]
 name = "shared"
 nodes = "{c.node}"
-sharing = "mps"
+sharing = "{sharing}"
 """)
         applied = c.run("gpusched", "admin", "apply", str(partitions))
         assert applied.returncode == 0, applied.stderr
@@ -111,3 +114,17 @@ def test_a_daemon_that_cannot_start_fails_its_job_with_the_reason(
     assert not (cluster.work / "env-a").exists()
     assert [e["event"] for e in fake_mps.events()] == ["run", "start_failed"]
     assert [n["state"] for n in cluster.api("GET", "/v1/nodes")["nodes"]] == ["UP"]
+
+
+@pytest.mark.parametrize("cluster", ["shard"], indirect=True)
+def test_a_shard_job_gets_the_gpu_with_no_limit_and_no_daemon(
+        cluster: Cluster, fake_mps: FakeMps) -> None:
+    job_id = _job(cluster, "a", "--gres=shard:2")
+    env = _env(cluster, "a")
+    (gpu,) = cluster.wait_state(job_id, "RUNNING")["gpu_uuids"]
+    assert (env["CUDA_VISIBLE_DEVICES"], env["GPUSCHED_GPU_SHARE"],
+            env["SLURM_SHARDS_ON_NODE"]) == (gpu, "shard:2/4", "2")
+    assert not [key for key in env if key.startswith("CUDA_MPS_")]
+    (cluster.work / "go-a").touch()
+    cluster.wait_state(job_id, "COMPLETED")
+    assert fake_mps.events() == []
