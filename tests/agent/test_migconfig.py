@@ -157,3 +157,40 @@ def test_a_lost_gpu_is_an_error_not_a_crash(mixed: FakeNvml) -> None:
     got = apply(mixed, 1, ["7g.80gb"])
     assert got == {"error": "MigConfigError", "message": "GPU 1: GPU is lost"}
     assert mig_log(mixed) == []
+
+
+def test_the_fake_driver_and_the_planner_agree_on_every_model(
+        fake_nvml_factory: Callable[..., FakeNvml], tmp_path: Path) -> None:
+    from gpusched.core.mig_layout import MODELS
+
+    names = {"a100-40gb": ("NVIDIA A100-SXM4-40GB", 40960), "a100-80gb": ("NVIDIA A100-SXM4-80GB", 81920),
+             "h100-80gb": ("NVIDIA H100 80GB HBM3", 81559)}
+    inv = tmp_path / "models.json"
+    inv.write_text(json.dumps({"gpus": [
+        {"uuid": f"GPU-{i}", "name": name, "memory_mb": mb, "pci_bus_id": f"0:{i + 1}:0.0", "mig": True}
+        for i, (name, mb) in enumerate(names.values())]}))
+    code = """
+import ctypes, json
+from gpusched.agent.nvml import gpu_type, instance_profiles, load
+N = load()
+out = {}
+for i in range(N.nvmlDeviceGetCount()):
+    h = N.nvmlDeviceGetHandleByIndex(i)
+    model = out.setdefault(gpu_type(N.nvmlDeviceGetName(h)), {})
+    for name, info in instance_profiles(N, h).items():
+        n = ctypes.c_uint(0)
+        N.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, None, ctypes.byref(n))
+        arr = (N.c_nvmlGpuInstancePlacement_t * n.value)()
+        N.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(n))
+        model[name] = [info.sliceCount, arr[0].size, [p.start for p in arr], info.instanceCount,
+                       info.memorySizeMB]
+print(json.dumps(out))
+"""
+    res = subprocess.run([sys.executable, "-c", code], env=fake_nvml_factory(inv).env(),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    driver = json.loads(res.stdout)
+    assert set(driver) == set(MODELS) == set(names)
+    for model, profiles in MODELS.items():
+        assert driver[model] == {p.name: [p.slices, p.size, list(p.starts), p.instances, p.memory_mb]
+                                 for p in profiles.values()}, model
