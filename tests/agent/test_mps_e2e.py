@@ -7,6 +7,7 @@ start fails its job with the reason."""
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,22 @@ def test_a_shard_job_gets_the_gpu_with_no_limit_and_no_daemon(
     (cluster.work / "go-a").touch()
     cluster.wait_state(job_id, "COMPLETED")
     assert fake_mps.events() == []
+
+
+def test_the_daemon_outlives_an_agent_restart_while_its_job_runs(
+        cluster: Cluster, fake_mps: FakeMps) -> None:
+    job_id = _job(cluster, "a", "--gres=mps:40")
+    _env(cluster, "a")
+    (daemon,) = fake_mps.live_daemons()
+    cluster.kill("agent", signal.SIGTERM)
+    assert fake_mps.live_daemons() == [daemon]  # the agent stops; job and daemon run on
+    cluster.start("agent")
+    cluster.wait_node_up()
+    assert cluster.job(job_id)["state"] == "RUNNING"
+    assert fake_mps.live_daemons() == [daemon] and fake_mps.events("command") == []
+    (cluster.work / "go-a").touch()
+    cluster.wait_state(job_id, "COMPLETED")
+    wait_for(lambda: not fake_mps.live_daemons(), what="the daemon to quit",
+             seen=lambda: (fake_mps.events(), cluster.logs()))
+    assert [e["command"] for e in fake_mps.events("command")] == ["quit"]
+    assert len(fake_mps.events("daemon")) == 1
