@@ -194,3 +194,27 @@ print(json.dumps(out))
     for model, profiles in MODELS.items():
         assert driver[model] == {p.name: [p.slices, p.size, list(p.starts), p.instances, p.memory_mb]
                                  for p in profiles.values()}, model
+
+
+def test_the_planner_target_applied_by_the_agent(mixed: FakeNvml, tmp_path: Path) -> None:
+    """The building blocks together: slices read from NVML, a plan for a waiting demand,
+    the plan applied, the new slice in the inventory."""
+    from gpusched.core.mig_layout import MigDemand, MigGpu, plan_layouts
+
+    found = inventory(mixed, tmp_path)
+    held = {g["uuid"] for g in found if g["parent"] == 0 and g["mig_profile"] == "3g.40gb"}
+    assert len(held) == 1  # GPU 0's 3g.40gb runs a job
+    gpus = [MigGpu(g["uuid"], g["type"],
+                   tuple(s["mig_profile"] for s in found if s["parent"] == g["index"]),
+                   tuple(s["mig_profile"] for s in found if s["parent"] == g["index"] and s["uuid"] in held))
+            for g in found if g["parent"] is None and any(s["parent"] == g["index"] for s in found)]
+    plan = plan_layouts(gpus, [MigDemand("4g.40gb", 1, 120.0)], now=1000.0, min_interval=600.0)
+    gpu1 = mixed.inventory["gpus"][1]["uuid"]
+    assert plan == {gpu1: ("4g.40gb", "1g.10gb", "1g.10gb", "1g.10gb")}
+    done = apply(mixed, gpu1, list(plan[gpu1]), busy=sorted(held))
+    assert sorted(done["layout"]) == sorted(plan[gpu1])
+    after = [g for g in inventory(mixed, tmp_path) if g["parent"] == 1]
+    assert [g["mig_profile"] for g in after].count("4g.40gb") == 1
+    # The three 1g slices at 4, 5 and 6 kept their UUIDs.
+    assert {g["uuid"] for g in after if g["mig_profile"] == "1g.10gb"} == {
+        m["uuid"] for m in mixed.inventory["gpus"][1]["mig_devices"] if m["gi"] in (11, 12, 13)}
