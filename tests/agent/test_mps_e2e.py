@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.cluster import BIN, Cluster, wait_for
 from tests.fakemps.fixture import FakeMps, fake_mps_in
 
 
@@ -148,3 +148,16 @@ def test_the_daemon_outlives_an_agent_restart_while_its_job_runs(
              seen=lambda: (fake_mps.events(), cluster.logs()))
     assert [e["command"] for e in fake_mps.events("command")] == ["quit"]
     assert len(fake_mps.events("daemon")) == 1
+
+
+def test_a_step_of_an_mps_job_keeps_its_limits(cluster: Cluster, fake_mps: FakeMps) -> None:
+    work = cluster.work
+    job_id = cluster.submit("-p", "shared", "--gres=mps:25", "--wrap",
+                            f"{BIN}/gsrun sh -c 'env > {work}/step.tmp && mv {work}/step.tmp "
+                            f"{work}/env-step'")
+    cluster.wait_state(job_id, "COMPLETED", timeout=40)
+    env = _env(cluster, "step")
+    assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["GPUSCHED_GPU_SHARE"]) == (
+        "25", "mps:25/100")
+    assert env["CUDA_MPS_PIPE_DIRECTORY"].startswith(str(cluster.agent_state / "mps"))
+    wait_for(lambda: not fake_mps.live_daemons(), what="the daemon to quit")
