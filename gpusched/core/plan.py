@@ -32,7 +32,7 @@ from gpusched.core.ordering import (
 )
 from gpusched.core.pools import UnitPools
 from gpusched.core.share_starts import ShareStartsMixin
-from gpusched.core.sharing import KindMemory, ShareBook, by_memory, wants_share
+from gpusched.core.sharing import ShareBook, by_memory, cluster_shares, wants_share
 from gpusched.core.units import INF, Shape
 
 # The queue's order lives in core/ordering.py; callers find it here too.
@@ -99,7 +99,7 @@ class SchedulingPass(ShareStartsMixin):
         if self.book is not None and occupancy is None and self.book.gpus:
             running = (*running, *self.book.carriers())
         self.capacity = Capacity(snapshot.nodes, running, now, occupancy)
-        self.memory = KindMemory(snapshot.nodes)
+        self.memory = cluster_shares(snapshot.nodes).memory
         # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
         self.pools = UnitPools(self.capacity) if policy.backfill == "conservative" else None
         self.members = self.capacity.inventory.members(snapshot.partitions)

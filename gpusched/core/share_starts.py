@@ -5,6 +5,7 @@ the changes a start makes to the pass's resources."""
 from __future__ import annotations
 
 from bisect import insort
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -38,28 +39,32 @@ def _cpu_mem(job: PendingJob, duration: float) -> Shape:
 
 def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
                   members: frozenset[int], multi_user: bool) -> list[ShareChoice]:
-    """Every place ``job``'s share could start now without delaying a reservation, best
-    fit first: least room left on the GPU (a partly used GPU before a free one, so whole
-    GPUs stay whole), then the node with fewest free GPUs, then the node's order."""
+    """Where ``job``'s share could start now without delaying a reservation, best fit
+    first: least room left on the GPU (a partly used GPU before a free one, so whole GPUs
+    stay whole), then the node with fewest free GPUs, then the node's order. Every partly
+    used GPU with room is listed; of the free GPUs, the best node's for each GPU kind
+    (found by walking the nodes by free units of that kind, fewest first)."""
     duration = INF if job.time_limit is None else float(job.time_limit)
     end = capacity.now + duration
     mode = job.share_mode
     cpu_mem = _cpu_mem(job, duration)
     found: list[ShareChoice] = []
     names = book.sharing_nodes
-    for index in members:
+
+    def usable(index: int) -> bool:
         node = capacity.nodes[index]
-        name = node.view.name
-        if names.get(name) != mode or index in capacity.whole \
-                or not capacity._usable(node, cpu_mem) \
-                or not capacity._fits_now(node, "", cpu_mem):
+        return (index in members and names.get(node.view.name) == mode
+                and index not in capacity.whole and capacity._usable(node, cpu_mem)
+                and capacity._fits_now(node, "", cpu_mem))
+
+    for name, on_node in book.on_node.items():
+        index = capacity.index.get(name)
+        if index is None or not usable(index):
             continue
-        free_gpus = node.free_gpus()
-        for shared in book.on_node.get(name, ()):
+        node = capacity.nodes[index]
+        for shared in on_node:
             units = book.room_for(shared, job, multi_user)
-            if not units:
-                continue
-            where = capacity.kind_of.get(shared.uuid)
+            where = capacity.kind_of.get(shared.uuid) if units else None
             if where is None:
                 continue
             if end > shared.end and index in capacity.reserved_nodes and not node.fits(
@@ -67,20 +72,34 @@ def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
                     shared.end):
                 continue  # holding the GPU longer would delay a reservation
             left = (shared.room - units) / shared.gpu.shares
-            found.append(ShareChoice((left, free_gpus, index, shared.gpu.index), index,
+            found.append(ShareChoice((left, node.free_gpus(), index, shared.gpu.index), index,
                                      where[1], shared, units))
-        for kind, free in node.free.items():
-            if not free or kind in node.slices:
-                continue
-            units = book.fits_whole(free[0], job)
-            whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
-            if units and capacity._fits_now(node, kind, whole):
-                gpu = free[0]
-                left = (gpu.shares - units) / gpu.shares
-                found.append(ShareChoice((left, free_gpus, index, gpu.index), index, kind, None,
-                                         units))
+    for kind in capacity.kinds:
+        if kind in capacity.slice_kinds:
+            continue
+        whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
+        choice = _first_free(capacity, book, job, kind, whole, usable)
+        if choice is not None:
+            found.append(choice)
     found.sort(key=lambda choice: choice.score)
     return found
+
+
+def _first_free(capacity: Capacity, book: ShareBook, job: PendingJob, kind: str,
+                whole: Shape, usable: Callable[[int], bool]) -> ShareChoice | None:
+    """The best node for ``job``'s share on a free GPU of ``kind``: fewest free units of
+    that kind, then the node's order."""
+    buckets = capacity.buckets[kind]
+    for count in range(1, len(buckets)):
+        for index in buckets[count]:
+            node = capacity.nodes[index]
+            gpu = node.free[kind][0]
+            units = book.fits_whole(gpu, job)
+            if units and usable(index) and capacity._fits_now(node, kind, whole):
+                left = (gpu.shares - units) / gpu.shares
+                return ShareChoice((left, node.free_gpus(), index, gpu.index), index, kind,
+                                   None, units)
+    return None
 
 
 def start_share(capacity: Capacity, book: ShareBook, job: PendingJob,

@@ -49,7 +49,8 @@ class SharedGpu:
     mem_used: int = 0  # GPU memory taken (MB)
     end: float = 0.0  # the latest holder's end (INF: one has no time limit)
     users: set[str] = field(default_factory=set)
-    holders: list[int] = field(default_factory=list)
+    # job id -> (units, GPU memory MB, end, user) of each holder
+    holders: dict[int, tuple[int, int, float, str]] = field(default_factory=dict)
 
     @property
     def room(self) -> int:
@@ -78,12 +79,13 @@ def share_memory(gpu: GpuView, units: int, asked_mb: int) -> int:
     return 0
 
 
-class ShareBook:
-    """The shared GPUs of a cluster, and their carriers."""
+class ClusterShares:
+    """What never changes between passes over the same nodes: where each GPU is (and
+    its place among all), how each node shares its GPUs, and the memory of each kind."""
 
-    def __init__(self, nodes: Sequence[NodeView], running: Iterable[RunningJob] = ()) -> None:
-        self.where: dict[str, tuple[str, GpuView, int]] = {}  # uuid -> (node, GPU, position)
-        self.sharing_nodes: dict[str, str] = {}  # node -> its share mode
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        self.where: dict[str, tuple[str, GpuView, int]] = {}
+        self.sharing_nodes: dict[str, str] = {}
         position = 0
         for node in nodes:
             for gpu in node.gpus:
@@ -92,6 +94,32 @@ class ShareBook:
                 if gpu.sharing in SHARE_MODES and gpu.shares > 0 and not gpu.mig_mode \
                         and gpu.mig_profile is None:
                     self.sharing_nodes.setdefault(node.name, gpu.sharing)
+        self.memory = KindMemory(nodes)
+
+
+_last_shares: tuple[Sequence[NodeView], ClusterShares] | None = None
+
+
+def cluster_shares(nodes: Sequence[NodeView]) -> ClusterShares:
+    """The ClusterShares of ``nodes``; the same tuple as last time gives the same one
+    back (a pass costs what it looks at, not the size of the cluster)."""
+    global _last_shares
+    last = _last_shares
+    if isinstance(nodes, tuple) and last is not None and last[0] is nodes:
+        return last[1]
+    built = ClusterShares(nodes)
+    if isinstance(nodes, tuple):
+        _last_shares = (nodes, built)
+    return built
+
+
+class ShareBook:
+    """The shared GPUs of a cluster, and their carriers."""
+
+    def __init__(self, nodes: Sequence[NodeView], running: Iterable[RunningJob] = ()) -> None:
+        facts = cluster_shares(nodes)
+        self.where = facts.where  # uuid -> (node, GPU, position)
+        self.sharing_nodes = facts.sharing_nodes  # node -> its share mode
         self.gpus: dict[str, SharedGpu] = {}
         self.on_node: dict[str, list[SharedGpu]] = {}
         for job in running:
@@ -120,7 +148,27 @@ class ShareBook:
         shared.mem_used += mem
         shared.end = max(shared.end, end)
         shared.users.add(user)
-        shared.holders.append(job_id)
+        shared.holders[job_id] = (units, mem, end, user)
+        return shared
+
+    def release(self, uuid: str, job_id: int) -> SharedGpu | None:
+        """Job ``job_id`` gave back its share of GPU ``uuid``: the GPU as it is left (None:
+        no holder is left, and it is no longer shared)."""
+        shared = self.gpus.get(uuid)
+        if shared is None or job_id not in shared.holders:
+            raise ValueError(f"job {job_id} holds no share of GPU {uuid}")
+        units, mem, _, _ = shared.holders.pop(job_id)
+        if not shared.holders:
+            del self.gpus[uuid]
+            left = self.on_node[shared.node]
+            left.remove(shared)
+            if not left:
+                del self.on_node[shared.node]
+            return None
+        shared.used -= units
+        shared.mem_used -= mem
+        shared.end = max(end for _, _, end, _ in shared.holders.values())
+        shared.users = {user for _, _, _, user in shared.holders.values()}
         return shared
 
     def carrier(self, shared: SharedGpu) -> RunningJob:

@@ -23,7 +23,7 @@ Without partitions every node is in one partition, ``sim``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,14 @@ class SimCluster:
     def max_gpus_per_node(self) -> int:
         """The most GPUs any node has."""
         return max((len(node.gpus) for node in self.nodes), default=0)
+
+    def shared(self, mode: str, shares: int) -> SimCluster:
+        """This cluster with every whole GPU shared by ``mode``, ``shares`` units each."""
+        nodes = tuple(replace(node, gpus=tuple(
+            gpu if gpu.mig_profile is not None or gpu.mig_mode
+            else replace(gpu, sharing=mode, shares=shares) for gpu in node.gpus))
+            for node in self.nodes)
+        return replace(self, nodes=nodes)
 
     def describe(self) -> str:
         """One line: how many nodes and GPUs, and per node when uniform."""

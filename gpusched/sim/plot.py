@@ -33,7 +33,7 @@ DAY_S = 86400.0
 HOUR_S = 3600.0
 WAIT_FLOOR_S = 1.0  # waits shorter than this are drawn here on the log axis
 
-Moment = tuple[float, int, int]  # (time, GPUs busy, jobs pending)
+Moment = tuple[float, float, int]  # (time, GPUs busy, jobs pending)
 
 
 def downsample(timeline: Sequence[Moment], points: int = POINTS) -> list[Moment]:
@@ -55,7 +55,7 @@ def downsample(timeline: Sequence[Moment], points: int = POINTS) -> list[Moment]
     scale = buckets / span if span > 0 else 0.0
     out: list[Moment] = []
     current = -1
-    at, busy, pending = first, 0, 0
+    at, busy, pending = first, 0.0, 0
     for time, b, p in body:
         index = min(int((time - first) * scale), buckets - 1)
         if index != current:

@@ -28,6 +28,7 @@ from gpusched.core.model import (
 from gpusched.core.occupancy import Occupancy
 from gpusched.core.plan import SchedulingPass, queue_order
 from gpusched.core.priority import PriorityWeights
+from gpusched.core.sharing import ShareBook, SharedGpu
 from gpusched.core.units import INF, Shape, any_could_start_counted
 from gpusched.errors import UsageError
 from gpusched.sim.cluster import SimCluster
@@ -106,7 +107,7 @@ class JobRecord:
     submit: float
     start: float
     end: float
-    gpus: int  # GPUs it held (all nodes)
+    gpus: float  # GPUs it held (all nodes); a share of one GPU as its fraction
     state: str  # COMPLETED or TIMEOUT
     nodes: tuple[str, ...]
     gpu_uuids: tuple[str, ...]
@@ -134,12 +135,24 @@ class SimResult:
     passes: int
     wall_s: float
     # (time, GPUs busy, jobs pending) after each moment's pass
-    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    timeline: list[tuple[float, float, int]] = field(default_factory=list)
+
+
+# How the replay shares a cluster's GPUs when a trace asks for fractions of them:
+# thousandths of a GPU, with no rule on whose jobs share one.
+TRACE_SHARING = ("shard", 1000)
 
 
 def job_shape(job: TraceJob, gpus_per_node: int, partition: str) -> PendingJob:
     """The pending job a trace job becomes: P GPUs over ceil(P / G) nodes, the same
-    number on each (rounded up), and its CPUs and memory shared out the same way."""
+    number on each (rounded up), and its CPUs and memory shared out the same way; a
+    fraction of a GPU, a share of one (TRACE_SHARING)."""
+    if job.gpu_milli:
+        return PendingJob(
+            job_id=job.job_id, partition=partition, gpus=1, uid=0, submit_time=job.submit,
+            time_limit=job.time_limit, user=job.user, account=job.group,
+            name=f"j{job.job_id}", cpus=job.cpus, mem_mb=job.mem_mb,
+            share=job.gpu_milli, share_mode=TRACE_SHARING[0])
     nodes = max(1, math.ceil(job.gpus / gpus_per_node))
     return PendingJob(
         job_id=job.job_id, partition=partition, gpus=math.ceil(job.gpus / nodes), uid=0,
@@ -212,9 +225,9 @@ class Replay:
         self.trace_jobs: dict[int, TraceJob] = {}
         self.ends: list[tuple[float, int]] = []  # heap of (end time, job id)
         self.records: list[JobRecord] = []
-        self.busy = 0
+        self.busy = 0.0  # GPUs held, shares as fractions
         self.passes = 0
-        self.timeline: list[tuple[float, int, int]] = []
+        self.timeline: list[tuple[float, float, int]] = []
         # Fair-share (multifactor): decayed usage per (user, account) and when it was.
         self.usage: dict[tuple[str, str], tuple[float, float]] = {}
         self.accounts: dict[str, Account] = {}
@@ -239,6 +252,10 @@ class Replay:
         for free in self.free_on.values():
             self.with_free[free] += 1
         self.shapes: Counter[tuple[int, int]] = Counter()
+        # Shared GPUs (core/sharing.py): each with a holder has a carrier in the kept
+        # occupancy, as a pass would add from the running jobs' shares.
+        self.book = ShareBook(cluster.nodes)
+        self.share_pending = 0
 
     def submit(self, job: TraceJob, pending: PendingJob) -> None:
         """A job arrives."""
@@ -246,6 +263,7 @@ class Replay:
         self.pending[job.job_id] = pending
         self.arrived.append(pending)
         self.shapes[(pending.gpus, pending.nodes)] += 1
+        self.share_pending += bool(pending.share)
         if self.policy.order == "multifactor" and pending.account:
             self.accounts.setdefault(pending.account, Account(pending.account, ROOT))
             key = (pending.user, pending.account)
@@ -259,19 +277,22 @@ class Replay:
             self.last = None
             if self.occupancy is not None:
                 self.occupancy.remove(run)
-            self.busy -= len(run.gpu_uuids)
+            self.busy -= _held(run)
             self._free_units(run.gpu_uuids, 1)
+            for uuid, _, _ in run.shares:
+                self._reshare(uuid, lambda: self.book.release(uuid, job_id))
             if self.policy.order == "multifactor" and run.account and run.start_time is not None:
                 key = (run.user, run.account)
                 used, when = self.usage.get(key, (0.0, at))
                 self.usage[key] = (decay(used, at - when, self.policy.half_life)
                                    + accrue(0.0, at - run.start_time, self.policy.half_life,
-                                            float(len(run.gpu_uuids))), at)
+                                            _held(run)), at)
 
     def schedule(self, now: float) -> None:
         """One pass at ``now``: start what the core decides."""
         arrived, self.arrived = self.arrived, []
-        if self.shortcuts and not any_could_start_counted(self.with_free, self.shapes):
+        if self.shortcuts and not any_could_start_counted(self.with_free, self.shapes) and not (
+                self.share_pending and any(g.room for g in self.book.gpus.values())):
             self.last = None
             return
         if self.last is not None and self.incremental and self.last.extendable:
@@ -288,7 +309,7 @@ class Replay:
             self.last = scheduling
         for start in decisions.starts:
             self._start(start.job_id, now, start.node, start.nodes or (start.node,),
-                        start.gpu_uuids, start.kind is StartKind.BACKFILLED)
+                        start.gpu_uuids, start.kind is StartKind.BACKFILLED, start.shares)
 
     def _free_units(self, uuids: Sequence[str], more: int) -> None:
         """Each of these GPUs is free (``more`` 1) or taken (-1) on its node."""
@@ -307,7 +328,7 @@ class Replay:
         return tuple(job if job.end_time is None or job.end_time >= now
                      else RunningJob(job.job_id, job.node, job.gpu_uuids, job.user,
                                      job.account, end_time=now, nodes=job.nodes,
-                                     start_time=job.start_time)
+                                     start_time=job.start_time, shares=job.shares)
                      for job in self.running.values())
 
     def _usage(self, now: float) -> dict[tuple[str, str], float]:
@@ -319,11 +340,12 @@ class Replay:
             if run.account and run.start_time is not None:
                 key = (run.user, run.account)
                 usage[key] = usage.get(key, 0.0) + accrue(
-                    0.0, now - run.start_time, half, float(len(run.gpu_uuids)))
+                    0.0, now - run.start_time, half, _held(run))
         return usage
 
     def _start(self, job_id: int, now: float, node: str, nodes: tuple[str, ...],
-               uuids: tuple[str, ...], backfilled: bool) -> None:
+               uuids: tuple[str, ...], backfilled: bool,
+               shares: tuple[tuple[str, int, int], ...] = ()) -> None:
         pending = self.pending.pop(job_id)
         job = self.trace_jobs.pop(job_id)
         limit_end = now + job.time_limit
@@ -331,21 +353,52 @@ class Replay:
         state = "COMPLETED"
         if self.policy.kill and job.run_time > job.time_limit:
             end, state = limit_end, "TIMEOUT"
+        whole = tuple(uuid for uuid in uuids if uuid not in {s[0] for s in shares})
         running = self.running[job_id] = RunningJob(
-            job_id, node, uuids, pending.user, pending.account, end_time=limit_end,
+            job_id, node, whole, pending.user, pending.account, end_time=limit_end,
             cpus=pending.cpus, mem_mb=pending.mem_mb, nodes=nodes if len(nodes) > 1 else (),
-            start_time=now)
+            start_time=now, shares=shares)
         if self.occupancy is not None:
             self.occupancy.add(running)
-        self.busy += len(uuids)
-        self._free_units(uuids, -1)
+        held = _held(running)
+        self.busy += held
+        self._free_units(whole, -1)
+        for uuid, units, mem in shares:
+            self._reshare(uuid, lambda: self.book.hold(uuid, job_id, pending.user, units, mem,
+                                                       limit_end))
+        self.share_pending -= bool(pending.share)
         shape = (pending.gpus, pending.nodes)
         self.shapes[shape] -= 1
         if not self.shapes[shape]:
             del self.shapes[shape]
         heapq.heappush(self.ends, (end, job_id))
-        self.records.append(JobRecord(job_id, pending.submit_time, now, end, len(uuids), state,
+        self.records.append(JobRecord(job_id, pending.submit_time, now, end, held, state,
                                       nodes, uuids, backfilled))
+
+    def _reshare(self, uuid: str, change: Callable[[], SharedGpu | None]) -> None:
+        """Change who holds a share of GPU ``uuid`` (``change`` tells the book), and
+        keep its carrier in the kept occupancy, and its count as free, up to date."""
+        before = self.book.gpus.get(uuid)
+        old = None if before is None else self.book.carrier(before)
+        after = change()
+        new = None if after is None else self.book.carrier(after)
+        if old == new:
+            return
+        if self.occupancy is not None:
+            if old is not None:
+                self.occupancy.remove(old)
+            if new is not None:
+                self.occupancy.add(new)
+        if old is None or new is None:
+            self._free_units((uuid,), -1 if old is None else 1)
+
+
+def _held(run: RunningJob) -> float:
+    """GPUs ``run`` holds: its whole ones, and its shares as fractions of theirs."""
+    held = float(len(run.gpu_uuids))
+    for _, units, _ in run.shares:
+        held += units / TRACE_SHARING[1]
+    return held
 
 
 def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
@@ -358,6 +411,8 @@ def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
     (tests hold the shortcuts to it).
     """
     began = time.perf_counter()
+    if any(job.gpu_milli for job in jobs):
+        cluster = cluster.shared(*TRACE_SHARING)
     replay = Replay(cluster, policy, shortcuts)
     gpus_per_node = cluster.max_gpus_per_node
     never: list[int] = []

@@ -35,7 +35,8 @@ class TraceJob:
 
     ``run_time`` is how long it really ran; ``time_limit`` is what it asked for (the
     user's estimate), which reservations use. ``gpus`` is its whole GPU count; the
-    replay spreads it over nodes.
+    replay spreads it over nodes. ``gpu_milli`` (1 to 999, with ``gpus`` 1): it asks for
+    that many thousandths of one GPU instead, a share of a GPU shared with others.
     """
 
     job_id: int
@@ -47,6 +48,7 @@ class TraceJob:
     group: str = "g0"
     cpus: int = 0  # per job, 0: not asked
     mem_mb: int = 0  # per job, 0: not asked
+    gpu_milli: int = 0  # thousandths of one GPU; 0: whole GPUs
 
 
 @dataclass(slots=True)
@@ -244,10 +246,10 @@ def read_alibaba(path: Path, nodes: Path | None = None) -> Trace:
     """Read an Alibaba 2023 GPU pod list, with its node list as the cluster.
 
     A pod arrives at ``creation_time`` and runs from ``scheduled_time`` to
-    ``deletion_time``. Pods asking for a fraction of a GPU (``gpu_milli`` < 1000) need
-    GPU sharing, which whole-GPU and MIG allocation do not give: they are skipped and
-    counted, as are pods with no GPU or no complete times. The node list (default: the
-    ``*node_list*`` file beside the pod list) becomes the trace's cluster.
+    ``deletion_time``. A pod asking for a fraction of a GPU (``gpu_milli`` < 1000) asks
+    for that share of one GPU (the replay shares the cluster's GPUs in thousandths).
+    Pods with no GPU or no complete times are skipped and counted. The node list
+    (default: the ``*node_list*`` file beside the pod list) becomes the trace's cluster.
     """
     if "node_list" in path.name:
         raise TraceError(f"{path}: this is an Alibaba node list; give the pod list as the "
@@ -261,9 +263,9 @@ def read_alibaba(path: Path, nodes: Path | None = None) -> Trace:
             trace.skipped["no GPU (CPU-only pod)"] += 1
             continue
         milli = _number(path, number, row, "gpu_milli")
-        if 0 < milli < 1000:
-            trace.skipped["fractional GPU (gpu_milli < 1000)"] += 1
-            continue
+        if milli < 0 or milli != int(milli) or (0 < milli < 1000 and gpus != 1):
+            raise TraceError(f"{path}:{number}: gpu_milli {milli:g} with num_gpu {gpus:g}: "
+                             "a fraction is of one GPU, in whole thousandths")
         times = [(row.get(c) or "").strip() for c in ("creation_time", "scheduled_time",
                                                        "deletion_time")]
         if not all(times):
@@ -279,7 +281,8 @@ def read_alibaba(path: Path, nodes: Path | None = None) -> Trace:
             number - 1, created, run, max(1, math.ceil(run)), int(gpus), user="pod",
             group=(row.get("qos") or "default").strip() or "default",
             cpus=math.ceil(_number(path, number, row, "cpu_milli") / 1000),
-            mem_mb=int(_number(path, number, row, "memory_mib"))))
+            mem_mb=int(_number(path, number, row, "memory_mib")),
+            gpu_milli=int(milli) if 0 < milli < 1000 else 0))
     trace.estimated = len(trace.jobs)
     trace.jobs.sort(key=lambda j: (j.submit, j.job_id))
     node_list = nodes or _beside(path)

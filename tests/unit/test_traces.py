@@ -35,7 +35,6 @@ NODES = DATA / "alibaba_openb_node_list_gpu_node.sample.csv"
 CANCELLED = "no run time (cancelled before it started)"
 NO_PROCS = "no processor count"
 CPU_ONLY = "no GPU (CPU-only pod)"
-FRACTIONAL = "fractional GPU (gpu_milli < 1000)"
 NO_TIMES = "no start or end time"
 
 
@@ -262,12 +261,15 @@ def test_alibaba_counts() -> None:
     trace = read_trace(PODS)
     # 42 pods. num_gpu = 0: pod-0005, pod-0016, pod-0060. gpu_milli < 1000: pod-0001,
     # -0003, -0011, -0018..-0022, -0025, -0027, -0029, -0032, -0038, -0039 (14).
-    # pod-0061 is Pending with no scheduled_time. The other 24 are whole-GPU pods.
-    assert trace.skipped == Counter({CPU_ONLY: 3, FRACTIONAL: 14, NO_TIMES: 1})
-    assert len(trace.jobs) == 24
+    # pod-0061 is Pending with no scheduled_time. The other 24 are whole-GPU pods; the
+    # 14 fractional ones ask for their share of one GPU.
+    assert trace.skipped == Counter({CPU_ONLY: 3, NO_TIMES: 1})
+    assert len(trace.jobs) == 38
     assert len(trace.jobs) + sum(trace.skipped.values()) == len(_lines(PODS)) - 1
-    assert trace.estimated == 24
-    assert Counter(j.gpus for j in trace.jobs) == Counter({1: 23, 8: 1})
+    assert trace.estimated == 38
+    assert Counter(j.gpus for j in trace.jobs) == Counter({1: 37, 8: 1})
+    assert sum(1 for j in trace.jobs if j.gpu_milli) == 14
+    assert all(0 < j.gpu_milli < 1000 and j.gpus == 1 for j in trace.jobs if j.gpu_milli)
     submits = [j.submit for j in trace.jobs]
     assert submits == sorted(submits)
 
@@ -289,8 +291,10 @@ def test_alibaba_job_fields() -> None:
     # 3152 milli-CPUs round up to 4 CPUs.
     assert _job(trace, 34) == TraceJob(34, 9965463.0, 182.0, 182, 1, user="pod",
                                        group="BE", cpus=4, mem_mb=5600)
-    skipped_rows = {6, 17, 41, 2, 4, 12, 19, 20, 21, 22, 23, 26, 28, 30, 33, 39, 40, 42}
+    skipped_rows = {6, 17, 41, 42}
     assert skipped_rows.isdisjoint(j.job_id for j in trace.jobs)
+    # data row 2: "openb-pod-0001,...,1,<1000,...": a fraction of one GPU.
+    assert _job(trace, 2).gpu_milli > 0
 
 
 def test_alibaba_node_list_found_beside_pod_list() -> None:
