@@ -23,7 +23,7 @@ from gpusched.auth.settings import AuthConfig, parse_auth
 from gpusched.client.endpoints import Endpoint, endpoints_in
 from gpusched.configfile import TableReader as TableReader  # re-exported
 from gpusched.configfile import read_toml as read_toml
-from gpusched.core.model import Policy
+from gpusched.core.model import PACKINGS, Policy
 from gpusched.core.priority import PriorityWeights
 from gpusched.errors import ConfigError
 
@@ -93,12 +93,17 @@ class SchedulerConfig:
     # Seconds an allocation's client (galloc, gsrun outside a job) may be silent before
     # the allocation ends CANCELLED ("client lost").
     allocation_grace: float = 60.0
+    # How a share of one GPU is placed ("bestfit" or "fgd", core/sharing.py), and
+    # whether jobs of different users may share one GPU by MPS.
+    packing: str = "bestfit"
+    mps_multi_user: bool = False
 
     def policy(self) -> Policy:
         """The core Policy these settings describe."""
         return Policy(weights=self.weights, fairshare=self.fairshare, backfill=self.backfill,
                       reservations=self.reservations, backfill_max_jobs=self.backfill_max_jobs,
-                      preempt_mode=self.preempt_mode, preempt_grace=self.preempt_grace)
+                      preempt_mode=self.preempt_mode, preempt_grace=self.preempt_grace,
+                      packing=self.packing, mps_multi_user=self.mps_multi_user)
 
 
 @dataclass(frozen=True)
@@ -196,8 +201,12 @@ def _connection_cap(r: TableReader, key: str, default: int) -> int:
 def _scheduler(r: TableReader) -> SchedulerConfig:
     r.check_keys({"fairshare", "half_life", "usage_interval", "weights", "backfill",
                   "reservations", "backfill_max_jobs", "preempt_mode", "preempt_grace",
-                  "pass_budget", "admin_cache_max_age", "allocation_grace"})
+                  "pass_budget", "admin_cache_max_age", "allocation_grace", "packing",
+                  "mps_multi_user"})
     defaults = SchedulerConfig()
+    packing = r.get("packing", str, defaults.packing, "'bestfit' or 'fgd'")
+    if packing not in PACKINGS:
+        raise r.fail("packing", "'bestfit' or 'fgd'")
     preempt_mode = r.get("preempt_mode", str, defaults.preempt_mode,
                          "'requeue', 'cancel' or 'off'")
     if preempt_mode not in ("requeue", "cancel", "off"):
@@ -239,6 +248,8 @@ def _scheduler(r: TableReader) -> SchedulerConfig:
         pass_budget=r.positive("pass_budget", defaults.pass_budget, allow_zero=True),
         admin_cache_max_age=_admin_cache_max_age(r, defaults.admin_cache_max_age),
         allocation_grace=_allocation_grace(r, defaults.allocation_grace),
+        packing=packing,
+        mps_multi_user=r.get("mps_multi_user", bool, defaults.mps_multi_user, "true or false"),
     )
 
 

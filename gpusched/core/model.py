@@ -282,6 +282,9 @@ class Policy:
         return {"none": 0, "easy": 1}.get(self.backfill, float("inf"))
 
 
+PACKINGS = ("bestfit", "fgd")  # Policy.packing
+
+
 class StartKind(StrEnum):
     """How a job came to start: in priority order, or backfilled past a blocked one."""
 

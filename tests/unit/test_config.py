@@ -22,6 +22,7 @@ from gpusched.config import (
     demo_gpus,
     load_config,
 )
+from gpusched.core.model import Policy
 from gpusched.errors import ConfigError, UsageError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "etc" / "gpusched.toml"
@@ -507,3 +508,14 @@ timeout = 10
         with pytest.raises(ConfigError) as caught:
             load_config(path)
         assert message in str(caught.value)
+
+
+def test_packing_and_mps_users_become_the_policy(tmp_path: Path) -> None:
+    assert (Policy().packing, Policy().mps_multi_user) == ("bestfit", False)
+    policy = load_config(write(tmp_path, '[scheduler]\npacking = "fgd"\n'
+                                         'mps_multi_user = true\n')).scheduler.policy()
+    assert (policy.packing, policy.mps_multi_user) == ("fgd", True)
+    message = load_error(write(tmp_path, '[scheduler]\npacking = "tight"\n'))
+    assert "scheduler.packing" in message and "'bestfit' or 'fgd'" in message
+    message = load_error(write(tmp_path, '[scheduler]\nmps_multi_user = "yes"\n'))
+    assert "scheduler.mps_multi_user" in message
