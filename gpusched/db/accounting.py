@@ -1,17 +1,19 @@
 """Accounting: what jobs used, from their GPU allocations (every run of a requeued job
-counts), billed by GPU type."""
+counts), billed by GPU type; a share of a GPU counts as its fraction of it (25 of the
+100 units a GPU offers: a quarter of a GPU), a MIG slice as one GPU of its type."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from gpusched.db.models import Allocation, Gpu, GpuBilling, Job, JobStep, Node
 from gpusched.db.steps import step_view, steps_of
+from gpusched.db.usage import gpu_fraction, offered_units
 
 STEP_FIELDS = ("step_id", "name", "state", "exit_code", "signal", "node_names", "ntasks",
                "start_time", "end_time", "elapsed_s", "max_rss_bytes", "cpu_usec", "error")
@@ -19,25 +21,75 @@ SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_
                 "OUT_OF_MEMORY")
 
 
+class Held(NamedTuple):
+    """What a job held: GPU-seconds and billed GPU-seconds (a share counting as its
+    fraction of the GPU), and the GPUs of its latest run (``_holding`` dicts)."""
+
+    gpu_s: float
+    billed_s: float
+    latest: list[dict[str, Any]]
+
+
 def _held(session: Session, job_ids: list[int], start: datetime | None, end: datetime | None,
-          now: datetime) -> dict[int, tuple[float, float]]:
-    """GPU-seconds and billed GPU-seconds per job, each holding cut to [start, end]."""
-    used: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+          now: datetime) -> dict[int, Held]:
+    """What each job held, each holding cut to [start, end]."""
     if not job_ids:
         return {}
+    offered = offered_units()
     rows = session.execute(
         select(Allocation.job_id, Allocation.allocated_at, Allocation.released_at,
-               func.coalesce(GpuBilling.weight, 1.0))
+               func.coalesce(GpuBilling.weight, 1.0), gpu_fraction(offered), offered,
+               Allocation.units, Allocation.mem_mb, Job.share_mode, Gpu.index, Gpu.uuid,
+               Gpu.gpu_type, Gpu.mig_profile, Node.name)
+        .join(Job, Job.id == Allocation.job_id)
         .join(Gpu, Gpu.id == Allocation.gpu_id)
+        .join(Node, Node.id == Allocation.node_id)
         .outerjoin(GpuBilling, GpuBilling.gpu_type == Gpu.gpu_type)
-        .where(Allocation.job_id.in_(job_ids)))
-    for job_id, held_from, held_to, weight in rows:
+        .where(Allocation.job_id.in_(job_ids))
+        .order_by(Allocation.job_id, Allocation.allocated_at, Node.name, Gpu.index))
+    used: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    runs: dict[int, tuple[datetime, list[dict[str, Any]]]] = {}
+    for (job_id, held_from, held_to, weight, fraction, of, units, mem, mode, index, uuid,
+         gpu_type, profile, node) in rows:
         begin = max(held_from, start) if start else held_from
         finish = min(held_to or now, end) if end else (held_to or now)
-        seconds = max(0.0, (finish - begin).total_seconds())
+        seconds = max(0.0, (finish - begin).total_seconds()) * float(fraction)
         used[job_id][0] += seconds
         used[job_id][1] += seconds * float(weight)
-    return {job_id: (a, b) for job_id, (a, b) in used.items()}
+        if job_id not in runs or runs[job_id][0] != held_from:  # ordered: the latest last
+            runs[job_id] = (held_from, [])
+        runs[job_id][1].append(_holding(node, index, uuid, gpu_type, profile, mode, units,
+                                        of, mem, float(fraction)))
+    return {job_id: Held(a, b, runs[job_id][1]) for job_id, (a, b) in used.items()}
+
+
+def _holding(node: str, index: int, uuid: str, gpu_type: str | None, profile: str | None,
+             mode: str | None, units: int | None, of: int | None, mem: int | None,
+             fraction: float) -> dict[str, Any]:
+    """One GPU a job held: whole, a MIG slice (``mig_profile``) or a share (``share_mode``
+    mps or shard, ``units`` of the ``of`` the GPU offers, ``mem_mb`` of its memory); a
+    job that asked only for GPU memory and got a share holds it by MPS."""
+    share = units is not None
+    return {"node": node, "gpu_index": index, "gpu_uuid": uuid, "gpu_type": gpu_type,
+            "mig_profile": profile, "share_mode": (mode or "mps") if share else None,
+            "units": units, "of": of if share else None, "mem_mb": mem if share else None,
+            "fraction": fraction}
+
+
+def alloc_tres(holdings: list[dict[str, Any]]) -> str:
+    """What a run held, as sacct's AllocTRES writes GPUs: ``gres/gpu=2`` (whole GPUs),
+    ``gres/gpu:1g.10gb=1`` (MIG slices by profile), ``gres/mps=25`` or ``gres/shard=2``
+    (units of a shared GPU); ``""`` when it held none."""
+    counts: dict[str, int] = {}
+    for held in holdings:
+        if held["share_mode"] is not None:
+            key, amount = f"gres/{held['share_mode']}", held["units"]
+        elif held["mig_profile"] is not None:
+            key, amount = f"gres/gpu:{held['mig_profile']}", 1
+        else:
+            key, amount = "gres/gpu", 1
+        counts[key] = counts.get(key, 0) + amount
+    return ",".join(f"{key}={amount}" for key, amount in sorted(counts.items()))
 
 
 def _jobs(session: Session, users: list[str] | None, accounts: list[str] | None,
@@ -62,8 +114,9 @@ def job_records(session: Session, users: list[str] | None = None,
                 ids: list[int] | None = None, start: datetime | None = None,
                 end: datetime | None = None) -> list[dict[str, Any]]:
     """Finished and running jobs with elapsed time, GPU-hours (all of their runs) and
-    billed GPU-hours, and their GPU utilisation; a job that ran steps lists them
-    (``steps``: its batch script as step ``batch``, then each step)."""
+    billed GPU-hours, and their GPU utilisation; what its latest run held (``alloc``,
+    ``_holding`` dicts, and ``alloc_tres``, as sacct's AllocTRES); a job that ran steps
+    lists them (``steps``: its batch script as step ``batch``, then each step)."""
     now = datetime.now(UTC)
     found = _jobs(session, users, accounts, states, ids, start, end)
     held = _held(session, [j.id for j in found], None, None, now)
@@ -73,7 +126,7 @@ def job_records(session: Session, users: list[str] | None = None,
         .all()) if job_steps else {}
     records = []
     for job in found:
-        gpu_s, billed_s = held.get(job.id, (0.0, 0.0))
+        gpu_s, billed_s, latest = held.get(job.id) or Held(0.0, 0.0, [])
         elapsed = ((job.end_time or now) - job.start_time).total_seconds() if job.start_time else 0.0
         records.append({
             "job_id": job.id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
@@ -84,6 +137,7 @@ def job_records(session: Session, users: list[str] | None = None,
             "start_time": job.start_time.isoformat() if job.start_time else None,
             "end_time": job.end_time.isoformat() if job.end_time else None,
             "elapsed_s": max(0.0, elapsed), "gpus": job.gpus, "restarts": job.restarts,
+            "alloc_tres": alloc_tres(latest), "alloc": latest,
             "gpu_hours": gpu_s / 3600, "billed_gpu_hours": billed_s / 3600,
             "gpu_util_avg": job.util_sum / job.util_samples if job.util_samples else None,
             "gpu_util_peak": job.util_peak, "gpu_mem_peak_mb": job.mem_peak_mb,
@@ -122,7 +176,7 @@ def usage_report(session: Session, start: datetime, end: datetime) -> list[dict[
     held = _held(session, [j.id for j in found], start, end, now)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for job in found:
-        gpu_s, billed_s = held.get(job.id, (0.0, 0.0))
+        gpu_s, billed_s, _ = held.get(job.id) or Held(0.0, 0.0, [])
         if gpu_s <= 0:
             continue
         row = totals[(job.account or "", job.user_name)]

@@ -1,22 +1,57 @@
-"""Fair-share usage: billed GPU-seconds of running jobs, accrued and decayed in the database."""
+"""Fair-share usage: billed GPU-seconds of running jobs, accrued and decayed in the
+database; and what one allocation counts for in GPU-hours (``gpu_fraction``)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Float, any_, case, cast, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from gpusched.core.fairshare import accrue
-from gpusched.db.models import Allocation, FairShareUsage, Gpu, GpuBilling, Job
+from gpusched.db.models import (
+    Allocation,
+    FairShareUsage,
+    Gpu,
+    GpuBilling,
+    Job,
+    Node,
+    Partition,
+)
+
+
+def offered_units() -> Any:
+    """The units the GPU of an allocation row offers (SQL; NULL: unknown): those of the
+    first partition by name that shares the GPUs of the allocation's node, as a pass
+    reads them (an admin apply refuses a node shared two ways), else those of the job's
+    own partition. Needs ``allocations`` and ``jobs`` in the query."""
+    node = aliased(Node)
+    by_node = (select(Partition.shares).join(node, node.id == Allocation.node_id)
+               .where(Partition.sharing.is_not(None), Partition.shares > 0,
+                      or_(node.name == any_(Partition.nodes),
+                          literal("*") == any_(Partition.nodes)))
+               .order_by(Partition.name).limit(1).scalar_subquery())
+    by_job = (select(Partition.shares).where(Partition.name == Job.partition,
+                                             Partition.shares > 0).scalar_subquery())
+    return func.coalesce(by_node, by_job)
+
+
+def gpu_fraction(offered: Any) -> Any:
+    """How much of a GPU an allocation row counts for (SQL): 1 for a whole GPU or a MIG
+    slice, ``units / offered`` for a share (at most 1; 1 when what the GPU offers is no
+    longer known, the partition having stopped sharing it)."""
+    share = func.least(1.0, cast(Allocation.units, Float) / func.nullif(offered, 0))
+    return case((Allocation.units.is_(None), literal(1.0)), else_=func.coalesce(share, 1.0))
 
 
 def billed_rates(session: Session) -> dict[tuple[str, str], float]:
-    """GPUs each (user, account) holds now, weighted by their type's billing weight."""
+    """GPUs each (user, account) holds now, weighted by their type's billing weight; a
+    share counts as its fraction of the GPU."""
     rates: dict[tuple[str, str], float] = defaultdict(float)
-    weight = func.coalesce(GpuBilling.weight, 1.0)
+    weight = func.coalesce(GpuBilling.weight, 1.0) * gpu_fraction(offered_units())
     rows = session.execute(
         select(Job.user_name, Job.account, func.sum(weight))
         .join(Allocation, Allocation.job_id == Job.id)
