@@ -3,6 +3,7 @@
     .venv/bin/python bench/sched_pass.py [--nodes 1000] [--pending 20000] [--running 5000]
                                          [--repeat 5] [--reservations 100]
                                          [--backfill easy|conservative] [--budget 0]
+                                         [--shares] [--packing bestfit|fgd]
 
 1,000 nodes of 8 NVLinked GPUs (A100s and H100s; one node in ten has two GPUs in MIG
 mode, each cut into seven 1g.10gb slices), 5,000 running jobs with time limits, and a
@@ -13,6 +14,10 @@ reservations) over ``--repeat`` passes on the same snapshot. ``--backfill conser
 gives every job that cannot start a reservation instead (``--reservations`` is then not
 used). ``--budget`` gives the pass a time budget as the controller does: half for
 reservations, then backfill only.
+
+``--shares``: every whole GPU is shared by MPS (100 units, 80 GB), a fifth of the
+running jobs hold shares, and every pending job asks for a share of one GPU (10-50
+units, some with a GPU-memory limit), placed by ``--packing``.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.priority import build  # noqa: E402
 from gpusched.core.model import (  # noqa: E402
+    PACKINGS,
     GpuView,
     NodeState,
     NodeView,
@@ -62,6 +69,37 @@ def cluster(count: int, rng: random.Random) -> list[NodeView]:
         nodes.append(NodeView(f"gpu{n:04d}", NodeState.UP, tuple(gpus), cpus=128,
                               memory_mb=1_000_000, block=f"rack{n // 32}", links=links))
     return nodes
+
+
+def shared(nodes: list[NodeView]) -> list[NodeView]:
+    """The nodes with every whole GPU shared by MPS: 100 units of 80 GB."""
+    return [replace(node, gpus=tuple(
+        gpu if gpu.mig_mode or gpu.mig_profile is not None
+        else replace(gpu, sharing="mps", shares=100, memory_mb=80_000) for gpu in node.gpus))
+        for node in nodes]
+
+
+def with_shares(jobs: list[RunningJob], rng: random.Random) -> list[RunningJob]:
+    """A fifth of the 1-GPU running jobs hold a share of their GPU instead (with others'
+    shares beside it, of one user each)."""
+    out = []
+    for job in jobs:
+        if len(job.gpu_uuids) == 1 and rng.random() < 0.2:
+            units = rng.choice((25, 50, 75))
+            out.append(replace(job, gpu_uuids=(), user=f"user{job.job_id % 7}",
+                               shares=((job.gpu_uuids[0], units, 800 * units),)))
+        else:
+            out.append(job)
+    return out
+
+
+def share_queue(jobs: list[PendingJob], rng: random.Random) -> list[PendingJob]:
+    """The queue with every job asking for a share of one GPU instead."""
+    return [replace(job, gpus=1, nodes=1, gpu_kinds=(), array_job_id=None, array_tasks=None,
+                    array_max_running=None, cpus=2, share=rng.choice((10, 20, 25, 30, 50)),
+                    share_mode="mps",
+                    gpu_mem_mb=rng.choice((0, 0, 0, 8_000, 16_000)), user=f"user{job.job_id % 7}")
+            for job in jobs]
 
 
 def running_jobs(nodes: list[NodeView], count: int, rng: random.Random) -> list[RunningJob]:
@@ -121,7 +159,7 @@ def digest(result: Plan) -> str:
     reservations, pending reasons with expected starts, and preemptions, in plan order."""
     text = repr((
         [(s.job_id, s.array_task_id, s.node, s.nodes, s.gpu_uuids, str(s.kind))
-         for s in result.starts],
+         + ((s.shares,) if s.shares else ()) for s in result.starts],
         [(r.job_id, r.start_time, r.nodes) for r in result.reservations],
         [(p.job_id, str(p.reason), p.expected_start) for p in result.pending],
         [(p.job_id, p.by, p.mode) for p in result.preemptions],
@@ -143,20 +181,26 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.0,
                         help="seconds a pass may plan for, as the controller's pass_budget "
                              "(0: no limit)")
+    parser.add_argument("--shares", action="store_true",
+                        help="GPUs shared by MPS and a queue of shares (see above)")
+    parser.add_argument("--packing", choices=PACKINGS, default="bestfit")
     opts = parser.parse_args()
     rng = random.Random(11)
     tree, usage, sample = build(opts.pending, 500)
     users = sorted({(m.user, m.account) for _, m, _, _ in sample})
     nodes = cluster(opts.nodes, rng)
+    pending = queue(opts.pending, rng, users, [w for _, _, _, w in sample])
+    running = running_jobs(nodes, opts.running, rng)
+    if opts.shares:
+        nodes, pending, running = shared(nodes), share_queue(pending, rng), with_shares(running, rng)
     snapshot = Snapshot(
         nodes=tuple(nodes), partitions=(PartitionView("gpu", tuple(n.name for n in nodes)),),
-        pending=tuple(queue(opts.pending, rng, users, [w for _, _, _, w in sample])),
-        running=tuple(running_jobs(nodes, opts.running, rng)),
+        pending=tuple(pending), running=tuple(running),
         accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
         user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100},
     )
-    policy = (Policy(backfill="easy", reservations=opts.reservations)
-              if opts.backfill == "easy" else Policy(backfill="conservative"))
+    policy = (Policy(backfill="easy", reservations=opts.reservations, packing=opts.packing)
+              if opts.backfill == "easy" else Policy(backfill="conservative", packing=opts.packing))
     times, result = [], None
     for _ in range(opts.repeat):
         started = time.perf_counter()
@@ -166,6 +210,9 @@ def main() -> None:
     assert result is not None
     if opts.backfill != "easy":
         print(f"backfill: {opts.backfill}")
+    if opts.shares:
+        print(f"packing: {opts.packing}")
+        print(f"share_starts: {sum(bool(s.shares) for s in result.starts)}")
     print(f"nodes: {opts.nodes}")
     print(f"pending_jobs: {opts.pending}")
     print(f"running_jobs: {opts.running}")

@@ -41,9 +41,9 @@ def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
                   members: frozenset[int], multi_user: bool) -> list[ShareChoice]:
     """Where ``job``'s share could start now without delaying a reservation, best fit
     first: least room left on the GPU (a partly used GPU before a free one, so whole GPUs
-    stay whole), then the node with fewest free GPUs, then the node's order. Every partly
-    used GPU with room is listed; of the free GPUs, the best node's for each GPU kind
-    (found by walking the nodes by free units of that kind, fewest first)."""
+    stay whole), then the node with fewest free GPUs, then the node's order. The best
+    partly used GPU alone when there is one; else, of the free GPUs, the best node's for
+    each GPU kind (found by walking the nodes by free units of that kind, fewest first)."""
     duration = INF if job.time_limit is None else float(job.time_limit)
     end = capacity.now + duration
     mode = job.share_mode
@@ -57,30 +57,36 @@ def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
                 and index not in capacity.whole and capacity._usable(node, cpu_mem)
                 and capacity._fits_now(node, "", cpu_mem))
 
-    for name, on_node in book.on_node.items():
-        index = capacity.index.get(name)
-        if index is None or not usable(index):
-            continue
-        node = capacity.nodes[index]
-        for shared in on_node:
-            units = book.room_for(shared, job, multi_user)
+    # Partly used GPUs, least room first: the first room with a GPU that takes the share
+    # holds the best fit (of that room's GPUs, the node with fewest free GPUs).
+    rooms = book.rooms(job.user if mode == "mps" and not multi_user else None)
+    for room in sorted(r for r in rooms if r >= (job.share or 1)):
+        best: ShareChoice | None = None
+        for shared in rooms[room].values():
+            index = capacity.index.get(shared.node)
+            units = book.room_for(shared, job, multi_user) if index is not None else 0
             where = capacity.kind_of.get(shared.uuid) if units else None
-            if where is None:
+            if where is None or index is None or not usable(index):
                 continue
+            node = capacity.nodes[index]
             if end > shared.end and index in capacity.reserved_nodes and not node.fits(
                     where[1], Shape((where[1],), 1, 0, 0, 1, end - shared.end, job.uid),
                     shared.end):
                 continue  # holding the GPU longer would delay a reservation
             left = (shared.room - units) / shared.gpu.shares
-            found.append(ShareChoice((left, node.free_gpus(), index, shared.gpu.index), index,
-                                     where[1], shared, units))
+            choice = ShareChoice((left, node.free_gpus(), index, shared.gpu.index), index,
+                                 where[1], shared, units)
+            if best is None or choice.score < best.score:
+                best = choice
+        if best is not None:
+            return [best]  # a free GPU would leave more room
     for kind in capacity.kinds:
         if kind in capacity.slice_kinds:
             continue
         whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
-        choice = _first_free(capacity, book, job, kind, whole, usable)
-        if choice is not None:
-            found.append(choice)
+        free = _first_free(capacity, book, job, kind, whole, usable)
+        if free is not None:
+            found.append(free)
     found.sort(key=lambda choice: choice.score)
     return found
 
@@ -180,6 +186,10 @@ class ShareStartsMixin:
     reservations: list[Reservation]
     expected: dict[int, float]
     now: float
+    # Shares that could not start in this pass, by (nodes, mode, user when it matters),
+    # as (units, GPU memory, CPUs, memory, duration); and the present they were seen at.
+    _share_failed: dict[tuple[object, ...], list[tuple[float, ...]]] = {}
+    _share_seen: tuple[float, int] | None = None
 
     def _started(self, job: PendingJob, start: Start) -> None:
         raise NotImplementedError
@@ -191,13 +201,36 @@ class ShareStartsMixin:
                       placed: list[tuple[int, str]], shape: Shape) -> None:
         raise NotImplementedError
 
+    def _share_choices(self, job: PendingJob, members: frozenset[int]) -> list[ShareChoice]:
+        """share_choices, unless a share needing no more of anything failed before in
+        this pass on these nodes (resources only shrink within a pass; a preemption or a
+        later present forgets the failures)."""
+        book = self.book
+        if book is None:
+            return []
+        capacity = self.capacity
+        if self._share_seen != (capacity.now, capacity._gave_back):
+            self._share_seen = (capacity.now, capacity._gave_back)
+            self._share_failed = {}
+        key = (members, job.share_mode, job.user if job.share_mode == "mps"
+               and not self.policy.mps_multi_user else None)
+        need = (job.share, job.gpu_mem_mb, job.cpus, job.mem_mb,
+                INF if job.time_limit is None else float(job.time_limit))
+        failed = self._share_failed.get(key)
+        if failed is not None and any(all(n >= f for n, f in zip(need, before))
+                                      for before in failed):
+            return []
+        choices = share_choices(capacity, book, job, members, self.policy.mps_multi_user)
+        if not choices:
+            self._share_failed.setdefault(key, []).append(need)
+        return choices
+
     def _try_share(self, job: PendingJob, task: int | None,
                    members: frozenset[int]) -> Reason | None:
         """``_try_start`` for a job asking for a share of one GPU (core/share_starts.py):
         best placement now, else a reservation (first jobs that must wait) or an estimate."""
         book = self.book
-        choices = [] if book is None else share_choices(
-            self.capacity, book, job, members, self.policy.mps_multi_user)
+        choices = self._share_choices(job, members)
         if not choices or book is None:
             first = job.partition not in self.blocked
             self.blocked.setdefault(job.partition, job)
@@ -229,8 +262,7 @@ class ShareStartsMixin:
                 return True
         if self.book is not None:
             shared = replace(job, share_mode="mps")
-            choices = share_choices(self.capacity, self.book, shared, members,
-                                    self.policy.mps_multi_user)
+            choices = self._share_choices(shared, members)
             if choices:
                 self._started(job, start_share(self.capacity, self.book, shared, choices[0],
                                                task, self._start_kind(job)))

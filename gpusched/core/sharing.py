@@ -121,7 +121,10 @@ class ShareBook:
         self.where = facts.where  # uuid -> (node, GPU, position)
         self.sharing_nodes = facts.sharing_nodes  # node -> its share mode
         self.gpus: dict[str, SharedGpu] = {}
-        self.on_node: dict[str, list[SharedGpu]] = {}
+        # room -> the shared GPUs with that many units free, by UUID; and the same for
+        # the GPUs of each user alone (MPS serves one user unless the policy allows more)
+        self.by_room: dict[int, dict[str, SharedGpu]] = {}
+        self.by_owner: dict[str, dict[int, dict[str, SharedGpu]]] = {}
         for job in running:
             if job.shares:
                 end = INF if job.end_time is None else job.end_time
@@ -143,13 +146,42 @@ class ShareBook:
         if shared is None:
             node, gpu, position = found
             shared = self.gpus[uuid] = SharedGpu(uuid, node, gpu, carrier_id(position))
-            self.on_node.setdefault(node, []).append(shared)
+        else:
+            self._unroom(shared)
         shared.used += units
         shared.mem_used += mem
         shared.end = max(shared.end, end)
         shared.users.add(user)
         shared.holders[job_id] = (units, mem, end, user)
+        self._room(shared)
         return shared
+
+    def _room(self, shared: SharedGpu) -> None:
+        self.by_room.setdefault(shared.room, {})[shared.uuid] = shared
+        if len(shared.users) == 1:
+            owner = next(iter(shared.users))
+            self.by_owner.setdefault(owner, {}).setdefault(shared.room, {})[shared.uuid] = shared
+
+    def _unroom(self, shared: SharedGpu) -> None:
+        bucket = self.by_room[shared.room]
+        del bucket[shared.uuid]
+        if not bucket:
+            del self.by_room[shared.room]
+        if len(shared.users) == 1:
+            owner = next(iter(shared.users))
+            rooms = self.by_owner[owner]
+            bucket = rooms[shared.room]
+            del bucket[shared.uuid]
+            if not bucket:
+                del rooms[shared.room]
+                if not rooms:
+                    del self.by_owner[owner]
+
+    def rooms(self, user: str | None) -> dict[int, dict[str, SharedGpu]]:
+        """The shared GPUs by room: all of them, or (``user``) those of that user alone."""
+        if user is None:
+            return self.by_room
+        return self.by_owner.get(user, {})
 
     def release(self, uuid: str, job_id: int) -> SharedGpu | None:
         """Job ``job_id`` gave back its share of GPU ``uuid``: the GPU as it is left (None:
@@ -158,17 +190,15 @@ class ShareBook:
         if shared is None or job_id not in shared.holders:
             raise ValueError(f"job {job_id} holds no share of GPU {uuid}")
         units, mem, _, _ = shared.holders.pop(job_id)
+        self._unroom(shared)
         if not shared.holders:
             del self.gpus[uuid]
-            left = self.on_node[shared.node]
-            left.remove(shared)
-            if not left:
-                del self.on_node[shared.node]
             return None
         shared.used -= units
         shared.mem_used -= mem
         shared.end = max(end for _, _, end, _ in shared.holders.values())
         shared.users = {user for _, _, _, user in shared.holders.values()}
+        self._room(shared)
         return shared
 
     def carrier(self, shared: SharedGpu) -> RunningJob:
