@@ -147,6 +147,20 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
         return (f"it takes whole nodes (--exclusive): it needs {max(1, job.nodes)} node(s) of "
                 f"partition {job.partition}{_node_choice(job)} with nothing running, and "
                 "fewer are idle now: it starts when enough nodes empty")
+    if reason is Reason.RESOURCES and job.share:
+        mode = "MPS" if job.share_mode == "mps" else "shards"
+        memory = f" with {job.gpu_mem_mb} MB of its memory" if job.gpu_mem_mb else ""
+        most = moment.share_room
+        shared = (f"the most room on a shared GPU is {most[1]} units (on {most[0]})"
+                  if most is not None else "no GPU is shared with room left")
+        biggest = moment.best_free
+        whole = (f"{biggest[1]} GPU(s) free on {biggest[0]}" if biggest is not None
+                 and biggest[1] else "no GPU free")
+        return (f"it needs {job.share} units of one GPU shared by {mode}{memory} in "
+                f"partition {job.partition}{_node_choice(job)}; {shared}, {whole}"
+                + ("" if job.share_mode != "mps" else
+                   " (an MPS GPU serves one user's jobs at a time)")
+                + ": it starts when shares end")
     if reason is Reason.RESOURCES:
         nodes = _node_choice(job)
         if moment.best_free is None:
@@ -170,6 +184,8 @@ def _node_choice(job: PendingJob) -> str:
 
 
 def _fits(moment: Moment) -> bool:
+    if moment.job.share:
+        return moment.share_fits
     return moment.best_free is not None and moment.best_free[1] >= moment.job.gpus
 
 

@@ -53,6 +53,10 @@ class Moment:
     # A node with room for it now, the reserved job it would delay there, and when that
     # reservation starts: why it was not backfilled.
     in_the_way: tuple[str, int, float] | None = None
+    # A job asking for a share of one GPU: whether it has a place now, and the shared GPU
+    # with most room for it (node, units free), if any.
+    share_fits: bool = False
+    share_room: tuple[str, int] | None = None
 
 
 _PRIORITY = Reason.PRIORITY
@@ -213,7 +217,8 @@ class SchedulingPass(ShareStartsMixin):
             (self.limits.user_jobs[(qos, user)], self.limits.user_gpus[(qos, user)],
              self.limits.account_gpus[(qos, job.account)]),
             self.array_running[job.array_job_id] if job.array_job_id is not None else 0,
-            self.capacity.in_the_way(Shape.of(job), members))
+            self.capacity.in_the_way(Shape.of(job), members),
+            *(self._share_moment(job, members) if wants_share(job) else ()))
 
     def backfilling(self, job: PendingJob) -> bool:
         """Whether ``job`` can only start by backfill: its partition has a blocked job

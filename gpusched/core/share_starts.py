@@ -225,6 +225,23 @@ class ShareStartsMixin:
             self._share_failed.setdefault(key, []).append(need)
         return choices
 
+    def _share_moment(self, job: PendingJob, members: frozenset[int]
+                      ) -> tuple[bool, tuple[str, int] | None]:
+        """For an explanation: whether ``job``'s share has a place now, and the shared GPU
+        of its mode (and, for MPS, its user's) with most room on its nodes."""
+        book = self.book
+        if book is None:
+            return False, None
+        fits = bool(share_choices(self.capacity, book, job, members, self.policy.mps_multi_user))
+        index = self.capacity.index
+        rooms = book.rooms(job.user if job.share_mode == "mps"
+                           and not self.policy.mps_multi_user else None)
+        for room in sorted(rooms, reverse=True):
+            for shared in rooms[room].values():
+                if shared.gpu.sharing == job.share_mode and index.get(shared.node) in members:
+                    return fits, (shared.node, room)
+        return fits, None
+
     def _try_share(self, job: PendingJob, task: int | None,
                    members: frozenset[int]) -> Reason | None:
         """``_try_start`` for a job asking for a share of one GPU (core/share_starts.py):

@@ -202,3 +202,17 @@ def test_gpu_memory_nothing_has_waits() -> None:
     decided = plan(snapshot([node("x", sharing=None, memory_mb=16_000)],
                             [memory_job(1, 20_000)]), NOW, Policy())
     assert not decided.starts and decided.pending[0].reason is Reason.RESOURCES
+
+
+def test_a_waiting_share_is_explained_in_units() -> None:
+    from gpusched.core.explain import explain
+
+    snap = snapshot([node("a")], [job(1, 50), job(2, 40), job(3, 20)])
+    detail = explain(snap, NOW, Policy(), 3).blockers[0].detail
+    assert "it needs 20 units of one GPU shared by MPS" in detail
+    assert "the most room on a shared GPU is 10 units (on a)" in detail
+    other_user = snapshot([node("a")], [job(1, 50), job(3, 20, user="u2")])
+    explained = explain(other_user, NOW, Policy(), 3)
+    assert explained.reason is Reason.RESOURCES
+    assert "no GPU is shared with room left" in explained.blockers[0].detail
+    assert "one user's jobs at a time" in explained.blockers[0].detail
