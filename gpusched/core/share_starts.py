@@ -270,10 +270,9 @@ class ShareStartsMixin:
                     group: object) -> bool:
         """Start a job that asks only for GPU memory on a MIG slice with that much, else
         on a share of a GPU shared by MPS, if either is free now."""
-        slices = self.memory.slices(job.gpu_mem_mb)
-        if slices:
-            shape = Shape.of(replace(job, gpu_kinds=slices))
-            placed = self.capacity.place_now(shape, members, (group, slices))
+        for profile in self.memory.slices(job.gpu_mem_mb):  # the smallest that holds it
+            shape = Shape.of(replace(job, gpu_kinds=(profile,)))
+            placed = self.capacity.place_now(shape, members, (group, profile))
             if placed is not None:
                 self._start_placed(job, task, placed, shape)
                 return True

@@ -216,3 +216,15 @@ def test_a_waiting_share_is_explained_in_units() -> None:
     assert explained.reason is Reason.RESOURCES
     assert "no GPU is shared with room left" in explained.blockers[0].detail
     assert "one user's jobs at a time" in explained.blockers[0].detail
+
+
+def test_gpu_memory_prefers_the_smaller_slice_to_the_scarcer_one() -> None:
+    # Best fit by count alone would take the one 2g slice (fewest free of its kind).
+    parent = GpuView("GPU-m-0", 0, gpu_type="a100-80gb", mig_mode=True, memory_mb=80_000)
+    node = NodeView("m", NodeState.UP, (parent, *(
+        GpuView(f"MIG-m-{i}", i, gpu_type="a100-80gb", mig_profile=profile, parent=0,
+                memory_mb=memory)
+        for i, (profile, memory) in enumerate(
+            [("1g.10gb", 9_728), ("1g.10gb", 9_728), ("2g.20gb", 19_968)], start=1))))
+    decided = plan(snapshot([node], [memory_job(1, 8_000)]), NOW, Policy())
+    assert decided.starts[0].gpu_uuids in (("MIG-m-1",), ("MIG-m-2",))
