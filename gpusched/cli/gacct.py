@@ -21,6 +21,9 @@ from gpusched.errors import UsageError
 
 PROG = "gacct"
 app = new_app("Accounting of finished and running gpusched jobs, like sacct.")
+COLUMNS = ("JOBID", "JOBNAME", "PARTITION", "ACCOUNT", "USER", "STATE", "EXITCODE",
+           "ELAPSED", "GPUS", "ALLOCTRES", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK", "MAXRSS",
+           "TOTALCPU")
 STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
           "OUT_OF_MEMORY")
 
@@ -58,19 +61,25 @@ def gacct(
     allocations: Annotated[bool, typer.Option(
         "--allocations", "-X", help="Jobs only, without their steps.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    parsable: Annotated[bool, typer.Option(
+        "--parsable", "-p", help="Fields separated by |, each line ending in one, like sacct -p.")] = False,
+    parsable2: Annotated[bool, typer.Option(
+        "--parsable2", "-P", help="Fields separated by |, like sacct -P.")] = False,
     report: Annotated[bool, typer.Option(
         "--report", help="GPU-hours per account and user within the window instead.")] = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="With --report: write a bar chart of GPU-hours to this PNG.")] = None,
 ) -> None:
-    """Finished and running jobs with elapsed time, state, exit code, GPUs, GPU-hours
-    (every run of a requeued job), GPU-hours billed by GPU type, GPU utilisation, and
-    the peak memory (MAXRSS) and CPU time (TOTALCPU) of jobs confined in cgroups. A job
-    that ran steps (gsrun) is followed by a row for its batch script (12.batch) and one
-    for each step (12.0, 12.1, ...); -X shows jobs only.
+    """Finished and running jobs with elapsed time, state, exit code, GPUs, what they
+    held (ALLOCTRES: gres/gpu=2, a MIG slice gres/gpu:1g.10gb=1, a share gres/mps=25 or
+    gres/shard=2), GPU-hours (every run of a requeued job; a share counts as its fraction
+    of the GPU), GPU-hours billed by GPU type, GPU utilisation, and the peak memory
+    (MAXRSS) and CPU time (TOTALCPU) of jobs confined in cgroups. A job that ran steps
+    (gsrun) is followed by a row for its batch script (12.batch) and one for each step
+    (12.0, 12.1, ...); -X shows jobs only.
 
-    Examples: gacct; gacct -j 12.3; gacct -S now-7days -u alice; gacct --report -S 2026-11-01
-    -E 2026-12-01 --plot usage.png
+    Examples: gacct; gacct -j 12.3; gacct -S now-7days -u alice; gacct -P -X;
+    gacct --report -S 2026-11-01 -E 2026-12-01 --plot usage.png
     """
     from gpusched.client import ApiClient
 
@@ -83,6 +92,10 @@ def gacct(
         raise UsageError("--endtime must be after --starttime")
     if plot is not None and not report:
         raise UsageError("--plot goes with --report")
+    if sum((as_json, parsable, parsable2)) > 1:
+        raise UsageError("choose one of --json, --parsable (-p) and --parsable2 (-P)")
+    if report and (parsable or parsable2):
+        raise UsageError("--parsable and --parsable2 go with the job list, not --report")
     if plot is not None:
         from gpusched.sim.plot import check_path
 
@@ -125,7 +138,7 @@ def gacct(
             rows.append([
                 _label(r), r["name"], r["partition"], r["account"] or "", r["user"],
                 r["state"], _exit(r), format_duration(r["elapsed_s"]), str(r["gpus"]),
-                _hours(r["gpu_hours"]), _hours(r["billed_gpu_hours"]),
+                r.get("alloc_tres") or "-", _hours(r["gpu_hours"]), _hours(r["billed_gpu_hours"]),
                 _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"]),
                 format_max_rss(r.get("max_rss_bytes")) or "-",
                 format_total_cpu(r.get("cpu_usec")) or "-"])
@@ -133,15 +146,25 @@ def gacct(
             continue
         rows.extend([f"{_label(r)}.{step['step']}", step["name"], "", r["account"] or "",
                      r["user"], step["state"], _exit(step), format_duration(step["elapsed_s"]),
-                     "", "", "", "", "", format_max_rss(step.get("max_rss_bytes")) or "-",
+                     "", "", "", "", "", "", format_max_rss(step.get("max_rss_bytes")) or "-",
                      format_total_cpu(step.get("cpu_usec")) or "-"]
                     for step in r.get("steps") or ()
                     if chosen is None or step["step"] in chosen)
-    print_table(["JOBID", "JOBNAME", "PARTITION", "ACCOUNT", "USER", "STATE", "EXITCODE",
-                 "ELAPSED", "GPUS", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK", "MAXRSS",
-                 "TOTALCPU"], rows,
-                right_aligned=frozenset({0, 7, 8, 9, 10, 11, 12, 13, 14}),
+    if parsable or parsable2:
+        _print_parsable(COLUMNS, rows, trailing=parsable)
+        return
+    print_table(COLUMNS, rows, right_aligned=frozenset({0, 7, 8, 10, 11, 12, 13, 14, 15}),
                 shrinkable=frozenset({1, 2, 3, 4}))
+
+
+def _print_parsable(headers: Sequence[str], rows: list[list[str]], trailing: bool) -> None:
+    """sacct -p and -P: a header line and one line a row, fields separated by ``|``
+    (never cut), with one more at the end of each line for -p; the field's ``|`` is
+    escaped as ``\\|``."""
+    end = "|" if trailing else ""
+    lines = ["|".join(terminal_safe(cell).replace("|", "\\|") for cell in row) + end
+             for row in [list(headers), *rows]]
+    typer.echo("\n".join(lines))
 
 
 def _exit(record: dict[str, Any]) -> str:

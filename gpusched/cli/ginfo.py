@@ -36,6 +36,10 @@ class NodeSummary:
     drained_by: str | None = None  # "health": its health check drained it
     enforced: bool | None = None  # whether its agent confines jobs (None: not said)
     enforcement: str | None = None  # how, or why it cannot
+    sharing: str | None = None  # how its GPUs are shared: "mps", "shard" (None: whole)
+    shares: int | None = None  # the units each of its shared GPUs offers
+    # Each GPU shares hold units of now: {"gpu": index, "units": units held}.
+    shares_in_use: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -43,11 +47,29 @@ class NodeSummary:
         return self.allocated + self.idle + self.other
 
 
-def summarize_node(node: dict[str, Any]) -> NodeSummary:
-    """A node of ``GET /v1/nodes`` summed up."""
+def node_sharing(partitions: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """How each node's GPUs are shared, (mode, units each GPU offers), from the
+    partitions of ``GET /v1/partitions`` (by name): the first partition that shares the
+    node's GPUs, as the scheduler reads it (no node is shared two ways)."""
+    found: dict[str, tuple[str, int]] = {}
+    for part in sorted(partitions, key=lambda p: p["name"]):
+        if part.get("sharing") and part.get("shares"):
+            for name in part["nodes"]:
+                found.setdefault(name, (part["sharing"], part["shares"]))
+    return found
+
+
+def summarize_node(node: dict[str, Any], sharing: tuple[str, int] | None = None
+                   ) -> NodeSummary:
+    """A node of ``GET /v1/nodes`` summed up; ``sharing``: how its GPUs are shared
+    (``node_sharing``)."""
     gpus = node["gpus"]
     parents = {g["parent"] for g in gpus if g.get("parent") is not None}
     summary = NodeSummary(node["name"], "")
+    if sharing is not None:
+        summary.sharing, summary.shares = sharing
+    summary.shares_in_use = [{"gpu": g["index"], "units": g["share_units"]} for g in gpus
+                             if g.get("share_units") and g.get("parent") is None]
     bad: list[str] = []
     out = {g["index"] for g in gpus if not g["healthy"]}
     for gpu in gpus:
@@ -115,6 +137,20 @@ def reason_rows(nodes: Sequence[NodeSummary]) -> list[list[str]]:
             for (reason, state), names in sorted(groups.items())]
 
 
+def shares_cell(node: NodeSummary) -> str:
+    """ginfo -N's SHARES: each GPU shares hold units of, as ``gpu0:mps:60/100`` (units
+    held of the units it offers), comma separated; ``-`` when none."""
+    mode, offered = node.sharing or "share", node.shares or "?"
+    return ",".join(f"gpu{used['gpu']}:{mode}:{used['units']}/{offered}"
+                    for used in node.shares_in_use) or "-"
+
+
+def sharing_cell(part: dict[str, Any]) -> str:
+    """ginfo's SHARING: how a partition shares its GPUs, as ``mps:100`` (mode and the
+    units each GPU offers); ``-`` for whole GPUs only."""
+    return f"{part['sharing']}:{part['shares']}" if part.get("sharing") else "-"
+
+
 def _counts(items: Sequence[NodeSummary]) -> str:
     a, i, o = (sum(getattr(n, k) for n in items) for k in ("allocated", "idle", "other"))
     return f"{a}/{i}/{o}/{a + i + o}"
@@ -149,6 +185,7 @@ def partition_rows(partitions: list[dict[str, Any]], nodes: dict[str, NodeSummar
                 "partition": part["name"] + ("*" if part["default"] else ""),
                 "avail": "up" if part["state"] == "UP" else part["state"].lower(),
                 "timelimit": format_duration(part["max_time"]) if part["max_time"] else "infinite",
+                "sharing": part.get("sharing"), "shares": part.get("shares"),
                 "nodes": len(group), "state": state, "gpus": _counts(group),
                 "gpu_types": _types(group), "mig": _mig(group),
                 "nodelist": compress_hostlist(n.name for n in group) if group else ""})
@@ -163,7 +200,10 @@ def ginfo(
         "-R", "--list-reasons", help="Why nodes are drained or down, like sinfo -R.")] = False,
 ) -> None:
     """Partitions and nodes with GPUs allocated/idle/out of service/total (A/I/O/T), GPU
-    types and MIG slices free/used.
+    types, MIG slices free/used, and, where some partition shares its GPUs, how: SHARING,
+    a partition's mode and units per GPU (mps:100, shard:4; - for whole GPUs only);
+    SHARES (-N), the units shares hold of each GPU (gpu0:mps:60/100). A GPU shares hold
+    part of counts as allocated.
 
     Node states: idle, mixed, allocated, drained, down, and unhealthy (every GPU out of
     service). REASON names each GPU the health checks took out, and why, and says
@@ -177,7 +217,8 @@ def ginfo(
     with ApiClient() as client:
         nodes_answer = client.request("GET", "/v1/nodes")
         parts = client.request("GET", "/v1/partitions")["partitions"]
-    nodes = {n["name"]: summarize_node(n) for n in nodes_answer["nodes"]}
+    shared = node_sharing(parts)
+    nodes = {n["name"]: summarize_node(n, shared.get(n["name"])) for n in nodes_answer["nodes"]}
     member_of: dict[str, list[str]] = {}
     for part in parts:
         for name in part["nodes"]:
@@ -196,17 +237,22 @@ def ginfo(
         print_table(["REASON", "STATE", "NODELIST"], reason_rows(list(nodes.values())),
                     shrinkable=frozenset({0, 2}))
         return
+    # The sharing columns only where some partition shares its GPUs.
+    sharing = any(part.get("sharing") for part in parts)
     if per_node:
         rows = [[n.name, ",".join(member_of.get(n.name, [])) or "-", n.state, _counts([n]),
-                 _types([n]), _mig([n]), node_reason_cell(n)] for n in nodes.values()]
+                 _types([n]), _mig([n]), *([shares_cell(n)] if sharing else []),
+                 node_reason_cell(n)] for n in nodes.values()]
         print_table(["NODELIST", "PARTITION", "STATE", "GPUS(A/I/O/T)", "GPU_TYPES", "MIG(F/U)",
-                     "REASON"], rows, shrinkable=frozenset({1, 4, 6}))
+                     *(["SHARES"] if sharing else []), "REASON"], rows,
+                    shrinkable=frozenset({1, 4, 7 if sharing else 6}))
         return
     table = [[r["partition"], r["avail"], r["timelimit"], str(r["nodes"]), r["state"], r["gpus"],
-              r["gpu_types"], r["mig"], r["nodelist"]] for r in partition_rows(parts, nodes)]
+              r["gpu_types"], r["mig"], *([sharing_cell(r)] if sharing else []), r["nodelist"]]
+             for r in partition_rows(parts, nodes)]
     print_table(["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "GPUS(A/I/O/T)",
-                 "GPU_TYPES", "MIG(F/U)", "NODELIST"], table,
-                right_aligned=frozenset({3}), shrinkable=frozenset({6, 8}))
+                 "GPU_TYPES", "MIG(F/U)", *(["SHARING"] if sharing else []), "NODELIST"], table,
+                right_aligned=frozenset({3}), shrinkable=frozenset({6, 9 if sharing else 8}))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,10 +22,17 @@ def node_named(session: Session, name: str) -> Node:
 
 
 def node_listing(session: Session) -> list[dict[str, Any]]:
-    """Every node with its present GPUs (MIG slices naming their parent's index) and the
-    job holding each, by node name (``GET /v1/nodes``)."""
-    holders = dict(session.execute(select(Allocation.gpu_id, Allocation.job_id)
-                                   .where(Allocation.released_at.is_(None))).all())
+    """Every node with its present GPUs (MIG slices naming their parent's index), a job
+    holding each and the units of it shares hold (``share_units``), by node name
+    (``GET /v1/nodes``)."""
+    holders: dict[int, int] = {}
+    shared: dict[int, int] = {}
+    for gpu_id, job_id, units in session.execute(
+            select(Allocation.gpu_id, Allocation.job_id, Allocation.units)
+            .where(Allocation.released_at.is_(None))):
+        holders[gpu_id] = job_id
+        if units is not None:
+            shared[gpu_id] = shared.get(gpu_id, 0) + units
     gpus: dict[int, list[dict[str, Any]]] = {}
     rows = list(session.scalars(select(Gpu).where(Gpu.present).order_by(Gpu.index)))
     index_of = {g.id: g.index for g in rows}
@@ -38,7 +45,7 @@ def node_listing(session: Session) -> list[dict[str, Any]]:
             "unhealthy_at": g.unhealthy_at.isoformat() if g.unhealthy_at else None,
             "util": g.util, "mem_used_mb": g.mem_used_mb, "temperature": g.temperature,
             "power_mw": g.power_mw,
-            "job_id": holders.get(g.id)})
+            "job_id": holders.get(g.id), "share_units": shared.get(g.id, 0)})
     return [{"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
              "drained_by": n.drained_by, "enforced": n.enforced, "enforcement": n.enforcement,
              "last_seen": n.last_seen.isoformat() if n.last_seen else None,

@@ -40,12 +40,13 @@ def sync_partitions(session: Session, configured: tuple[PartitionConfig, ...]) -
 
 
 def partition_listing(session: Session) -> list[dict[str, Any]]:
-    """Every partition with its nodes ("*" expanded to every node) and limits, by name
-    (``GET /v1/partitions``)."""
+    """Every partition with its nodes ("*" expanded to every node), limits and how it
+    shares its GPUs (``sharing`` mps or shard, None: whole GPUs only; ``shares``: the
+    units each GPU offers), by name (``GET /v1/partitions``)."""
     every = list(session.scalars(select(Node.name).order_by(Node.name)))
     return [{"name": p.name, "state": p.state, "default": p.is_default,
              "nodes": every if p.nodes == ["*"] else list(p.nodes),
              "max_time": p.max_time, "default_time": p.default_time,
              "priority_tier": p.priority_tier, "max_gpus_per_job": p.max_gpus_per_job,
-             "requeue": p.requeue}
+             "requeue": p.requeue, "sharing": p.sharing, "shares": p.shares}
             for p in session.scalars(select(Partition).order_by(Partition.name))]
