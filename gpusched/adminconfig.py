@@ -16,6 +16,7 @@ from typing import Any
 
 from gpusched.config import TableReader, read_toml
 from gpusched.core.hostlist import HostlistError, expand_hostlist
+from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.errors import ConfigError
 
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
@@ -26,6 +27,9 @@ SHARING = ("exclusive", "mps", "shard")
 DEFAULT_SHARES = {"mps": 100, "shard": 4}
 MAX_SHARES = 10_000
 ROOT_ACCOUNT = "root"
+# Dynamic MIG: the least time between two layout changes of one GPU (seconds).
+DEFAULT_MIG_INTERVAL = 600
+MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
@@ -46,6 +50,8 @@ class PartitionSpec:
     requeue: bool = True  # jobs go back to the queue when their GPU fails, unless they say no
     sharing: str | None = None  # "mps" or "shard": jobs may ask for a share of one GPU
     shares: int | None = None  # units each GPU offers when shared (None when not)
+    dynamic_mig: bool = False  # the scheduler may re-partition its nodes' idle MIG GPUs
+    mig_min_interval: int = DEFAULT_MIG_INTERVAL  # seconds between two changes of one GPU
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,7 @@ def _count(r: TableReader, key: str, default: int | None, expected: str) -> int 
 def _partition(r: TableReader) -> PartitionSpec:
     r.check_keys({"name", "nodes", "default", "max_time", "default_time", "priority_tier",
                   "allow_accounts", "deny_accounts", "max_gpus_per_job", "state", "requeue",
-                  "sharing", "shares"})
+                  "sharing", "shares", "dynamic_mig", "mig_min_interval"})
     nodes_raw = r.table.get("nodes", "*")
     expected = "a host list such as 'gpu[01-16]', a list of them, or '*'"
     items = [nodes_raw] if isinstance(nodes_raw, str) else nodes_raw
@@ -138,7 +144,7 @@ def _partition(r: TableReader) -> PartitionSpec:
         allow_accounts=_names(r, "allow_accounts"), deny_accounts=_names(r, "deny_accounts", []) or (),
         max_gpus_per_job=_count(r, "max_gpus_per_job", None, "a number of GPUs (0 or more)"),
         state=state, requeue=r.get("requeue", bool, True, "true or false"),
-        **_sharing(r),
+        **_sharing(r), **_dynamic_mig(r),
     )
     if spec.max_time is not None and spec.default_time is not None and spec.default_time > spec.max_time:
         raise r.fail("default_time", "at most max_time")
@@ -161,6 +167,24 @@ def _sharing(r: TableReader) -> dict[str, Any]:
     if shares is not None and not 1 <= shares <= MAX_SHARES:
         raise r.fail("shares", f"a number of units per GPU from 1 to {MAX_SHARES}")
     return {"sharing": sharing, "shares": DEFAULT_SHARES[sharing] if shares is None else shares}
+
+
+def _dynamic_mig(r: TableReader) -> dict[str, Any]:
+    """``dynamic_mig`` (true or false) and ``mig_min_interval`` (a time from 1:00 to
+    7-00:00:00, default 10:00)."""
+    expected = "a time from '1:00' (a minute) to '7-00:00:00' (a week), such as '10:00'"
+    text = r.get("mig_min_interval", str, None, expected)
+    interval = DEFAULT_MIG_INTERVAL
+    if text is not None:
+        try:
+            parsed = parse_time_limit(text)
+        except TimeFormatError:
+            raise r.fail("mig_min_interval", expected) from None
+        if parsed is None or not MIN_MIG_INTERVAL <= parsed <= MAX_MIG_INTERVAL:
+            raise r.fail("mig_min_interval", expected)
+        interval = parsed
+    return {"dynamic_mig": r.get("dynamic_mig", bool, False, "true or false"),
+            "mig_min_interval": interval}
 
 
 def _check_sharing(where: str, partitions: Iterable[PartitionSpec]) -> None:

@@ -14,13 +14,20 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from gpusched.adminconfig import ROOT_ACCOUNT, AdminConfig, PartitionSpec
+from gpusched.adminconfig import (
+    DEFAULT_MIG_INTERVAL,
+    ROOT_ACCOUNT,
+    AdminConfig,
+    PartitionSpec,
+)
 from gpusched.core.timefmt import format_duration
 from gpusched.db.models import Account, AccountUser, GpuBilling, Partition, Qos
 from gpusched.errors import ConfigError
 
 Row = dict[str, Any]
-_TIMES = {"max_time", "default_time", "max_wall"}
+_TIMES = {"max_time", "default_time", "max_wall", "mig_min_interval"}
+# Fields a new row shows only when not at these defaults (dynamic MIG is seldom on).
+_QUIET = {"dynamic_mig": False, "mig_min_interval": DEFAULT_MIG_INTERVAL}
 
 
 def _show(key: str, value: Any) -> str:
@@ -36,7 +43,8 @@ def _diff_rows(kind: str, current: Mapping[str, Row], desired: Mapping[str, Row]
     lines = []
     for name, row in desired.items():
         if name not in current:
-            fields = ", ".join(f"{k} {_show(k, v)}" for k, v in row.items() if v not in (None, (), []))
+            fields = ", ".join(f"{k} {_show(k, v)}" for k, v in row.items()
+                               if v not in (None, (), []) and (k not in _QUIET or v != _QUIET[k]))
             lines.append(f"+ {kind} {name}" + (f" ({fields})" if fields else ""))
             continue
         changes = [f"{k} {_show(k, current[name].get(k))} -> {_show(k, v)}"
@@ -55,7 +63,8 @@ def _partition_row(p: PartitionSpec) -> Row:
             "default_time": p.default_time, "priority_tier": p.priority_tier,
             "allow_accounts": list(p.allow_accounts) if p.allow_accounts is not None else None,
             "deny_accounts": list(p.deny_accounts), "max_gpus_per_job": p.max_gpus_per_job,
-            "state": p.state, "requeue": p.requeue, "sharing": p.sharing, "shares": p.shares}
+            "state": p.state, "requeue": p.requeue, "sharing": p.sharing, "shares": p.shares,
+            "dynamic_mig": p.dynamic_mig, "mig_min_interval": p.mig_min_interval}
 
 
 def _current(session: Session, model: Any, key: str, columns: list[str]) -> dict[str, Row]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from sqlalchemy import select
@@ -45,6 +45,8 @@ class AdminTables:
     qos_priority: Mapping[str, int]
     qos_limits: Mapping[str, QosLimits]
     qos_preempt: Mapping[str, frozenset[str]]
+    # Partitions with dynamic MIG on: the seconds between two layout changes of one GPU.
+    dynamic_mig: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def partitions_over(self, node_names: tuple[str, ...]) -> tuple[PartitionView, ...]:
         """The partitions, those of every node given ``node_names``."""
@@ -56,13 +58,16 @@ class AdminTables:
 
 def load_admin_tables(session: Session) -> AdminTables:
     """Read the admin-configured tables, four queries."""
-    partitions, every_node = [], set()
+    partitions, every_node, dynamic_mig = [], set(), {}
     for (name, members, state, tier, max_time, allow, deny, max_gpus, sharing,
-         shares) in session.execute(
+         shares, dynamic, interval) in session.execute(
             select(Partition.name, Partition.nodes, Partition.state, Partition.priority_tier,
                    Partition.max_time, Partition.allow_accounts, Partition.deny_accounts,
                    Partition.max_gpus_per_job, Partition.sharing,
-                   Partition.shares).order_by(Partition.name)):
+                   Partition.shares, Partition.dynamic_mig,
+                   Partition.mig_min_interval).order_by(Partition.name)):
+        if dynamic:
+            dynamic_mig[name] = interval
         if EVERY_NODE in members:
             every_node.add(name)
         # DRAIN refuses new submissions but still runs what is queued (as in Slurm).
@@ -86,6 +91,7 @@ def load_admin_tables(session: Session) -> AdminTables:
                                      for name, _, gpus, jobs, grp, _ in qos_rows}),
         qos_preempt=MappingProxyType({name: frozenset(preempt)
                                       for name, *_, preempt in qos_rows if preempt}),
+        dynamic_mig=MappingProxyType(dynamic_mig),
     )
 
 
@@ -107,6 +113,7 @@ class AdminCache:
         self._lock = threading.Lock()
         self._kept: tuple[AdminTables, int, float] | None = None  # tables, generation, read at
         self._drops = 0
+        self.last: AdminTables | None = None  # what the latest call of tables() gave
 
     def tables(self, session: Session) -> AdminTables:
         """The kept copy if still good, else the tables read now (and kept)."""
@@ -115,8 +122,9 @@ class AdminCache:
             kept, drops = self._kept, self._drops
         if (kept is not None and generation is not None and kept[1] == generation
                 and now - kept[2] < self.max_age):
+            self.last = kept[0]
             return kept[0]
-        tables = load_admin_tables(session)
+        tables = self.last = load_admin_tables(session)
         with self._lock:
             self.loads += 1
             if generation is not None and drops == self._drops:

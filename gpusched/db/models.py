@@ -27,12 +27,15 @@ from gpusched.core.topology import LINK_KINDS
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
               "OUT_OF_MEMORY")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
-NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel")
+NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel",
+                      "mig")
 STEP_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                "NODE_FAIL")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
 SHARE_MODES = ("mps", "shard")  # how a GPU may be shared between jobs (None: it is not)
 MAX_SHARES = 10_000  # units one shared GPU may offer
+# Seconds a dynamic-MIG partition keeps between two layout changes of one GPU.
+MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 
 NAMING = {
@@ -62,6 +65,8 @@ class Partition(Base):
         CheckConstraint(_in("state", PARTITION_STATES), name="state"),
         CheckConstraint(_in("sharing", SHARE_MODES), name="sharing"),
         CheckConstraint(f"shares BETWEEN 1 AND {MAX_SHARES}", name="shares"),
+        CheckConstraint(f"mig_min_interval BETWEEN {MIN_MIG_INTERVAL} AND {MAX_MIG_INTERVAL}",
+                        name="mig_min_interval"),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -80,6 +85,10 @@ class Partition(Base):
     # and the units each shared GPU offers (set exactly when ``sharing`` is).
     sharing: Mapped[str | None] = mapped_column(Text)
     shares: Mapped[int | None] = mapped_column(Integer)
+    # Whether the scheduler may re-partition its nodes' idle MIG GPUs, and the seconds it
+    # keeps between two layout changes of one GPU.
+    dynamic_mig: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    mig_min_interval: Mapped[int] = mapped_column(Integer, server_default=text("600"))
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
@@ -140,6 +149,8 @@ class Gpu(Base):
     temperature: Mapped[int | None] = mapped_column(Integer)
     power_mw: Mapped[int | None] = mapped_column(Integer)
     sampled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When its MIG layout last changed, as its agent's registration showed (dynamic MIG).
+    mig_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class GpuLink(Base):
@@ -438,6 +449,7 @@ class NodeCommand(Base):
         CheckConstraint(_in("kind", NODE_COMMAND_KINDS), name="kind"),
         CheckConstraint("run >= 0", name="run"),
         Index("ix_node_commands_open", "node_id", "id", postgresql_where=text("done_at IS NULL")),
+        Index("ix_node_commands_mig", "created_at", postgresql_where=text("kind = 'mig'")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
