@@ -15,6 +15,7 @@ from gpusched import stages
 from gpusched.controller.events import Events
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
+from gpusched.db import mig_changes
 from gpusched.db.admincache import AdminCache
 from gpusched.db.leadership import Leadership, NotLeader
 from gpusched.db.notify import notify_in
@@ -145,6 +146,11 @@ class SchedulerLoop:
                                else None)
                 self.resume_after = decided.resume_after
                 woken = apply_plan(session, snapshot, decided, node_ids, epoch)
+                tables = self.admin_cache.last  # as load_snapshot read them
+                dynamic = tables.dynamic_mig if tables is not None else None
+                if dynamic:  # MIG layout changes the waiting jobs call for
+                    woken |= mig_changes.after_pass(session, snapshot, decided, node_ids,
+                                                    dynamic, epoch, time.time())
                 notify_in(session, *(f"node:{name}" for name in sorted(woken)))
         except BaseException:
             self.pending_rows.drop()  # after a failed pass, the next reads the whole queue

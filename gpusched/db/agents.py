@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from gpusched.core.topology import LINK_KINDS
-from gpusched.db import commands, node_drain, steps
+from gpusched.db import commands, mig_changes, node_drain, steps
 from gpusched.db.engine import driver, rowcount
 from gpusched.db.health import may_requeue
 from gpusched.db.models import Gpu, GpuLink, Job, Node
@@ -85,6 +85,7 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
     if health is not None:
         node_drain.record_health(session, node, health)
     commands.release_claims(session, node.id)
+    mig_changes.note_layouts(session, node.id, gpus)
     seen: list[str] = []
     for gpu in gpus:
         if not isinstance(gpu, dict) or not isinstance(gpu.get("uuid"), str):

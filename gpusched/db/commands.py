@@ -31,6 +31,7 @@ from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
 from gpusched.messages.agent import LimitJob, ShareGrant, SignalJob
+from gpusched.messages.mig import MigLayout
 from gpusched.messages.steps import StepCancel, StepLaunch
 
 if TYPE_CHECKING:
@@ -157,8 +158,8 @@ def _claim(session: Session, node_id: int, node_name: str, now: datetime,
     jobs = {row[0]: row for row in session.execute(
         _JOBS, {"ids": job_ids, "launch": launch})} if job_ids else {}
     current = [row for row in rows
-               if row[1] == "kill" or _is_current(jobs.get(row[2]), row[3], node_id,
-                                                  node_name, row[1])]
+               if row[1] in ("kill", "mig") or _is_current(jobs.get(row[2]), row[3], node_id,
+                                                            node_name, row[1])]
     stale = [row[0] for row in rows if row not in current]
     if stale:
         session.execute(_CLOSE, {"now": now, "ids": stale})
@@ -191,6 +192,8 @@ def _payload(kind: str, stored: dict[str, Any], node_name: str, job: Any) -> Pay
         return StepLaunch.parse(stored)
     if kind == "step_cancel":
         return StepCancel.parse(stored)
+    if kind == "mig":  # a MIG layout for one GPU (db/mig_changes.py): no job
+        return MigLayout.parse(stored)  # type: ignore[return-value]
     return None
 
 
