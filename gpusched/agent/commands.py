@@ -1,5 +1,5 @@
 """The node commands an agent claims from the controller: launch, cancel, kill, signal,
-limit, steps. Done in order, launches deferred while an earlier run of the same job is
+limit, steps, a MIG layout for an idle GPU. Done in order, launches deferred while an earlier run of the same job is
 still alive here, and acknowledged in batches."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from gpusched import stages
 from gpusched.agent.confine import Confinement, LaunchRefused, job_cgroup_spec
 from gpusched.agent.launcher import JobEnd, Launcher, build_spec
+from gpusched.agent.migconfig import apply_command, held_gpus
 from gpusched.agent.settings import AgentConfig
 from gpusched.agent.stepagent import NodeSteps
 from gpusched.client import ApiClient
@@ -26,6 +27,7 @@ from gpusched.messages import (
     SignalJob,
     launch_job_of,
 )
+from gpusched.messages.mig import MIG_KIND, MigCommand
 from gpusched.messages.steps import StepCancel, StepLaunch
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,8 @@ class NodeCommands:
     def __init__(self, config: AgentConfig, confinement: Confinement, launcher: Launcher,
                  steps: NodeSteps, reported: deque[tuple[int, int]],
                  gpus: Callable[[], dict[str, dict[str, Any]]],
-                 queue_end: Callable[[JobEnd], None]) -> None:
+                 queue_end: Callable[[JobEnd], None],
+                 register: Callable[[ApiClient], None] | None = None) -> None:
         self.config = config
         self.node = config.node_name
         self.confinement = confinement
@@ -49,6 +52,8 @@ class NodeCommands:
         self._reported = reported
         self._gpus = gpus  # the registered GPUs, by UUID
         self._queue_end = queue_end
+        # Registers the node's inventory again (after a MIG layout change).
+        self._register = register
         # Commands done whose acknowledgement may have been lost: done again as nothing.
         self._done: deque[int] = deque(maxlen=REMEMBER_DONE)
         # Launches waiting for an earlier run of the same job to end here first.
@@ -73,6 +78,11 @@ class NodeCommands:
         does not wait for the acknowledgement of the one before it)."""
         done: list[int] = []
         for raw in work.get("commands", []):
+            if isinstance(raw, dict) and raw.get("kind") == MIG_KIND:
+                seq = self._mig(client, raw)
+                if seq is not None:
+                    done.append(seq)
+                continue
             try:
                 command = NodeCommand.parse(raw)
             except UsageError as exc:
@@ -87,6 +97,21 @@ class NodeCommands:
                 del self._deferred[key]
                 done.append(command.seq)
         self._ack(client, done)
+    def _mig(self, client: ApiClient, raw: dict[str, Any]) -> int | None:
+        """Give one GPU the MIG layout a ``mig`` command asks for (gpusched.agent.migconfig),
+        and register the node's GPUs again when its slices changed; the number to
+        acknowledge the command by."""
+        if raw.get("seq") in self._done:
+            return int(raw["seq"])
+        try:
+            command = MigCommand.parse(raw)
+        except UsageError as exc:
+            return self._refuse(raw, exc)
+        if apply_command(command, self.config, held_gpus(self.launcher)) \
+                and self._register is not None:
+            self._register(client)
+        return command.seq
+
     def _refuse(self, raw: object, exc: UsageError) -> int | None:
         """Log a command that does not parse (a launch fails its job); the number to
         acknowledge it by, so that it does not come back, if it has one."""

@@ -20,17 +20,23 @@ A GPU instance that does not hold exactly one compute instance over all its slic
 (``1c.3g.40gb`` and the like, made by hand) is never kept. A failure half-way (the
 driver refuses a call) raises :class:`MigConfigError` saying what was done; the GPU is
 then left with what it has, which the next inventory reports.
+
+:func:`apply_command` does a ``mig`` node command of the controller (dynamic MIG) with
+:func:`apply_layout`, the GPUs of the jobs running here (:func:`held_gpus`) counting as
+busy; a refusal is logged and changes nothing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpusched.agent.nvml import (
     GpuInstance,
+    NvmlUnavailable,
     as_text,
     gpu_instances,
     gpu_processes,
@@ -39,9 +45,13 @@ from gpusched.agent.nvml import (
     instance_profiles,
     load,
 )
-from gpusched.agent.settings import StaticGpu
+from gpusched.agent.settings import AgentConfig, StaticGpu
 from gpusched.core.mig_layout import LayoutError, best_placement, check_layout
 from gpusched.errors import GpuschedError
+from gpusched.messages.mig import MigCommand
+
+if TYPE_CHECKING:
+    from gpusched.agent.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +188,53 @@ def _apply(nvml: Any, handle: Any, layout: tuple[str, ...], busy: frozenset[str]
     log.info("GPU %s re-partitioned to %s: destroyed %s, created %s", uuid, " + ".join(layout),
              destroyed or "nothing", created or "nothing")
     return Applied(uuid, model, tuple(gpu_slices(nvml, handle)), tuple(created), tuple(destroyed))
+
+
+def held_gpus(launcher: Launcher) -> set[str]:
+    """The GPU and MIG-slice UUIDs given to the jobs whose supervisors run here (their
+    ``CUDA_VISIBLE_DEVICES``)."""
+    held: set[str] = set()
+    for job_id in launcher.running():
+        try:
+            spec = json.loads((launcher.jobs_dir / str(job_id) / "spec.json").read_text())
+        except (OSError, ValueError):
+            continue
+        env = spec.get("env") if isinstance(spec, dict) else None
+        visible = env.get("CUDA_VISIBLE_DEVICES") if isinstance(env, dict) else None
+        if isinstance(visible, str):
+            held.update(uuid for uuid in visible.split(",") if uuid)
+    return held
+
+
+def apply_command(command: MigCommand, config: AgentConfig, busy: Iterable[str]) -> bool:
+    """Do a ``mig`` node command on this node: the layout it names for its GPU, unless a
+    job here holds the GPU or a slice of it (``busy``) or a process runs on it. A refusal
+    (busy, a layout the GPU cannot take, no MIG mode, no such GPU) is logged and changes
+    nothing. Whether the GPU's slices may have changed (the node's inventory is then
+    registered again: after a failure half-way too)."""
+    target = command.layout
+    what = f"MIG layout {' + '.join(target.layout)} for GPU {target.gpu_uuid}"
+    if command.node != config.node_name:
+        log.warning("refused the %s: the command is for node %s, not %s", what, command.node,
+                    config.node_name)
+        return False
+    if config.gpu_source == "static":
+        log.warning("refused the %s: this node's GPUs are configured statically", what)
+        return False
+    try:
+        applied = apply_layout(target.gpu_uuid, target.layout, busy)
+    except GpuBusy as exc:
+        log.warning("refused the %s: %s", what, exc.message)
+        return False
+    except MigConfigError as exc:  # maybe half done: the inventory says what is left
+        log.warning("could not apply the %s: %s", what, exc.message)
+        return True
+    except NvmlUnavailable as exc:
+        log.warning("refused the %s: %s", what, exc.message)
+        return False
+    log.info("applied the %s: slices %s", what, ", ".join(
+        f"{s.uuid} ({s.mig_profile})" for s in applied.slices) or "none")
+    return bool(applied.created or applied.destroyed)
 
 
 def _size(model: str, profile: str) -> int:
