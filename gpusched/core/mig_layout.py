@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
-from gpusched.core.model import NodeView, PendingJob, Reason, RunningJob
+from gpusched.core.model import GpuView, NodeView, PendingJob, Reason, RunningJob
 from gpusched.core.shapes import is_mig_profile
 
 MEMORY_SLICES = 8
@@ -259,17 +259,23 @@ def mig_gpus(node: NodeView, running: Iterable[RunningJob],
     (``changed_at``, by GPU UUID) and whether ``processes`` (UUIDs of GPUs or slices
     with a process) names it or a slice. A GPU that is unhealthy, or has an unhealthy
     slice, is left out: it is never changed and its slices meet no demand."""
+    if not any(gpu.mig_mode for gpu in node.gpus):
+        return []
     held: set[str] = set()
     for job in running:
         if node.name == job.node or node.name in job.nodes:
             held.update(job.gpu_uuids)
             held.update(uuid for uuid, _, _ in job.shares)
     busy = set(processes)
+    slices_of: dict[int, list[GpuView]] = {}
+    for gpu in node.gpus:
+        if gpu.parent is not None and gpu.mig_profile:
+            slices_of.setdefault(gpu.parent, []).append(gpu)
     found: list[MigGpu] = []
     for gpu in node.gpus:
         if not gpu.mig_mode or gpu.parent is not None:
             continue
-        slices = [s for s in node.gpus if s.parent == gpu.index and s.mig_profile]
+        slices = slices_of.get(gpu.index, [])
         if not gpu.healthy or not all(s.healthy for s in slices):
             continue
         found.append(MigGpu(

@@ -36,8 +36,16 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from gpusched.core.mig_layout import MigGpu, mig_gpus, plan_layouts, waiting_demand
+from gpusched.core.mig_layout import (
+    MigDemand,
+    MigGpu,
+    may_change,
+    mig_gpus,
+    plan_layouts,
+    waiting_demand,
+)
 from gpusched.core.model import NodeState, PendingJob, Plan, RunningJob, Snapshot
+from gpusched.errors import UsageError
 from gpusched.messages.mig import MIG_KIND, MigLayout
 
 log = logging.getLogger(__name__)
@@ -49,42 +57,61 @@ LOOK_BACK = 7 * 86_400
 Change = tuple[str, str, tuple[str, ...]]
 
 
+def demand(snapshot: Snapshot, decided: Plan, dynamic: Mapping[str, int], now: float
+           ) -> dict[str, list[MigDemand]]:
+    """The MIG slices the jobs of each UP dynamic-MIG partition still wait for after the
+    pass (pure); only partitions with some."""
+    started = {s.job_id for s in decided.starts}
+    reasons = {p.job_id: p.reason for p in decided.pending}
+    pending: dict[str, list[PendingJob]] = {}
+    up = {p.name for p in snapshot.partitions if p.up and p.name in dynamic}
+    for job in snapshot.pending:
+        if job.partition in up and job.job_id not in started:
+            pending.setdefault(job.partition, []).append(
+                _with_reason(job, reasons.get(job.job_id)))
+    found = {name: waiting_demand(jobs, now) for name, jobs in pending.items()}
+    return {name: wanted for name, wanted in found.items() if wanted}
+
+
 def decide(snapshot: Snapshot, decided: Plan, dynamic: Mapping[str, int], now: float,
-           changed_at: Mapping[str, float], open_targets: Mapping[str, tuple[str, ...]]
-           ) -> list[Change]:
+           changed_at: Mapping[str, float], open_targets: Mapping[str, tuple[str, ...]],
+           wanted: Mapping[str, Sequence[MigDemand]] | None = None) -> list[Change]:
     """The changes to ask for after a pass (see the module; pure). ``dynamic``: the
     partitions with dynamic MIG and their intervals; ``changed_at``: each GPU's last
     change or command (epoch seconds); ``open_targets``: the target layouts of the GPUs
-    with a command not yet done."""
-    started = {s.job_id for s in decided.starts}
-    reasons = {p.job_id: p.reason for p in decided.pending}
-    running = [*snapshot.running,
-               *(RunningJob(s.job_id, s.node, s.gpu_uuids, nodes=s.nodes, shares=s.shares)
-                 for s in decided.starts)]
+    with a command not yet done; ``wanted``: :func:`demand`'s answer, if known."""
+    if wanted is None:
+        wanted = demand(snapshot, decided, dynamic, now)
+    if not wanted:
+        return []
+    running: dict[str, list[RunningJob]] = {}  # by node: each job on each of its nodes
+    for job in [*snapshot.running,
+                *(RunningJob(s.job_id, s.node, s.gpu_uuids, nodes=s.nodes, shares=s.shares)
+                  for s in decided.starts)]:
+        for name in {job.node, *job.nodes}:
+            running.setdefault(name, []).append(job)
     nodes = {n.name: n for n in snapshot.nodes if n.state == NodeState.UP}
     asked: dict[str, tuple[str, ...]] = dict(open_targets)
     changes: list[Change] = []
     for part in sorted(snapshot.partitions, key=lambda p: p.name):
-        interval = dynamic.get(part.name)
-        if interval is None or not part.up:
+        if part.name not in wanted:
             continue
-        pending = [_with_reason(j, reasons.get(j.job_id)) for j in snapshot.pending
-                   if j.partition == part.name and j.job_id not in started]
-        demand = waiting_demand(pending, now)
-        if not demand:
-            continue
+        interval = dynamic[part.name]
         node_of: dict[str, str] = {}
         gpus: list[MigGpu] = []
         for name in part.nodes:
             node = nodes.get(name)
             if node is None:
                 continue
-            for gpu in mig_gpus(node, running, changed_at):
+            for gpu in mig_gpus(node, running.get(name, ()), changed_at):
                 node_of[gpu.uuid] = name
                 if gpu.uuid in asked:  # its change is on its way: planned as done, fixed
                     gpu = gpu._replace(layout=asked[gpu.uuid], changed_at=now)
                 gpus.append(gpu)
-        for uuid, layout in sorted(plan_layouts(gpus, demand, now, interval).items()):
+        if not any(may_change(gpu, now, interval) for gpu in gpus):
+            continue  # nothing could change: most passes while jobs wait stop here
+        for uuid, layout in sorted(plan_layouts(gpus, wanted[part.name], now,
+                                                interval).items()):
             asked[uuid] = layout
             changes.append((node_of[uuid], uuid, layout))
     return changes
@@ -100,7 +127,8 @@ _CLOSE_OLD = text(
     "UPDATE node_commands SET done_at = :now"
     " WHERE kind = 'mig' AND done_at IS NULL AND created_at < :before RETURNING payload")
 _OPEN = text(
-    "SELECT payload FROM node_commands WHERE kind = 'mig' AND done_at IS NULL ORDER BY id")
+    "SELECT id, payload FROM node_commands WHERE kind = 'mig' AND done_at IS NULL ORDER BY id")
+_CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = :id")
 _LAST_ASKED = text(
     "SELECT payload->>'gpu_uuid', extract(epoch FROM max(created_at)) FROM node_commands"
     " WHERE kind = 'mig' AND created_at > :since GROUP BY 1")
@@ -120,7 +148,8 @@ def after_pass(session: Session, snapshot: Snapshot, decided: Plan,
                now: float) -> set[str]:
     """Make the ``mig`` commands the pass's outcome calls for (see the module); the names
     of the nodes given one, to wake."""
-    if not dynamic or not _any_demand(snapshot, decided, dynamic, now):
+    wanted = demand(snapshot, decided, dynamic, now) if dynamic else {}
+    if not wanted:  # most passes stop here, having read nothing
         return set()
     moment = datetime.fromtimestamp(now, UTC)
     for (payload,) in session.execute(_CLOSE_OLD, {
@@ -128,8 +157,13 @@ def after_pass(session: Session, snapshot: Snapshot, decided: Plan,
         log.warning("dynamic MIG: no answer to the change of %s within %.0f s: closed",
                     payload.get("gpu_uuid") if isinstance(payload, dict) else payload, OPEN_FOR)
     open_targets: dict[str, tuple[str, ...]] = {}
-    for (payload,) in session.execute(_OPEN):
-        stored = MigLayout.parse(payload)
+    for command_id, payload in session.execute(_OPEN):
+        try:
+            stored = MigLayout.parse(payload)
+        except UsageError as exc:  # not one this module made: closed, never sent
+            log.warning("dynamic MIG: closing command %d: %s", command_id, exc.message)
+            session.execute(_CLOSE, {"now": moment, "id": command_id})
+            continue
         open_targets[stored.gpu_uuid] = stored.layout
     changed_at: dict[str, float] = {
         uuid: float(at) for uuid, at in session.execute(_CHANGED)}
@@ -137,22 +171,13 @@ def after_pass(session: Session, snapshot: Snapshot, decided: Plan,
             "since": moment - timedelta(seconds=LOOK_BACK)}):
         if uuid is not None:
             changed_at[uuid] = max(changed_at.get(uuid, 0.0), float(at))
-    changes = decide(snapshot, decided, dynamic, now, changed_at, open_targets)
+    changes = decide(snapshot, decided, dynamic, now, changed_at, open_targets, wanted)
     issue(session, [(node_ids[node], MigLayout(uuid, layout)) for node, uuid, layout in changes],
           epoch)
     for node, uuid, layout in changes:
         log.info("dynamic MIG: asking %s to give GPU %s the layout %s", node, uuid,
                  " + ".join(layout))
     return {node for node, _, _ in changes}
-
-
-def _any_demand(snapshot: Snapshot, decided: Plan, dynamic: Mapping[str, int],
-                now: float) -> bool:
-    """Whether a job of a dynamic-MIG partition still waits for a MIG profile (cheap:
-    most passes stop here)."""
-    started = {s.job_id for s in decided.starts}
-    return bool(waiting_demand((j for j in snapshot.pending
-                                if j.partition in dynamic and j.job_id not in started), now))
 
 
 def issue(session: Session, changes: Sequence[tuple[int, MigLayout]],

@@ -203,3 +203,15 @@ def test_a_registration_records_which_gpus_changed_layout(db: sessionmaker[Sessi
     assert stamped[A] is None and stamped[C] is None and stamped[B] is not None
     assert abs((datetime.now(UTC) - stamped[B]).total_seconds()) < 60
     assert present == {"MIG-a7", "MIG-b3", "MIG-b4", "MIG-c1"}
+
+
+def test_a_stored_command_that_does_not_parse_is_closed_not_followed(
+        db: sessionmaker[Session]) -> None:
+    with db() as s, s.begin():
+        node_id = s.scalars(select(Node.id)).one()
+        s.add(NodeCommand(node_id=node_id, kind="mig", payload={"gpu_uuid": A}))
+    _submit(db)
+    assert _pass(db) == {"n1"}
+    # Closed; it still counts as a change asked of A within the interval: B changes.
+    assert _mig_commands(db) == [({"gpu_uuid": A}, True),
+                                 ({"gpu_uuid": B, "layout": ["1g.10gb"]}, False)]
