@@ -5,12 +5,21 @@ the changes a start makes to the pass's resources."""
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from gpusched.core.model import PendingJob, Reason, Reservation, Start, StartKind
-from gpusched.core.sharing import ShareBook, SharedGpu, share_memory
+from gpusched.core.fragmentation import WHOLE, GpuNode, Task, Workload, score
+from gpusched.core.model import (
+    GpuView,
+    PendingJob,
+    Reason,
+    Reservation,
+    Snapshot,
+    Start,
+    StartKind,
+)
+from gpusched.core.sharing import ShareBook, SharedGpu, cluster_shares, share_memory
 from gpusched.core.units import INF, Shape
 
 if TYPE_CHECKING:
@@ -38,25 +47,26 @@ def _cpu_mem(job: PendingJob, duration: float) -> Shape:
 
 
 def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
-                  members: frozenset[int], multi_user: bool) -> list[ShareChoice]:
+                  members: frozenset[int], multi_user: bool,
+                  packing: FgdPacking | None = None) -> list[ShareChoice]:
     """Where ``job``'s share could start now without delaying a reservation, best fit
     first: least room left on the GPU (a partly used GPU before a free one, so whole GPUs
     stay whole), then the node with fewest free GPUs, then the node's order. The best
     partly used GPU alone when there is one; else, of the free GPUs, the best node's for
-    each GPU kind (found by walking the nodes by free units of that kind, fewest first)."""
+    each GPU kind (found by walking the nodes by free units of that kind, fewest first).
+
+    With ``packing`` (packing "fgd"), the places are ranked by FGD instead (the growth
+    of the node's fragmentation for that workload, core/fragmentation.py; best fit breaks
+    ties): every partly used GPU with room, and on free GPUs the first usable node of
+    each count of free units of each kind (nodes with as many free are alike but for
+    their shared GPUs, which the first list covers)."""
+    if packing is not None:
+        return _fgd_choices(capacity, book, job, members, multi_user, packing)
     duration = INF if job.time_limit is None else float(job.time_limit)
     end = capacity.now + duration
     mode = job.share_mode
-    cpu_mem = _cpu_mem(job, duration)
     found: list[ShareChoice] = []
-    names = book.sharing_nodes
-
-    def usable(index: int) -> bool:
-        node = capacity.nodes[index]
-        return (index in members and names.get(node.view.name) == mode
-                and index not in capacity.whole and capacity._usable(node, cpu_mem)
-                and capacity._fits_now(node, "", cpu_mem))
-
+    usable = _usable_for(capacity, book, job, members)
     # Partly used GPUs, least room first: the first room with a GPU that takes the share
     # holds the best fit (of that room's GPUs, the node with fewest free GPUs).
     rooms = book.rooms(job.user if mode == "mps" and not multi_user else None)
@@ -89,6 +99,142 @@ def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
             found.append(free)
     found.sort(key=lambda choice: choice.score)
     return found
+
+
+def _fgd_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
+                 members: frozenset[int], multi_user: bool,
+                 packing: FgdPacking) -> list[ShareChoice]:
+    """share_choices ranked by FGD (see there)."""
+    duration = INF if job.time_limit is None else float(job.time_limit)
+    end = capacity.now + duration
+    usable = _usable_for(capacity, book, job, members)
+    found: list[ShareChoice] = []
+    rooms = book.rooms(job.user if job.share_mode == "mps" and not multi_user else None)
+    for room in sorted(r for r in rooms if r >= (job.share or 1)):
+        for shared in rooms[room].values():
+            index = capacity.index.get(shared.node)
+            units = book.room_for(shared, job, multi_user) if index is not None else 0
+            where = capacity.kind_of.get(shared.uuid) if units else None
+            if where is None or index is None or not usable(index):
+                continue
+            node = capacity.nodes[index]
+            if end > shared.end and index in capacity.reserved_nodes and not node.fits(
+                    where[1], Shape((where[1],), 1, 0, 0, 1, end - shared.end, job.uid),
+                    shared.end):
+                continue
+            left = (shared.room - units) / shared.gpu.shares
+            found.append(ShareChoice((left, node.free_gpus(), index, shared.gpu.index),
+                                     index, where[1], shared, units))
+    for kind in capacity.kinds:
+        if kind in capacity.slice_kinds:
+            continue
+        whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
+        buckets = capacity.buckets[kind]
+        for count in range(1, len(buckets)):
+            for index in buckets[count]:
+                node = capacity.nodes[index]
+                gpu = node.free[kind][0]
+                units = book.fits_whole(gpu, job)
+                if units and usable(index) and capacity._fits_now(node, kind, whole):
+                    left = (gpu.shares - units) / gpu.shares
+                    found.append(ShareChoice((left, node.free_gpus(), index, gpu.index),
+                                             index, kind, None, units))
+                    break
+    ranked = []
+    for choice in found:
+        gpu = choice.shared.gpu if choice.shared is not None \
+            else capacity.nodes[choice.node].free[choice.kind][0]
+        grows = packing.growth(capacity, book, choice.node, gpu, choice.units)
+        ranked.append(choice._replace(score=(grows, *choice.score)))
+    ranked.sort(key=lambda choice: choice.score)
+    return ranked
+
+
+# CPUs and memory a node that does not count them is taken to have, for packing.
+_UNCOUNTED = 10**9
+
+
+class FgdPacking:
+    """FGD for one pass: the queue's typical tasks, and what was worked out for them --
+    each node's view (until the node changes) and the growth of fragmentation of each
+    state (states alike whatever the node)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self._views: dict[int, tuple[int, tuple[tuple[int, ...], dict[str, int], int, int]]] = {}
+        self._growth: dict[tuple[object, ...], float] = {}
+
+    def growth(self, capacity: Capacity, book: ShareBook, index: int, gpu: GpuView,
+               units: int) -> float:
+        """How much a share of ``units`` of ``gpu`` on node ``index`` grows the node's
+        fragmentation for the workload."""
+        version = capacity._version.get(index, 0)
+        seen = self._views.get(index)
+        if seen is None or seen[0] != version:
+            seen = self._views[index] = (version, _packing_view(capacity, book, index))
+        milli, place, cpus, mem = seen[1]
+        task = Task(0, 0, 1, min(WHOLE, max(1, units * WHOLE // max(1, gpu.shares))))
+        state = tuple(sorted(milli))
+        chosen = milli[place[gpu.uuid]]
+        key = (state, chosen, cpus, mem, task)
+        found = self._growth.get(key)
+        if found is None:
+            found = self._growth[key] = score(GpuNode(cpus, mem, state), task,
+                                              (state.index(chosen),), "fgd", self.workload)
+        return found
+
+
+def _packing_view(capacity: Capacity, book: ShareBook, index: int
+                  ) -> tuple[tuple[int, ...], dict[str, int], int, int]:
+    """Node ``index`` as core/fragmentation.py sees it: the free thousandths of each of
+    its whole GPUs, the place of each GPU in that list, its free CPU thousandths and
+    memory."""
+    node = capacity.nodes[index]
+    free = {gpu.uuid for units in node.free.values() for gpu in units}
+    milli: list[int] = []
+    place: dict[str, int] = {}
+    for gpu in node.view.gpus:
+        if gpu.mig_mode or gpu.mig_profile is not None:
+            continue
+        place[gpu.uuid] = len(milli)
+        shared = book.gpus.get(gpu.uuid)
+        if shared is not None:
+            milli.append(shared.room * WHOLE // max(1, gpu.shares))
+        else:
+            milli.append(WHOLE if gpu.uuid in free else 0)
+    cpus = node.cpus if node.cpus < INF else _UNCOUNTED
+    mem = node.mem if node.mem < INF else _UNCOUNTED
+    return tuple(milli), place, int(cpus * 1000), int(mem)
+
+
+def pending_workload(pending: Iterable[PendingJob], shares: int) -> Workload:
+    """The typical tasks of a queue, for FGD: each share as thousandths of a GPU of
+    ``shares`` units, each whole-GPU job as its GPUs on one node (CPUs and memory are
+    left out: a pass checks them itself)."""
+    tasks = []
+    for job in pending:
+        if job.share:
+            tasks.append(Task(0, 0, 1, min(WHOLE, max(1, job.share * WHOLE // max(1, shares)))))
+        elif job.gpus:
+            tasks.append(Task(0, 0, job.gpus, WHOLE))
+    return Workload.of(tasks)
+
+
+def _usable_for(capacity: Capacity, book: ShareBook, job: PendingJob,
+                members: frozenset[int]) -> Callable[[int], bool]:
+    """Whether a node may take ``job``'s share: one of its nodes, sharing its way, not
+    held whole, and with its CPUs and memory free for its whole time."""
+    duration = INF if job.time_limit is None else float(job.time_limit)
+    cpu_mem = _cpu_mem(job, duration)
+    names, mode = book.sharing_nodes, job.share_mode
+
+    def usable(index: int) -> bool:
+        node = capacity.nodes[index]
+        return (index in members and names.get(node.view.name) == mode
+                and index not in capacity.whole and capacity._usable(node, cpu_mem)
+                and capacity._fits_now(node, "", cpu_mem))
+
+    return usable
 
 
 def _first_free(capacity: Capacity, book: ShareBook, job: PendingJob, kind: str,
@@ -190,6 +336,8 @@ class ShareStartsMixin:
     # as (units, GPU memory, CPUs, memory, duration); and the present they were seen at.
     _share_failed: dict[tuple[object, ...], list[tuple[float, ...]]] = {}
     _share_seen: tuple[float, int] | None = None
+    _packing: FgdPacking | None = None  # with packing "fgd"
+    snapshot: Snapshot
 
     def _started(self, job: PendingJob, start: Start) -> None:
         raise NotImplementedError
@@ -220,7 +368,11 @@ class ShareStartsMixin:
         if failed is not None and any(all(n >= f for n, f in zip(need, before))
                                       for before in failed):
             return []
-        choices = share_choices(capacity, book, job, members, self.policy.mps_multi_user)
+        if self.policy.packing == "fgd" and self._packing is None:
+            self._packing = FgdPacking(pending_workload(
+                self.snapshot.pending, cluster_shares(self.snapshot.nodes).units))
+        choices = share_choices(capacity, book, job, members, self.policy.mps_multi_user,
+                                self._packing)
         if not choices:
             self._share_failed.setdefault(key, []).append(need)
         return choices

@@ -86,6 +86,7 @@ class ClusterShares:
     def __init__(self, nodes: Sequence[NodeView]) -> None:
         self.where: dict[str, tuple[str, GpuView, int]] = {}
         self.sharing_nodes: dict[str, str] = {}
+        self.units = 0  # the units a shared GPU offers (the first one's), 0: none shared
         position = 0
         for node in nodes:
             for gpu in node.gpus:
@@ -94,6 +95,7 @@ class ClusterShares:
                 if gpu.sharing in SHARE_MODES and gpu.shares > 0 and not gpu.mig_mode \
                         and gpu.mig_profile is None:
                     self.sharing_nodes.setdefault(node.name, gpu.sharing)
+                    self.units = self.units or gpu.shares
         self.memory = KindMemory(nodes)
 
 

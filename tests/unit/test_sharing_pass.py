@@ -4,6 +4,7 @@ core/share_starts.py)."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,3 +229,35 @@ def test_gpu_memory_prefers_the_smaller_slice_to_the_scarcer_one() -> None:
             [("1g.10gb", 9_728), ("1g.10gb", 9_728), ("2g.20gb", 19_968)], start=1))))
     decided = plan(snapshot([node], [memory_job(1, 8_000)]), NOW, Policy())
     assert decided.starts[0].gpu_uuids in (("MIG-m-1",), ("MIG-m-2",))
+
+
+def test_fgd_keeps_room_the_waiting_shares_can_use() -> None:
+    # GPU a-0 has 40 units left; the queue is mostly 40-unit shares (held here, so that
+    # only job 1 starts). Best fit puts job 1's 30 units on a-0 (10 left, which no 40-unit
+    # share can use); FGD puts it on the free a-1 (70 left) and keeps a-0's 40 for one.
+    running = [RunningJob(7, "a", (), user="u1", end_time=NOW + 500,
+                          shares=(("GPU-a-0", 60, 0),))]
+    held = [replace(job(i, 40), hold="user") for i in range(2, 12)]
+    pending = [job(1, 30), *held]
+    best = plan(snapshot([node("a", gpus=2)], pending, running), NOW, Policy())
+    fgd = plan(snapshot([node("a", gpus=2)], pending, running), NOW, Policy(packing="fgd"))
+    assert [s.shares[0][0] for s in best.starts] == ["GPU-a-0"]
+    assert [s.shares[0][0] for s in fgd.starts] == ["GPU-a-1"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 100), st.sampled_from(["u1", "u2"])),
+                min_size=1, max_size=20), st.booleans())
+def test_fgd_never_over_commits_and_starts_what_best_fit_would_find_room_for(
+        requests, multi) -> None:
+    nodes = [node("a", gpus=2, memory_mb=60_000), node("b", gpus=1, memory_mb=60_000)]
+    pending = [job(i + 1, share, user=user) for i, (share, user) in enumerate(requests)]
+    decided = plan(snapshot(nodes, pending), NOW,
+                   Policy(packing="fgd", mps_multi_user=multi, backfill="none"))
+    units: Counter[str] = Counter()
+    for start in decided.starts:
+        (uuid, taken, _), = start.shares
+        units[uuid] += taken
+    assert all(v <= 100 for v in units.values())
+    started = [s.job_id for s in decided.starts]
+    assert started == [p.job_id for p in pending[:len(started)]]
