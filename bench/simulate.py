@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--backfill", default="easy")
     parser.add_argument("--policy", default="fcfs")
+    parser.add_argument("--packing", default="bestfit", help="bestfit or fgd (shares of GPUs)")
     parser.add_argument("--limit", type=int, default=None)
     args = parser.parse_args()
     began = time.perf_counter()
@@ -62,7 +63,7 @@ def main() -> None:
     cluster = (from_node_list(trace.nodes) if args.nodes is None and trace.nodes
                else uniform(args.nodes or 30, args.gpus_per_node))
     cpu_began = time.process_time()
-    result = simulate(trace.jobs, cluster, SimPolicy(args.policy, args.backfill))
+    result = simulate(trace.jobs, cluster, SimPolicy(args.policy, args.backfill, packing=args.packing))
     cpu_s = time.process_time() - cpu_began
     total = time.perf_counter() - began
     figures = metrics(result.records, result.cluster_gpus)

@@ -46,6 +46,8 @@ def simulate(
     skip: Annotated[int, typer.Option("--skip", help="Leave out the first N jobs.")] = 0,
     no_kill: Annotated[bool, typer.Option(
         "--no-kill", help="Let jobs run past their time limit (default: TIMEOUT at the limit).")] = False,
+    packing: Annotated[str, typer.Option(
+        "--packing", help="Where a share of a GPU starts: bestfit or fgd.")] = "bestfit",
     compare: Annotated[Optional[str], typer.Option(
         "--compare", help="Policies to compare, comma-separated: ORDER, BACKFILL or "
         "ORDER/BACKFILL[/RESERVATIONS], e.g. none,easy,conservative.")] = None,
@@ -73,7 +75,7 @@ def simulate(
         raise UsageError(f"invalid --format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if cluster is not None and (nodes is not None or gpus_per_node is not None):
         raise UsageError("give either --cluster or --nodes/--gpus-per-node, not both")
-    base = SimPolicy(policy, backfill, reservations, kill=not no_kill)
+    base = SimPolicy(policy, backfill, reservations, kill=not no_kill, packing=packing)
     policies = [base] if not compare else [SimPolicy.parse(item, base) for item in compare.split(",")]
     names = [p.name for p in policies]
     if len(set(names)) != len(names):

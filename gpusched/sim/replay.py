@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from gpusched.core.capacity import Capacity
 from gpusched.core.fairshare import ROOT, Account, UserShare, accrue, decay
 from gpusched.core.model import (
+    PACKINGS,
     PendingJob,
     Policy,
     RunningJob,
@@ -51,6 +52,7 @@ class SimPolicy:
     reservations: int | None = None
     kill: bool = True  # a job running past its time limit is ended there (TIMEOUT)
     half_life: float = 7 * 86400.0  # fair-share usage decay, for multifactor
+    packing: str = "bestfit"  # where a share of a GPU starts (core/sharing.py)
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -58,6 +60,9 @@ class SimPolicy:
         if self.backfill not in BACKFILLS:
             raise UsageError(f"unknown backfill {self.backfill!r}; expected one of "
                              f"{', '.join(BACKFILLS)}")
+        if self.packing not in PACKINGS:
+            raise UsageError(f"unknown packing {self.packing!r}; expected one of "
+                             f"{', '.join(PACKINGS)}")
 
     @property
     def name(self) -> str:
@@ -70,7 +75,7 @@ class SimPolicy:
         return Policy(weights=FCFS if self.order == "fcfs" else MULTIFACTOR,
                       backfill=self.backfill, reservations=self.reservations,
                       backfill_max_jobs=None, preempt_mode="off",
-                      estimates=False, max_starts_per_pass=2**62)
+                      estimates=False, max_starts_per_pass=2**62, packing=self.packing)
 
     @classmethod
     def parse(cls, text: str, base: SimPolicy) -> SimPolicy:
@@ -96,7 +101,7 @@ class SimPolicy:
                     raise UsageError(f"invalid policy {text!r}: reservations {parts[2]!r} is "
                                      "not a number")
                 depth = int(parts[2])
-        return cls(order, backfill, depth, base.kill, base.half_life)
+        return cls(order, backfill, depth, base.kill, base.half_life, base.packing)
 
 
 @dataclass(frozen=True, slots=True)
