@@ -1,5 +1,6 @@
 """What a job's cgroup measured, written the way sacct writes it: MaxRSS (``4582612K``,
-``12M``, ``2.50G``) and TotalCPU (``[D-]HH:MM:SS``, or ``MM:SS.mmm`` under an hour).
+``12M``, ``2.50G``) and TotalCPU (``[D-]HH:MM:SS``, or ``MM:SS.mmm`` under an hour); and
+how much of a GPU a holding counts for in GPU-hours (a share: its fraction).
 
 Pure: no clock, no I/O.
 """
@@ -43,3 +44,13 @@ def format_total_cpu(usec: int | None) -> str:
     if millis:
         return f"{minutes:02d}:{seconds:02d}.{millis:03d}"
     return f"00:{minutes:02d}:{seconds:02d}"
+
+
+def gpu_fraction(units: int | None, offered: int | None) -> float:
+    """How much of a GPU one holding counts for in GPU-hours: 1 for a whole GPU or a MIG
+    slice (``units`` None), ``units / offered`` for a share of a GPU that offers
+    ``offered`` units (at most 1), and 1 when what the GPU offers is not known (its
+    partition no longer shares it)."""
+    if units is None or not offered or offered <= 0:
+        return 1.0
+    return min(1.0, units / offered)

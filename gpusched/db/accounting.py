@@ -11,9 +11,10 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from gpusched.core.usage import gpu_fraction
 from gpusched.db.models import Allocation, Gpu, GpuBilling, Job, JobStep, Node
 from gpusched.db.steps import step_view, steps_of
-from gpusched.db.usage import gpu_fraction, offered_units
+from gpusched.db.usage import ShareOffers
 
 STEP_FIELDS = ("step_id", "name", "state", "exit_code", "signal", "node_names", "ntasks",
                "start_time", "end_time", "elapsed_s", "max_rss_bytes", "cpu_usec", "error")
@@ -30,37 +31,46 @@ class Held(NamedTuple):
     latest: list[dict[str, Any]]
 
 
-def _held(session: Session, job_ids: list[int], start: datetime | None, end: datetime | None,
-          now: datetime) -> dict[int, Held]:
-    """What each job held, each holding cut to [start, end]."""
-    if not job_ids:
+def _held(session: Session, jobs: list[Job], start: datetime | None, end: datetime | None,
+          now: datetime, latest: bool = True) -> dict[int, Held]:
+    """What each of ``jobs`` held, each holding cut to [start, end] (its latest run's
+    GPUs only if ``latest``)."""
+    if not jobs:
         return {}
-    offered = offered_units()
+    job_of = {job.id: job for job in jobs}
+    offers = ShareOffers(session)
+    node_names = dict(session.execute(select(Node.id, Node.name)).all())
     rows = session.execute(
         select(Allocation.job_id, Allocation.allocated_at, Allocation.released_at,
-               func.coalesce(GpuBilling.weight, 1.0), gpu_fraction(offered), offered,
-               Allocation.units, Allocation.mem_mb, Job.share_mode, Gpu.index, Gpu.uuid,
-               Gpu.gpu_type, Gpu.mig_profile, Node.name)
-        .join(Job, Job.id == Allocation.job_id)
+               func.coalesce(GpuBilling.weight, 1.0), Allocation.node_id, Allocation.units,
+               Allocation.mem_mb, Gpu.index, Gpu.uuid, Gpu.gpu_type, Gpu.mig_profile)
         .join(Gpu, Gpu.id == Allocation.gpu_id)
-        .join(Node, Node.id == Allocation.node_id)
         .outerjoin(GpuBilling, GpuBilling.gpu_type == Gpu.gpu_type)
-        .where(Allocation.job_id.in_(job_ids))
-        .order_by(Allocation.job_id, Allocation.allocated_at, Node.name, Gpu.index))
+        .where(Allocation.job_id.in_(list(job_of))))
     used: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     runs: dict[int, tuple[datetime, list[dict[str, Any]]]] = {}
-    for (job_id, held_from, held_to, weight, fraction, of, units, mem, mode, index, uuid,
-         gpu_type, profile, node) in rows:
+    for (job_id, held_from, held_to, weight, node_id, units, mem, index, uuid, gpu_type,
+         profile) in rows:
+        job, node = job_of[job_id], node_names.get(node_id, "")
+        of = offers.of(units, node, job.partition)
+        fraction = gpu_fraction(units, of)
         begin = max(held_from, start) if start else held_from
         finish = min(held_to or now, end) if end else (held_to or now)
-        seconds = max(0.0, (finish - begin).total_seconds()) * float(fraction)
+        seconds = max(0.0, (finish - begin).total_seconds()) * fraction
         used[job_id][0] += seconds
         used[job_id][1] += seconds * float(weight)
-        if job_id not in runs or runs[job_id][0] != held_from:  # ordered: the latest last
-            runs[job_id] = (held_from, [])
-        runs[job_id][1].append(_holding(node, index, uuid, gpu_type, profile, mode, units,
-                                        of, mem, float(fraction)))
-    return {job_id: Held(a, b, runs[job_id][1]) for job_id, (a, b) in used.items()}
+        if not latest:
+            continue
+        run = runs.get(job_id)
+        if run is None or held_from > run[0]:  # a run's GPUs are allocated at one time
+            run = runs[job_id] = (held_from, [])
+        if held_from == run[0]:
+            run[1].append(_holding(node, index, uuid, gpu_type, profile, job.share_mode,
+                                   units, of, mem, fraction))
+    for _, holdings in runs.values():
+        holdings.sort(key=lambda h: (h["node"], h["gpu_index"]))
+    return {job_id: Held(a, b, runs[job_id][1] if latest else [])
+            for job_id, (a, b) in used.items()}
 
 
 def _holding(node: str, index: int, uuid: str, gpu_type: str | None, profile: str | None,
@@ -119,7 +129,7 @@ def job_records(session: Session, users: list[str] | None = None,
     lists them (``steps``: its batch script as step ``batch``, then each step)."""
     now = datetime.now(UTC)
     found = _jobs(session, users, accounts, states, ids, start, end)
-    held = _held(session, [j.id for j in found], None, None, now)
+    held = _held(session, found, None, None, now)
     job_steps = steps_of(session, [j.id for j in found])
     batch_nodes = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(
         {j.node_id for j in found if j.id in job_steps and j.node_id is not None})))
@@ -173,7 +183,7 @@ def usage_report(session: Session, start: datetime, end: datetime) -> list[dict[
     holding is cut to the window."""
     now = datetime.now(UTC)
     found = _jobs(session, None, None, None, None, start, end)
-    held = _held(session, [j.id for j in found], start, end, now)
+    held = _held(session, found, start, end, now, latest=False)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for job in found:
         gpu_s, billed_s, _ = held.get(job.id) or Held(0.0, 0.0, [])

@@ -1,17 +1,18 @@
 """Fair-share usage: billed GPU-seconds of running jobs, accrued and decayed in the
-database; and what one allocation counts for in GPU-hours (``gpu_fraction``)."""
+database; and the units the GPU of a share offers (``ShareOffers``)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import Float, any_, case, cast, func, literal, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from gpusched.core.fairshare import accrue
+from gpusched.core.usage import gpu_fraction
+from gpusched.db.admincache import EVERY_NODE
 from gpusched.db.models import (
     Allocation,
     FairShareUsage,
@@ -23,46 +24,51 @@ from gpusched.db.models import (
 )
 
 
-def offered_units() -> Any:
-    """The units the GPU of an allocation row offers (SQL; NULL: unknown): those of the
-    first partition by name that shares the GPUs of the allocation's node, as a pass
-    reads them (an admin apply refuses a node shared two ways), else those of the job's
-    own partition. Needs ``allocations`` and ``jobs`` in the query."""
-    node = aliased(Node)
-    by_node = (select(Partition.shares).join(node, node.id == Allocation.node_id)
-               .where(Partition.sharing.is_not(None), Partition.shares > 0,
-                      or_(node.name == any_(Partition.nodes),
-                          literal("*") == any_(Partition.nodes)))
-               .order_by(Partition.name).limit(1).scalar_subquery())
-    by_job = (select(Partition.shares).where(Partition.name == Job.partition,
-                                             Partition.shares > 0).scalar_subquery())
-    return func.coalesce(by_node, by_job)
+class ShareOffers:
+    """The units the GPUs of a share offer, read once: those of the first partition by
+    name that shares the GPUs of the share's node, as a pass reads them (an admin apply
+    refuses a node shared two ways), else those of the job's own partition (None:
+    unknown, the partition no longer sharing them)."""
 
+    def __init__(self, session: Session) -> None:
+        every: list[str] | None = None
+        self.by_node: dict[str, int] = {}
+        self.by_partition: dict[str, int] = {}
+        for name, members, shares in session.execute(
+                select(Partition.name, Partition.nodes, Partition.shares)
+                .where(Partition.sharing.is_not(None), Partition.shares > 0)
+                .order_by(Partition.name)):
+            self.by_partition[name] = shares
+            if EVERY_NODE in members and every is None:
+                every = list(session.scalars(select(Node.name)))
+            for node in every if EVERY_NODE in members else members:
+                self.by_node.setdefault(node, shares)
 
-def gpu_fraction(offered: Any) -> Any:
-    """How much of a GPU an allocation row counts for (SQL): 1 for a whole GPU or a MIG
-    slice, ``units / offered`` for a share (at most 1; 1 when what the GPU offers is no
-    longer known, the partition having stopped sharing it)."""
-    share = func.least(1.0, cast(Allocation.units, Float) / func.nullif(offered, 0))
-    return case((Allocation.units.is_(None), literal(1.0)), else_=func.coalesce(share, 1.0))
+    def of(self, units: int | None, node: str, partition: str) -> int | None:
+        """The units the GPU a holding of ``units`` on ``node`` by a job of
+        ``partition`` offers (None for a whole GPU or a slice, ``units`` None)."""
+        if units is None:
+            return None
+        return self.by_node.get(node) or self.by_partition.get(partition)
 
 
 def billed_rates(session: Session) -> dict[tuple[str, str], float]:
     """GPUs each (user, account) holds now, weighted by their type's billing weight; a
-    share counts as its fraction of the GPU."""
+    share counts as its fraction of the GPU (``core.usage.gpu_fraction``)."""
     rates: dict[tuple[str, str], float] = defaultdict(float)
-    weight = func.coalesce(GpuBilling.weight, 1.0) * gpu_fraction(offered_units())
+    offers = ShareOffers(session)
     rows = session.execute(
-        select(Job.user_name, Job.account, func.sum(weight))
+        select(Job.user_name, Job.account, Job.partition, func.coalesce(GpuBilling.weight, 1.0),
+               Allocation.units, Node.name)
         .join(Allocation, Allocation.job_id == Job.id)
         .join(Gpu, Gpu.id == Allocation.gpu_id)
+        .join(Node, Node.id == Allocation.node_id)
         .outerjoin(GpuBilling, GpuBilling.gpu_type == Gpu.gpu_type)
         .where(Allocation.released_at.is_(None), Job.account.is_not(None))
-        .group_by(Job.user_name, Job.account)
     )
-    for user, account, rate in rows:
-        if account is not None:
-            rates[(user, account)] += float(rate)
+    for user, account, partition, weight, units, node in rows:
+        offered = offers.of(units, node, partition)
+        rates[(user, account)] += float(weight) * gpu_fraction(units, offered)
     return dict(rates)
 
 

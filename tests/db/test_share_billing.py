@@ -16,7 +16,14 @@ from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
 from gpusched.db import accounting, agents, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
-from gpusched.db.models import Allocation, FairShareUsage, GpuBilling, Job, Partition
+from gpusched.db.models import (
+    Allocation,
+    FairShareUsage,
+    Gpu,
+    GpuBilling,
+    Job,
+    Partition,
+)
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.db.usage import accrue_usage, billed_rates
@@ -161,3 +168,21 @@ def test_a_share_of_a_partition_that_no_longer_shares_bills_the_whole_gpu(
         gone = accounting.job_records(s, ids=[quarter])[0]
     assert [r["gpu_hours"] for r in (before, halved, gone)] == pytest.approx([0.5, 0.25, 2.0])
     assert [r["alloc"][0]["of"] for r in (before, halved, gone)] == [100, 200, None]
+
+
+def test_every_run_of_a_requeued_share_bills_and_the_latest_is_shown(
+        sessions: sessionmaker[Session]) -> None:
+    quarter = _start(sessions, "n1", ("GPU-1",), (25, 10_000), partition="mps",
+                     share_mode="mps", share=25)
+    _held(sessions, quarter, (0, 2))
+    with sessions() as s, s.begin():  # its second run: the same share of GPU-0
+        gpu, node = s.execute(select(Gpu.id, Gpu.node_id).where(Gpu.uuid == "GPU-0")).one()
+        s.add(Allocation(job_id=quarter, gpu_id=gpu, node_id=node, units=25, mem_mb=10_000,
+                         allocated_at=T0 + timedelta(hours=3),
+                         released_at=T0 + timedelta(hours=4)))
+    with sessions() as s:
+        record, = accounting.job_records(s, ids=[quarter])
+    assert record["gpu_hours"] == pytest.approx(2 * 0.25 + 1 * 0.25)
+    assert record["billed_gpu_hours"] == pytest.approx((2 * 0.25 + 1 * 0.25) * 2)
+    assert [(h["gpu_uuid"], h["units"], h["of"]) for h in record["alloc"]] == [("GPU-0", 25, 100)]
+    assert record["alloc_tres"] == "gres/mps=25"
