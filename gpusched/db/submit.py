@@ -17,6 +17,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
+from gpusched.core.mig_layout import MODELS as MIG_MODELS
 from gpusched.core.model import Reason
 from gpusched.core.timefmt import format_duration
 from gpusched.core.units import kind_matches
@@ -37,6 +38,7 @@ from gpusched.db.engine import rowcount
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.models import Job
 from gpusched.db.submit_facts import (
+    MIG_PARENT,
     Facts,
     PartitionRow,
     read_facts,
@@ -120,6 +122,21 @@ def _check_share(part: PartitionRow, mode: str | None, units: int | None) -> Non
                          f"GPU of partition {part.name} offers")
 
 
+def _could_split(units: Sequence[Sequence[Any]], kinds: tuple[str, ...]
+                 ) -> list[tuple[int, int]]:
+    """(count, memory MB) of the MIG slices of ``kinds`` that the GPUs split into slices
+    (``units`` rows with the profile MIG_PARENT) could hold at most, as dynamic MIG may
+    split them again: a profile their model has, as many as fit one GPU."""
+    found = []
+    for gpu_type, profile, count, _ in units:
+        offered = MIG_MODELS.get(gpu_type) if profile == MIG_PARENT else None
+        for kind in kinds if offered else ():
+            slice_ = offered.get(kind) if offered else None
+            if slice_ is not None:
+                found.append((count * slice_.instances, slice_.memory_mb))
+    return found
+
+
 def _check_fits(part: PartitionRow, members: Sequence[Sequence[Any]], per_node: int,
                 kinds: tuple[str, ...], nodes: int, cpus: int, mem_mb: int,
                 nodelist: Sequence[str] = (), exclude: Sequence[str] = (),
@@ -147,7 +164,10 @@ def _check_fits(part: PartitionRow, members: Sequence[Sequence[Any]], per_node: 
     memory = 0  # the most GPU memory of a matching kind
     for _, _, c, m, units in members:
         matching = [(count, gpu_mb or 0) for gpu_type, profile, count, gpu_mb in units or ()
-                    if kind_matches(profile or gpu_type or "gpu", profile is not None, kinds)]
+                    if profile != MIG_PARENT
+                    and kind_matches(profile or gpu_type or "gpu", profile is not None, kinds)]
+        if part.dynamic_mig:  # the slices its MIG GPUs may be split into
+            matching += _could_split(units or (), kinds)
         memory = max([memory, *(gpu_mb for _, gpu_mb in matching)])
         best = max((count for count, gpu_mb in matching
                     if not gpu_mem_mb or not gpu_mb or gpu_mb >= gpu_mem_mb), default=0)

@@ -37,24 +37,28 @@ class PartitionRow(NamedTuple):
     deny_accounts: list[str]
     sharing: str | None  # how its GPUs are shared: "mps", "shard" or None (not at all)
     shares: int | None  # units each shared GPU offers
+    dynamic_mig: bool = False  # whether its idle MIG GPUs may be re-partitioned
 
 
 # The partition named, or (NULL) the default: the first not INACTIVE, default first.
 _PARTITION = (
     "SELECT name, nodes, state, max_time, default_time, max_gpus_per_job, allow_accounts,"
-    " deny_accounts, sharing, shares FROM partitions WHERE name = CAST(%(part)s AS text)"
+    " deny_accounts, sharing, shares, dynamic_mig FROM partitions"
+    " WHERE name = CAST(%(part)s AS text)"
     " OR (CAST(%(part)s AS text) IS NULL AND state <> 'INACTIVE')"
     " ORDER BY is_default DESC, name LIMIT 1")
 # The registered nodes of a partition, as JSON [id, name, cpus, memory_mb, units] rows,
 # units being [gpu_type, mig_profile, count, most memory_mb] rows of its present GPUs
-# that are not split into MIG slices (NULL when none).
+# (NULL when none): whole GPUs and MIG slices, and the GPUs split into slices with the
+# profile MIG_PARENT (what dynamic MIG may split them into again).
+MIG_PARENT = "*"
 _MEMBERS = (
     "(SELECT json_agg(json_build_array(n.id, n.name, n.cpus, n.memory_mb, ("
     "SELECT json_agg(json_build_array(u.gpu_type, u.mig_profile, u.units, u.memory_mb))"
-    " FROM (SELECT gpu_type, mig_profile, count(*) AS units, max(memory_mb) AS memory_mb"
-    " FROM gpus WHERE gpus.node_id = n.id"
-    " AND gpus.present AND gpus.id NOT IN (SELECT parent_id FROM gpus"
-    " WHERE parent_id IS NOT NULL AND present) GROUP BY gpu_type, mig_profile) AS u)))"
+    " FROM (SELECT gpu_type, CASE WHEN gpus.id IN (SELECT parent_id FROM gpus"
+    f" WHERE parent_id IS NOT NULL AND present) THEN '{MIG_PARENT}' ELSE mig_profile END"
+    " AS mig_profile, count(*) AS units, max(memory_mb) AS memory_mb"
+    " FROM gpus WHERE gpus.node_id = n.id AND gpus.present GROUP BY 1, 2) AS u)))"
     " FROM nodes AS n WHERE '*' = ANY({nodes}) OR n.name = ANY({nodes}))")
 _PARTITION_FACTS = (f"WITH part AS ({_PARTITION}) SELECT part.*, "
                     + _MEMBERS.format(nodes="part.nodes") + " FROM part")
@@ -74,7 +78,7 @@ _FACTS = (
     " FROM (SELECT) AS one LEFT JOIN assoc ON true)"
     " SELECT part.name, part.nodes, part.state, part.max_time, part.default_time,"
     " part.max_gpus_per_job, part.allow_accounts, part.deny_accounts, part.sharing,"
-    " part.shares, "
+    " part.shares, part.dynamic_mig, "
     + _MEMBERS.format(nodes="part.nodes") + ","
     " (SELECT json_agg(json_build_array(account, is_default)) FROM account_users"
     "  WHERE user_name = %(user)s),"
