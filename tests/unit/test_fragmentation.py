@@ -5,6 +5,7 @@ choice against a plain recomputation from the definition."""
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from gpusched.core.fragmentation import (
     apply,
     choose,
     gpu_demand,
+    growth,
     kind_fragmentation,
     placements,
     score,
@@ -84,8 +86,12 @@ def test_workload_of_groups_identical_tasks() -> None:
     wl = Workload.of([frac(500), frac(500), whole(2), frac(500)])
     assert dict(wl.kinds) == {frac(500): 3, whole(2): 1}
     assert wl.total == 4
-    with pytest.raises(ValueError):
-        Workload([(frac(1), -1)])
+    by_gpu = Workload.of([frac(500), frac(500), whole(2), CPU_ONLY], weigh="gpu")
+    assert dict(by_gpu.kinds) == {frac(500): 1000, whole(2): 2000}
+    for bad in (lambda: Workload([(frac(1), -1)]), lambda: Workload([], band=-1),
+                lambda: Workload.of([], weigh="size")):
+        with pytest.raises(ValueError):
+            bad()
 
 
 # ---- the choices ------------------------------------------------------------------------
@@ -99,6 +105,10 @@ def test_fgd_keeps_whole_gpus_whole_when_whole_gpu_tasks_are_common() -> None:
     nodes = [node(1000, 1000), node(500, 1000)]
     assert choose(nodes, frac(500), "fgd", wl) == (1, (0,))
     assert score(nodes[1], frac(500), (0,), "fgd", wl) < score(nodes[0], frac(500), (0,), "fgd", wl)
+    # Exact growths: the idle node's whole GPU stops being usable by 3 of 4 kinds for
+    # half of it; the half-used GPU is filled, which frees the whole-GPU kinds' loss.
+    assert growth(nodes[0], frac(500), (0,), wl) == pytest.approx(3 * 500 / 4)
+    assert growth(nodes[1], frac(500), (0,), wl) == pytest.approx(-3 * 500 / 4)
 
 
 def test_fgd_avoids_leaving_a_sliver_no_kind_can_use() -> None:
@@ -194,13 +204,19 @@ def test_never_over_commits(nodes: list[GpuNode], task: Task, wl: Workload, poli
     assert sum(before.gpus) - sum(after.gpus) == gpu_demand(task)
 
 
-def brute_force_fgd(nodes: list[GpuNode], task: Task,
-                    kinds: list[tuple[Task, int]]) -> tuple[int, tuple[int, ...]] | None:
+def brute_force_fgd(nodes: list[GpuNode], task: Task, kinds: list[tuple[Task, int]],
+                    band: int = 80) -> tuple[int, tuple[int, ...]] | None:
     """FGD's choice recomputed from scratch: every node, every placement, the workload
-    fragmentation before and after from the per-kind definition."""
+    fragmentation before and after from the per-kind definition, the growth in
+    thousandths of a GPU compared by bands of ``band`` (0: exactly), then best fit."""
+    total = sum(count for _, count in kinds)
 
     def frag(n: GpuNode) -> int:
         return sum(count * kind_fragmentation(n, kind) for kind, count in kinds)
+
+    def banded(grown: int) -> Fraction | int:
+        # growth / total thousandths, floored to whole bands: exact rational arithmetic.
+        return Fraction(grown, total) // band if band else grown
 
     best = None
     for index, n in enumerate(nodes):
@@ -208,16 +224,24 @@ def brute_force_fgd(nodes: list[GpuNode], task: Task,
             after = apply(n, task, gpus)
             left = sum(after.gpus)
             own = after.gpus[gpus[0]] if task.num_gpu == 1 and task.gpu_milli < 1000 else 0
-            key = (frag(after) - frag(n), (left, own, after.cpu_milli), index, gpus)
+            key = (banded(frag(after) - frag(n)), (left, own, after.cpu_milli), index, gpus)
             if best is None or key < best[0]:
                 best = (key, (index, gpus))
     return None if best is None else best[1]
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(nodes_st, min_size=1, max_size=7), tasks_st, workloads_st)
-def test_choose_matches_brute_force(nodes: list[GpuNode], task: Task, wl: Workload) -> None:
-    assert choose(nodes, task, "fgd", wl) == brute_force_fgd(nodes, task, list(wl.kinds))
+@given(st.lists(nodes_st, min_size=1, max_size=7), tasks_st, workloads_st,
+       st.sampled_from([0, 1, 80, 300]))
+def test_choose_matches_brute_force(nodes: list[GpuNode], task: Task, wl: Workload,
+                                    band: int) -> None:
+    wl = Workload(wl.kinds, band=band)
+    assert choose(nodes, task, "fgd", wl) == brute_force_fgd(nodes, task, list(wl.kinds), band)
+    # score() orders placements as choose() does (the node index aside).
+    scored = [(score(n, task, g, "fgd", wl), i, g) for i, n in enumerate(nodes)
+              for g in placements(n, task)]
+    if scored:
+        assert min(scored)[1:] == choose(nodes, task, "fgd", wl)
     for n in nodes:
         plain = sum(c * kind_fragmentation(n, k) for k, c in wl.kinds)
         assert wl.scaled_fragmentation(n) == plain
@@ -239,4 +263,7 @@ def test_choose_matches_brute_force_on_random_clusters() -> None:
             if options:
                 nodes[i] = apply(nodes[i], t, rnd.choice(options))
         task = rnd.choice(kinds)
-        assert choose(nodes, task, "fgd", wl) == brute_force_fgd(nodes, task, list(wl.kinds))
+        for band in (0, 80):
+            banded = Workload(wl.kinds, band=band)
+            want = brute_force_fgd(nodes, task, list(wl.kinds), band)
+            assert choose(nodes, task, "fgd", banded) == want
