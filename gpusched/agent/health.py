@@ -168,8 +168,19 @@ class HealthMonitor:
             return None
         if uuid.startswith("MIG-"):
             return Fault(uuid, reason)
-        slices = gpus.get(uuid, (None, {}))[1]
+        handle, slices = gpus.get(uuid, (None, {}))
         where = (int(event.gpuInstanceId), int(event.computeInstanceId))
+        if where[0] != NO_INSTANCE and where not in slices and handle is not None:
+            # Its slices changed since they were read (dynamic MIG): read them again.
+            try:
+                slices = {(nvml.nvmlDeviceGetGpuInstanceId(device),
+                           nvml.nvmlDeviceGetComputeInstanceId(device)):
+                          as_text(nvml.nvmlDeviceGetUUID(device))
+                          for device in mig_handles(nvml, handle)}
+            except nvml.NVMLError:
+                pass
+            else:
+                gpus[uuid] = (handle, slices)
         if where[0] != NO_INSTANCE and where in slices:
             return Fault(slices[where], reason)
         if where[0] != NO_INSTANCE:

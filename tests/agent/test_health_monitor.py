@@ -79,3 +79,56 @@ def test_a_mig_event_names_its_slice(fake_nvml_factory: Callable[..., FakeNvml],
     target = slices[1]
     got = monitor(fake, [[f"xid 0 94 mig {target['gi']} {target['ci']}"], ["xid 3 79"]])
     assert got == [(target["uuid"], "Xid 94"), (fake.inventory["gpus"][3]["uuid"], "Xid 79")]
+
+
+# Starts the monitor, re-partitions GPU 0 in the same process (as the agent does for
+# dynamic MIG), then injects an Xid on the new slice's instances; prints what was
+# reported and the new slice's UUID.
+REPARTITION = """
+import json, sys, threading, time
+from gpusched.agent.health import HealthMonitor
+from gpusched.agent.migconfig import apply_layout
+from gpusched.agent.nvml import load
+got = []
+monitor = HealthMonitor(lambda faults: got.extend(faults), frozenset(), 90, 0.2)
+thread = threading.Thread(target=monitor.run, daemon=True)
+thread.start()
+time.sleep(0.5)
+applied = apply_layout(0, ["1g.10gb"])
+(new,) = applied.created
+nvml = load()
+parent = nvml.nvmlDeviceGetHandleByIndex(0)
+for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+    try:
+        device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
+    except nvml.NVMLError:
+        continue
+    uuid = nvml.nvmlDeviceGetUUID(device)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    if uuid == new:
+        where = (nvml.nvmlDeviceGetGpuInstanceId(device), nvml.nvmlDeviceGetComputeInstanceId(device))
+with open(sys.argv[1], "a") as faults:
+    faults.write(f"xid 0 94 mig {where[0]} {where[1]}\\n")
+time.sleep(0.8)
+monitor.stop.set()
+thread.join(5)
+print(json.dumps({"got": [[f.uuid, f.reason] for f in got], "new": new}))
+"""
+
+
+def test_an_xid_on_a_slice_made_since_the_monitor_started_names_that_slice(
+        fake_nvml_factory: Callable[..., FakeNvml], tmp_path: Path) -> None:
+    gpu = {"uuid": "GPU-5a0b7c1d-0000-4000-8000-00000000a200", "name": "NVIDIA A100 80GB PCIe",
+           "memory_mb": 81920, "pci_bus_id": "00000000:17:00.0", "mig": True,
+           "mig_devices": [{"uuid": "MIG-5a0b7c1d-0000-4000-8000-00000000a207",
+                            "profile": "7g.80gb", "slices": 7, "memory_mb": 80896, "gi": 0,
+                            "ci": 0}]}
+    (tmp_path / "inventory.json").write_text(json.dumps({"mig_event_device": "parent",
+                                                         "gpus": [gpu]}))
+    fake = fake_nvml_factory(tmp_path / "inventory.json")
+    result = subprocess.run(
+        [sys.executable, "-c", REPARTITION, str(fake.fault_path)], env=fake.env(),
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["got"] == [[seen["new"], "Xid 94"]]
