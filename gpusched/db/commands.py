@@ -96,7 +96,12 @@ _JOBS = text(
     " j.share_mode, CASE WHEN s.id IS NOT NULL AND (j.share_mode IS NOT NULL"
     " OR j.gpu_mem_mb IS NOT NULL) THEN "
     + latest_share_sql("j.id") + " END AS share,"
-    " (SELECT p.shares FROM partitions AS p WHERE p.name = j.partition) AS share_of "
+    # The units a GPU of its node offers: as the pass had them (schedule.shared_gpus),
+    # from the first partition by name that shares the node's GPUs.
+    " (SELECT p.shares FROM partitions AS p JOIN nodes AS sn ON sn.id = j.node_id"
+    "  WHERE p.sharing IS NOT NULL AND p.shares IS NOT NULL"
+    "  AND ('*' = ANY(p.nodes) OR sn.name = ANY(p.nodes)) ORDER BY p.name LIMIT 1)"
+    " AS share_of "
     "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id AND j.id = ANY(:launch) "
     "WHERE j.id = ANY(:ids)")
 _CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = ANY(:ids)")

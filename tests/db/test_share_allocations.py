@@ -96,3 +96,20 @@ def test_a_gpu_memory_job_on_an_mps_share_is_launched_with_it(
         node = s.scalars(select(Node)).one()
         orders = {c.job_id: c.payload for c in commands.claim(s, node)}
     assert orders[job].share == ShareGrant("mps", "GPU-1-0", 25, 100, 10_000)
+
+
+def test_a_gpu_memory_job_of_another_partition_gets_the_units_of_the_sharing_one(
+        sessions: sessionmaker[Session]) -> None:
+    # Partition "whole" (exclusive, first by name would be "gpu") over the same node:
+    # its memory-only job gets an MPS share of a GPU that partition "gpu" shares by 100
+    # units, and its launch order says so.
+    with sessions() as s, s.begin():
+        sync_partitions(s, (PartitionConfig("gpu", default=True), PartitionConfig("whole")))
+        s.execute(update(Partition).where(Partition.name == "gpu").values(sharing="mps",
+                                                                          shares=100))
+    job = _submit(sessions, gpu_mem_mb=20_000, partition="whole")
+    _pass(sessions)
+    with sessions() as s, s.begin():
+        node = s.scalars(select(Node)).one()
+        orders = {c.job_id: c.payload for c in commands.claim(s, node)}
+    assert orders[job].share == ShareGrant("mps", "GPU-1-0", 50, 100, 20_000)
