@@ -114,7 +114,8 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
 
     gres = parse("gres", parse_gres_list) if values["gres"] is not None else None
     given = [name for name in ("gpus", "gres", "gpus_per_node", "gpus_per_task")
-             if values[name] is not None and (name != "gres" or gres.gpu is not None)]
+             if values[name] is not None and (name != "gres" or (gres is not None
+                                                                 and gres.gpu is not None))]
     if len(given) > 1:
         raise UsageError("give only one of --gpus, --gres, --gpus-per-node and --gpus-per-task")
     memory = [name for name in ("mem", "mem_per_gpu", "mem_per_cpu") if values[name] is not None]

@@ -54,7 +54,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 WHOLE = 1000  # thousandths in one GPU
 POLICIES = ("fgd", "bestfit", "firstfit", "random")
@@ -180,8 +180,9 @@ class Workload:
         self._cpu_values = sorted({t.cpu_milli for t, _ in gpu_kinds})
         self._mem_values = sorted({t.mem_mib for t, _ in gpu_kinds})
         self._gpu_kinds = gpu_kinds
-        self._eligible: dict[tuple[int, int, str], tuple[tuple, tuple]] = {}
-        self._frag: dict[tuple, int] = {}
+        self._eligible: dict[tuple[int, int, str],
+                             tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+        self._frag: dict[tuple[Any, ...], int] = {}
 
     @classmethod
     def of(cls, tasks: Iterable[Task], weigh: str = "count", band: int = FGD_BAND) -> Workload:
@@ -201,7 +202,8 @@ class Workload:
         """The share of the workload's tasks that are of this kind."""
         return dict(self.kinds).get(Task(*task), 0) / self.total if self.total else 0.0
 
-    def _eligible_levels(self, cpu_rank: int, mem_rank: int, gpu_type: str) -> tuple[tuple, tuple]:
+    def _eligible_levels(self, cpu_rank: int, mem_rank: int, gpu_type: str
+                         ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         key = (cpu_rank, mem_rank, gpu_type)
         hit = self._eligible.get(key)
         if hit is not None:
@@ -357,16 +359,18 @@ def choose(nodes: Sequence[GpuNode], task: Task, policy: str,
     for index, node in enumerate(nodes):
         if node not in first:
             first[node] = index
-    best_key = None
+    best_key: tuple[Any, ...] | None = None
     best = None
     for node, index in first.items():
         options = _candidates(node, task)
         if not options:
             continue
-        before = workload.scaled_fragmentation(node) if policy == "fgd" else 0
+        before = (workload.scaled_fragmentation(node)
+                  if workload is not None and policy == "fgd" else 0)
         for gpus in options:
             fit = _fit_key(node, task, gpus)
-            if policy == "fgd":
+            key: tuple[Any, ...]
+            if workload is not None and policy == "fgd":
                 grown = workload.scaled_fragmentation(apply(node, task, gpus)) - before
                 key = (workload.band_of(grown), fit, index, gpus)
             else:

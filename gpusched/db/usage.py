@@ -38,10 +38,12 @@ class ShareOffers:
                 select(Partition.name, Partition.nodes, Partition.shares)
                 .where(Partition.sharing.is_not(None), Partition.shares > 0)
                 .order_by(Partition.name)):
+            if shares is None:  # not sharing (the query leaves those out)
+                continue
             self.by_partition[name] = shares
             if EVERY_NODE in members and every is None:
                 every = list(session.scalars(select(Node.name)))
-            for node in every if EVERY_NODE in members else members:
+            for node in (every or []) if EVERY_NODE in members else members:
                 self.by_node.setdefault(node, shares)
 
     def of(self, units: int | None, node: str, partition: str) -> int | None:
@@ -68,7 +70,8 @@ def billed_rates(session: Session) -> dict[tuple[str, str], float]:
     )
     for user, account, partition, weight, units, node in rows:
         offered = offers.of(units, node, partition)
-        rates[(user, account)] += float(weight) * gpu_fraction(units, offered)
+        if account is not None:  # the query leaves jobs without one out
+            rates[(user, account)] += float(weight) * gpu_fraction(units, offered)
     return dict(rates)
 
 

@@ -91,7 +91,8 @@ def _int(row: dict[str, str], key: str, path: Path, line: int) -> int:
 
 def read_cluster(path: Path) -> Cluster:
     """The openb node list (``sn, cpu_milli, memory_mib, gpu, model``), every node idle."""
-    names, nodes = [], []
+    names: list[str] = []
+    nodes: list[GpuNode] = []
     for line, row in enumerate(_rows(path), start=2):
         gpus = _int(row, "gpu", path, line)
         nodes.append(GpuNode(_int(row, "cpu_milli", path, line),
