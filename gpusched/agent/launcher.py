@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent import procs
+from gpusched.agent import supervisor as supervisor_files
 from gpusched.agent.confine import remove_lost_job_cgroup
 from gpusched.agent.jobspec import build_spec, site_programs
 from gpusched.agent.mps import MpsDaemons, MpsError
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 __all__ = ["JobEnd", "Launcher", "build_spec", "site_programs", "spec_run"]
 
 SUPERVISOR_LOST = "job supervisor lost"
+NEVER_STARTED = "job supervisor lost before it started the job"
 # How long a signal or a new time limit waits for a just-started supervisor to write
 # supervisor.json (it names the job's process group) before it is refused.
 SUPERVISOR_INFO_WAIT = 5.0
@@ -329,6 +331,10 @@ class Launcher:
                                          int(spec["uid"]), int(info["supervisor_starttime"]))
         if (jobdir / "status.json").exists():
             return  # it did write it after all, just before dying
+        if not info and not (jobdir / supervisor_files.FORKING).exists():  # never forked
+            log.warning("job %s: %s", jobdir.name, NEVER_STARTED)
+            _write_status(jobdir, "not_started", None, NEVER_STARTED)
+            return
         log.warning("job %s: %s", jobdir.name, SUPERVISOR_LOST)
         start = info.get("start_time")
         _write_status(jobdir, "failed", None if start is None else float(start), SUPERVISOR_LOST)

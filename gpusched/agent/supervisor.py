@@ -11,6 +11,7 @@ be upgrading underneath it.
 Files in JOBDIR:
   spec.json        (input) what to run, as whom, where, for how long
   supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked
+  forking          made just before the job is forked (without it, nothing of the job ran)
   supervisor.json  {"supervisor_pid", "supervisor_starttime", "job_pid", "job_starttime",
                     "start_time"}
   status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error",
@@ -57,6 +58,9 @@ from gpusched.agent.jobexec import _child_main  # noqa: E402
 from gpusched.agent.jobexec import _drop_privileges as _drop_privileges  # noqa: E402
 from gpusched.agent.jobexec import _note_error as _note_error  # noqa: E402
 
+# Made just before the job is forked: a job directory without it (nor supervisor.json)
+# is one of which nothing ever ran, whatever became of its supervisor.
+FORKING = "forking"
 # The agent writes a running job's new time limit here and sends LIMIT_SIGNAL.
 LIMIT_FILE = "limit.json"
 LIMIT_SIGNAL = signal.SIGUSR2
@@ -196,6 +200,8 @@ class Supervisor:
         """Fork and exec the job; return the launch error, or None once it runs."""
         report_r, report_w = os.pipe()  # both ends CLOEXEC: exec closes the write end
         self.start_time = time.time()
+        os.close(os.open(os.path.join(self.jobdir, FORKING),
+                         os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         self.job_pid = os.fork()
         if self.job_pid == 0:
             os.close(report_r)

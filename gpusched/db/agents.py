@@ -30,7 +30,10 @@ OUTCOME_STATES = {
     "timeout": "TIMEOUT",
     "out_of_memory": "OUT_OF_MEMORY",
     "prolog_failed": "PENDING",  # requeued: nothing of it ran (record_run_end)
+    "not_started": "PENDING",  # requeued: nothing of it ran (record_run_end)
 }
+# Outcomes of a run of which nothing ran: the job goes back to the queue.
+_NOTHING_RAN = ("prolog_failed", "not_started")
 
 
 LAUNCH_FAILED_REASON = "LaunchFailed"
@@ -227,7 +230,7 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
 
     The job's row is locked (by its UPDATE) before its allocations, commands and steps."""
     end = JobEnd.parse(body)
-    if end.run is None or end.outcome == "prolog_failed" \
+    if end.run is None or end.outcome in _NOTHING_RAN \
             or (Job, (job_id,), None) in session.identity_map:
         # An end for whatever run is current, one that requeues, or a job this
         # session holds (the ORM keeps it in step): the whole row decides.
@@ -297,10 +300,11 @@ def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str
     failure = job.gpu_failure
     requeueing = failure is not None or (job.preempted_at is not None
                                          and job.preempt_mode == "requeue")
-    if end.outcome == "prolog_failed" and (job.cancel_requested_at is None or requeueing):
+    if end.outcome in _NOTHING_RAN and (job.cancel_requested_at is None or requeueing):
         # Nothing of it ran: back in the queue with its submit time, one restart more;
         # not a failure, so jobs depending on it wait on.
-        why = node_drain.drain_reason(end.error, "prolog failed")
+        why = (node_drain.drain_reason(end.error, "prolog failed")
+               if end.outcome == "prolog_failed" else end.error or "its launch was lost")
         return requeued(f"requeued: {why} (node {node.name})")
     if failure is not None and may_requeue(session, job):
         # Its GPU failed: back in the queue with its submit time, one restart more.
@@ -317,7 +321,7 @@ def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str
                               "error_message": end.error}
     if end.outcome == "launch_failed":  # nothing of it ran: say so where users look
         values["reason"] = LAUNCH_FAILED_REASON
-    if end.outcome == "prolog_failed":  # being cancelled when its prolog failed
+    if end.outcome in _NOTHING_RAN:  # being cancelled when nothing of it ran
         values["state"] = "CANCELLED"
     if job.preempted_at is not None:
         values.update(state="CANCELLED", error_message=f"preempted by job {job.preempted_by}")

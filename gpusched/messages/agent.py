@@ -48,9 +48,11 @@ MAX_ERROR_INPUT = 64 * 1024  # characters of one an end report may bring (then c
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second Python can show
 # How a job ended, as its supervisor (or the agent, for a launch it refused) tells it.
 # out_of_memory: the OOM killer ended it in its cgroup; prolog_failed: the node's prolog
-# failed, so nothing of the job ran (it is requeued and the node drained).
+# failed, so nothing of the job ran (it is requeued and the node drained); not_started:
+# its supervisor was lost before it forked the job, so nothing of it ran (it is
+# requeued).
 OUTCOMES = ("completed", "failed", "launch_failed", "cancelled", "timeout", "out_of_memory",
-            "prolog_failed")
+            "prolog_failed", "not_started")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
 MAX_BYTES = (1 << 63) - 1  # a cgroup's counters are 64-bit
 MAX_HEALTH_REASON = 256  # characters of a node health check's reason

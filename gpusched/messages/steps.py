@@ -52,7 +52,7 @@ from gpusched.messages.steprequest import (
     work_dir,
 )
 
-STEP_OUTCOMES = tuple(o for o in OUTCOMES if o != "prolog_failed")
+STEP_OUTCOMES = tuple(o for o in OUTCOMES if o not in ("prolog_failed", "not_started"))
 
 LAUNCH_FIELDS = frozenset({
     "job_id", "run", "step_id", "node", "node_index", "name", "user", "uid", "gid", "argv",

@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from gpusched.agent.launcher import SUPERVISOR_LOST, JobEnd, Launcher, build_spec
+from gpusched.agent.launcher import (
+    NEVER_STARTED,
+    SUPERVISOR_LOST,
+    JobEnd,
+    Launcher,
+    build_spec,
+)
 from gpusched.messages import LaunchOrder
 
 WaitFor = Callable[..., Any]
@@ -346,6 +352,30 @@ def test_adopt_reports_a_lost_supervisor_and_kills_its_job(
     assert [(e.job_id, e.outcome, e.error) for e in ends] == [(7, "failed", SUPERVISOR_LOST)]
     assert ends[0].start_time == info["start_time"]
     wait_for(lambda: process_gone(info["job_pid"]), "the orphaned job to be killed")
+
+
+def test_a_job_whose_supervisor_never_forked_it_is_reported_not_started(
+        jobs_dir: Path, work_dir: Path, wait_for: WaitFor, process_gone: Gone) -> None:
+    """An agent killed between making the job's directory and starting its supervisor
+    (or a supervisor killed before it forked the job): nothing of the job ran, and the
+    end says so (the controller requeues it). One killed after the fork stays lost."""
+    first = Launcher(jobs_dir)
+    first._spawn_supervisor = lambda jobdir: os.getpid()  # type: ignore[method-assign]
+    try:
+        start(first, work_dir, "touch never")
+    finally:
+        first.close()
+    assert (jobs_dir / "7" / "spec.json").exists()
+    assert not (jobs_dir / "7" / "supervisor.json").exists()
+    second = Launcher(jobs_dir)
+    try:
+        assert second.adopt() == []
+        ends = second.unreported()
+    finally:
+        second.close()
+    assert [(e.job_id, e.outcome, e.error, e.start_time) for e in ends] == [
+        (7, "not_started", NEVER_STARTED, None)]
+    assert not (work_dir / "never").exists()
 
 
 def test_supervisor_killed_while_watched_is_reported_lost(

@@ -166,6 +166,30 @@ def test_a_failed_prolog_requeues_the_job_and_drains_the_node(
     assert _job(sessions, job_id).restarts == 1
 
 
+def test_a_job_that_never_started_goes_back_to_the_queue(
+        sessions: sessionmaker[Session]) -> None:
+    """Its supervisor was lost before it forked the job (an agent killed while it
+    launched it): requeued with its submit time, the node left as it is, and jobs that
+    depend on it wait on; it starts again."""
+    job_id = start_on(sessions, ("GPU-0",), gpus=1)
+    with sessions() as s, s.begin():
+        waiting = submit.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp",
+                                        "dependency": f"afterok:{job_id}"}, ALICE).id
+    lost = "job supervisor lost before it started the job"
+    assert _end(sessions, job_id, outcome="not_started", error=lost) == (True, False)
+    job = _job(sessions, job_id)
+    assert (job.state, job.restarts, job.node_id) == ("PENDING", 1, None)
+    assert job.error_message == f"requeued: {lost} (node n1)"
+    assert _held(sessions, job_id) == 0
+    assert _node(sessions).state == "UP"
+    with sessions() as s:
+        snapshot, _ = load_snapshot(s)
+    decided = plan(snapshot, time.time(), Policy())
+    assert [start.job_id for start in decided.starts] == [job_id]
+    assert _job(sessions, waiting).reason != "DependencyNeverSatisfied"
+    assert _end(sessions, job_id, outcome="not_started", error=lost) == (False, True)
+
+
 def test_a_prolog_failing_under_a_cancel_ends_the_job_cancelled(
         sessions: sessionmaker[Session]) -> None:
     job_id = start_on(sessions, ("GPU-0",), gpus=1)

@@ -439,8 +439,8 @@ def test_an_end_defaults_and_outcomes_match_the_database_states() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"outcome": "exploded"}, "outcome: expected one of ['cancelled', 'completed', 'failed', "
-                              "'launch_failed', 'out_of_memory', 'prolog_failed', 'timeout'], "
-                              "got 'exploded'"),
+                              "'launch_failed', 'not_started', 'out_of_memory', "
+                              "'prolog_failed', 'timeout'], got 'exploded'"),
     ({"max_rss_bytes": -1}, "max_rss_bytes: expected bytes from 0 to"),
     ({"max_rss_bytes": 1 << 63}, "max_rss_bytes: expected bytes from 0 to"),
     ({"cpu_usec": "5"}, "cpu_usec: expected microseconds"),
