@@ -104,6 +104,7 @@ class SchedulingPass(ShareStartsMixin):
             running = (*running, *self.book.carriers())
         self.capacity = Capacity(snapshot.nodes, running, now, occupancy)
         self.memory = cluster_shares(snapshot.nodes).memory
+        self._init_shares()
         # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
         self.pools = UnitPools(self.capacity) if policy.backfill == "conservative" else None
         self.members = self.capacity.inventory.members(snapshot.partitions)

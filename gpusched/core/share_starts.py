@@ -334,9 +334,13 @@ class ShareStartsMixin:
     now: float
     # Shares that could not start in this pass, by (nodes, mode, user when it matters),
     # as (units, GPU memory, CPUs, memory, duration); and the present they were seen at.
-    _share_failed: dict[tuple[object, ...], list[tuple[float, ...]]] = {}
-    _share_seen: tuple[float, int] | None = None
-    _packing: FgdPacking | None = None  # with packing "fgd"
+    _share_failed: dict[tuple[object, ...], list[tuple[float, ...]]]
+    _share_seen: tuple[float, int] | None
+    _packing: FgdPacking | None  # with packing "fgd"
+
+    def _init_shares(self) -> None:
+        """The pass's share state, none yet (its __init__ calls this)."""
+        self._share_failed, self._share_seen, self._packing = {}, None, None
     snapshot: Snapshot
 
     def _started(self, job: PendingJob, start: Start) -> None:
