@@ -5,7 +5,7 @@ the changes a start makes to the pass's resources."""
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -62,16 +62,27 @@ def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
     their shared GPUs, which the first list covers)."""
     if packing is not None:
         return _fgd_choices(capacity, book, job, members, multi_user, packing)
-    duration = INF if job.time_limit is None else float(job.time_limit)
-    end = capacity.now + duration
-    mode = job.share_mode
-    found: list[ShareChoice] = []
-    usable = _usable_for(capacity, book, job, members)
     # Partly used GPUs, least room first: the first room with a GPU that takes the share
     # holds the best fit (of that room's GPUs, the node with fewest free GPUs).
-    rooms = book.rooms(job.user if mode == "mps" and not multi_user else None)
+    for room in _partly_used(capacity, book, job, members, multi_user):
+        if room:
+            return [min(room, key=lambda choice: choice.score)]  # a free GPU leaves more
+    found = [choice for kind in capacity.kinds if kind not in capacity.slice_kinds
+             for choice in _free(capacity, book, job, members, kind, every_count=False)]
+    found.sort(key=lambda choice: choice.score)
+    return found
+
+
+def _partly_used(capacity: Capacity, book: ShareBook, job: PendingJob,
+                 members: frozenset[int], multi_user: bool) -> Iterator[list[ShareChoice]]:
+    """The partly used GPUs that take ``job``'s share now, room by room (least first):
+    for each room, those of its GPUs on nodes that take the share and whose longer hold
+    (if the share ends after the GPU's carrier) delays no reservation."""
+    end = capacity.now + (INF if job.time_limit is None else float(job.time_limit))
+    usable = _usable_for(capacity, book, job, members)
+    rooms = book.rooms(job.user if job.share_mode == "mps" and not multi_user else None)
     for room in sorted(r for r in rooms if r >= (job.share or 1)):
-        best: ShareChoice | None = None
+        found = []
         for shared in rooms[room].values():
             index = capacity.index.get(shared.node)
             units = book.room_for(shared, job, multi_user) if index is not None else 0
@@ -84,62 +95,42 @@ def share_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
                     shared.end):
                 continue  # holding the GPU longer would delay a reservation
             left = (shared.room - units) / shared.gpu.shares
-            choice = ShareChoice((left, node.free_gpus(), index, shared.gpu.index), index,
-                                 where[1], shared, units)
-            if best is None or choice.score < best.score:
-                best = choice
-        if best is not None:
-            return [best]  # a free GPU would leave more room
-    for kind in capacity.kinds:
-        if kind in capacity.slice_kinds:
-            continue
-        whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
-        free = _first_free(capacity, book, job, kind, whole, usable)
-        if free is not None:
-            found.append(free)
-    found.sort(key=lambda choice: choice.score)
-    return found
+            found.append(ShareChoice((left, node.free_gpus(), index, shared.gpu.index),
+                                     index, where[1], shared, units))
+        yield found
+
+
+def _free(capacity: Capacity, book: ShareBook, job: PendingJob, members: frozenset[int],
+          kind: str, every_count: bool) -> Iterator[ShareChoice]:
+    """Free GPUs of ``kind`` that take ``job``'s share now, walking the nodes by their
+    free units of that kind, fewest first: the first node that takes it, or with
+    ``every_count`` the first of each count."""
+    duration = INF if job.time_limit is None else float(job.time_limit)
+    whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
+    usable = _usable_for(capacity, book, job, members)
+    buckets = capacity.buckets[kind]
+    for count in range(1, len(buckets)):
+        for index in buckets[count]:
+            node = capacity.nodes[index]
+            gpu = node.free[kind][0]
+            units = book.fits_whole(gpu, job)
+            if units and usable(index) and capacity._fits_now(node, kind, whole):
+                left = (gpu.shares - units) / gpu.shares
+                yield ShareChoice((left, node.free_gpus(), index, gpu.index), index, kind,
+                                  None, units)
+                if not every_count:
+                    return
+                break
 
 
 def _fgd_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
                  members: frozenset[int], multi_user: bool,
                  packing: FgdPacking) -> list[ShareChoice]:
     """share_choices ranked by FGD (see there)."""
-    duration = INF if job.time_limit is None else float(job.time_limit)
-    end = capacity.now + duration
-    usable = _usable_for(capacity, book, job, members)
-    found: list[ShareChoice] = []
-    rooms = book.rooms(job.user if job.share_mode == "mps" and not multi_user else None)
-    for room in sorted(r for r in rooms if r >= (job.share or 1)):
-        for shared in rooms[room].values():
-            index = capacity.index.get(shared.node)
-            units = book.room_for(shared, job, multi_user) if index is not None else 0
-            where = capacity.kind_of.get(shared.uuid) if units else None
-            if where is None or index is None or not usable(index):
-                continue
-            node = capacity.nodes[index]
-            if end > shared.end and index in capacity.reserved_nodes and not node.fits(
-                    where[1], Shape((where[1],), 1, 0, 0, 1, end - shared.end, job.uid),
-                    shared.end):
-                continue
-            left = (shared.room - units) / shared.gpu.shares
-            found.append(ShareChoice((left, node.free_gpus(), index, shared.gpu.index),
-                                     index, where[1], shared, units))
-    for kind in capacity.kinds:
-        if kind in capacity.slice_kinds:
-            continue
-        whole = Shape((kind,), 1, job.cpus, job.mem_mb, 1, duration, job.uid)
-        buckets = capacity.buckets[kind]
-        for count in range(1, len(buckets)):
-            for index in buckets[count]:
-                node = capacity.nodes[index]
-                gpu = node.free[kind][0]
-                units = book.fits_whole(gpu, job)
-                if units and usable(index) and capacity._fits_now(node, kind, whole):
-                    left = (gpu.shares - units) / gpu.shares
-                    found.append(ShareChoice((left, node.free_gpus(), index, gpu.index),
-                                             index, kind, None, units))
-                    break
+    found = [choice for room in _partly_used(capacity, book, job, members, multi_user)
+             for choice in room]
+    found += [choice for kind in capacity.kinds if kind not in capacity.slice_kinds
+              for choice in _free(capacity, book, job, members, kind, every_count=True)]
     ranked = []
     for choice in found:
         gpu = choice.shared.gpu if choice.shared is not None \
@@ -235,23 +226,6 @@ def _usable_for(capacity: Capacity, book: ShareBook, job: PendingJob,
                 and capacity._fits_now(node, "", cpu_mem))
 
     return usable
-
-
-def _first_free(capacity: Capacity, book: ShareBook, job: PendingJob, kind: str,
-                whole: Shape, usable: Callable[[int], bool]) -> ShareChoice | None:
-    """The best node for ``job``'s share on a free GPU of ``kind``: fewest free units of
-    that kind, then the node's order."""
-    buckets = capacity.buckets[kind]
-    for count in range(1, len(buckets)):
-        for index in buckets[count]:
-            node = capacity.nodes[index]
-            gpu = node.free[kind][0]
-            units = book.fits_whole(gpu, job)
-            if units and usable(index) and capacity._fits_now(node, kind, whole):
-                left = (gpu.shares - units) / gpu.shares
-                return ShareChoice((left, node.free_gpus(), index, gpu.index), index, kind,
-                                   None, units)
-    return None
 
 
 def start_share(capacity: Capacity, book: ShareBook, job: PendingJob,
