@@ -9,6 +9,7 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_.-]+$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SPLIT = re.compile(r"^(.*?)(\d+)$")
 MAX_HOSTS = 100_000
+MAX_DIGITS = 18  # a host number's digits: far past any cluster, well within int()
 
 
 class HostlistError(ValueError):
@@ -41,15 +42,19 @@ def _top_level_items(text: str) -> list[str]:
 def _expand_item(item: str) -> list[str]:
     match = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
     if match is None:
-        if not _PLAIN.match(item):
+        if not _PLAIN.fullmatch(item):
             raise HostlistError(f"invalid host name {item!r}")
         return [item]
     prefix, ranges, suffix = match.groups()
-    if not (_PLAIN.match(prefix) or prefix == "") or not (_PLAIN.match(suffix) or suffix == ""):
-        raise HostlistError(f"invalid host name around [{ranges}] in {item!r}")
+    if not (_PLAIN.fullmatch(prefix) or prefix == "") or not (_PLAIN.fullmatch(suffix)
+                                                                or suffix == ""):
+        raise HostlistError(f"invalid host name around {'[' + ranges + ']'!r} in {item!r}")
     names: list[str] = []
     for part in ranges.split(","):
         bounds = _RANGE.match(part.strip())
+        if bounds is not None and max(len(b or "") for b in bounds.groups()) > MAX_DIGITS:
+            raise HostlistError(f"invalid range {part!r} in {item!r}: a host number has at "
+                                f"most {MAX_DIGITS} digits")
         if bounds is None:
             raise HostlistError(f"invalid range {part!r} in {item!r}: expected N or N-M")
         first, last = bounds.group(1), bounds.group(2) or bounds.group(1)
@@ -79,7 +84,7 @@ def compress_hostlist(names: Iterable[str]) -> str:
     order: list[tuple[str, int] | str] = []
     for name in dict.fromkeys(names):
         match = _SPLIT.match(name)
-        if match is None:
+        if match is None or len(match[2]) > MAX_DIGITS:
             plain.append(name)
             order.append(name)
             continue
