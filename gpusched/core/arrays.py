@@ -61,11 +61,12 @@ def _number(token: str, whole: str) -> int:
     if not token.isascii() or not token.isdigit():
         raise ArrayError(f"invalid array {whole!r}: {token!r} is not a task id "
                          f"(expected a whole number)")
-    value = int(token)
-    if value > MAX_TASK_ID:
-        raise ArrayError(f"invalid array {whole!r}: task id {value} is above the largest "
+    digits = token.lstrip("0") or "0"  # int() refuses more than 4300 digits
+    if len(digits) > len(str(MAX_TASK_ID)) or int(digits) > MAX_TASK_ID:
+        shown = digits if len(digits) <= 20 else digits[:17] + "..."
+        raise ArrayError(f"invalid array {whole!r}: task id {shown} is above the largest "
                          f"allowed, {MAX_TASK_ID}")
-    return value
+    return int(digits)
 
 
 def _parse_run(token: str, whole: str) -> Run:
@@ -91,9 +92,12 @@ def parse_array(text: str) -> ArraySpec:
         raise ArrayError(f"invalid array {text!r}: expected task ids such as 0-99 or 1,3,5-9")
     cap: int | None = None
     if percent:
-        if not cap_text.isascii() or not cap_text.isdigit() or int(cap_text) == 0:
+        # At most MAX_TASKS (more says nothing more), and int() reads at most 4300 digits.
+        digits = cap_text.lstrip("0")
+        if (not cap_text.isascii() or not cap_text.isdigit() or not digits
+                or len(digits) > len(str(MAX_TASKS)) or int(digits) > MAX_TASKS):
             raise ArrayError(f"invalid array {text!r}: the limit after % must be a whole "
-                             f"number of at least 1")
+                             f"number of at least 1 and at most {MAX_TASKS}")
         cap = int(cap_text)
     runs = [_parse_run(token.strip(), whole) for token in body.split(",")]
     if sum(len(run) for run in runs) > 4 * MAX_TASKS:  # before building the set

@@ -14,6 +14,7 @@ _DAY_FORMS = {2: ("d", "h"), 3: ("d", "h", "m"), 4: ("d", "h", "m", "s")}
 _CLOCK_FORMS = {1: ("m",), 2: ("m", "s"), 3: ("h", "m", "s")}
 _SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 UNLIMITED_WORDS = frozenset({"unlimited", "infinite", "inf"})
+MAX_DIGITS = 18  # of one number in a time: far past any time a job may ask for
 
 
 class TimeFormatError(ValueError):
@@ -32,8 +33,9 @@ def parse_time_limit(text: str) -> int | None:
     day, dash, clock = value.partition("-")
     parts = [day, *clock.split(":")] if dash else value.split(":")
     units = (_DAY_FORMS if dash else _CLOCK_FORMS).get(len(parts))
-    # Each part is a run of decimal digits (any script's, as int() reads them).
-    if units is not None and all(part.isdecimal() for part in parts):
+    # Each part is a run of decimal digits (any script's, as int() reads them), at most
+    # MAX_DIGITS of them (int() refuses more than 4300).
+    if units is not None and all(part.isdecimal() and len(part) <= MAX_DIGITS for part in parts):
         seconds = sum(int(part) * _SECONDS[unit] for part, unit in zip(parts, units))
         if seconds <= 0:
             raise TimeFormatError(f"time limit must be positive, got {text!r}")
@@ -81,7 +83,7 @@ def parse_begin(text: str, now: datetime) -> datetime:
         count, unit = relative[1], relative[2] or ""
         if unit not in _UNITS:
             raise TimeFormatError(f"invalid --begin {text!r}: unknown unit {unit!r}")
-        return now + timedelta(seconds=int(count or 0) * _UNITS[unit])
+        return _shifted(now, "+", count, unit, f"--begin {text!r}")
     if value in ("today", "tomorrow"):
         day = now.replace(hour=0, minute=0, second=0, microsecond=0)
         return day + timedelta(days=1) if value == "tomorrow" else day
@@ -116,8 +118,7 @@ def parse_when(text: str, now: datetime, what: str = "time") -> datetime:
         sign, count, unit = relative[1], relative[2], relative[3] or ""
         if unit not in _UNITS:
             raise TimeFormatError(f"invalid {what} {text!r}: unknown unit {unit!r}")
-        delta = timedelta(seconds=int(count or 0) * _UNITS[unit])
-        return now - delta if sign == "-" else now + delta
+        return _shifted(now, sign, count, unit, f"{what} {text!r}")
     if value in ("today", "yesterday"):
         day = now.replace(hour=0, minute=0, second=0, microsecond=0)
         return day - timedelta(days=1) if value == "yesterday" else day
@@ -127,3 +128,15 @@ def parse_when(text: str, now: datetime, what: str = "time") -> datetime:
         raise TimeFormatError(f"invalid {what} {text!r}: expected now[-N[units]], today, "
                               "yesterday or YYYY-MM-DD[THH:MM[:SS]]") from None
     return at if at.tzinfo else at.replace(tzinfo=now.tzinfo)
+
+
+def _shifted(now: datetime, sign: str | None, count: str | None, unit: str,
+             what: str) -> datetime:
+    """``now`` moved by COUNT units; a move past the calendar (year 1 to 9999) is refused."""
+    from datetime import timedelta
+
+    try:
+        delta = timedelta(seconds=int(count or 0) * _UNITS[unit])
+        return now - delta if sign == "-" else now + delta
+    except (OverflowError, ValueError):  # ValueError: int() of more than 4300 digits
+        raise TimeFormatError(f"invalid {what}: too far from now") from None
