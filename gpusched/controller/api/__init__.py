@@ -21,6 +21,7 @@ from gpusched.controller.api.nodes import NodeRoutes
 from gpusched.controller.api.steps import StepRoutes
 from gpusched.controller.events import Events
 from gpusched.controller.http import Request, Router
+from gpusched.controller.openapi import OpenApi
 from gpusched.core.model import Policy
 
 
@@ -47,6 +48,7 @@ class Api:
         """All routes of docs/api.md."""
         r = CheckedRouter()
         r.add("GET", "/v1/ping", self.ping)
+        r.add("GET", "/v1/openapi.json", OpenApi(r).serve)
         for resource in self.resources:
             resource.add_to(r)
         return r
