@@ -1,0 +1,254 @@
+"""The authorisation matrix: every operation of the API against every kind of caller,
+over the Unix socket and over TCP, each cell one test (tests/security/authz_world.py
+says who the callers are). The tables below are docs/security.md's "Authorisation
+matrix" section, word for word: ``python -m tests.security.test_authz_matrix`` prints
+it, and a test holds the two equal. Another test holds that every route the controller
+serves has its row.
+
+A cell is an answer: ``200``/``201`` (done), ``200p`` (done, the job shown without its
+script, arguments and environment), ``401`` (``auth``: no credential), ``403``
+(``forbidden``). A refused request changes nothing stored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from gpusched.controller.api import Api
+from gpusched.controller.events import Events
+from gpusched.db.models import NodeCommand
+from tests.pg import ScratchPostgres
+from tests.security.authz_world import (
+    BACKENDS,
+    CALLERS,
+    NODE,
+    OTHER_NODE,
+    World,
+    serving,
+)
+from tests.security.conftest import ensure_user
+
+# The answers on the Unix socket and over TCP, by column: anonymous, user, owner, admin,
+# the agent of this node, the agent of another node.
+ANYONE = ("200 200 200 200 200 200", "401 200 200 200 200 200")
+JOB_READ = ("200p 200p 200 200 200 200", "401 200p 200 200 200 200")
+OWNER = ("403 403 200 200 200 200", "401 403 200 200 200 200")
+OWNER_MAKES = ("403 403 201 201 201 201", "401 403 201 201 201 201")
+ADMIN = ("403 403 403 200 200 200", "401 403 403 200 200 200")
+AGENT = ("403 403 403 403 200 200", "401 403 403 403 200 403")
+SUBMIT = ("201 201 201 201 201 201", "401 201 201 201 201 201")
+
+ENDED = {"node": NODE, "outcome": "completed", "exit_code": 0, "run": 0}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One operation: its route, what it acts on (made fresh for each cell: a pending,
+    held or running job of the owner, a running allocation, a running job's step), the
+    request's query and body (``"$job"`` stands for the job's id), and the answers."""
+
+    route: str
+    target: str
+    answers: tuple[str, str]  # the Unix socket's, TCP's
+    body: Any = None
+    query: str = ""
+
+    def expected(self, backend: str, caller: str) -> str:
+        return self.answers[BACKENDS.index(backend)].split()[CALLERS.index(caller)]
+
+
+SUBMISSION = {"script": "#!/bin/sh\ntrue\n", "work_dir": "/tmp", "hold": True}
+MATRIX = (
+    Row("GET /v1/ping", "-", ANYONE),
+    Row("GET /v1/openapi.json", "-", ANYONE),
+    Row("POST /v1/jobs", "-", SUBMIT, SUBMISSION),
+    Row("POST /v1/jobs/test", "-", ANYONE, SUBMISSION),
+    Row("GET /v1/jobs", "pending", ANYONE),
+    Row("GET /v1/jobs/{job_id}", "pending", JOB_READ),
+    Row("GET /v1/jobs/{job_id}/explain", "pending", JOB_READ),
+    Row("POST /v1/jobs/{job_id}/cancel", "pending", OWNER, {}),
+    Row("POST /v1/jobs/{job_id}/hold", "pending", OWNER, {}),
+    Row("POST /v1/jobs/{job_id}/signal", "running", OWNER, {"signal": 10}),
+    Row("POST /v1/jobs/{job_id}/release", "held", OWNER, {}),
+    Row("POST /v1/jobs/{job_id}/requeue", "running", OWNER, {}),
+    Row("POST /v1/jobs/{job_id}/update", "pending", OWNER, {"time_limit": 1800}),
+    Row("POST /v1/jobs/{job_id}/steps", "running", OWNER_MAKES,
+        {"argv": ["true"], "work_dir": "/tmp",
+         "io": {"host": "127.0.0.1", "port": 45_000, "token": "0f" * 32}}),
+    Row("GET /v1/jobs/{job_id}/steps", "step", ANYONE),
+    Row("GET /v1/jobs/{job_id}/steps/{step_id}", "step", ANYONE),
+    Row("POST /v1/jobs/{job_id}/steps/{step_id}/cancel", "step", OWNER, {}),
+    Row("POST /v1/jobs/{job_id}/heartbeat", "allocation", OWNER, {}),
+    Row("POST /v1/jobs/{job_id}/complete", "allocation", OWNER, {"exit_code": 0}),
+    Row("GET /v1/nodes", "-", ANYONE),
+    Row("GET /v1/partitions", "-", ANYONE),
+    Row("GET /v1/accounting", "-", ANYONE),
+    Row("GET /v1/accounting/report", "-", ANYONE, query="start=0&end=4102444800"),
+    Row("GET /v1/priority", "pending", ANYONE),
+    Row("GET /v1/share", "-", ANYONE),
+    Row("POST /v1/admin/apply", "-", ADMIN,
+        {"files": [{"source": "authz.toml", "data": {}}], "dry_run": True}),
+    Row("POST /v1/gpus/drain", "-", ADMIN, {"node": "node02", "index": 3, "reason": "authz"}),
+    Row("POST /v1/gpus/resume", "-", ADMIN, {"node": "node02", "index": 3}),
+    Row("POST /v1/nodes/{name}/drain", "-", ADMIN, {"reason": "authz"}),
+    Row("POST /v1/nodes/{name}/resume", "-", ADMIN, {}),
+    Row("POST /agent/v1/register", "-", AGENT,
+        {"node": NODE, "uid": 0, "gpus": [{"index": i, "uuid": f"{NODE}-gpu{i}"}
+                                          for i in range(4)]}),
+    Row("GET /agent/v1/work", "-", AGENT, query=f"node={NODE}&wait=0"),
+    Row("POST /agent/v1/commands/done", "-", AGENT, {"node": NODE, "seqs": [1]}),
+    Row("POST /agent/v1/commands/{command_id}/done", "-", AGENT, {"node": NODE}),
+    Row("POST /agent/v1/jobs/ended", "running", AGENT,
+        {"node": NODE, "ends": [{"job_id": "$job", **ENDED}]}),
+    Row("POST /agent/v1/jobs/{job_id}/ended", "running", AGENT, ENDED),
+    Row("POST /agent/v1/jobs/{job_id}/steps/{step_id}/ended", "step", AGENT,
+        {"node": NODE, "outcome": "completed", "exit_code": 0}),
+    Row("POST /agent/v1/health", "-", AGENT, {"node": NODE, "faults": []}),
+    Row("POST /agent/v1/nodes/{node}/health", "-", AGENT, {"node": NODE, "ok": True}),
+    Row("POST /agent/v1/samples", "-", AGENT, {"node": NODE, "gpus": []}),
+)
+ROWS = {row.route: row for row in MATRIX}
+
+CELLS = [(backend, row.route, caller) for backend in BACKENDS for row in MATRIX
+         for caller in CALLERS]
+COLUMNS = ("anonymous", "user", "owner", "admin", "agent of this node",
+           "agent of another node")
+BACKEND_TITLES = {"unix": "Over the Unix socket", "tcp": "Over TCP (cluster mode)"}
+ERROR_CODES = {401: "auth", 403: "forbidden", 404: "not_found", 409: "conflict"}
+DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+BEGIN = "<!-- authorisation matrix: tests/security/test_authz_matrix.py writes it -->"
+END = "<!-- end of the authorisation matrix -->"
+
+
+def render() -> str:
+    """The two tables of docs/security.md, from MATRIX."""
+    parts = []
+    for backend in BACKENDS:
+        lines = [f"#### {BACKEND_TITLES[backend]}", "",
+                 "| operation | " + " | ".join(COLUMNS) + " |",
+                 "|---" * (len(COLUMNS) + 1) + "|"]
+        for row in MATRIX:
+            cells = row.answers[BACKENDS.index(backend)].split()
+            lines.append(f"| `{row.route}` | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _fill(value: Any, job_id: int | None) -> Any:
+    if value == "$job":
+        return job_id
+    if isinstance(value, dict):
+        return {k: _fill(v, job_id) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, job_id) for v in value]
+    return value
+
+
+def _prepare(world: World, target: str) -> tuple[int | None, int | None]:
+    """The job (and step) a cell's request acts on, made for it."""
+    if target == "pending":
+        return world.job(), None
+    if target == "held":
+        return world.job(hold=True), None
+    if target == "running":
+        return world.running(), None
+    if target == "allocation":
+        return world.running(interactive=True), None
+    if target == "step":
+        return world.stepping()
+    return None, None
+
+
+@pytest.fixture(scope="module")
+def world(postgres: ScratchPostgres) -> Iterator[World]:
+    """One controller for the module, both back-ends, on a fresh database."""
+    if os.geteuid() != 0:
+        pytest.fail("the authorisation matrix runs as root (it takes other users' uids)")
+    owner, user = ensure_user("gpusched-test"), ensure_user("gpusched-test2")
+    with serving(postgres.fresh_database(), owner, user) as made:
+        yield made
+
+
+@pytest.mark.parametrize(("backend", "route", "caller"), CELLS,
+                         ids=[f"{b}|{r}|{c}" for b, r, c in CELLS])
+def test_cell(world: World, backend: str, route: str, caller: str) -> None:
+    row = ROWS[route]
+    expected = row.expected(backend, caller)
+    job_id, step_id = _prepare(world, row.target)
+    method, pattern = route.split(" ", 1)
+    path = pattern.format(job_id=job_id, step_id=step_id, name=NODE, node=NODE,
+                          command_id=1)
+    target = f"{path}?{row.query}" if row.query else path
+    before = world.stored(job_id)
+    status, answer = world.call(backend, caller, method, target, _fill(row.body, job_id))
+    assert str(status) == expected.rstrip("p"), (expected, status, answer)
+    if status >= 400:
+        assert answer["error"]["code"] == ERROR_CODES[status], answer
+        assert world.stored(job_id) == before, "a refused request changed what is stored"
+    elif route.startswith("GET /v1/jobs/{job_id}") and "steps" not in route:
+        shown = answer["job"] if route.endswith("/explain") else answer
+        assert shown["job_id"] == job_id
+        assert ("script" in shown, "environment" in shown) == (
+            (not expected.endswith("p"),) * 2), shown
+
+
+def test_another_nodes_agent_naming_itself_changes_nothing_here(world: World) -> None:
+    """Over TCP node02's agent may speak only for node02 (the 403s above); naming
+    node02, it reaches nothing of node01: a run, a step, a command or a GPU there."""
+    job_id, step_id = world.stepping()
+    with world.sessions() as s:
+        ours = sorted(s.scalars(select(NodeCommand.id).where(NodeCommand.job_id == job_id)))
+    before = world.stored(job_id), world.commands(job_id)
+    assert ours, "the running job and its step have their node's commands"
+
+    def as_other(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return world.call("tcp", "other agent", "POST", path, {**body, "node": OTHER_NODE})
+
+    assert as_other(f"/agent/v1/jobs/{job_id}/ended", ENDED) == (
+        200, {"ok": True, "changed": False, "stale": True})
+    assert as_other("/agent/v1/jobs/ended", {"ends": [
+        {"job_id": job_id, **ENDED, "node": OTHER_NODE}]})[1]["ended"] == [
+        {"job_id": job_id, "changed": False, "stale": True}]
+    assert as_other(f"/agent/v1/jobs/{job_id}/steps/{step_id}/ended",
+                    {"outcome": "completed", "exit_code": 0}) == (
+        200, {"ok": True, "changed": False, "stale": True})
+    assert as_other("/agent/v1/commands/done", {"seqs": ours}) == (
+        200, {"ok": True, "changed": []})
+    assert as_other(f"/agent/v1/commands/{ours[0]}/done", {}) == (
+        200, {"ok": True, "changed": False})
+    status, answer = as_other("/agent/v1/health", {"faults": [
+        {"uuid": f"{NODE}-gpu0", "reason": "forged"}]})
+    assert (status, answer["error"]["message"]) == (
+        400, f"faults: {NODE}-gpu0 is not a GPU of node {OTHER_NODE}")
+    assert as_other("/agent/v1/samples", {"gpus": [
+        {"uuid": f"{NODE}-gpu0", "util": 0, "mem_used_mb": 0, "temperature": 0,
+         "power_mw": 0}]}) == (200, {"ok": True, "idle": []})
+    assert (world.stored(job_id), world.commands(job_id)) == before
+
+
+def test_every_route_has_its_row() -> None:
+    router = Api(None, Events(), lambda: True).router()  # type: ignore[arg-type]
+    served = {f"{method} " + re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}",
+                                    regex.pattern.strip("^$"))
+              for method, regex, _ in router._routes}
+    assert served == set(ROWS), (served - set(ROWS), set(ROWS) - served)
+
+
+def test_the_documented_matrix_is_this_one() -> None:
+    text = DOC.read_text()
+    assert BEGIN in text and END in text, f"{DOC} has no authorisation matrix"
+    shown = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert shown == render(), "write it with: python -m tests.security.test_authz_matrix"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(f"{BEGIN}\n\n{render()}\n\n{END}\n")
