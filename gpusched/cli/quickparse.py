@@ -131,8 +131,9 @@ def _value(kind: str, extra: Any, value: str | None) -> Any:
     if kind == "int" and value is not None:
         text = value.strip()
         digits = text[1:] if text[:1] in ("+", "-") else text
-        # [+-]?[0-9]+ only: int() would also take "1_000" and other digits ("٣").
-        if not (digits.isascii() and digits.isdigit()) or (
+        # [+-]?[0-9]+ only: int() would also take "1_000" and other digits ("٣"); and
+        # not so many that int() refuses them (4300): typer answers for those.
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 18 or (
                 extra is not None and int(text) < extra):
             raise Declined(value)
         return int(text)
