@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gpusched.controller.api.common import ApiContext, path_job_id
@@ -26,8 +27,9 @@ def path_step_id(request: Request) -> int:
 
 
 class StepRoutes:
-    """A job's owner (or an admin) makes and cancels its steps; anyone may list them, as
-    anyone may read accounting; only the node's own agent reports a step's end there."""
+    """A job's owner (or root) makes its steps, its owner or an admin cancels them;
+    anyone may list them, as anyone may read accounting; only the node's own agent
+    reports a step's end there."""
 
     def __init__(self, context: ApiContext) -> None:
         self.context = context
@@ -42,13 +44,18 @@ class StepRoutes:
 
     def create(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Start a step of a running job on its nodes (201 StepCreated); 409
-        ``step_busy`` while the job's running steps hold what it needs."""
+        ``step_busy`` while the job's running steps hold what it needs.
+
+        A step runs its command as the job's user, so only that user, root and the
+        controller's user may make one: a member of ``admin_group`` administers the
+        queue and the nodes but may not run commands as the users whose jobs run."""
         ctx = self.context
         job_id = path_job_id(request)
         step_request = StepRequest.parse(request.body)
+        who = ctx.identity(request)
+        who = replace(who, admin=who.uid in (0, ctx.own_uid))
         with ctx.sessions() as session, session.begin():
-            created, nodes = steps.create_step(session, job_id, step_request,
-                                               ctx.identity(request))
+            created, nodes = steps.create_step(session, job_id, step_request, who)
         for node in nodes:
             ctx.events.wake_node(node)
         return 201, created.to_json()
