@@ -47,7 +47,7 @@ from gpusched.controller.http import (
     UnixHttpServer,
 )
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, steps, submit
+from gpusched.db import agents, jobs, steps, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.jobs import Identity
 from gpusched.db.models import Gpu, Job, JobStep, Node, NodeCommand
@@ -178,15 +178,21 @@ class World:
 
     # What a request acts on: made fresh for each cell, owned by ``owner``.
 
-    def job(self, *, hold: bool = False, interactive: bool = False) -> int:
-        """A pending job of the owner (held by them if ``hold``), one hour long."""
+    def job(self, *, hold: bool = False, by_admin: bool = False,
+            interactive: bool = False) -> int:
+        """A pending job of the owner, one hour long; held by them if ``hold``, by an
+        administrator (root) if ``by_admin`` too."""
         body: dict[str, Any] = {"work_dir": "/tmp", "time_limit": 3600, "hold": hold}
         if interactive:
             body["interactive"] = True
         else:
             body["script"] = "#!/bin/sh\ntrue\n"
         with self.sessions() as s, s.begin():
-            return submit.submit_job(s, body, self.identity("owner")).id
+            job_id = submit.submit_job(s, body, self.identity("owner")).id
+        if by_admin:
+            with self.sessions() as s, s.begin():
+                jobs.set_hold(s, job_id, Identity(0, 0), True)
+        return job_id
 
     def running(self, *, interactive: bool = False) -> int:
         """A job of the owner running on node01, as a scheduling pass starts it."""

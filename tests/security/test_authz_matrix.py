@@ -7,7 +7,7 @@ serves has its row.
 
 A cell is an answer: ``200``/``201`` (done), ``200p`` (done, the job shown without its
 script, arguments and environment), ``401`` (``auth``: no credential), ``403``
-(``forbidden``). A refused request changes nothing stored.
+(``forbidden``), ``400`` (``invalid``). A refused request changes nothing stored.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ ENDED = {"node": NODE, "outcome": "completed", "exit_code": 0, "run": 0}
 
 @dataclass(frozen=True)
 class Row:
-    """One operation: its route, what it acts on (made fresh for each cell: a pending,
-    held or running job of the owner, a running allocation, a running job's step), the
+    """One operation: its route (and the case, where a route has rules of its own for
+    some requests), what it acts on (made fresh for each cell: a pending, held or
+    running job of the owner, a running allocation, a running job's step), the
     request's query and body (``"$job"`` stands for the job's id), and the answers."""
 
     route: str
@@ -61,6 +62,11 @@ class Row:
     answers: tuple[str, str]  # the Unix socket's, TCP's
     body: Any = None
     query: str = ""
+    case: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.route} ({self.case})" if self.case else self.route
 
     def expected(self, backend: str, caller: str) -> str:
         return self.answers[BACKENDS.index(backend)].split()[CALLERS.index(caller)]
@@ -71,6 +77,8 @@ MATRIX = (
     Row("GET /v1/ping", "-", ANYONE),
     Row("GET /v1/openapi.json", "-", ANYONE),
     Row("POST /v1/jobs", "-", SUBMIT, SUBMISSION),
+    Row("POST /v1/jobs", "-", ("400 400 400 400 400 400", "401 400 400 400 400 400"),
+        {**SUBMISSION, "uid": 0}, case="naming a uid"),
     Row("POST /v1/jobs/test", "-", ANYONE, SUBMISSION),
     Row("GET /v1/jobs", "pending", ANYONE),
     Row("GET /v1/jobs/{job_id}", "pending", JOB_READ),
@@ -79,8 +87,15 @@ MATRIX = (
     Row("POST /v1/jobs/{job_id}/hold", "pending", OWNER, {}),
     Row("POST /v1/jobs/{job_id}/signal", "running", OWNER, {"signal": 10}),
     Row("POST /v1/jobs/{job_id}/release", "held", OWNER, {}),
+    Row("POST /v1/jobs/{job_id}/release", "admin-held", ADMIN, {},
+        case="an administrator's hold"),
     Row("POST /v1/jobs/{job_id}/requeue", "running", OWNER, {}),
-    Row("POST /v1/jobs/{job_id}/update", "pending", OWNER, {"time_limit": 1800}),
+    Row("POST /v1/jobs/{job_id}/update", "pending", OWNER, {"time_limit": 1800},
+        case="a shorter time limit"),
+    Row("POST /v1/jobs/{job_id}/update", "pending", ADMIN, {"time_limit": 7200},
+        case="a longer time limit"),
+    Row("POST /v1/jobs/{job_id}/update", "pending", ADMIN, {"priority": 10},
+        case="its priority"),
     Row("POST /v1/jobs/{job_id}/steps", "running", OWNER_MAKES,
         {"argv": ["true"], "work_dir": "/tmp",
          "io": {"host": "127.0.0.1", "port": 45_000, "token": "0f" * 32}}),
@@ -116,14 +131,14 @@ MATRIX = (
     Row("POST /agent/v1/nodes/{node}/health", "-", AGENT, {"node": NODE, "ok": True}),
     Row("POST /agent/v1/samples", "-", AGENT, {"node": NODE, "gpus": []}),
 )
-ROWS = {row.route: row for row in MATRIX}
+ROWS = {row.name: row for row in MATRIX}
 
-CELLS = [(backend, row.route, caller) for backend in BACKENDS for row in MATRIX
+CELLS = [(backend, row.name, caller) for backend in BACKENDS for row in MATRIX
          for caller in CALLERS]
 COLUMNS = ("anonymous", "user", "owner", "admin", "agent of this node",
            "agent of another node")
 BACKEND_TITLES = {"unix": "Over the Unix socket", "tcp": "Over TCP (cluster mode)"}
-ERROR_CODES = {401: "auth", 403: "forbidden", 404: "not_found", 409: "conflict"}
+ERROR_CODES = {400: "invalid", 401: "auth", 403: "forbidden", 404: "not_found", 409: "conflict"}
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 BEGIN = "<!-- authorisation matrix: tests/security/test_authz_matrix.py writes it -->"
 END = "<!-- end of the authorisation matrix -->"
@@ -138,7 +153,8 @@ def render() -> str:
                  "|---" * (len(COLUMNS) + 1) + "|"]
         for row in MATRIX:
             cells = row.answers[BACKENDS.index(backend)].split()
-            lines.append(f"| `{row.route}` | " + " | ".join(cells) + " |")
+            case = f" ({row.case})" if row.case else ""
+            lines.append(f"| `{row.route}`{case} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -159,6 +175,8 @@ def _prepare(world: World, target: str) -> tuple[int | None, int | None]:
         return world.job(), None
     if target == "held":
         return world.job(hold=True), None
+    if target == "admin-held":
+        return world.job(hold=True, by_admin=True), None
     if target == "running":
         return world.running(), None
     if target == "allocation":
@@ -178,11 +196,11 @@ def world(postgres: ScratchPostgres) -> Iterator[World]:
         yield made
 
 
-@pytest.mark.parametrize(("backend", "route", "caller"), CELLS,
-                         ids=[f"{b}|{r}|{c}" for b, r, c in CELLS])
-def test_cell(world: World, backend: str, route: str, caller: str) -> None:
-    row = ROWS[route]
-    expected = row.expected(backend, caller)
+@pytest.mark.parametrize(("backend", "name", "caller"), CELLS,
+                         ids=[f"{b}|{n}|{c}" for b, n, c in CELLS])
+def test_cell(world: World, backend: str, name: str, caller: str) -> None:
+    row = ROWS[name]
+    route, expected = row.route, row.expected(backend, caller)
     job_id, step_id = _prepare(world, row.target)
     method, pattern = route.split(" ", 1)
     path = pattern.format(job_id=job_id, step_id=step_id, name=NODE, node=NODE,
@@ -240,7 +258,8 @@ def test_every_route_has_its_row() -> None:
     served = {f"{method} " + re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}",
                                     regex.pattern.strip("^$"))
               for method, regex, _ in router._routes}
-    assert served == set(ROWS), (served - set(ROWS), set(ROWS) - served)
+    listed = {row.route for row in MATRIX}
+    assert served == listed, (served - listed, listed - served)
 
 
 def test_the_documented_matrix_is_this_one() -> None:
