@@ -82,7 +82,10 @@ def _admin_user() -> LocalUser:
     """A user whose only privilege is membership of ADMIN_GROUP."""
     admin = ensure_user("gpusched-authz-admin")
     if subprocess.run(["getent", "group", ADMIN_GROUP], capture_output=True).returncode:
-        subprocess.run(["groupadd", "--system", ADMIN_GROUP], check=True, capture_output=True)
+        made = subprocess.run(["groupadd", "--system", ADMIN_GROUP], capture_output=True)
+        if made.returncode and subprocess.run(["getent", "group", ADMIN_GROUP],
+                                              capture_output=True).returncode:
+            raise RuntimeError(f"cannot make group {ADMIN_GROUP}: {made.stderr!r}")
     subprocess.run(["gpasswd", "-a", admin.name, ADMIN_GROUP], check=True, capture_output=True)
     return admin
 
