@@ -30,7 +30,7 @@ ROOT_ACCOUNT = "root"
 # Dynamic MIG: the least time between two layout changes of one GPU (seconds).
 DEFAULT_MIG_INTERVAL = 600
 MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
-_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from gpusched.core.model import PACKINGS, Policy
 from gpusched.core.priority import PriorityWeights
 from gpusched.errors import ConfigError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 
 
 @dataclass(frozen=True)

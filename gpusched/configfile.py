@@ -14,7 +14,14 @@ from typing import Any
 from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.errors import ConfigError
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+def shown(key: object) -> str:
+    """A key as a message names it: as written, or quoted where it holds a character
+    that is not printable (a newline would break the message's one line)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
 
 
 class TableReader:
@@ -25,12 +32,17 @@ class TableReader:
 
     def fail(self, key: str, expected: str) -> ConfigError:
         value = self.table.get(key)
-        return ConfigError(f"{self.source}: {self.prefix}{key}: expected {expected}, got {value!r}")
+        try:
+            got = repr(value)
+        except ValueError:  # an int past 4300 digits (TOML's 0b/0x literals reach there)
+            got = "a number too long to show"
+        return ConfigError(f"{self.source}: {self.prefix}{shown(key)}: expected {expected}, "
+                           f"got {got}")
 
     def check_keys(self, allowed: set[str]) -> None:
         for key in self.table:
             if key not in allowed:
-                raise ConfigError(f"{self.source}: {self.prefix}{key}: unknown key; expected one "
+                raise ConfigError(f"{self.source}: {self.prefix}{shown(key)}: unknown key; expected one "
                                   f"of {', '.join(sorted(allowed))}")
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any, expected: str) -> Any:
@@ -89,5 +101,5 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or int() of more than 4300 digits
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
