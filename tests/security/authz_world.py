@@ -182,10 +182,11 @@ class World:
     # What a request acts on: made fresh for each cell, owned by ``owner``.
 
     def job(self, *, hold: bool = False, by_admin: bool = False,
-            interactive: bool = False) -> int:
+            interactive: bool = False, submit_key: str | None = None) -> int:
         """A pending job of the owner, one hour long; held by them if ``hold``, by an
         administrator (root) if ``by_admin`` too."""
-        body: dict[str, Any] = {"work_dir": "/tmp", "time_limit": 3600, "hold": hold}
+        body: dict[str, Any] = {"work_dir": "/tmp", "time_limit": 3600, "hold": hold,
+                                "submit_key": submit_key}
         if interactive:
             body["interactive"] = True
         else:

@@ -79,6 +79,8 @@ MATRIX = (
     Row("POST /v1/jobs", "-", SUBMIT, SUBMISSION),
     Row("POST /v1/jobs", "-", ("400 400 400 400 400 400", "401 400 400 400 400 400"),
         {**SUBMISSION, "uid": 0}, case="naming a uid"),
+    Row("POST /v1/jobs", "keyed", ("201 201 200 201 201 201", "401 201 200 201 201 201"),
+        {**SUBMISSION, "submit_key": "$key"}, case="the owner's submit_key again"),
     Row("POST /v1/jobs/test", "-", ANYONE, SUBMISSION),
     Row("GET /v1/jobs", "pending", ANYONE),
     Row("GET /v1/jobs/{job_id}", "pending", JOB_READ),
@@ -159,31 +161,36 @@ def render() -> str:
     return "\n\n".join(parts)
 
 
-def _fill(value: Any, job_id: int | None) -> Any:
-    if value == "$job":
-        return job_id
+def _fill(value: Any, made: dict[str, Any]) -> Any:
+    """``value`` with ``"$job"`` and ``"$key"`` replaced by what was made for the cell."""
+    if isinstance(value, str) and value.startswith("$"):
+        return made[value[1:]]
     if isinstance(value, dict):
-        return {k: _fill(v, job_id) for k, v in value.items()}
+        return {k: _fill(v, made) for k, v in value.items()}
     if isinstance(value, list):
-        return [_fill(v, job_id) for v in value]
+        return [_fill(v, made) for v in value]
     return value
 
 
-def _prepare(world: World, target: str) -> tuple[int | None, int | None]:
-    """The job (and step) a cell's request acts on, made for it."""
+def _prepare(world: World, target: str) -> dict[str, Any]:
+    """The job (and step, or submission key) a cell's request acts on, made for it."""
     if target == "pending":
-        return world.job(), None
+        return {"job": world.job()}
     if target == "held":
-        return world.job(hold=True), None
+        return {"job": world.job(hold=True)}
     if target == "admin-held":
-        return world.job(hold=True, by_admin=True), None
+        return {"job": world.job(hold=True, by_admin=True)}
+    if target == "keyed":
+        key = os.urandom(16).hex()
+        return {"job": world.job(submit_key=key), "key": key}
     if target == "running":
-        return world.running(), None
+        return {"job": world.running()}
     if target == "allocation":
-        return world.running(interactive=True), None
+        return {"job": world.running(interactive=True)}
     if target == "step":
-        return world.stepping()
-    return None, None
+        job_id, step_id = world.stepping()
+        return {"job": job_id, "step": step_id}
+    return {"job": None}
 
 
 @pytest.fixture(scope="module")
@@ -201,17 +208,20 @@ def world(postgres: ScratchPostgres) -> Iterator[World]:
 def test_cell(world: World, backend: str, name: str, caller: str) -> None:
     row = ROWS[name]
     route, expected = row.route, row.expected(backend, caller)
-    job_id, step_id = _prepare(world, row.target)
+    made = _prepare(world, row.target)
+    job_id = made["job"]
     method, pattern = route.split(" ", 1)
-    path = pattern.format(job_id=job_id, step_id=step_id, name=NODE, node=NODE,
+    path = pattern.format(job_id=job_id, step_id=made.get("step"), name=NODE, node=NODE,
                           command_id=1)
     target = f"{path}?{row.query}" if row.query else path
     before = world.stored(job_id)
-    status, answer = world.call(backend, caller, method, target, _fill(row.body, job_id))
+    status, answer = world.call(backend, caller, method, target, _fill(row.body, made))
     assert str(status) == expected.rstrip("p"), (expected, status, answer)
     if status >= 400:
         assert answer["error"]["code"] == ERROR_CODES[status], answer
         assert world.stored(job_id) == before, "a refused request changed what is stored"
+    elif row.target == "keyed":  # the owner's submission again, or a new job of one's own
+        assert (answer["job_id"] == job_id) == (status == 200) == answer.get("existing", False)
     elif route.startswith("GET /v1/jobs/{job_id}") and "steps" not in route:
         shown = answer["job"] if route.endswith("/explain") else answer
         assert shown["job_id"] == job_id
