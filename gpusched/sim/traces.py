@@ -12,6 +12,7 @@ import gzip
 import io
 import math
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -78,7 +79,12 @@ def _open_text(path: Path) -> io.TextIOBase:
         raise TraceError(f"{path}: cannot open: {exc.strerror}") from None
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     if head == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8", errors="replace")
+        raw.close()  # a GzipFile given a file object would never close it
+        try:
+            return io.TextIOWrapper(gzip.GzipFile(path, "rb"), encoding="utf-8",
+                                    errors="replace")
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot open: {exc.strerror}") from None
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
 
 
@@ -135,7 +141,7 @@ def read_swf(path: Path) -> Trace:
                 job = _swf_job(path, number, stripped, trace)
                 if job is not None:
                     trace.jobs.append(job)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"{path}: cannot read: {exc}") from None
     if not trace.jobs and not trace.skipped:
         raise TraceError(f"{path}: no SWF job lines found")
@@ -152,6 +158,9 @@ def _swf_job(path: Path, number: int, line: str, trace: Trace) -> TraceJob | Non
     except ValueError:
         bad = next(f for f in fields[:18] if not _is_number(f))
         raise TraceError(f"{path}:{number}: {bad!r} is not a number") from None
+    for text, value in zip(fields, values):
+        if not math.isfinite(value):  # inf, nan: no count, time or id
+            raise TraceError(f"{path}:{number}: {text!r} is not a number")
     job_id, submit, run = int(values[0]), values[1], values[3]
     procs = int(values[7]) if values[7] > 0 else int(values[4])
     if run < 0:
@@ -182,17 +191,22 @@ def _is_number(text: str) -> bool:
 # -- CSV traces ------------------------------------------------------------------------
 
 def _rows(path: Path, needed: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The rows of a CSV file with these columns (a short row's missing cells: "")."""
     with _open_text(path) as text:
-        reader = csv.DictReader(text)
-        missing = [c for c in needed if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; "
-                             f"found {', '.join(reader.fieldnames or ()) or 'none'}")
+        reader = csv.DictReader(text, restval="")
         try:
+            found = reader.fieldnames or ()
+            missing = [c for c in needed if c not in found]
+            if missing:
+                shown = ", ".join(c if c.isprintable() else repr(c) for c in found)
+                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; "
+                                 f"found {shown or 'none'}")
             for row in reader:
                 yield reader.line_num, row
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"{path}: cannot read: {exc}") from None
+        except csv.Error as exc:  # a field past csv's size limit
+            raise TraceError(f"{path}:{reader.line_num}: {exc}") from None
 
 
 def _number(path: Path, number: int, row: dict[str, str], column: str) -> float:
@@ -262,6 +276,9 @@ def read_alibaba(path: Path, nodes: Path | None = None) -> Trace:
         if gpus <= 0:
             trace.skipped["no GPU (CPU-only pod)"] += 1
             continue
+        if gpus != int(gpus):
+            raise TraceError(f"{path}:{number}: num_gpu {gpus:g} is not a whole number of GPUs "
+                             "(a fraction of one is num_gpu 1 with gpu_milli)")
         milli = _number(path, number, row, "gpu_milli")
         if milli < 0 or milli != int(milli) or (0 < milli < 1000 and gpus != 1):
             raise TraceError(f"{path}:{number}: gpu_milli {milli:g} with num_gpu {gpus:g}: "
