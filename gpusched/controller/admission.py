@@ -157,10 +157,13 @@ class OpenConnections:
 
 
 class Workers(Generic[P]):
-    """Threads that serve connections: one starts only when none is idle, and an idle
-    one leaves after a while, so there are never more than the connections admitted."""
+    """Threads that serve connections: one starts only when none is idle, so there are
+    never more than the connections admitted. Up to KEEP_IDLE idle ones wait IDLE_EXIT
+    seconds for another connection; any more leave at once, so that the threads a burst
+    of connections started are gone as soon as it is served."""
 
     IDLE_EXIT = 60.0  # seconds an idle worker waits for another connection
+    KEEP_IDLE = 8  # idle workers kept waiting
 
     def __init__(self, serve: Callable[[socket.socket, P], None]) -> None:
         self._serve = serve
@@ -182,6 +185,8 @@ class Workers(Generic[P]):
         while True:
             self._serve(sock, peer)
             with self._lock:
+                if self._idle >= self.KEEP_IDLE:
+                    return
                 self._idle += 1
             while True:
                 try:
