@@ -82,7 +82,7 @@ def _units(text: str, mode: str, whole: str) -> int:
     """N of mps:N or shard:N: 1 to MAX_SHARE units of one GPU."""
     from gpusched.core.shapes import ShapeError
 
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_SHARE):
+    if not (text.isascii() and text.isdigit() and len(text) <= 18 and 1 <= int(text) <= MAX_SHARE):
         raise ShapeError(f"invalid --gres {whole!r}: {mode}:N takes N from 1 to {MAX_SHARE} "
                          f"units of one GPU, not {text!r}")
     return int(text)
@@ -92,14 +92,14 @@ def gpu_memory(text: str, what: str = "--gpu-mem") -> int:
     """A GPU memory size in MiB, 1 MiB to 16 TiB: ``20G``, ``512M``, ``40960``."""
     from gpusched.core.shapes import ShapeError, parse_memory
 
-    if what != "--gpu-mem":  # within a --gres value: its own message
-        try:
-            size = parse_memory(text, "size")
-        except ShapeError:
-            raise ShapeError(f"invalid {what}: {text.strip()!r} is not a size such as "
-                             "20G or 512M") from None
-    else:
-        size = parse_memory(text, what)
+    try:
+        size = parse_memory(text, "size" if what != "--gpu-mem" else what)
+    except ValueError as err:  # ShapeError, or int() of more than 4300 digits
+        if what == "--gpu-mem" and isinstance(err, ShapeError):
+            raise
+        # within a --gres value: its own message
+        raise ShapeError(f"invalid {what}: {text.strip()!r} is not a size such as "
+                         "20G or 512M") from None
     if not 1 <= size <= MAX_GPU_MEM_MB:
         raise ShapeError(f"invalid {what} {text.strip()!r}: expected 1M to 16T of GPU memory")
     return size

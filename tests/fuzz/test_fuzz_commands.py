@@ -10,14 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import event, given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from gpusched.cli.console import quick_gqueue, quick_gsubmit
 from gpusched.cli.directives import read_directive_lines
+from gpusched.cli.jobshape import parse_gres_list
 from gpusched.cli.optiontables import GSUBMIT
 from gpusched.cli.quickparse import Declined, quick_parse
 from gpusched.cli.submission import INPUT_VARIABLES
+from gpusched.core.shapes import ShapeError
 from gpusched.errors import UsageError
 from tests.fuzz.commands import (
     SCRIPT,
@@ -26,7 +28,7 @@ from tests.fuzz.commands import (
     gsubmit_argv,
     gsubmit_options,
 )
-from tests.fuzz.fuzzing import TEXT, fuzz, one_line
+from tests.fuzz.fuzzing import TEXT, fuzz, noisy_text, one_line
 
 UNREACHABLE = "cannot reach"
 
@@ -122,3 +124,28 @@ def test_an_undecodable_byte_in_a_gqueue_value(no_controller: Path,
     code = quick_gqueue(argv)
     out, err = capsys.readouterr()
     check_outcome("gqueue", argv, code, out, err)
+
+
+@fuzz(300)
+@given(st.lists(st.sampled_from(["gpu", "gpu:2", "gpu:a100:1", "mps:50", "shard:", "gpumem:20G",
+                                 "gpumem:0", "mps:" + "9" * 5000, "shard:1", "fpga:1", ""])
+                | noisy_text("gpumsharde:0129,G", 6), min_size=1, max_size=4).map(",".join))
+def test_gres_lists(text: str) -> None:
+    # gpu:N of more than 4300 digits: gpusched/core/shapes.py's own case, below.
+    assume(not any(item.strip().startswith("gpu:") and len(item) > 4300
+                   for item in text.split(",")))
+    try:
+        gres = parse_gres_list(text)
+    except ShapeError as err:
+        one_line(err)
+        return
+    assert gres.gpu is not None or gres.mode is not None or gres.memory_mb is not None
+    assert gres.mode is None or 1 <= gres.units <= 10_000
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="gpusched/core/shapes.py _count: int() of more than 4300 digits "
+                          "raises ValueError, not ShapeError")
+def test_a_gpu_count_too_long_for_int() -> None:
+    with pytest.raises(ShapeError):
+        parse_gres_list("gpu:" + "9" * 5000)
