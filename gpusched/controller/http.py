@@ -221,6 +221,9 @@ class HttpService:
                     conn.send_answer(refused.status, _encode(error_body(
                         refused.code, refused.message)), close=True, extra=refused.extra)
                     return
+                if conn.peer_left():  # its answer would go nowhere: spare the work
+                    raise PeerGone("closed the connection before the answer was sent",
+                                   started=True)
                 began = time.perf_counter()
                 status, payload = self._answer(raw, caller)
                 if stages.on():

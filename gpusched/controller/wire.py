@@ -9,6 +9,7 @@ holds its connection for at most the idle timeout.
 from __future__ import annotations
 
 import re
+import select
 import socket
 import time
 from dataclasses import dataclass
@@ -85,6 +86,15 @@ class Connection:
         keep_alive = ("close" not in connection if version == "HTTP/1.1"
                       else "keep-alive" in connection)
         return RawRequest(method, target, headers, body, keep_alive and method in METHODS)
+
+    def peer_left(self) -> bool:
+        """Whether the client has closed its end of the connection or reset it, so that
+        no answer will be read: asked of the kernel, which says so even while what the
+        client sent before is still unread. (A client that only shut down its sending
+        side is taken as gone too, as HTTP servers commonly do.)"""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLRDHUP)  # POLLHUP and POLLERR come anyway
+        return bool(poller.poll(0))
 
     def send_answer(self, status: int, payload: bytes, close: bool, extra: str = "") -> None:
         """Write one JSON answer; the whole of it must go out within the idle timeout."""
