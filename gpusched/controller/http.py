@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from gpusched import stages
 from gpusched.controller.admission import (
@@ -274,9 +274,10 @@ class HttpService:
     def _answer(self, raw: RawRequest, caller: Caller) -> tuple[int, bytes]:
         """Run the request through the router; errors become status codes with a JSON body."""
         try:
-            url = urlsplit(raw.target)
-            request = Request(method=raw.method, path=url.path,
-                              query=dict(parse_qsl(url.query)), body=_json_object(raw.body),
+            # An origin-form target, path and query: one starting "//" names no host.
+            path, _, query = raw.target.partition("#")[0].partition("?")
+            request = Request(method=raw.method, path=path,
+                              query=dict(parse_qsl(query)), body=_json_object(raw.body),
                               caller=caller)
             status, body = self.router.dispatch(request)
         except GpuschedError as exc:

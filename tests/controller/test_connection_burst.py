@@ -115,7 +115,7 @@ def _submission(work: Path) -> bytes:
 
 
 # What the connections of a burst send before the close, in turn.
-KINDS = ("nothing", "half a head", "list", "list", "submit", "half a body")
+KINDS = ("nothing", "half a head", "list", "list", "submit", "half a body", "odd target")
 
 
 def _payload(kind: str, live: Live, tcp: bool) -> bytes:
@@ -125,6 +125,8 @@ def _payload(kind: str, live: Live, tcp: bool) -> bytes:
         return b""
     if kind == "half a head":
         return b"GET /v1/jobs?all=1 HTTP/1.1\r\nHost: x\r\n"
+    if kind == "odd target":  # "//" then no host: a 404, no traceback
+        return f"GET //[x/v1/ping HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode()
     if kind == "list":
         return f"GET /v1/jobs?all=1 HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode()
     body = _submission(live.cluster.work)
