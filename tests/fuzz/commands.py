@@ -84,11 +84,18 @@ gsubmit_options = _argv(option_tokens(GSUBMIT.options, EXTRA_GSUBMIT))
 # gqueue: no undecodable byte (\udcff) in a value, which gpusched/cli/listing.py's query
 # text still fails to encode (a traceback); test_fuzz_commands keeps the case.
 gqueue_argv = _argv(option_tokens(GQUEUE.options, EXTRA_GQUEUE)).filter(
-    lambda argv: not any("\udcff" in arg for arg in argv))
+    lambda argv: runnable(argv) and not any("\udcff" in arg for arg in argv))
 SCRIPT = "job.sh"
 tail = st.sampled_from([["--wrap", "true"], [SCRIPT], [SCRIPT, "--epochs", "3"], [],
                         ["missing.sh"], ["--wrap", "true", SCRIPT], ["."]])
-gsubmit_argv = st.builds(lambda head, end: head + end, gsubmit_options, tail)
+
+
+def runnable(argv: list[str]) -> bool:
+    """Whether a real command line can carry these arguments (no NUL byte in one)."""
+    return all("\0" not in arg for arg in argv)
+
+
+gsubmit_argv = st.builds(lambda head, end: head + end, gsubmit_options, tail).filter(runnable)
 
 
 @st.composite
