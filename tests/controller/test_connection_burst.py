@@ -3,7 +3,8 @@ process listening on its Unix socket and on TCP (127.0.0.1, key credentials).
 
 Hundreds of connections are opened together; some send nothing, some half a request
 head, some a whole request that lists every job of the database or stores a job, some a
-submission's head whose body never comes; then every one is closed at the same moment,
+submission's head whose body never comes, some a target the router does not know
+(``//[x/...``, once a traceback); then every one is closed at the same moment,
 half of them with a reset (SO_LINGER 0). Right after, a fresh request on each transport
 must be answered within ANSWER_WITHIN seconds (the requests of clients that left are
 not run); the controller's log holds no traceback; and within SETTLE seconds the
