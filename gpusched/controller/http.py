@@ -179,6 +179,9 @@ class HttpService:
         self.connections = OpenConnections(self.limits)
         self.workers: Workers[Peer] = Workers(self.serve_connection)
         self.complaints = Complaints(log)
+        # Failures of what a request needs rather than of the request (the database's
+        # pool exhausted, the database unreachable): 503, one line in the log.
+        self.unavailable: tuple[type[Exception], ...] = ()
 
     def admit(self, sock: socket.socket, peer: Peer) -> None:
         """Hand the connection to a worker, or answer 503 and close it."""
@@ -282,6 +285,13 @@ class HttpService:
             status, body = self.router.dispatch(request)
         except GpuschedError as exc:
             status, body = exc.http_status, error_body(exc.code, exc.message)
+        except self.unavailable as exc:
+            self.complaints.report(logging.WARNING, "service", type(exc).__name__,
+                                   "could not serve %s %s: %s", raw.method, raw.target[:200],
+                                   str(exc).splitlines()[0][:300] if str(exc) else exc)
+            status = 503
+            body = error_body("unavailable", "the controller cannot serve this now (busy, "
+                                             "or its database out of reach); try again")
         except Exception:
             log.exception("internal error serving %s %s", raw.method, raw.target[:200])
             status = 500

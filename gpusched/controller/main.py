@@ -14,6 +14,7 @@ from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 
 from gpusched.auth.backends import Authenticator
 from gpusched.config import Config
@@ -71,6 +72,7 @@ class Controller:
                               max_connections_per_user=config.controller.max_connections_per_user)
         router = api.router()
         service = HttpService(router, limits, *_authentication(config))
+        service.unavailable = (SqlTimeoutError, OperationalError)
         self.server = UnixHttpServer(config.controller.socket, router,
                                      config.controller.socket_mode, limits, service)
         self.listeners: list[TcpHttpServer] = []
