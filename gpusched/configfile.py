@@ -50,7 +50,10 @@ class TableReader:
             return default
         value = self.table[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an integer past any float (TOML reads them whole)
+                raise self.fail(key, expected) from None
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise self.fail(key, expected)
         return value

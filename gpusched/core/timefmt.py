@@ -39,6 +39,8 @@ def parse_time_limit(text: str) -> int | None:
         seconds = sum(int(part) * _SECONDS[unit] for part, unit in zip(parts, units))
         if seconds <= 0:
             raise TimeFormatError(f"time limit must be positive, got {text!r}")
+        if seconds >= 86400 * 10**MAX_DIGITS:  # its D-HH:MM:SS form would not parse back
+            raise TimeFormatError(f"time limit {text!r} is too long")
         return seconds
     raise TimeFormatError(
         f"invalid time {text!r}: expected M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED"

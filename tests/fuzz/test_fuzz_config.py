@@ -165,3 +165,7 @@ def test_random_documents(tmp_path: Path, name: str, document: dict[str, Any]) -
 @given(st.sampled_from(sorted(EXAMPLES)), noisy_text('[]=."#\n abc0129-{},', 20))
 def test_random_text(tmp_path: Path, name: str, text: str) -> None:
     event(load(tmp_path, name, text))
+
+
+def test_an_integer_past_any_float(tmp_path: Path) -> None:
+    assert load(tmp_path, "partitions.toml", "[billing]\na100 = " + "9" * 400 + "\n") == "refused"

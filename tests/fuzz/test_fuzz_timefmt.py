@@ -72,3 +72,9 @@ def test_begin_and_sacct_times(text: str) -> None:
         assert at.tzinfo is not None
         # What gsubmit sends is the ISO form: it must mean the same moment again.
         assert parse(at.isoformat(), NOW) == at
+
+
+def test_the_longest_time_limit_parses_back() -> None:
+    longest = 86400 * 10**18 - 1
+    assert parse_time_limit(format_duration(longest)) == longest
+    limit("999999999999999999-999999999999999999")  # refused: past the longest
