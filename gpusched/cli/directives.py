@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpusched.errors import UsageError
 
 DIRECTIVE_PREFIXES = ("#GSUB", "#SBATCH")
+_WORD_BREAKS = " \t\r\n"  # shlex's whitespace: a no-break space is within a word
 
 
 class Directive:
@@ -95,6 +96,6 @@ def _strip_comment(text: str) -> str:
                 quote = ""
         elif char in "'\"":
             quote = char
-        elif char == "#" and (index == 0 or text[index - 1].isspace()):
+        elif char == "#" and (index == 0 or text[index - 1] in _WORD_BREAKS):
             return text[:index]
     return text

@@ -149,3 +149,19 @@ def test_gres_lists(text: str) -> None:
 def test_a_gpu_count_too_long_for_int() -> None:
     with pytest.raises(ShapeError):
         parse_gres_list("gpu:" + "9" * 5000)
+
+
+plain_word = st.text(st.characters(exclude_categories=("Cs", "Zl", "Zp", "Cc"),
+                                   exclude_characters=" '\"\\"), min_size=1, max_size=8)
+
+
+@fuzz(300)
+@given(st.lists(plain_word.filter(lambda w: not w.startswith("#")), min_size=1, max_size=6),
+       st.sampled_from(["#SBATCH", "#GSUB"]))
+def test_unquoted_words_come_back_whole(words: list[str], prefix: str) -> None:
+    """Words without quotes, spaces or a leading # are the directive's arguments as they
+    are (a # inside a word, or after a no-break space, is not a comment)."""
+    text = f"#!/bin/sh\n{prefix} {' '.join(words)}\ntrue\n"
+    assume(len(text.splitlines()) == 3)  # no other line break inside a word
+    (directive,) = read_directive_lines(text)
+    assert list(directive.args) == words
