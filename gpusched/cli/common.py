@@ -114,6 +114,8 @@ class _LightCoercion:
         # Stricter than int(), which also takes "1_000" and non-ASCII digits.
         if not re.fullmatch(r"[+-]?[0-9]+", text):
             raise typer.BadParameter(f"{value!r} is not an integer", ctx=ctx, param=param)
+        if len(text.lstrip("+-")) > 18:  # past any bound an option has (and int()'s limit)
+            raise typer.BadParameter(f"{text[:24]}... is too large", ctx=ctx, param=param)
         number = int(text)
         if self.minimum is not None and number < self.minimum:
             raise typer.BadParameter(

@@ -166,8 +166,10 @@ def query_text(query: Mapping[str, str]) -> str:
 
 
 def _quote_plus(text: str) -> str:
+    # surrogateescape: an argument that is not UTF-8 (a byte the shell passed through)
+    # goes as its bytes; the controller refuses what is not a name.
     return "".join(chr(byte) if byte in _UNRESERVED else "+" if byte == 32 else f"%{byte:02X}"
-                   for byte in text.encode("utf-8"))
+                   for byte in text.encode("utf-8", "surrogateescape"))
 
 
 def job_columns(answer: Mapping[str, Any], names: Iterable[str]) -> dict[str, Sequence[Any]]:

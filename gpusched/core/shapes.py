@@ -36,6 +36,8 @@ class ShapeError(ValueError):
 def _count(text: str, what: str, whole: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise ShapeError(f"invalid {what} {whole!r}: {text!r} is not a whole number of GPUs")
+    if len(text) > 18:  # past any bound (and int()'s limit on digits)
+        raise ShapeError(f"invalid {what} {whole[:40]!r}: {text[:24]}... GPUs is too many")
     return int(text)
 
 
@@ -83,7 +85,9 @@ def parse_memory(text: str, what: str = "--mem") -> int:
 
     match = re.match(_MEM, text.strip())
     if not match:
-        raise ShapeError(f"invalid {what} {text.strip()!r}: expected a size such as 4096, "
+        raise ShapeError(f"invalid {what} {text.strip()[:60]!r}: expected a size such as 4096, "
                          f"512M, 64G or 1T")
+    if len(match.group(1)) > 18:  # past any bound (and int()'s limit on digits)
+        raise ShapeError(f"invalid {what} {text.strip()[:40]!r}: too large")
     value = int(match.group(1)) * _MEM_FACTORS[match.group(2).upper()]
     return max(1, round(value)) if int(match.group(1)) else 0
