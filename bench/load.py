@@ -68,9 +68,10 @@ def main() -> int:
         if applied.returncode != 0:
             raise SystemExit(applied.stderr)
         counts = multiprocessing.Array("q", 2)  # launches acknowledged, ends reported
+        stop = multiprocessing.Event()
         per = (len(names) + args.processes - 1) // args.processes
         workers = [multiprocessing.Process(target=agents, args=(
-            socket_path, names[i:i + per], args.gpus, args.run, deadline, counts))
+            socket_path, names[i:i + per], args.gpus, args.run, deadline, counts, stop))
             for i in range(0, len(names), per)]
         for worker in workers:
             worker.start()
@@ -114,9 +115,9 @@ def main() -> int:
         submit_s = time.monotonic() - submit_began
         for thread in threads:
             thread.join(timeout=5)
-        for worker in workers:  # their requests are synchronous: all they sent is in
-            worker.terminate()
-            worker.join(timeout=10)
+        stop.set()  # each agent ends after the request it is in: all it counted is in
+        for worker in workers:
+            worker.join(timeout=30)
         stored = api.request("GET", "/v1/jobs?all=1&partition=sim")["jobs"]
         states: dict[str, int] = {}
         for job in stored:

@@ -26,14 +26,14 @@ def gpus_of(node: str, count: int) -> list[dict[str, Any]]:
 
 
 def agent(socket_path: str, node: str, gpus: int, run: float, deadline: float,
-          counts: Any) -> None:
+          counts: Any, stop: Any = None) -> None:
     """One simulated agent until ``deadline`` (monotonic): what a real one says, with
     runs that end after ``run`` seconds."""
     api = client(socket_path)
     api.request("POST", "/agent/v1/register", {"node": node, "uid": 0,
                                                   "gpus": gpus_of(node, gpus), "runs": []})
     running: list[tuple[float, int, int]] = []  # (ends at, job, run)
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
         now = time.monotonic()
         due = [r for r in running if r[0] <= now]
         if due:
@@ -58,10 +58,13 @@ def agent(socket_path: str, node: str, gpus: int, run: float, deadline: float,
 
 
 def agents(socket_path: str, names: list[str], gpus: int, run: float, deadline: float,
-           counts: Any) -> None:
-    """Several simulated agents, a thread each (a process of the bench)."""
+           counts: Any, stop: Any = None) -> None:
+    """Several simulated agents, a thread each (a process of the bench), until
+    ``deadline`` or ``stop`` (a multiprocessing Event) is set: each finishes the request
+    it is in, so that what it counted is what the controller was told."""
     threads = [threading.Thread(target=agent, args=(socket_path, name, gpus, run, deadline,
-                                                    counts), daemon=True) for name in names]
+                                                    counts, stop), daemon=True)
+               for name in names]
     for thread in threads:
         thread.start()
     for thread in threads:

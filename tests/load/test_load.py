@@ -27,8 +27,9 @@ def test_many_agents_and_submitters_lose_nothing_and_stay_within_bounds(db_url: 
         socket_path = str(cluster.socket)
         deadline = time.monotonic() + 90
         counts = multiprocessing.Array("q", 2)
+        stop = multiprocessing.Event()
         workers = [multiprocessing.Process(target=agents, args=(
-            socket_path, names[i::2], GPUS, 0.3, deadline, counts)) for i in range(2)]
+            socket_path, names[i::2], GPUS, 0.3, deadline, counts, stop)) for i in range(2)]
         for worker in workers:
             worker.start()
         api = client(socket_path)
@@ -56,9 +57,10 @@ def test_many_agents_and_submitters_lose_nothing_and_stay_within_bounds(db_url: 
                     for n in api.request("GET", "/v1/nodes")["nodes"]
                     if n["name"].startswith("sim") and n.get("last_seen")]
             time.sleep(0.5)
+        stop.set()  # each agent ends after the request it is in
         for worker in workers:
-            worker.terminate()
-            worker.join(timeout=10)
+            worker.join(timeout=15)
+            assert worker.exitcode == 0
         stored = api.request("GET", "/v1/jobs?all=1&partition=sim")["jobs"]
     finally:
         cluster.close()
