@@ -21,16 +21,12 @@ import inspect
 import textwrap
 import types
 import typing
-from datetime import datetime
 from typing import Any
 
-from gpusched.core import bounds
+from gpusched.controller.openapi.schemas import READERS, hint_schema, reader_schema
 
 __all__ = ["Components", "Slot", "Walker", "hints_of", "message_schema", "plain_function"]
 
-# Printable one-line text: what gpusched.core.bounds.check_text takes, approximately
-# (C0 and C1 controls out; format and unassigned characters it also refuses).
-PRINTABLE = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
 _MAX_DEPTH = 4  # calls followed from a handler
 
 
@@ -116,27 +112,6 @@ def message_schema(cls: type, components: Components) -> dict[str, Any]:
     return schema
 
 
-def hint_schema(hint: Any) -> dict[str, Any]:
-    """A dataclass field's type as a JSON Schema type."""
-    kinds: list[str] = []
-    for arg in typing.get_args(hint) if _is_union(hint) else (hint,):
-        origin = typing.get_origin(arg) or arg
-        kind = {int: "integer", float: "number", str: "string", bool: "boolean",
-                tuple: "array", list: "array", dict: "object", datetime: "string",
-                type(None): "null"}.get(origin)
-        if kind is None:
-            return {}
-        if kind not in kinds:
-            kinds.append(kind)
-    if "integer" in kinds and "number" in kinds:
-        kinds.remove("integer")
-    return {"type": kinds[0] if len(kinds) == 1 else kinds}
-
-
-def _is_union(hint: Any) -> bool:
-    return typing.get_origin(hint) in (typing.Union, types.UnionType)
-
-
 def hints_of(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
@@ -168,71 +143,6 @@ def _parse_tree(func: types.FunctionType) -> ast.FunctionDef | None:
     return node if isinstance(node, ast.FunctionDef) else None
 
 
-def _nullable(kind: str, nullable: bool) -> Any:
-    return [kind, "null"] if nullable else kind
-
-
-def _text(high: Any, nullable: bool) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": _nullable("string", nullable), "minLength": 1,
-                              "pattern": PRINTABLE}
-    if isinstance(high, int):
-        schema["maxLength"] = high
-    return schema
-
-
-def _integer(low: Any, high: Any, nullable: bool) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": _nullable("integer", nullable)}
-    if isinstance(low, int):
-        schema["minimum"] = low
-    if isinstance(high, int):
-        schema["maximum"] = high
-    return schema
-
-
-_KINDS = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
-          dict: "object"}
-
-
-def _reader_schema(name: str, args: list[Any]) -> tuple[dict[str, Any], bool] | None:
-    """The schema and whether required of ``fields.<name>(body, key, *args)``, from its
-    evaluated arguments (``...`` where one could not be evaluated)."""
-    def arg(i: int) -> Any:
-        return args[i] if i < len(args) else ...
-    if name == "integer":  # the default left out
-        return _integer(arg(0), arg(1), True), False
-    if name == "required_integer":
-        return _integer(arg(0), arg(1), False), True
-    if name == "optional_integer":
-        return _integer(arg(0), arg(1), True), False
-    if name in ("text", "required_text"):
-        return _text(arg(0), name == "text"), name == "required_text"
-    if name == "path":
-        return _text(bounds.PATH_MAX - 1, True), False
-    if name == "flag":
-        return {"type": ["boolean", "null"]}, False
-    if name == "words":
-        items = _text(bounds.MAX_WORD, False)
-        schema = {"type": ["array", "null"], "items": items}
-        if isinstance(arg(0), int):
-            schema["maxItems"] = arg(0)
-        return schema, False
-    if name == "strings":
-        return {"type": ["array", "null"], "items": {"type": "string"}}, False
-    if name == "string_map":
-        return {"type": ["object", "null"], "additionalProperties": {"type": "string"}}, False
-    if name == "one_of":
-        choices = arg(0)
-        return ({"enum": sorted(choices)} if isinstance(choices, (tuple, list, set, frozenset))
-                else {"type": "string"}), True
-    if name == "typed":
-        kind = _KINDS.get(arg(0))
-        return ({"type": [kind, "null"]} if kind else {}), False
-    return None
-
-
-READERS = frozenset({"integer", "required_integer", "optional_integer", "text",
-                     "required_text", "path", "flag", "words", "strings", "string_map",
-                     "one_of", "typed"})
 _REQUEST, _QUERY = object(), object()  # what a name holds besides a body part
 
 
@@ -520,7 +430,7 @@ class _Visit(ast.NodeVisitor):
         values = [self.constant(a) for a in node.args[2:]]
         if name == "integer":  # (default, low, high, expected)
             values = values[1:]
-        found = _reader_schema(name, [... if v is _NOT_CONSTANT else v for v in values])
+        found = reader_schema(name, [... if v is _NOT_CONSTANT else v for v in values])
         if found is None:
             return
         schema, required = found
