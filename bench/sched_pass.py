@@ -48,6 +48,7 @@ from gpusched.core.model import (  # noqa: E402
     StartKind,
 )
 from gpusched.core.plan import plan  # noqa: E402
+from gpusched.core.sharing import shared_node  # noqa: E402
 from gpusched.core.topology import link_rank  # noqa: E402
 
 NOW = 14 * 86400.0
@@ -73,10 +74,7 @@ def cluster(count: int, rng: random.Random) -> list[NodeView]:
 
 def shared(nodes: list[NodeView]) -> list[NodeView]:
     """The nodes with every whole GPU shared by MPS: 100 units of 80 GB."""
-    return [replace(node, gpus=tuple(
-        gpu if gpu.mig_mode or gpu.mig_profile is not None
-        else replace(gpu, sharing="mps", shares=100, memory_mb=80_000) for gpu in node.gpus))
-        for node in nodes]
+    return [shared_node(node, "mps", 100, 80_000) for node in nodes]
 
 
 def with_shares(jobs: list[RunningJob], rng: random.Random) -> list[RunningJob]:

@@ -23,12 +23,37 @@ only when one unit of that GPU's kind is free for the extra time, reservations t
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from gpusched.core.model import GpuView, NodeView, PendingJob, RunningJob
+from gpusched.core.model import GpuView, NodeView, PartitionView, PendingJob, RunningJob
 from gpusched.core.units import INF
 
 SHARE_MODES = ("mps", "shard")
+
+
+def shared_node(node: NodeView, mode: str, shares: int, memory_mb: int = 0) -> NodeView:
+    """``node`` with its whole GPUs (not MIG slices, nor GPUs split into them) shared by
+    ``mode``, ``shares`` units each (and, given, ``memory_mb`` of memory each)."""
+    return replace(node, gpus=tuple(
+        gpu if gpu.mig_profile is not None or gpu.mig_mode
+        else replace(gpu, sharing=mode, shares=shares, memory_mb=memory_mb or gpu.memory_mb)
+        for gpu in node.gpus))
+
+
+def share_nodes(nodes: tuple[NodeView, ...], partitions: Iterable[PartitionView]
+                ) -> tuple[NodeView, ...]:
+    """``nodes`` with the whole GPUs of each node in a partition that shares its GPUs
+    marked so (the first such partition by name: admin apply refuses a node shared two
+    ways)."""
+    sharing: dict[str, tuple[str, int]] = {}
+    for part in partitions:
+        if part.sharing is not None and part.shares > 0:
+            for name in part.nodes:
+                sharing.setdefault(name, (part.sharing, part.shares))
+    if not sharing:
+        return nodes
+    return tuple(shared_node(node, *sharing[node.name]) if node.name in sharing else node
+                 for node in nodes)
 
 
 def carrier_id(position: int) -> int:

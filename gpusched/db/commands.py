@@ -96,7 +96,7 @@ _JOBS = text(
     " j.share_mode, CASE WHEN s.id IS NOT NULL AND (j.share_mode IS NOT NULL"
     " OR j.gpu_mem_mb IS NOT NULL) THEN "
     + latest_share_sql("j.id") + " END AS share,"
-    # The units a GPU of its node offers: as the pass had them (schedule.shared_gpus),
+    # The units a GPU of its node offers: as the pass had them (core.sharing.share_nodes),
     # from the first partition by name that shares the node's GPUs.
     " (SELECT p.shares FROM partitions AS p JOIN nodes AS sn ON sn.id = j.node_id"
     "  WHERE p.sharing IS NOT NULL AND p.shares IS NOT NULL"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,13 +17,13 @@ from gpusched.core.model import (
     JobState,
     NodeState,
     NodeView,
-    PartitionView,
     PendingJob,
     Plan,
     RunningJob,
     Snapshot,
     Start,
 )
+from gpusched.core.sharing import share_nodes
 from gpusched.core.topology import link_rank
 from gpusched.db import commands
 from gpusched.db.admincache import AdminCache, load_admin_tables
@@ -94,26 +93,6 @@ def _nodes(node_rows: list[tuple[Any, ...]], gpu_rows: list[tuple[Any, ...]],
         for nid, name, state, run_uid, cpus, memory_mb, block in node_rows
     )
     return nodes, {name: nid for nid, name, *_ in node_rows}
-
-
-def shared_gpus(nodes: tuple[NodeView, ...], partitions: tuple[PartitionView, ...]
-                ) -> tuple[NodeView, ...]:
-    """``nodes`` with the whole GPUs of each node in a partition that shares its GPUs
-    marked so (``GpuView.sharing`` and ``shares``; the first such partition by name,
-    admin apply refusing a node shared two ways)."""
-    sharing: dict[str, tuple[str, int]] = {}
-    for part in partitions:
-        if part.sharing is not None and part.shares > 0:
-            for name in part.nodes:
-                sharing.setdefault(name, (part.sharing, part.shares))
-    if not sharing:
-        return nodes
-    return tuple(
-        replace(node, gpus=tuple(
-            gpu if gpu.mig_profile is not None or gpu.mig_mode
-            else replace(gpu, sharing=sharing[node.name][0], shares=sharing[node.name][1])
-            for gpu in node.gpus)) if node.name in sharing else node
-        for node in nodes)
 
 
 def _running(allocated: list[tuple[Any, ...]], rows: list[tuple[Any, ...]], grace: float
@@ -197,7 +176,7 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
     tables = admin.tables(session) if admin is not None else load_admin_tables(session)
     partitions = tables.partitions_over(tuple(node_ids))
     snapshot = Snapshot(
-        nodes=shared_gpus(nodes, partitions), partitions=partitions, pending=pending,
+        nodes=share_nodes(nodes, partitions), partitions=partitions, pending=pending,
         running=running, accounts=tables.accounts, user_shares=tables.user_shares,
         usage={(u, a): float(value) for u, a, value in _rows(usage_rows)},
         qos_priority=tables.qos_priority, qos_limits=tables.qos_limits,

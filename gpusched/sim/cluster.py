@@ -32,6 +32,7 @@ from gpusched.config import TableReader, demo_gpus, read_toml
 from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.core.model import GpuView, NodeState, NodeView, PartitionView
 from gpusched.core.shapes import ShapeError, parse_memory
+from gpusched.core.sharing import shared_node
 from gpusched.errors import ConfigError
 
 DEFAULT_PARTITION = "sim"
@@ -57,11 +58,8 @@ class SimCluster:
 
     def shared(self, mode: str, shares: int) -> SimCluster:
         """This cluster with every whole GPU shared by ``mode``, ``shares`` units each."""
-        nodes = tuple(replace(node, gpus=tuple(
-            gpu if gpu.mig_profile is not None or gpu.mig_mode
-            else replace(gpu, sharing=mode, shares=shares) for gpu in node.gpus))
-            for node in self.nodes)
-        return replace(self, nodes=nodes)
+        return replace(self, nodes=tuple(shared_node(node, mode, shares)
+                                         for node in self.nodes))
 
     def describe(self) -> str:
         """One line: how many nodes and GPUs, and per node when uniform."""

@@ -31,6 +31,7 @@ from gpusched.core.plan import SchedulingPass, queue_order
 from gpusched.core.priority import PriorityWeights
 from gpusched.core.sharing import ShareBook, SharedGpu
 from gpusched.core.units import INF, Shape, any_could_start_counted
+from gpusched.core.usage import gpu_fraction
 from gpusched.errors import UsageError
 from gpusched.sim.cluster import SimCluster
 from gpusched.sim.traces import TraceJob
@@ -400,10 +401,8 @@ class Replay:
 
 def _held(run: RunningJob) -> float:
     """GPUs ``run`` holds: its whole ones, and its shares as fractions of theirs."""
-    held = float(len(run.gpu_uuids))
-    for _, units, _ in run.shares:
-        held += units / TRACE_SHARING[1]
-    return held
+    return len(run.gpu_uuids) + sum(gpu_fraction(units, TRACE_SHARING[1])
+                                    for _, units, _ in run.shares)
 
 
 def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
