@@ -103,7 +103,7 @@ class SchedulingPass(ShareStartsMixin):
         if self.book is not None and occupancy is None and self.book.gpus:
             running = (*running, *self.book.carriers())
         self.capacity = Capacity(snapshot.nodes, running, now, occupancy)
-        self.memory = cluster_shares(snapshot.nodes).memory
+        self.shared = cluster_shares(snapshot.nodes)
         self._init_shares()
         # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
         self.pools = UnitPools(self.capacity) if policy.backfill == "conservative" else None
@@ -245,7 +245,7 @@ class SchedulingPass(ShareStartsMixin):
             # else a whole GPU with it (or its wait).
             if self._memory_now(job, task, members, group):
                 return None
-            job = replace(job, gpu_kinds=self.memory.whole(job.gpu_mem_mb))
+            job = replace(job, gpu_kinds=self.shared.memory.whole(job.gpu_mem_mb))
         whole: Shape | None = None
         shape: Shape | None
         pool = None if self.pools is None else self.pools.pool_for(job, members, group)

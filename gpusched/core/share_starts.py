@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from gpusched.core.capacity import Capacity
     from gpusched.core.model import Policy
     from gpusched.core.pools import UnitPools
-    from gpusched.core.sharing import KindMemory
+    from gpusched.core.sharing import ClusterShares
 
 
 class ShareChoice(NamedTuple):
@@ -295,7 +295,7 @@ class ShareStartsMixin:
 
     book: ShareBook | None
     capacity: Capacity
-    memory: KindMemory
+    shared: ClusterShares
     policy: Policy
     pools: UnitPools | None
     blocked: dict[str, PendingJob]
@@ -400,7 +400,7 @@ class ShareStartsMixin:
                     group: object) -> bool:
         """Start a job that asks only for GPU memory on a MIG slice with that much, else
         on a share of a GPU shared by MPS, if either is free now."""
-        for profile in self.memory.slices(job.gpu_mem_mb):  # the smallest that holds it
+        for profile in self.shared.memory.slices(job.gpu_mem_mb):  # the smallest that holds it
             shape = Shape.of(replace(job, gpu_kinds=(profile,)))
             placed = self.capacity.place_now(shape, members, (group, profile))
             if placed is not None:

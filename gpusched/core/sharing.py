@@ -22,6 +22,7 @@ only when one unit of that GPU's kind is free for the extra time, reservations t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -121,7 +122,12 @@ class ClusterShares:
                         and gpu.mig_profile is None:
                     self.sharing_nodes.setdefault(node.name, gpu.sharing)
                     self.units = self.units or gpu.shares
-        self.memory = KindMemory(nodes)
+        self._nodes = nodes
+
+    @functools.cached_property
+    def memory(self) -> KindMemory:
+        """The memory of each kind of unit: worked out when a job asks for GPU memory."""
+        return KindMemory(self._nodes)
 
 
 _last_shares: tuple[Sequence[NodeView], ClusterShares] | None = None

@@ -84,6 +84,9 @@ _CLAIM = text(
     " AND (claimed_at IS NULL OR claimed_at < :stale)"
     " ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
     "RETURNING id, kind, job_id, run, payload")
+# A job to launch (its script read) that may hold a share of a GPU: only those pay for
+# reading it.
+_MAY_SHARE = "s.id IS NOT NULL AND (j.share_mode IS NOT NULL OR j.gpu_mem_mb IS NOT NULL)"
 # The jobs of claimed commands; for those to launch (:launch), their script and the GPU
 # UUIDs of their latest run (placements.latest_gpus_sql).
 _JOBS = text(
@@ -93,15 +96,14 @@ _JOBS = text(
     " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
     " CASE WHEN s.id IS NULL THEN NULL ELSE "
     + latest_gpus_sql("j.id") + " END AS gpu_uuids,"
-    " j.share_mode, CASE WHEN s.id IS NOT NULL AND (j.share_mode IS NOT NULL"
-    " OR j.gpu_mem_mb IS NOT NULL) THEN "
+    " j.share_mode, CASE WHEN " + _MAY_SHARE + " THEN "
     + latest_share_sql("j.id") + " END AS share,"
     # The units a GPU of its node offers: as the pass had them (core.sharing.share_nodes),
     # from the first partition by name that shares the node's GPUs.
-    " (SELECT p.shares FROM partitions AS p JOIN nodes AS sn ON sn.id = j.node_id"
-    "  WHERE p.sharing IS NOT NULL AND p.shares IS NOT NULL"
-    "  AND ('*' = ANY(p.nodes) OR sn.name = ANY(p.nodes)) ORDER BY p.name LIMIT 1)"
-    " AS share_of "
+    " CASE WHEN " + _MAY_SHARE + " THEN (SELECT p.shares FROM partitions AS p"
+    "  JOIN nodes AS sn ON sn.id = j.node_id WHERE p.sharing IS NOT NULL"
+    "  AND p.shares IS NOT NULL AND ('*' = ANY(p.nodes) OR sn.name = ANY(p.nodes))"
+    "  ORDER BY p.name LIMIT 1) END AS share_of "
     "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id AND j.id = ANY(:launch) "
     "WHERE j.id = ANY(:ids)")
 _CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = ANY(:ids)")
