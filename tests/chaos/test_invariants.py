@@ -15,8 +15,8 @@ from sqlalchemy import CursorResult, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
-from gpusched.core.model import Plan, Start
-from gpusched.db import agents, jobs, node_failure, submit
+from gpusched.core.model import Plan, Preemption, Start
+from gpusched.db import agents, health, jobs, node_failure, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
@@ -46,14 +46,18 @@ class Db:
             return submit.submit_job(s, {"script": "#!/bin/sh\n", "work_dir": "/tmp",
                                          "gpus": 1, **body}, who).id
 
-    def start(self, job_id: int, *uuids: str, shares: tuple[tuple[str, int, int], ...] = ()
-              ) -> None:
-        """Start ``job_id`` on ``uuids`` of n1 as a pass would, and its script's run."""
+    def start(self, job_id: int, *uuids: str, shares: tuple[tuple[str, int, int], ...] = (),
+              script: bool = True) -> None:
+        """Start ``job_id`` on ``uuids`` of n1 as a pass would, and (``script``) its
+        script's run."""
+        self.apply(Plan(starts=(Start(job_id, "n1", uuids, shares=shares),)))
+        if script:
+            self.write(job_id, self.run_of(job_id), f"start n1 {time.time()}")
+
+    def apply(self, plan: Plan) -> None:
         with self.sessions() as s, s.begin():
             snapshot, node_ids = load_snapshot(s)
-            apply_plan(s, snapshot, Plan(starts=(Start(job_id, "n1", uuids, shares=shares),)),
-                       node_ids)
-        self.write(job_id, self.run_of(job_id), f"start n1 {time.time()}")
+            apply_plan(s, snapshot, plan, node_ids)
 
     def end(self, job_id: int, outcome: str, code: int | None = None,
             wrote: bool = True) -> None:
@@ -151,6 +155,44 @@ def test_a_clean_history_of_the_code_paths_breaks_no_rule(db: Db) -> None:
     assert (states[made.requeued], states[made.node_fail], states[made.held]) == \
         ("FAILED", "NODE_FAIL", "PENDING")
     assert db.run_of(made.requeued) == 1
+
+
+def test_arrays_preemption_a_gpu_failure_and_shares_break_no_rule(db: Db) -> None:
+    clean_history(db)
+    db.sql("UPDATE partitions SET sharing = 'mps', shares = 4 WHERE name = 'gpu'")
+    record = db.submit(array="0-1")
+    db.apply(Plan(starts=(Start(record, "n1", ("GPU-0",), array_task_id=0),
+                          Start(record, "n1", ("GPU-1",), array_task_id=1))))
+    tasks = [row[0] for row in db.sql(
+        "SELECT id FROM jobs WHERE array_job_id = :r ORDER BY array_task_id", r=record)]
+    assert len(tasks) == 2 and tasks[1] == record  # the last task is the record itself
+    for task in tasks:
+        db.write(task, 0, f"start n1 {time.time()}")
+        db.end(task, "completed", 0)
+    victim, preemptor, failing, lost = db.submit(), db.submit(), db.submit(), db.submit()
+    db.start(victim, "GPU-0")
+    db.apply(Plan(preemptions=(Preemption(victim, preemptor, "requeue"),)))
+    db.end(victim, "cancelled", wrote=False)
+    db.start(preemptor, "GPU-0")
+    db.end(preemptor, "completed", 0)
+    db.start(failing, "GPU-1")
+    with db.sessions() as s, s.begin():
+        health.report_faults(s, "n1", {"faults": [{"uuid": "GPU-1", "reason": "Xid 79"}]})
+    db.end(failing, "cancelled", wrote=False)
+    with db.sessions() as s, s.begin():
+        health.resume_gpu(s, "n1", 1)
+    db.start(lost, "GPU-0", script=False)  # the agent lost its launch: nothing ran
+    db.end(lost, "not_started", wrote=False)
+    for job_id in (victim, failing, lost):
+        db.start(job_id, "GPU-0")
+        db.end(job_id, "completed", 0)
+    shares = [db.submit(share_mode="mps", share=2) for _ in range(2)]
+    for job_id in shares:
+        db.start(job_id, "GPU-1", shares=(("GPU-1", 2, 0),))
+    for job_id in shares:
+        db.end(job_id, "completed", 0)
+    assert db.check() == []
+    assert [db.run_of(j) for j in (victim, failing, lost)] == [1, 1, 1]
 
 
 def test_state_nothing_runs_or_waits_after_a_drain(db: Db) -> None:
