@@ -43,6 +43,24 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """Purging finished jobs (Slurm's PurgeJobAfter, ArchiveJobs, ArchiveDir): those that
+    ended more than ``purge_after`` seconds ago are written to compressed files in
+    ``archive_dir`` (unless ``archive`` is false) and deleted, every ``interval``
+    seconds, at most ``batch_size`` jobs a transaction (docs/admin-guide.md). None: kept."""
+
+    purge_after: int | None = None
+    archive: bool = True
+    archive_dir: Path = Path("/var/lib/gpusched/archive")
+    interval: float = 3600.0
+    batch_size: int = 1000
+
+
+RETENTION_BOUNDS = {"purge_job_after": (3600, 36_500 * 86_400), "interval": (1, 86_400),
+                    "batch_size": (1, 10_000)}
+
+
+@dataclass(frozen=True)
 class ControllerConfig:
     """Settings of ``gpusched controller``."""
 
@@ -72,6 +90,7 @@ class ControllerConfig:
     # The addresses a node's munge credentials may come from, where DNS does not give
     # them: (node name, (address, ...)) pairs.
     node_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
 
 @dataclass(frozen=True)
@@ -142,7 +161,7 @@ def _controller(r: TableReader) -> ControllerConfig:
     r.check_keys({"socket", "socket_mode", "schedule_interval", "node_timeout",
                   "gpu_resume_after", "idle_percent", "idle_after", "max_submit_jobs_per_user",
                   "idle_timeout", "max_connections", "max_connections_per_user", "admin_group",
-                  "listen", "node_addresses"})
+                  "listen", "node_addresses", "retention"})
     mode = r.get("socket_mode", int, 0o666, "an integer file mode such as 0o666")
     if not 0 <= mode <= 0o777:
         raise r.fail("socket_mode", "an integer file mode such as 0o666")
@@ -163,8 +182,32 @@ def _controller(r: TableReader) -> ControllerConfig:
         admin_group=_group_name(r, "admin_group"),
         listen=endpoints_in(r, "listen"),
         node_addresses=_node_addresses(r.sub("node_addresses")),
+        retention=_retention(r.sub("retention")),
     )
 
+
+def _retention(r: TableReader) -> RetentionConfig:
+    r.check_keys({"purge_job_after", "archive_jobs", "archive_dir", "interval", "batch_size"})
+    low, high = RETENTION_BOUNDS["purge_job_after"]
+    expected = "a time from 1:00:00 to 36500-00:00:00 such as '30-00:00:00', or 'UNLIMITED'"
+    after = r.time_limit("purge_job_after") if "purge_job_after" in r.table else None
+    if after is not None and not low <= after <= high:
+        raise r.fail("purge_job_after", expected)
+    low, high = RETENTION_BOUNDS["interval"]
+    interval = r.get("interval", float, RetentionConfig.interval, "1 to 86400 seconds")
+    if not low <= interval <= high:  # NaN fails too
+        raise r.fail("interval", "1 to 86400 seconds")
+    low, high = RETENTION_BOUNDS["batch_size"]
+    batch = r.get("batch_size", int, RetentionConfig.batch_size, "1 to 10000 jobs")
+    if not low <= batch <= high:
+        raise r.fail("batch_size", "1 to 10000 jobs")
+    archive_dir = r.absolute_path("archive_dir", RetentionConfig.archive_dir)
+    if "\0" in str(archive_dir) or len(str(archive_dir)) > 1024:
+        raise r.fail("archive_dir", "an absolute path (at most 1024 characters, no NUL)")
+    return RetentionConfig(
+        purge_after=after, archive=r.get("archive_jobs", bool, True, "true or false"),
+        archive_dir=archive_dir,
+        interval=float(interval), batch_size=int(batch))
 
 def _node_addresses(r: TableReader) -> tuple[tuple[str, tuple[str, ...]], ...]:
     expected = "a list of 1 to 16 IP addresses, such as [\"10.0.0.5\"]"

@@ -112,6 +112,7 @@ def gacct(
         query = {"start": str((start or now).timestamp()), "end": str((end or now).timestamp())}
         with ApiClient() as client:
             answer = client.request("GET", f"/v1/accounting/report?{urlencode(query)}")
+        _warn_archive_errors(answer)
         _report(answer, as_json, plot)
         return
     if user:
@@ -127,7 +128,9 @@ def gacct(
     if end is not None:
         query["end"] = str(end.timestamp())
     with ApiClient() as client:
-        records = client.request("GET", f"/v1/accounting?{urlencode(query, safe=',')}")["jobs"]
+        answer = client.request("GET", f"/v1/accounting?{urlencode(query, safe=',')}")
+    records = answer["jobs"]
+    _warn_archive_errors(answer)
     if as_json:
         typer.echo(json.dumps({"jobs": records}, indent=2))
         return
@@ -155,6 +158,12 @@ def gacct(
         return
     print_table(COLUMNS, rows, right_aligned=frozenset({0, 7, 8, 10, 11, 12, 13, 14, 15}),
                 shrinkable=frozenset({1, 2, 3, 4}))
+
+
+def _warn_archive_errors(answer: dict[str, Any]) -> None:
+    """Name on stderr each archive of purged jobs the controller could not read."""
+    for problem in answer.get("archive_errors") or ():
+        typer.echo(f"{PROG}: warning: {terminal_safe(str(problem))}", err=True)
 
 
 def _print_parsable(headers: Sequence[str], rows: list[list[str]], trailing: bool) -> None:

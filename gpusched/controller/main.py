@@ -26,6 +26,7 @@ from gpusched.controller.http import (
     TcpHttpServer,
     UnixHttpServer,
 )
+from gpusched.controller.retention import ArchiveShelf, RetentionJob
 from gpusched.controller.scheduler import SchedulerLoop
 from gpusched.db import allocations, health, node_failure
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
@@ -62,11 +63,17 @@ class Controller:
         self.scheduler = SchedulerLoop(self.sessions, self.events, dsn, config.scheduler.policy(),
                                        config.scheduler.pass_budget or None,
                                        config.scheduler.admin_cache_max_age)
+        retention = config.controller.retention
+        self.retention = (RetentionJob(self.sessions, retention, self.scheduler.leadership)
+                          if retention.purge_after is not None else None)
+        if self.retention is not None and retention.archive:
+            self.retention.shelf.prepare()  # a bad archive directory stops the start here
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
                   (config.controller.idle_percent, config.controller.idle_after),
                   config.controller.max_submit_jobs_per_user, config.controller.admin_group,
-                  config.scheduler.allocation_grace)
+                  config.scheduler.allocation_grace,
+                  archives=ArchiveShelf(config.controller.retention.archive_dir))
         limits = ServerLimits(idle_timeout=config.controller.idle_timeout,
                               max_connections=config.controller.max_connections,
                               max_connections_per_user=config.controller.max_connections_per_user)
@@ -99,6 +106,9 @@ class Controller:
             self.periodic.add_job(self.resume_gpus, "interval",
                                   seconds=max(1.0, min(60.0, config.controller.gpu_resume_after / 4)),
                                   id="gpu-clean-period")
+        if self.retention is not None:  # finished jobs archived and purged
+            self.periodic.add_job(self.retention.run, "interval",
+                                  seconds=config.controller.retention.interval, id="job-retention")
         self._dsn = dsn
 
     def resume_gpus(self) -> None:

@@ -22,6 +22,7 @@ from gpusched.controller.api.steps import StepRoutes
 from gpusched.controller.events import Events
 from gpusched.controller.http import Request, Router
 from gpusched.controller.openapi import OpenApi
+from gpusched.controller.retention import ArchiveShelf
 from gpusched.core.model import Policy
 
 
@@ -33,14 +34,15 @@ class Api:
                  pass_stats: Callable[[], dict[str, Any]] = dict,
                  policy: Policy | None = None, idle: tuple[float, float] = (1.0, 3600.0),
                  max_submit_jobs: int | None = None, admin_group: str | None = None,
-                 allocation_grace: float = 60.0) -> None:
+                 allocation_grace: float = 60.0,
+                 archives: ArchiveShelf | None = None) -> None:
         self.context = ApiContext(
             sessions=sessions, events=events, is_leader=is_leader, pass_stats=pass_stats,
             policy=policy or Policy(), idle_percent=idle[0], idle_after=idle[1],
             max_submit_jobs=max_submit_jobs, own_uid=os.geteuid(),
             admins=AdminPolicy(admin_group))
         self.resources: tuple[Routes, ...] = (JobRoutes(self.context), NodeRoutes(self.context),
-                          AccountingRoutes(self.context), AdminRoutes(self.context),
+                          AccountingRoutes(self.context, archives), AdminRoutes(self.context),
                           AgentRoutes(self.context), StepRoutes(self.context),
                           AllocationRoutes(self.context, allocation_grace))
 

@@ -4,14 +4,23 @@ fair-share tree (``/v1/share``) and pending jobs' priority factors (``/v1/priori
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from datetime import datetime
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from gpusched.controller.api.common import ApiContext, epoch_param, id_set, word_list
 from gpusched.controller.http import Request, Router
+from gpusched.controller.retention import (
+    ArchiveQuery,
+    ArchiveShelf,
+    with_archived,
+    with_archived_usage,
+)
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.plan import job_priorities
-from gpusched.db import accounting
+from gpusched.db import accounting, retention
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import UsageError
 
@@ -19,8 +28,9 @@ from gpusched.errors import UsageError
 class AccountingRoutes:
     """Anyone may read the records, the shares and the priorities."""
 
-    def __init__(self, context: ApiContext) -> None:
+    def __init__(self, context: ApiContext, archives: ArchiveShelf | None = None) -> None:
         self.context = context
+        self.archives = archives  # purged jobs' archives (controller/retention.py)
 
     def add_to(self, r: Router) -> None:
         """Register the accounting, share and priority routes."""
@@ -30,14 +40,21 @@ class AccountingRoutes:
         r.add("GET", "/v1/share", self.share)
 
     def accounting(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Finished and running jobs with what they used (docs/api.md)."""
+        """Finished and running jobs with what they used, and the purged ones of the
+        archives that may hold any asked for: the caller's own, for all but an
+        administrator (docs/api.md)."""
         q = request.query
+        asked = ArchiveQuery(word_list(q.get("user")), word_list(q.get("account")),
+                             [s.upper() for s in word_list(q.get("state")) or []] or None,
+                             sorted(id_set(q["ids"])) if q.get("ids") else None,
+                             epoch_param(q, "start"), epoch_param(q, "end"))
         with self.context.sessions() as session:
-            return 200, {"jobs": accounting.job_records(
-                session, word_list(q.get("user")), word_list(q.get("account")),
-                [s.upper() for s in word_list(q.get("state")) or []] or None,
-                sorted(id_set(q["ids"])) if q.get("ids") else None,
-                epoch_param(q, "start"), epoch_param(q, "end"))}
+            records = accounting.job_records(session, asked.users, asked.accounts, asked.states,
+                                             asked.ids, asked.start, asked.end)
+        if self.archives is None:
+            return 200, {"jobs": records}
+        viewer = None if self.context.is_admin(request.caller) else request.caller.uid
+        return 200, with_archived(self.archives, records, replace(asked, uid=viewer))
 
     def accounting_report(self, request: Request) -> tuple[int, dict[str, Any]]:
         """GPU-hours per account and user within a window (``start``, ``end``: epoch s)."""
@@ -46,7 +63,19 @@ class AccountingRoutes:
             raise UsageError("start, end: expected a window, start before end (epoch seconds)")
         with self.context.sessions() as session:
             return 200, {"start": start.isoformat(), "end": end.isoformat(),
-                         "rows": accounting.usage_report(session, start, end)}
+                         "rows": self.usage_with_archives(request, session, start, end)}
+
+    def usage_with_archives(self, request: Request, session: Session, start: datetime,
+                            end: datetime) -> list[dict[str, Any]]:
+        """The report's rows, the archived jobs' GPU time added (only the caller's own
+        jobs', but for an administrator); an archive it cannot read is logged."""
+        rows = accounting.usage_report(session, start, end)
+        if self.archives is None:
+            return rows
+        viewer = None if self.context.is_admin(request.caller) else request.caller.uid
+        return with_archived_usage(self.archives, rows, ArchiveQuery(start=start, end=end,
+                                                                     uid=viewer),
+                                   lambda ids: retention.present(session, ids))[0]
 
     def priority(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Pending jobs' priority factors, highest first (``?ids=`` to choose jobs)."""
