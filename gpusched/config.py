@@ -20,7 +20,7 @@ from gpusched.agent.settings import StaticGpu as StaticGpu
 from gpusched.agent.settings import demo_gpus as demo_gpus
 from gpusched.agent.settings import parse_agent
 from gpusched.auth.settings import AuthConfig, parse_auth
-from gpusched.client.endpoints import Endpoint, endpoints_in
+from gpusched.client.endpoints import Endpoint, endpoints_in, parse_endpoint
 from gpusched.configfile import TableReader as TableReader  # re-exported
 from gpusched.configfile import read_toml as read_toml
 from gpusched.core.model import PACKINGS, Policy
@@ -126,6 +126,29 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Where the controller and the agent serve ``GET /metrics`` (docs/operations.md);
+    None: not served."""
+
+    controller_listen: Endpoint | None = None
+    agent_listen: Endpoint | None = None
+
+
+def _metrics(r: TableReader) -> MetricsConfig:
+    r.check_keys({"controller_listen", "agent_listen"})
+    found: dict[str, Endpoint | None] = {}
+    for key in ("controller_listen", "agent_listen"):
+        value = r.get(key, str, None, "'host:port' such as '127.0.0.1:9464'")
+        if value is not None and not value.rpartition(":")[2].isdigit():
+            raise r.fail(key, "'host:port' such as '127.0.0.1:9464' (the port is required)")
+        try:
+            found[key] = None if value is None else parse_endpoint(value)
+        except ValueError as exc:
+            raise ConfigError(f"{r.source}: {r.prefix}{key}: {exc}") from None
+    return MetricsConfig(**found)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration of a gpusched installation."""
 
@@ -138,6 +161,7 @@ class Config:
     # Where CLIs and agents reach the controllers over TCP, tried in turn; empty: the
     # local Unix socket ([controller] socket).
     controllers: tuple[Endpoint, ...] = ()
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = "<defaults>"
 
     def default_partition(self) -> PartitionConfig:
@@ -350,7 +374,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
     """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
     top = TableReader(source, data, "")
     top.check_keys({"database", "controller", "agent", "partitions", "scheduler", "auth",
-                    "controllers"})
+                    "controllers", "metrics"})
     database = top.sub("database")
     database.check_keys({"url"})
     url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
@@ -375,6 +399,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
         partitions=_partitions(source, data.get("partitions")),
         auth=auth,
         controllers=controllers,
+        metrics=_metrics(top.sub("metrics")),
         source=source,
     )
 

@@ -22,12 +22,14 @@ from gpusched.agent.health import Fault, HealthMonitor
 from gpusched.agent.healthcheck import HealthCheck
 from gpusched.agent.inventory import node_inventory
 from gpusched.agent.launcher import JobEnd, Launcher
+from gpusched.agent.metrics import AgentMetrics
 from gpusched.agent.nvml import NvmlUnavailable
 from gpusched.agent.stepagent import NodeSteps
 from gpusched.agent.steps import node_address
 from gpusched.client import ApiClient
 from gpusched.client.settings import controllers_from, node_credentials
 from gpusched.config import Config
+from gpusched.controller.metrics_http import MetricsServer
 from gpusched.core.bounds import MAX_ENDS_REPORTED
 from gpusched.errors import ConfigError, GpuschedError, NotFound, Unavailable
 from gpusched.messages import JobEnd as EndReport
@@ -78,6 +80,9 @@ class Agent:
         self.controllers = controllers_from(os.environ, config.controllers)
         self._credentials = (node_credentials(config.auth, self.node)
                              if self.controllers else None)
+        self.metrics_listen = config.metrics.agent_listen  # where GET /metrics is served
+        self.metrics = (None if self.metrics_listen is None
+                        else AgentMetrics(self.node, self.launcher))
 
     def _client(self) -> ApiClient:
         """A connection to the controllers over TCP with this node's credentials, or to
@@ -100,6 +105,11 @@ class Agent:
         adopted = self.launcher.adopt()
         if adopted:
             log.info("re-adopted running jobs %s", adopted)
+        server = None
+        if self.metrics is not None and self.metrics_listen is not None:
+            server = MetricsServer(self.metrics_listen.host, self.metrics_listen.port,
+                                   self.metrics.scrape, "metrics.agent_listen")
+            server.start()
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         reporter = threading.Thread(target=self._report_loop, name="reporter", daemon=True)
         reporter.start()
@@ -115,6 +125,8 @@ class Agent:
                              daemon=True).start()
         with self._client() as client:
             self._serve(client)
+        if server is not None:
+            server.close()
         release(self.confinement)
 
     def stop(self) -> None:
@@ -191,9 +203,9 @@ class Agent:
             def sample(gpus: list[dict[str, Any]]) -> None:
                 client.request("POST", "/agent/v1/samples", {"node": self.node, "gpus": gpus})
 
-            monitor = HealthMonitor(report, frozenset(self.config.ignore_xids),
-                                    self.config.max_temperature, self.config.health_interval,
-                                    sample)
+            make = HealthMonitor if self.metrics is None else self.metrics.health_monitor
+            monitor = make(report, frozenset(self.config.ignore_xids),
+                           self.config.max_temperature, self.config.health_interval, sample)
             self._monitor = monitor
             try:
                 monitor.run()

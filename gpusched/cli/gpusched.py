@@ -265,6 +265,18 @@ def share(as_json: JsonOption = False) -> None:
                 shrinkable=frozenset({0, 1}))
 
 
+@app.command("diag")
+def diag_command(as_json: JsonOption = False) -> None:
+    """The controller's own figures, like sdiag: passes and their durations, backfill
+    depth, starts by kind, API requests per route, agents' heartbeats, database pool.
+
+    Examples: gpusched diag; gpusched diag --json
+    """
+    from gpusched.cli.diag import diag
+
+    diag(as_json)
+
+
 def _print_json(value: object) -> None:
     import json
 

@@ -85,6 +85,7 @@ class Request:
     body: dict[str, Any]
     caller: Caller
     params: dict[str, str] = field(default_factory=dict)
+    route: str = ""  # the pattern of the route that matched (metrics); "" while none
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class Router:
             if not match:
                 continue
             allowed = True
+            request.route = request.route or regex.pattern  # a 405 is counted on it too
             if method == request.method:
                 request.params = match.groupdict()
                 return handler(request)
@@ -182,6 +184,8 @@ class HttpService:
         # Failures of what a request needs rather than of the request (the database's
         # pool exhausted, the database unreachable): 503, one line in the log.
         self.unavailable: tuple[type[Exception], ...] = ()
+        # Told of each request answered: method, route pattern ("" if none), status, seconds.
+        self.observe: Callable[[str, str, int, float], None] | None = None
 
     def admit(self, sock: socket.socket, peer: Peer) -> None:
         """Hand the connection to a worker, or answer 503 and close it."""
@@ -276,6 +280,7 @@ class HttpService:
 
     def _answer(self, raw: RawRequest, caller: Caller) -> tuple[int, bytes]:
         """Run the request through the router; errors become status codes with a JSON body."""
+        began, request = time.perf_counter(), None
         try:
             # An origin-form target, path and query: one starting "//" names no host.
             path, _, query = raw.target.partition("#")[0].partition("?")
@@ -296,6 +301,9 @@ class HttpService:
             log.exception("internal error serving %s %s", raw.method, raw.target[:200])
             status = 500
             body = error_body("internal", "internal error in the controller; see its log")
+        if self.observe is not None:
+            self.observe(raw.method, request.route if request is not None else "", status,
+                         time.perf_counter() - began)
         return status, body.payload if isinstance(body, EncodedJson) else _encode(body)
 
 

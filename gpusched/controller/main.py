@@ -26,6 +26,8 @@ from gpusched.controller.http import (
     TcpHttpServer,
     UnixHttpServer,
 )
+from gpusched.controller.metrics import ControllerMetrics
+from gpusched.controller.metrics_http import MetricsServer
 from gpusched.controller.retention import ArchiveShelf, RetentionJob
 from gpusched.controller.scheduler import SchedulerLoop
 from gpusched.db import allocations, health, node_failure
@@ -68,11 +70,14 @@ class Controller:
                           if retention.purge_after is not None else None)
         if self.retention is not None and retention.archive:
             self.retention.shelf.prepare()  # a bad archive directory stops the start here
+        self.metrics = ControllerMetrics(self.sessions, self.engine.pool,
+                                         lambda: self.scheduler.is_leader)
+        self.scheduler.observer = self.metrics.observe_pass
         api = Api(self.sessions, self.events, lambda: self.scheduler.is_leader,
                   lambda: asdict(self.scheduler.stats), config.scheduler.policy(),
                   (config.controller.idle_percent, config.controller.idle_after),
                   config.controller.max_submit_jobs_per_user, config.controller.admin_group,
-                  config.scheduler.allocation_grace,
+                  config.scheduler.allocation_grace, self.metrics,
                   archives=ArchiveShelf(config.controller.retention.archive_dir))
         limits = ServerLimits(idle_timeout=config.controller.idle_timeout,
                               max_connections=config.controller.max_connections,
@@ -80,12 +85,17 @@ class Controller:
         router = api.router()
         service = HttpService(router, limits, *_authentication(config))
         service.unavailable = (SqlTimeoutError, OperationalError)
+        service.observe = self.metrics.observe_request
         self.server = UnixHttpServer(config.controller.socket, router,
                                      config.controller.socket_mode, limits, service)
         self.listeners: list[TcpHttpServer] = []
+        self.metrics_server: MetricsServer | None = None
         try:
             for endpoint in config.controller.listen:
                 self.listeners.append(TcpHttpServer(endpoint, service))
+            if (where := config.metrics.controller_listen) is not None:
+                self.metrics_server = MetricsServer(where.host, where.port, self.metrics.scrape,
+                                                    "metrics.controller_listen")
         except BaseException:
             self._close_servers()
             raise
@@ -209,6 +219,8 @@ class Controller:
         for listener in self.listeners:
             threading.Thread(target=listener.serve_forever, kwargs={"poll_interval": 0.5},
                              name=f"listen-{listener.endpoint}", daemon=True).start()
+        if self.metrics_server is not None:
+            self.metrics_server.start()
         log.info("controller listening on %s%s", self.config.controller.socket,
                  "".join(f" and {listener.endpoint}" for listener in self.listeners))
         try:
@@ -231,6 +243,8 @@ class Controller:
         self.server.shutdown()
 
     def _close_servers(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         for listener in self.listeners:
             listener.server_close()
         self.server.server_close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched import stages
 from gpusched.controller.events import Events
-from gpusched.core.model import Policy
+from gpusched.core.model import Plan, Policy, Snapshot
 from gpusched.core.plan import plan
 from gpusched.db import mig_changes
 from gpusched.db.admincache import AdminCache
@@ -65,6 +66,8 @@ class SchedulerLoop:
         self.resume_after: int | None = None  # where the last pass stopped examining, if early
         self.leadership = Leadership(dsn)
         self.stats = PassStats()
+        # Told of each pass applied: seconds, snapshot, plan, when it ended (metrics).
+        self.observer: Callable[[float, Snapshot, Plan, float], None] | None = None
         self._woken_at: float | None = None  # when the wake-up of the coming pass came
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
@@ -167,6 +170,8 @@ class SchedulerLoop:
         self.stats.last_seconds = elapsed
         self.stats.max_seconds = max(self.stats.max_seconds, elapsed)
         self.stats.total_started += len(decided.starts)
+        if self.observer is not None:
+            self.observer(elapsed, snapshot, decided, time.time())
         if decided.starts:
             log.info("pass %d: %d pending (%d read), %d started in %.1f ms",
                      self.stats.passes, len(snapshot.pending), self.pending_rows.last_read,

@@ -112,6 +112,7 @@ MATRIX = (
     Row("GET /v1/accounting/report", "-", ANYONE, query="start=0&end=4102444800"),
     Row("GET /v1/priority", "pending", ANYONE),
     Row("GET /v1/share", "-", ANYONE),
+    Row("GET /v1/diag", "-", ANYONE),
     Row("POST /v1/admin/apply", "-", ADMIN,
         {"files": [{"source": "authz.toml", "data": {}}], "dry_run": True}),
     Row("POST /v1/gpus/drain", "-", ADMIN, {"node": "node02", "index": 3, "reason": "authz"}),

@@ -19,8 +19,10 @@ from gpusched.controller.api.common import ApiContext, CheckedRouter, Routes
 from gpusched.controller.api.jobs import JobRoutes
 from gpusched.controller.api.nodes import NodeRoutes
 from gpusched.controller.api.steps import StepRoutes
+from gpusched.controller.diag import DiagRoutes
 from gpusched.controller.events import Events
 from gpusched.controller.http import Request, Router
+from gpusched.controller.metrics import ControllerMetrics
 from gpusched.controller.openapi import OpenApi
 from gpusched.controller.retention import ArchiveShelf
 from gpusched.core.model import Policy
@@ -35,6 +37,7 @@ class Api:
                  policy: Policy | None = None, idle: tuple[float, float] = (1.0, 3600.0),
                  max_submit_jobs: int | None = None, admin_group: str | None = None,
                  allocation_grace: float = 60.0,
+                 metrics: ControllerMetrics | None = None,
                  archives: ArchiveShelf | None = None) -> None:
         self.context = ApiContext(
             sessions=sessions, events=events, is_leader=is_leader, pass_stats=pass_stats,
@@ -44,7 +47,8 @@ class Api:
         self.resources: tuple[Routes, ...] = (JobRoutes(self.context), NodeRoutes(self.context),
                           AccountingRoutes(self.context, archives), AdminRoutes(self.context),
                           AgentRoutes(self.context), StepRoutes(self.context),
-                          AllocationRoutes(self.context, allocation_grace))
+                          AllocationRoutes(self.context, allocation_grace),
+                          DiagRoutes(metrics or ControllerMetrics(sessions, None, is_leader)))
 
     def router(self) -> Router:
         """All routes of docs/api.md."""
