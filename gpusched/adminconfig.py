@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.config import TableReader, read_toml
+from gpusched.core.budgets import MAX_GPU_HOURS, PERIODS
 from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.errors import ConfigError
@@ -63,6 +64,9 @@ class AccountSpec:
     shares: int = 1
     qos: tuple[str, ...] | None = None  # the QOS its users may use; None: its parent's
     default_qos: str | None = None
+    # Its GPU-hour budget (its sub-accounts' jobs count too; None: none) and its period.
+    gpu_hours: float | None = None
+    gpu_hours_period: str = "none"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,10 @@ class UserSpec:
     qos: tuple[str, ...] | None = None  # the QOS they may use; None: their account's
     default_qos: str | None = None
     max_submit_jobs: int | None = None  # jobs pending or running at once, per association
+    # GPU-hour budgets, as (account, GPU-hours) of the accounts that have one, and their
+    # period.
+    gpu_hours: tuple[tuple[str, float], ...] = ()
+    gpu_hours_period: str = "none"
 
 
 @dataclass(frozen=True)
@@ -219,16 +227,62 @@ def _qos_access(r: TableReader) -> tuple[tuple[str, ...] | None, str | None]:
     return allowed, default
 
 
+_HOURS = f"a number of GPU-hours from 0 to {MAX_GPU_HOURS:.0f}"
+
+
+def _gpu_hours(r: TableReader, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise r.fail(key, _HOURS)
+    try:
+        hours = float(value)
+    except OverflowError:
+        raise r.fail(key, _HOURS) from None
+    if not 0 <= hours <= MAX_GPU_HOURS:  # NaN fails too
+        raise r.fail(key, _HOURS)
+    return hours
+
+
+def _budget_period(r: TableReader) -> str:
+    expected = "one of " + ", ".join(f'"{p}"' for p in PERIODS)
+    period = r.get("gpu_hours_period", str, "none", expected).lower()
+    if period not in PERIODS:
+        raise r.fail("gpu_hours_period", expected)
+    if "gpu_hours" not in r.table and "gpu_hours_period" in r.table:
+        raise r.fail("gpu_hours_period", "it left out without gpu_hours")
+    return str(period)
+
+
+def _user_budgets(r: TableReader, accounts: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """``gpu_hours``: one number (a budget in each of the user's accounts) or a table of
+    account = GPU-hours (only those, each one of the user's accounts)."""
+    raw = r.table.get("gpu_hours")
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        for name in raw:
+            if name not in accounts:
+                raise r.fail("gpu_hours", f"a table of the user's accounts {list(accounts)}, "
+                                          f"not {name!r}")
+        return tuple((name, _gpu_hours(r, "gpu_hours", raw[name])) for name in accounts
+                     if name in raw)
+    hours = _gpu_hours(r, "gpu_hours", raw)
+    return tuple((name, hours) for name in accounts)
+
+
 def _account(r: TableReader) -> AccountSpec:
-    r.check_keys({"name", "parent", "shares", "qos", "default_qos"})
+    r.check_keys({"name", "parent", "shares", "qos", "default_qos", "gpu_hours",
+                  "gpu_hours_period"})
     shares = _count(r, "shares", 1, "a number of shares (0 or more)")
+    raw = r.table.get("gpu_hours")
     return AccountSpec(r.name("name"), r.name("parent", ROOT_ACCOUNT), shares or 0,
-                       *_qos_access(r))
+                       *_qos_access(r),
+                       gpu_hours=None if raw is None else _gpu_hours(r, "gpu_hours", raw),
+                       gpu_hours_period=_budget_period(r))
 
 
 def _user(r: TableReader) -> UserSpec:
     r.check_keys({"name", "accounts", "default_account", "shares", "qos", "default_qos",
-                  "max_submit_jobs"})
+                  "max_submit_jobs", "gpu_hours", "gpu_hours_period"})
     accounts = _names(r, "accounts")
     if not accounts:
         raise r.fail("accounts", "a non-empty list of account names")
@@ -238,7 +292,8 @@ def _user(r: TableReader) -> UserSpec:
     shares = _count(r, "shares", 1, "a number of shares (0 or more)")
     return UserSpec(r.name("name"), accounts, default, shares or 0, *_qos_access(r),
                     max_submit_jobs=_count(r, "max_submit_jobs", None,
-                                           "a number of jobs (0 or more)"))
+                                           "a number of jobs (0 or more)"),
+                    gpu_hours=_user_budgets(r, accounts), gpu_hours_period=_budget_period(r))
 
 
 def _qos(r: TableReader) -> QosSpec:

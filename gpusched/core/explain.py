@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gpusched.core.budgets import BudgetState
 from gpusched.core.dependency import dependency_clauses
 from gpusched.core.model import (
     JobState,
@@ -96,6 +97,34 @@ def _qos_detail(reason: Reason, moment: Moment, limits: QosLimits) -> str:
     return f"{who} {held} of the {limit} GPUs QOS {qos} allows {per}: {unblock}"
 
 
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}"
+
+
+def _budget_detail(moment: Moment) -> str:
+    """Each budget the job would exceed: what is left of it, and the largest time limit
+    that would fit."""
+    over = [s for s in moment.budgets if s.committed_s + s.job_s > s.budget.limit_s]
+    parts = [_budget_words(state, moment.job.time_limit) for state in over or moment.budgets]
+    return "; ".join(parts)
+
+
+def _budget_words(state: BudgetState, time_limit: int | None) -> str:
+    budget = state.budget
+    period = "" if budget.period == "none" else f" this {budget.period}"
+    running = max(0.0, state.committed_s - budget.used_s)
+    wants = ("has no time limit, so no bound on its GPU-hours" if time_limit is None
+             else f"may use up to {_hours(state.job_s)} GPU-hours "
+                  f"({format_duration(time_limit)} of its time limit)")
+    fits = int(state.left_s / state.gpus) if state.gpus > 0 else 0
+    unblock = (f"it would start now with a time limit <= {format_duration(fits)}"
+               if fits > 0 else "it starts when an administrator raises the budget or a new "
+               "period begins")
+    return (f"{budget.who} has {_hours(state.left_s)} of its {budget.gpu_hours:g} GPU-hours "
+            f"left{period} ({_hours(budget.used_s)} used, {_hours(running)} that running "
+            f"jobs may still use); the job {wants}: {unblock}")
+
+
 def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
             priority: dict[int, float]) -> str:
     job = moment.job
@@ -127,6 +156,8 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
         return f"it may not start before {at}, in {format_duration(job.begin_time - now)}"
     if reason in (Reason.QOS_MAX_JOBS_PER_USER, Reason.QOS_MAX_GPUS_PER_USER, Reason.QOS_GRP_GPUS):
         return _qos_detail(reason, moment, snapshot.qos_limits.get(job.qos or "", QosLimits()))
+    if reason is Reason.ASSOC_GRP_GRES_MINUTES:
+        return _budget_detail(moment)
     if reason is Reason.JOB_ARRAY_TASK_LIMIT:
         return (f"{moment.array_running} task(s) of array {job.array_job_id} run, the most its "
                 f"%{job.array_max_running} allows: the next starts when one ends")
@@ -228,5 +259,6 @@ _LATER = {
     Reason.QOS_MAX_JOBS_PER_USER: "its QOS allows no more jobs for this user",
     Reason.QOS_MAX_GPUS_PER_USER: "its QOS allows no more GPUs for this user",
     Reason.QOS_GRP_GPUS: "its QOS allows no more GPUs for this account",
+    Reason.ASSOC_GRP_GRES_MINUTES: "a GPU-hour budget has too little left for it",
     Reason.PRIORITY: "this pass started as many jobs as it may",
 }

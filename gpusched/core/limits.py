@@ -1,18 +1,25 @@
-"""QOS limits during a pass: what running jobs hold, and whether one more job fits."""
+"""QOS limits and GPU-hour budgets during a pass: what running jobs hold, and whether
+one more job fits."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 
+from gpusched.core.budgets import BudgetBook, BudgetState
 from gpusched.core.model import PendingJob, QosLimits, Reason, RunningJob
 
 
 class LimitTracker:
-    """Per-QOS holdings by user and by account, updated as the pass starts jobs."""
+    """Per-QOS holdings by user and by account, and the GPU-seconds committed against
+    each budget (``budgets``, None: no budgets), updated as the pass starts jobs."""
 
-    def __init__(self, limits: Mapping[str, QosLimits], running: Iterable[RunningJob]) -> None:
+    def __init__(self, limits: Mapping[str, QosLimits], running: Iterable[RunningJob],
+                 budgets: BudgetBook | None = None) -> None:
         self.limits = limits
+        self.budgets = budgets
+        # Accounts whose jobs a budget covers (the rest need no look at budgets).
+        self.budgeted = budgets.accounts if budgets is not None else frozenset()
         self.user_gpus: Counter[tuple[str, str]] = Counter()
         self.user_jobs: Counter[tuple[str, str]] = Counter()
         self.account_gpus: Counter[tuple[str, str | None]] = Counter()
@@ -30,7 +37,16 @@ class LimitTracker:
         return next(self.violations(job), None)
 
     def violations(self, job: PendingJob) -> Iterator[Reason]:
-        """Every limit that starting ``job`` now would break."""
+        """Every limit that starting ``job`` now would break: its QOS's, then a budget."""
+        yield from self._qos_violations(job)
+        if self.budgets is not None and job.account in self.budgeted and self.budgets.over(job):
+            yield Reason.ASSOC_GRP_GRES_MINUTES
+
+    def budget_states(self, job: PendingJob) -> list[BudgetState]:
+        """The budgets covering ``job`` as committed now (empty without any)."""
+        return [] if self.budgets is None else self.budgets.states(job)
+
+    def _qos_violations(self, job: PendingJob) -> Iterator[Reason]:
         limits = self.limits.get(job.qos or "")
         if limits is None or job.qos is None:
             return
@@ -46,3 +62,5 @@ class LimitTracker:
         """Count a job this pass starts."""
         if job.qos is not None:
             self._add(job.qos, job.user, job.account, job.gpus)
+        if self.budgets is not None and job.account in self.budgeted:
+            self.budgets.started(job)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from gpusched.core.budgets import Budget
 from gpusched.core.fairshare import Account, UserShare
 from gpusched.core.priority import PriorityWeights
 
@@ -68,6 +69,8 @@ class Reason(StrEnum):
     QOS_MAX_GPUS_PER_USER = "QOSMaxGPUPerUserLimit"
     QOS_MAX_JOBS_PER_USER = "QOSMaxJobsPerUserLimit"
     QOS_GRP_GPUS = "QOSGrpGPULimit"
+    # A GPU-hour budget of its account (or of its user there) has too little left.
+    ASSOC_GRP_GRES_MINUTES = "AssocGrpGRESMinutes"
     JOB_HELD_USER = "JobHeldUser"
     JOB_HELD_ADMIN = "JobHeldAdmin"
     BEGIN_TIME = "BeginTime"
@@ -244,6 +247,7 @@ class Snapshot:
     job_states: Mapping[int, JobState] = field(default_factory=dict)  # jobs named by dependencies
     qos_preempt: Mapping[str, frozenset[str]] = field(default_factory=dict)  # QOS -> QOS it may preempt
     running_names: frozenset[tuple[str, str]] = frozenset()  # (user, job name) of running jobs
+    budgets: tuple[Budget, ...] = ()  # GPU-hour budgets, with what their periods used
 
 
 @dataclass(frozen=True, slots=True)

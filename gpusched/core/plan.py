@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from gpusched.core.arrays import iter_tasks, task_count
+from gpusched.core.budgets import BudgetBook, BudgetState
 from gpusched.core.capacity import Capacity
 from gpusched.core.dependency import dependency_clauses, dependency_reason
 from gpusched.core.limits import LimitTracker
@@ -57,6 +58,8 @@ class Moment:
     # with most room for it (node, units free), if any.
     share_fits: bool = False
     share_room: tuple[str, int] | None = None
+    # The GPU-hour budgets covering it, as committed when the pass reached it.
+    budgets: tuple[BudgetState, ...] = ()
 
 
 _PRIORITY = Reason.PRIORITY
@@ -115,8 +118,11 @@ class SchedulingPass(ShareStartsMixin):
         # Partitions sharing nodes: a job starting in one passes blocked jobs of the others.
         self.overlaps = {a: [b for b in self.members if self.members[a] & self.members[b]]
                          for a in self.members}
-        self.limits = LimitTracker(snapshot.qos_limits, snapshot.running)
+        self.limits = LimitTracker(snapshot.qos_limits, snapshot.running, BudgetBook(
+            snapshot.budgets, snapshot.accounts, snapshot.running, snapshot.nodes,
+            snapshot.partitions) if snapshot.budgets else None)
         self.limited_qos = frozenset(snapshot.qos_limits)  # a QOS without limits holds none
+        self.budgeted = self.limits.budgeted  # accounts whose jobs a budget covers
         self.busy_names = set(snapshot.running_names)
         self.array_running = Counter(job.array_job_id for job in snapshot.running
                                      if job.array_job_id is not None)
@@ -152,7 +158,8 @@ class SchedulingPass(ShareStartsMixin):
         return (job.partition in self.open_partitions and not job.dependency
                 and job.hold is None and job.begin_time is None
                 and (job.qos is None or job.qos not in self.limited_qos)
-                and job.array_max_running is None)
+                and job.array_max_running is None
+                and (not self.budgeted or job.account not in self.budgeted))
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
@@ -171,7 +178,7 @@ class SchedulingPass(ShareStartsMixin):
             yield Reason.BEGIN_TIME
         if deps is Reason.DEPENDENCY:
             yield deps
-        if job.qos is not None:
+        if job.qos is not None or job.account in self.budgeted:
             yield from self.limits.violations(job)
         if (job.array_max_running is not None and job.array_job_id is not None
                 and self.array_running[job.array_job_id] >= job.array_max_running):
@@ -213,13 +220,14 @@ class SchedulingPass(ShareStartsMixin):
         members = self.where(job)[0]
         best = self.capacity.biggest_free(members, Shape.of(job))
         qos, user = job.qos or "", job.user
-        self.moment = Moment(
+        moment = Moment(
             job, tuple(self.waits(job)), self.blocked.get(job.partition), best,
             (self.limits.user_jobs[(qos, user)], self.limits.user_gpus[(qos, user)],
              self.limits.account_gpus[(qos, job.account)]),
             self.array_running[job.array_job_id] if job.array_job_id is not None else 0,
             self.capacity.in_the_way(Shape.of(job), members),
             *(self._share_moment(job, members) if wants_share(job) else ()))
+        self.moment = replace(moment, budgets=tuple(self.limits.budget_states(job)))
 
     def backfilling(self, job: PendingJob) -> bool:
         """Whether ``job`` can only start by backfill: its partition has a blocked job

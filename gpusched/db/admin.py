@@ -27,7 +27,8 @@ from gpusched.errors import ConfigError
 Row = dict[str, Any]
 _TIMES = {"max_time", "default_time", "max_wall", "mig_min_interval"}
 # Fields a new row shows only when not at these defaults (dynamic MIG is seldom on).
-_QUIET = {"dynamic_mig": False, "mig_min_interval": DEFAULT_MIG_INTERVAL}
+_QUIET = {"dynamic_mig": False, "mig_min_interval": DEFAULT_MIG_INTERVAL,
+          "gpu_hours_period": "none"}
 
 
 def _show(key: str, value: Any) -> str:
@@ -76,8 +77,9 @@ def _list(names: tuple[str, ...] | None) -> list[str] | None:
     return None if names is None else list(names)
 
 
-_ACCOUNT_COLUMNS = ["parent", "shares", "qos", "default_qos"]
-_USER_COLUMNS = ["shares", "is_default", "qos", "default_qos", "max_submit_jobs"]
+_BUDGET = ["gpu_hours", "gpu_hours_period"]  # a GPU-hour budget (core/budgets.py)
+_ACCOUNT_COLUMNS = ["parent", "shares", "qos", "default_qos", *_BUDGET]
+_USER_COLUMNS = ["shares", "is_default", "qos", "default_qos", "max_submit_jobs", *_BUDGET]
 _QOS_COLUMNS = ["priority", "max_gpus_per_user", "max_jobs_per_user", "grp_gpus", "max_wall",
                 "preempt", "max_submit_jobs_per_user"]
 
@@ -89,12 +91,16 @@ def desired_state(config: AdminConfig) -> dict[str, dict[str, Row]]:
         state["partition"] = {p.name: _partition_row(p) for p in config.partitions}
     if config.accounts is not None:
         state["account"] = {a.name: {"parent": a.parent, "shares": a.shares,
-                                     "qos": _list(a.qos), "default_qos": a.default_qos}
+                                     "qos": _list(a.qos), "default_qos": a.default_qos,
+                                     "gpu_hours": a.gpu_hours,
+                                     "gpu_hours_period": a.gpu_hours_period}
                             for a in config.accounts}
     if config.users is not None:
         state["user"] = {f"{u.name}@{a}": {"shares": u.shares, "is_default": a == u.default_account,
                                            "qos": _list(u.qos), "default_qos": u.default_qos,
-                                           "max_submit_jobs": u.max_submit_jobs}
+                                           "max_submit_jobs": u.max_submit_jobs,
+                                           "gpu_hours": dict(u.gpu_hours).get(a),
+                                           "gpu_hours_period": u.gpu_hours_period}
                          for u in config.users for a in u.accounts}
     if config.qos is not None:
         state["qos"] = {q.name: {"priority": q.priority, "max_gpus_per_user": q.max_gpus_per_user,
@@ -203,7 +209,9 @@ def _replace_accounts(session: Session, config: AdminConfig) -> None:
             raise ConfigError(f"accounts without a path to root: {sorted(pending)}")
         for account in ready:
             values = {"parent": account.parent, "shares": account.shares,
-                      "qos": _list(account.qos), "default_qos": account.default_qos}
+                      "qos": _list(account.qos), "default_qos": account.default_qos,
+                      "gpu_hours": account.gpu_hours,
+                      "gpu_hours_period": account.gpu_hours_period}
             session.execute(insert(Account).values(name=account.name, **values)
                             .on_conflict_do_update(index_elements=[Account.name], set_=values))
             placed.add(account.name)

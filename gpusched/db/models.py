@@ -38,6 +38,15 @@ MAX_SHARES = 10_000  # units one shared GPU may offer
 MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 
+# A GPU-hour budget of an account or of a user in one (gpusched.core.budgets).
+_BUDGET_CHECKS = {"gpu_hours": "gpu_hours BETWEEN 0 AND 1000000000",
+                  "gpu_hours_period": "gpu_hours_period IN ('none', 'month', 'quarter', 'year')"}
+
+
+def _budget_checks() -> tuple[CheckConstraint, ...]:
+    return tuple(CheckConstraint(check, name=name) for name, check in _BUDGET_CHECKS.items())
+
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -315,6 +324,7 @@ class Allocation(Base):
             "uq_allocations_active_gpu", "gpu_id", unique=True,
             postgresql_where=text("released_at IS NULL AND units IS NULL"),
         ),
+        Index("ix_allocations_released_at", "released_at"),  # a budget period's usage
     )
 
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
@@ -374,7 +384,7 @@ class Account(Base):
     """A node of the fair-share account tree; ``root`` has no parent."""
 
     __tablename__ = "accounts"
-    __table_args__ = (CheckConstraint("shares >= 0", name="shares"),)
+    __table_args__ = (CheckConstraint("shares >= 0", name="shares"), *_budget_checks())
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     parent: Mapped[str | None] = mapped_column(ForeignKey("accounts.name", ondelete="RESTRICT"))
@@ -383,13 +393,16 @@ class Account(Base):
     # as its parent's (the cluster's default QOS at the root).
     qos: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     default_qos: Mapped[str | None] = mapped_column(Text)
+    # A GPU-hour budget (gpusched.core.budgets; None: none) and its period.
+    gpu_hours: Mapped[float | None] = mapped_column(Float)
+    gpu_hours_period: Mapped[str] = mapped_column(Text, server_default=text("'none'"))
 
 
 class AccountUser(Base):
     """A user's association with an account (a leaf of the tree)."""
 
     __tablename__ = "account_users"
-    __table_args__ = (CheckConstraint("shares >= 0", name="shares"),)
+    __table_args__ = (CheckConstraint("shares >= 0", name="shares"), *_budget_checks())
 
     user_name: Mapped[str] = mapped_column(Text, primary_key=True)
     account: Mapped[str] = mapped_column(ForeignKey("accounts.name", ondelete="CASCADE"),
@@ -399,6 +412,8 @@ class AccountUser(Base):
     qos: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # None: the account's
     default_qos: Mapped[str | None] = mapped_column(Text)
     max_submit_jobs: Mapped[int | None] = mapped_column(Integer)  # pending + running
+    gpu_hours: Mapped[float | None] = mapped_column(Float)  # a GPU-hour budget, as accounts'
+    gpu_hours_period: Mapped[str] = mapped_column(Text, server_default=text("'none'"))
 
 
 class Qos(Base):

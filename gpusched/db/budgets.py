@@ -1,0 +1,188 @@
+"""GPU-hour budgets in the database: the budgets the admin configuration set (columns
+of ``accounts`` and ``account_users``), and the GPU-time used against them in a period
+(from the allocations: ended runs for the time they held their GPUs, running runs until
+now; a share of a GPU as its fraction, as accounting counts it).
+
+A pass reads the budgets with its snapshot (``BUDGETS``, a part of its one statement)
+and, only when there are some, their usage: one statement over the allocations
+released since the earliest period began (``ix_allocations_released_at``) and those
+still held, of the accounts the budgets cover.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from gpusched.core.budgets import (
+    Budget,
+    BudgetBook,
+    covered_accounts,
+    covers,
+    period_after,
+    period_start,
+    periods_between,
+)
+from gpusched.core.fairshare import Account
+from gpusched.core.model import Snapshot
+from gpusched.core.usage import gpu_fraction
+from gpusched.db.usage import ShareOffers
+
+# Every budget as a JSON array of columns [accounts, users (null: the account's own),
+# GPU-hours, periods] (null for none): a part of the pass's snapshot statement.
+BUDGETS = (
+    "(SELECT json_build_array(json_agg(b.account), json_agg(b.user_name), "
+    "json_agg(b.gpu_hours), json_agg(b.gpu_hours_period)) FROM ("
+    "SELECT name AS account, NULL AS user_name, gpu_hours, gpu_hours_period FROM accounts "
+    "WHERE gpu_hours IS NOT NULL UNION ALL "
+    "SELECT account, user_name, gpu_hours, gpu_hours_period FROM account_users "
+    "WHERE gpu_hours IS NOT NULL) AS b)")
+_BUDGETS = text("SELECT " + BUDGETS)
+_TREE = text("SELECT name, parent FROM accounts")
+# GPU-seconds held within each window [begin, end) (epoch seconds) by the jobs of the
+# given accounts, by window (its place, from 1), account, user and what the seconds
+# need to count a share as its fraction (units, node, partition).
+_USAGE = text(
+    "SELECT w.i, j.account, j.user_name, al.units, n.name, j.partition, "
+    "sum(greatest(0, extract(epoch FROM least(coalesce(al.released_at, to_timestamp(:now)), "
+    "to_timestamp(w.e)) - greatest(al.allocated_at, to_timestamp(w.b))))) "
+    "FROM unnest(CAST(:begins AS float8[]), CAST(:ends AS float8[])) WITH ORDINALITY "
+    "AS w(b, e, i) "
+    "JOIN allocations AS al ON (al.released_at IS NULL OR al.released_at > to_timestamp(w.b)) "
+    "AND al.allocated_at < to_timestamp(w.e) "
+    "JOIN jobs AS j ON j.id = al.job_id AND j.account = ANY(CAST(:accounts AS text[])) "
+    "JOIN nodes AS n ON n.id = al.node_id "
+    "GROUP BY w.i, j.account, j.user_name, al.units, n.name, j.partition")
+
+
+def budget_rows(columns: Sequence[Sequence[Any] | None]) -> list[tuple[str, str | None, float, str]]:
+    """The rows of a BUDGETS answer: (account, user or None, GPU-hours, period)."""
+    if not columns or columns[0] is None:
+        return []
+    return [(a, u, float(h), p) for a, u, h, p in zip(*(c or () for c in columns))]
+
+
+def window_usage(session: Session, windows: Sequence[tuple[float, float]],
+                 accounts: Iterable[str], now: float
+                 ) -> dict[int, dict[tuple[str, str], float]]:
+    """GPU-seconds (a share as its fraction) held within each of ``windows`` (begin,
+    end; epoch seconds) by each (account, user) of ``accounts``, by the window's place."""
+    wanted = sorted(set(accounts))
+    used: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
+    if not windows or not wanted:
+        return used
+    rows = session.connection().execute(_USAGE, {
+        "begins": [b for b, _ in windows], "ends": [e for _, e in windows],
+        "accounts": wanted, "now": now}).all()
+    offers: ShareOffers | None = None
+    for place, account, user, units, node, partition, seconds in rows:
+        if units is not None and offers is None:
+            offers = ShareOffers(session)
+        offered = offers.of(units, node, partition) if offers is not None else None
+        used[place - 1][(account, user)] += float(seconds or 0) * gpu_fraction(units, offered)
+    return used
+
+
+def _begin(period: str, now: float) -> float:
+    start = period_start(period, now)
+    return 0.0 if start is None else start
+
+
+def usage_of(session: Session, found: Sequence[tuple[str, str | None, float, str]],
+             accounts: Iterable[Account], now: float) -> tuple[Budget, ...]:
+    """The budgets ``found`` (as ``budget_rows`` gives them) with what their current
+    periods used as of ``now``, in one statement."""
+    if not found:
+        return ()
+    parents = {a.name: a.parent for a in accounts}
+    starts = sorted({_begin(period, now) for *_, period in found})
+    used = window_usage(session, [(start, now) for start in starts],
+                        covered_accounts(((a, u) for a, u, *_ in found), parents), now)
+    budgets = []
+    for account, user, hours, period in found:
+        by_owner = used.get(starts.index(_begin(period, now)), {})
+        seconds = sum(value for (job_account, job_user), value in by_owner.items()
+                      if covers((account, user), job_user, job_account, parents))
+        budgets.append(Budget(account, user, hours, period, seconds, now))
+    return tuple(budgets)
+
+
+def load_budgets(session: Session, accounts: Iterable[Account], now: float) -> tuple[Budget, ...]:
+    """Every budget with its current period's usage (two statements; one without
+    budgets)."""
+    found = budget_rows(session.connection().execute(_BUDGETS).scalar_one())
+    return usage_of(session, found, accounts, now)
+
+
+def _iso(at: float | None) -> str | None:
+    return None if at is None else datetime.fromtimestamp(at, UTC).isoformat()
+
+
+def _hours(seconds: float) -> float:
+    return round(seconds / 3600, 6)
+
+
+def balance(snapshot: Snapshot, user: str | None, account: str | None) -> list[dict[str, Any]]:
+    """What each budget a caller may see has used, what running jobs may still use, and
+    what is left (``gpusched balance``): those covering ``user``'s jobs in their
+    accounts (None: every user's), of ``account`` and the accounts above it (None:
+    every account)."""
+    book = BudgetBook(snapshot.budgets, snapshot.accounts, snapshot.running,
+                      snapshot.nodes, snapshot.partitions)
+    if user is not None:
+        associations = [a.account for a in snapshot.user_shares if a.user == user
+                        and (account is None or a.account == account)]
+        keys = dict.fromkeys(key for a in associations for key in book.scope(user, a))
+    elif account is not None:
+        keys = dict.fromkeys((*(key for key in book.budgets
+                                if key[1] is not None and key[0] == account),
+                              *book.scope("", account)))
+    else:
+        keys = dict.fromkeys(book.budgets)
+    rows = []
+    for key in sorted(keys, key=lambda k: (k[0], k[1] or "")):
+        budget = book.budgets[key]
+        used, running, left = book.balance(key)
+        start = period_start(budget.period, budget.as_of)
+        rows.append({"account": budget.account, "user": budget.user, "period": budget.period,
+                     "period_start": _iso(start),
+                     "period_end": _iso(None if start is None
+                                        else period_after(budget.period, start)),
+                     "budget_gpu_hours": budget.gpu_hours, "used_gpu_hours": _hours(used),
+                     "running_gpu_hours": _hours(running), "left_gpu_hours": _hours(left)})
+    return rows
+
+
+def report(session: Session, start: datetime, end: datetime,
+           now: datetime) -> list[dict[str, Any]]:
+    """Each budget's usage in each of its periods that overlap [start, end) (a period
+    not over yet: until ``now``), as ``gacct --report`` shows it."""
+    found = budget_rows(session.connection().execute(_BUDGETS).scalar_one())
+    if not found:
+        return []
+    parents: Mapping[str, str | None] = {
+        name: parent for name, parent in session.connection().execute(_TREE)}
+    at = now.timestamp()
+    windows: dict[tuple[float, float], int] = {}
+    periods = []
+    for account, user, hours, period in found:
+        for begin, after in periods_between(period, start.timestamp(), end.timestamp()):
+            window = (0.0 if begin is None else begin, at if after is None else min(after, at))
+            if window[0] >= window[1]:
+                continue
+            periods.append((account, user, hours, period, begin, after,
+                            windows.setdefault(window, len(windows))))
+    used = window_usage(session, list(windows), covered_accounts(
+        ((a, u) for a, u, *_ in found), parents), at)
+    return [{"account": account, "user": user, "period": period, "period_start": _iso(begin),
+             "period_end": _iso(after), "budget_gpu_hours": hours,
+             "used_gpu_hours": _hours(sum(
+                 value for (job_account, job_user), value in used.get(place, {}).items()
+                 if covers((account, user), job_user, job_account, parents)))}
+            for account, user, hours, period, begin, after, place in sorted(
+                periods, key=lambda p: (p[0], p[1] or "", p[4] or 0.0))]
