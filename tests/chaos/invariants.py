@@ -32,7 +32,7 @@ Rules, by tag:
   share), from the allocations' [allocated_at, released_at) intervals.
 - ``mig-overlap``: a MIG slice held while its parent GPU is.
 - ``share-overcommit``: more units of a shared GPU held at one instant than it offers
-  (the first partition by name sharing its node, else the holder's; unknown: unchecked).
+  (as gacct reads it, db/usage.py ``ShareOffers``; unknown: unchecked).
 - ``exit-status``: when the last run of an ended job wrote ``end C`` and no node of the
   run was killed between its ``start`` line and the job's end time (the batch node
   after the line, or another node of a multi-node job, may take the status with it),
@@ -59,16 +59,13 @@ from typing import NamedTuple
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from gpusched.core.dependency import (
-    DependencyError,
-    dependency_clauses,
-    dependency_reason,
-)
+from gpusched.core import dependency
 from gpusched.core.model import JobState, Reason
 from gpusched.core.usage import gpu_fraction
 from gpusched.db.accounting import job_records, usage_report
 from gpusched.db.engine import make_engine
 from gpusched.db.schedule import array_state
+from gpusched.db.usage import ShareOffers
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 HELD_REASONS = {"user": "JobHeldUser", "admin": "JobHeldAdmin"}
@@ -80,10 +77,10 @@ SECONDS_SLACK = 1e-3  # GPU-seconds accounting may differ by (float sums)
 class Evidence:
     """What a chaos run leaves to check (see the module's docstring)."""
 
-    url: str
-    records: Path
-    node_deaths: Sequence[tuple[str, float]] = ()
-    finished: bool = True
+    url: str  # SQLAlchemy URL of the cluster's database
+    records: Path  # the records directory of the job scripts
+    node_deaths: Sequence[tuple[str, float]] = ()  # (node, unix time) of each whole-node kill
+    finished: bool = True  # the run was drained: nothing should still run or be queued
 
 
 class JobRow(NamedTuple):
@@ -109,6 +106,7 @@ class JobRow(NamedTuple):
     array_job_id: int | None
     account: str  # "" for none
     user: str
+    error_message: str | None
 
     @property
     def owner(self) -> tuple[str, str]:
@@ -194,7 +192,7 @@ _JOBS = text(
     " CAST(EXTRACT(EPOCH FROM start_time) AS float8),"
     " CAST(EXTRACT(EPOCH FROM end_time) AS float8), node_id, COALESCE(node_names, '{}'),"
     " exit_code, signal, gpus, exclusive, interactive, cancel_requested_at IS NOT NULL,"
-    " gpu_failure, array_job_id, COALESCE(account, ''), user_name FROM jobs")
+    " gpu_failure, array_job_id, COALESCE(account, ''), user_name, error_message FROM jobs")
 _HOLDINGS = text(
     "SELECT a.job_id, a.gpu_id, n.name, CAST(EXTRACT(EPOCH FROM a.allocated_at) AS float8),"
     " CAST(EXTRACT(EPOCH FROM a.released_at) AS float8), a.units, g.parent_id,"
@@ -203,36 +201,22 @@ _HOLDINGS = text(
     " LEFT JOIN gpu_billing b ON b.gpu_type = g.gpu_type")
 _LAUNCHES = text("SELECT job_id, run, count(*) FROM node_commands"
                  " WHERE kind = 'launch' AND job_id IS NOT NULL GROUP BY job_id, run")
-_SHARING = text("SELECT name, nodes, shares FROM partitions"
-                " WHERE sharing IS NOT NULL AND shares > 0 ORDER BY name")
 
 
 def _load(session: Session, evidence: Evidence, problems: list[str]) -> History:
     jobs = {row[0]: JobRow(*row) for row in session.execute(_JOBS)}
     node_names: dict[int, str] = {
         node_id: name for node_id, name in session.execute(text("SELECT id, name FROM nodes"))}
-    by_node, by_partition = _share_offers(session, list(node_names.values()))
+    offers = ShareOffers(session)  # the units a shared GPU offers, as gacct reads them
     holdings = []
     for job_id, gpu_id, node, at, until, units, parent, weight, partition in \
             session.execute(_HOLDINGS):
-        of = None if units is None else (by_node.get(node) or by_partition.get(partition))
+        of = offers.of(units, node, partition)
         holdings.append(Holding(job_id, gpu_id, node, at, until, units, parent, float(weight),
                                 of))
     launches: Counter[tuple[int, int]] = Counter(
         {(job_id, run): n for job_id, run, n in session.execute(_LAUNCHES)})
     return History(jobs, holdings, launches, node_names, _records(evidence.records, problems))
-
-
-def _share_offers(session: Session, nodes: list[str]) -> tuple[dict[str, int], dict[str, int]]:
-    """The units a shared GPU offers, by node (the first partition by name that shares
-    the node) and by partition."""
-    by_node: dict[str, int] = {}
-    by_partition: dict[str, int] = {}
-    for name, members, shares in session.execute(_SHARING):
-        by_partition[name] = shares
-        for node in nodes if "*" in members else members:
-            by_node.setdefault(node, shares)
-    return by_node, by_partition
 
 
 def _records(directory: Path, problems: list[str]) -> dict[tuple[int, int], RunRecord]:
@@ -306,8 +290,8 @@ def _dependency(job: JobRow, groups: dict[int, list[JobRow]]) -> tuple[Reason | 
     if not job.dependency:
         return None, set()
     try:
-        clauses = dependency_clauses(job.dependency)
-    except DependencyError:
+        clauses = dependency.dependency_clauses(job.dependency)
+    except dependency.DependencyError:
         return None, set()
     states: dict[int, JobState] = {}
     waits_on: set[int] = set()
@@ -316,7 +300,7 @@ def _dependency(job: JobRow, groups: dict[int, list[JobRow]]) -> tuple[Reason | 
         if group:
             states[named] = array_state([JobState(j.state) for j in group])
         waits_on |= {j.id for j in group if j.state not in ENDED} if group else {named}
-    return dependency_reason(clauses, states, False), waits_on
+    return dependency.dependency_reason(clauses, states, False), waits_on
 
 
 def _fields(history: History, evidence: Evidence) -> list[str]:
@@ -486,9 +470,10 @@ def _exit_status(history: History, evidence: Evidence) -> list[str]:
             states.add("FAILED")
         killed_after_line = job.signal is not None and job.state in ("TIMEOUT", "CANCELLED")
         if job.state not in states or (job.exit_code != code and not killed_after_line):
+            why = f" ({job.error_message})" if job.error_message else ""
             problems.append(f"[exit-status] job {job.id} run {job.restarts} exited {code} "
                             f"(on {node}) but the database has {job.state} with exit code "
-                            f"{job.exit_code}, signal {job.signal}")
+                            f"{job.exit_code}, signal {job.signal}{why}")
     return problems
 
 

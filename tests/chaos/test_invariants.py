@@ -328,7 +328,7 @@ def test_every_exit_status_written_reaches_the_database(db: Db) -> None:
     db.deaths.clear()  # its node did not die: NODE_FAIL lost the status its script wrote
     assert lines(db.check(), "exit-status")[1] == (
         f"[exit-status] job {made.node_fail} run 0 exited 0 (on n1) but the database has "
-        "NODE_FAIL with exit code None, signal None")
+        "NODE_FAIL with exit code None, signal None (node n1 failed (NotResponding))")
 
 
 def test_accounting_equals_the_sum_over_runs(db: Db) -> None:
