@@ -23,6 +23,7 @@ from gpusched.auth.settings import AuthConfig, parse_auth
 from gpusched.client.endpoints import Endpoint, endpoints_in, parse_endpoint
 from gpusched.configfile import TableReader as TableReader  # re-exported
 from gpusched.configfile import read_toml as read_toml
+from gpusched.controller.mail import MailConfig, parse_mail
 from gpusched.core.model import PACKINGS, Policy
 from gpusched.core.priority import PriorityWeights
 from gpusched.errors import ConfigError
@@ -158,6 +159,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     partitions: tuple[PartitionConfig, ...] = (PartitionConfig("gpu", default=True),)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    mail: MailConfig = field(default_factory=MailConfig)  # mail about jobs
     # Where CLIs and agents reach the controllers over TCP, tried in turn; empty: the
     # local Unix socket ([controller] socket).
     controllers: tuple[Endpoint, ...] = ()
@@ -374,7 +376,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
     """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
     top = TableReader(source, data, "")
     top.check_keys({"database", "controller", "agent", "partitions", "scheduler", "auth",
-                    "controllers", "metrics"})
+                    "controllers", "metrics", "mail"})
     database = top.sub("database")
     database.check_keys({"url"})
     url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
@@ -398,6 +400,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
         agent=agent,
         partitions=_partitions(source, data.get("partitions")),
         auth=auth,
+        mail=parse_mail(top.sub("mail")),
         controllers=controllers,
         metrics=_metrics(top.sub("metrics")),
         source=source,

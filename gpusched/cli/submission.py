@@ -40,9 +40,7 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_
                      "acctg_freq", "exclusive", "gres_flags")
 # Options that matter only on other sites, or whose effect this cluster has anyway or
 # lacks harmlessly: accepted, ignored, and said so.
-IGNORED = {"mail_type": "--mail-type: this cluster sends no mail",
-           "mail_user": "--mail-user: this cluster sends no mail",
-           "constraint": "--constraint: this cluster has no node features",
+IGNORED = {"constraint": "--constraint: this cluster has no node features",
            "comment": "--comment: comments are not stored",
            "hint": "--hint: CPU binding is left to the job",
            "gpu_bind": "--gpu-bind: the job sees exactly its GPUs in CUDA_VISIBLE_DEVICES",
@@ -91,7 +89,7 @@ class Submission:
                  "dependency", "array", "requeue", "chdir", "ntasks", "ntasks_per_node",
                  "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
                  "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags", "share_mode",
-                 "share", "gpu_mem_mb")
+                 "share", "gpu_mem_mb", "mail_types", "mail_user")
 
     def __init__(
         self, *, script: str, args: tuple[str, ...], name: str, gpus: int,
@@ -119,6 +117,8 @@ class Submission:
         share_mode: str | None = None,  # --gres=mps:N or shard:N: a share of one GPU
         share: int | None = None,  # its N
         gpu_mem_mb: int | None = None,  # --gpu-mem (or --gres=gpumem:SIZE), MiB
+        mail_types: tuple[str, ...] | None = None,  # --mail-type, ALL expanded; (): NONE
+        mail_user: str | None = None,  # --mail-user (None: the submitting user)
     ) -> None:
         self.script, self.args, self.name, self.gpus = script, args, name, gpus
         self.time_limit, self.partition, self.output, self.error = (
@@ -132,6 +132,7 @@ class Submission:
         self.cpus, self.mem_mb, self.nodelist = cpus, mem_mb, nodelist
         self.warn_signal, self.exclude, self.gres_flags = warn_signal, exclude, gres_flags
         self.share_mode, self.share, self.gpu_mem_mb = share_mode, share, gpu_mem_mb
+        self.mail_types, self.mail_user = mail_types, mail_user
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Submission) and all(
@@ -225,7 +226,10 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         requeue=values["requeue"],
         chdir=values["chdir"],
         ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
-                      for name, why in IGNORED.items() if values[name] is not None),
+                      for name, why in IGNORED.items() if values[name] is not None)
+        + _mail_warning(values),
+        mail_types=option("mail_type", _mail_type_value, "--mail-type"),
+        mail_user=option("mail_user", _mail_user_value, "--mail-user"),
         export=option("export", _checked_export),
         begin_time=option("begin", _begin_value),
         dependency=option("dependency", _checked_dependency, "--dependency"),
@@ -299,6 +303,9 @@ def submission_body(
         "output": submission.output,
         "error": submission.error,
         **share_fields(submission.share_mode, submission.share, submission.gpu_mem_mb),
+        # Mail only when asked for: a body without it is as before.
+        **({} if submission.mail_types is None else {"mail_type": list(submission.mail_types)}),
+        **({} if submission.mail_user is None else {"mail_user": submission.mail_user}),
     }
 
 
@@ -371,6 +378,28 @@ def _checked_dependency(text: str) -> str:
 
     parse_dependency(text)
     return text
+
+
+def _mail_type_value(text: str) -> tuple[str, ...]:
+    """A --mail-type value: its types, ALL expanded; () for NONE."""
+    # Imported here, as the next one: most jobs ask for no mail.
+    from gpusched.core.mail import parse_mail_types
+
+    return parse_mail_types(text)
+
+
+def _mail_user_value(text: str) -> str:
+    """A --mail-user value: a user name or one mail address."""
+    from gpusched.core.mail import check_mail_user
+
+    return check_mail_user(text)
+
+
+def _mail_warning(values: dict[str, Any]) -> tuple[str, ...]:
+    """The warning for a --mail-user without a --mail-type (sbatch sends nothing then)."""
+    if values["mail_user"] is not None and values["mail_type"] is None:
+        return ("--mail-user: no --mail-type is given, so no mail is sent",)
+    return ()
 
 
 def _checked_export(text: str) -> str:

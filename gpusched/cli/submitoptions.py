@@ -134,9 +134,12 @@ CpusPerTaskOpt = Annotated[int | None, typer.Option(
     help="CPUs for each task (default 1 when --ntasks is given).",
 )]
 MailTypeOpt = Annotated[str | None, _text_option(
-    "--mail-type", metavar="TYPE", help_text="Accepted and ignored: no mail is sent.")]
+    "--mail-type", metavar="TYPE[,TYPE...]",
+    help_text="Mail on these events: NONE, BEGIN, END, FAIL, REQUEUE, ALL, INVALID_DEPEND, "
+              "TIME_LIMIT, TIME_LIMIT_50/80/90; ARRAY_TASKS: per array task.")]
 MailUserOpt = Annotated[str | None, _text_option(
-    "--mail-user", metavar="USER", help_text="Accepted and ignored: no mail is sent.")]
+    "--mail-user", metavar="USER",
+    help_text="Whom to mail: a user name or an address (default: you).")]
 ConstraintOpt = Annotated[str | None, _text_option(
     "--constraint", "-C", metavar="LIST", help_text="Accepted and ignored: no node features.")]
 CommentOpt = Annotated[str | None, _text_option(

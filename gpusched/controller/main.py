@@ -26,6 +26,7 @@ from gpusched.controller.http import (
     TcpHttpServer,
     UnixHttpServer,
 )
+from gpusched.controller.mail import MailJob
 from gpusched.controller.metrics import ControllerMetrics
 from gpusched.controller.metrics_http import MetricsServer
 from gpusched.controller.retention import ArchiveShelf, RetentionJob
@@ -119,6 +120,10 @@ class Controller:
         if self.retention is not None:  # finished jobs archived and purged
             self.periodic.add_job(self.retention.run, "interval",
                                   seconds=config.controller.retention.interval, id="job-retention")
+        if config.mail.method != "off":  # on APScheduler's threads: never in a pass's way
+            self.periodic.add_job(MailJob(config.mail, self.sessions,
+                                          lambda: self.scheduler.is_leader).run, "interval",
+                                  seconds=config.mail.interval, id="mail", coalesce=True)
         self._dsn = dsn
 
     def resume_gpus(self) -> None:

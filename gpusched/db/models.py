@@ -22,6 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from gpusched.core.mail import MAIL_TYPES, MAX_MAIL_USER
 from gpusched.core.topology import LINK_KINDS
 
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
@@ -37,6 +38,7 @@ MAX_SHARES = 10_000  # units one shared GPU may offer
 # Seconds a dynamic-MIG partition keeps between two layout changes of one GPU.
 MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
+MAIL_STATES = ("queued", "sending", "sent", "failed")  # of a mail_events row
 
 # A GPU-hour budget of an account or of a user in one (gpusched.core.budgets).
 _BUDGET_CHECKS = {"gpu_hours": "gpu_hours BETWEEN 0 AND 1000000000",
@@ -215,6 +217,12 @@ class Job(Base):
               postgresql_where=text("submit_key IS NOT NULL")),
         Index("ix_jobs_interactive_active", "state",
               postgresql_where=text("interactive AND state IN ('PENDING', 'RUNNING')")),
+        CheckConstraint(f"mail_types <@ ARRAY[{', '.join(map(repr, MAIL_TYPES))}]",
+                        name="mail_types"),
+        CheckConstraint(f"char_length(mail_user) <= {MAX_MAIL_USER}", name="mail_user"),
+        # The jobs whose mail events the mail job still watches (gpusched.db.mail).
+        Index("ix_jobs_mail_watch", "id",
+              postgresql_where=text("mail_types IS NOT NULL AND mail_done_at IS NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -312,6 +320,42 @@ class Job(Base):
     share_mode: Mapped[str | None] = mapped_column(Text)
     share_units: Mapped[int | None] = mapped_column(Integer)
     gpu_mem_mb: Mapped[int | None] = mapped_column(Integer)
+    # sbatch's --mail-type (gpusched.core.mail, ALL expanded; None: no mail) and
+    # --mail-user (the submitting user by default); when the mail job has recorded every
+    # event it will ever send for the job (an array's: its record's, for all tasks).
+    mail_types: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    mail_user: Mapped[str | None] = mapped_column(Text)
+    mail_done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class MailEvent(Base):
+    """One mail about a job, recorded (its key: job, run, event) before it is sent, so
+    that a failover neither loses the record nor sends it twice: ``queued`` until a
+    controller claims it (``sending``, one attempt more), then ``sent``, or ``queued``
+    again for a retry at ``next_attempt_at``, or ``failed`` after the last attempt."""
+
+    __tablename__ = "mail_events"
+    __table_args__ = (
+        CheckConstraint(_in("state", MAIL_STATES), name="state"),
+        CheckConstraint("run >= 0", name="run"),
+        Index("ix_mail_events_due", "next_attempt_at", postgresql_where=text("state = 'queued'")),
+    )
+
+    job_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    run: Mapped[int] = mapped_column(Integer, primary_key=True)
+    event: Mapped[str] = mapped_column(Text, primary_key=True)
+    recipient: Mapped[str] = mapped_column(Text)
+    subject: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(Text, server_default=text("'queued'"))
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True),
+                                                      server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    error: Mapped[str | None] = mapped_column(Text)
+
 
 
 class Allocation(Base):

@@ -36,6 +36,7 @@ from gpusched.db.associations import (
 )
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import Identity, _owned_job
+from gpusched.db.mail import store_mail
 from gpusched.db.models import Job
 from gpusched.db.submit_facts import (
     MIG_PARENT,
@@ -321,6 +322,8 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "array_spec": None if array is None else array.tasks,
         "array_max_running": None if array is None else array.max_running},
         "sched" if notify and needs_pass(stored) else None)
+    if request.mail_types:  # the submitting user unless another is named
+        store_mail(session, job_id, request.mail_types, request.mail_user or user)
     return stored._replace(id=job_id), True
 
 

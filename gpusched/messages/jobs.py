@@ -17,6 +17,12 @@ from typing import Any
 from gpusched.core import bounds, outputs
 from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
 from gpusched.core.dependency import Dependency, DependencyError, parse_dependency
+from gpusched.core.mail import (
+    MAX_MAIL_USER,
+    MailError,
+    check_mail_user,
+    parse_mail_types,
+)
 from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS, WarnSignal
 from gpusched.errors import UsageError
@@ -53,7 +59,7 @@ SUBMIT_FIELDS = frozenset({
     "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
     "error", "umask", "submit_key", "interactive",
-    "share_mode", "share", "gpu_mem_mb"})
+    "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user"})
 SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
 MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
@@ -110,6 +116,10 @@ class JobRequest:
     share_mode: str | None = None
     share: int | None = None
     gpu_mem_mb: int | None = None
+    # sbatch's --mail-type, ALL expanded (empty: no mail), and --mail-user (None: the
+    # submitting user), both checked by gpusched.core.mail.
+    mail_types: tuple[str, ...] = ()
+    mail_user: str | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobRequest:
@@ -144,6 +154,7 @@ class JobRequest:
         _check_partition_list(partition)
         if interactive and array is not None:
             raise UsageError("array: an interactive allocation cannot be a job array")
+        mail_types, mail_user = _mail(body)
         return cls(
             script=script, work_dir=work_dir, args=tuple(args), environment=env, name=name,
             gpus=gpus, gpu_types=kinds, nodes=nodes, cpus=cpus, mem_mb=mem_mb,
@@ -157,7 +168,8 @@ class JobRequest:
             array=array, output=output, error=error, umask=umask,
             submit_key=_submit_key(body.get("submit_key")),
             gres_flags=None if body.get("gres_flags") is None
-            else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive)
+            else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
+            mail_types=mail_types, mail_user=mail_user)
 
     def to_json(self) -> dict[str, Any]:
         """The request as ``POST /v1/jobs`` takes it."""
@@ -179,6 +191,7 @@ class JobRequest:
             "umask": self.umask, "submit_key": self.submit_key, "gres_flags": self.gres_flags,
             "interactive": self.interactive, "share_mode": self.share_mode,
             "share": self.share, "gpu_mem_mb": self.gpu_mem_mb,
+            "mail_type": list(self.mail_types), "mail_user": self.mail_user,
         }
 
     @cached_property
@@ -390,6 +403,17 @@ def _share(body: Body, gpus: int, nodes: int,
     if exclusive:
         raise UsageError(f"exclusive: {what} cannot take whole nodes")
     return mode, share, memory
+
+
+def _mail(body: Body) -> tuple[tuple[str, ...], str | None]:
+    """``mail_type`` (a list of sbatch's type names) and ``mail_user`` (a user name or
+    one mail address: nothing that could split or add a mail header)."""
+    names = typed(body, "mail_type", list, [], "a list of mail types such as [\"END\", \"FAIL\"]")
+    user = text(body, "mail_user", MAX_MAIL_USER, "a user name or a mail address")
+    try:
+        return parse_mail_types(names), None if user is None else check_mail_user(user)
+    except MailError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_partition_list(text: str | None) -> None:

@@ -1,0 +1,395 @@
+"""Mail about jobs, sent by the leader controller: the ``[mail]`` settings, the two ways
+out (an SMTP server, or the local ``sendmail`` program) and the periodic job.
+
+The periodic job runs on APScheduler's threads, apart from the scheduling loop and the
+API: each round it records the events due for the jobs it watches (gpusched.core.mail
+decides which, gpusched.db.mail records them, once per job, run and event), then
+claims and sends a batch of recorded mails. The database holds every step, so a
+controller that takes over carries on where the last one stopped. A mail that cannot
+be sent is tried again later, a bounded number of times; failures are logged at most
+once a period per kind, and never stop the round or the controller.
+
+This module is imported with the configuration (which the agent and the CLIs read too),
+so the database, smtplib and subprocess are imported only where they are used.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpusched.core.mail import (
+    MailError,
+    check_mail_domain,
+    check_mail_user,
+    due_mail,
+    header_safe,
+    recipient,
+)
+from gpusched.errors import ConfigError
+
+if TYPE_CHECKING:
+    from email.message import EmailMessage
+
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from gpusched.configfile import TableReader
+    from gpusched.db.mail import Claimed
+
+log = logging.getLogger(__name__)
+METHODS = ("off", "smtp", "sendmail")
+PAGE = 500  # watched jobs read in one transaction
+LOG_EVERY = 300.0  # seconds between two log lines about one kind of failure
+MAX_RETRY_DELAY = 6 * 3600.0  # seconds: the longest wait between two attempts
+MAX_PASSWORD_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class MailConfig:
+    """The ``[mail]`` table: how mail leaves (``method``: off, smtp or sendmail), from
+    whom, the domain bare user names get (Slurm's MailDomain), and the periodic job's
+    pace and retries."""
+
+    method: str = "off"
+    sender: str = "gpusched"  # the From: address ("from" in the file)
+    domain: str | None = None
+    smtp_host: str = "localhost"
+    smtp_port: int = 25
+    smtp_starttls: bool = False
+    smtp_user: str | None = None
+    smtp_password_file: Path | None = None
+    smtp_timeout: float = 10.0
+    sendmail: Path = Path("/usr/sbin/sendmail")
+    interval: float = 10.0  # seconds between two rounds
+    batch: int = 100  # mails sent in one round at most
+    max_attempts: int = 5
+    retry_after: float = 60.0  # seconds before the second attempt (doubling after)
+    max_age: float = 86_400.0  # seconds after a job's end when its mail is no news
+
+
+def _bounded(r: TableReader, key: str, default: float, low: float, high: float,
+             what: str) -> float:
+    expected = f"{what} from {low:g} to {high:g}"
+    value = r.get(key, float, default, expected)
+    if not low <= value <= high:  # NaN fails too
+        raise r.fail(key, expected)
+    return float(value)
+
+
+def _whole(r: TableReader, key: str, default: int, low: int, high: int, what: str) -> int:
+    expected = f"a whole number of {what} from {low} to {high}"
+    value = r.get(key, int, default, expected)
+    if not low <= value <= high:
+        raise r.fail(key, expected)
+    return int(value)
+
+
+def _checked(r: TableReader, key: str, default: str | None, check: Callable[[str], str],
+             expected: str) -> str | None:
+    value = r.get(key, str, default, expected)
+    if value is None:
+        return None
+    try:
+        return check(value)
+    except MailError:
+        raise r.fail(key, expected) from None
+
+
+def _path(r: TableReader, key: str, default: Path | None) -> Path | None:
+    value = r.get(key, str, None if default is None else str(default), "an absolute path")
+    if value is None:
+        return None
+    if not value.startswith("/") or not value.isprintable() or len(value) > 1024:
+        raise r.fail(key, "an absolute path")
+    return Path(value)
+
+
+def parse_mail(r: TableReader) -> MailConfig:
+    """Validate the ``[mail]`` table into a MailConfig."""
+    r.check_keys({"method", "from", "domain", "smtp_host", "smtp_port", "smtp_starttls",
+                  "smtp_user", "smtp_password_file", "smtp_timeout", "sendmail", "interval",
+                  "batch", "max_attempts", "retry_after", "max_age"})
+    d = MailConfig()
+    method = r.get("method", str, d.method, "one of 'off', 'smtp', 'sendmail'")
+    if method not in METHODS:
+        raise r.fail("method", "one of 'off', 'smtp', 'sendmail'")
+    host = _checked(r, "smtp_host", d.smtp_host, check_mail_domain,
+                    "a host name such as mail.example.org")
+    user = r.get("smtp_user", str, None, "a user name of 1 to 256 printable characters")
+    if user is not None and not (0 < len(user) <= 256 and header_safe(user)):
+        raise r.fail("smtp_user", "a user name of 1 to 256 printable characters")
+    password = _path(r, "smtp_password_file", None)
+    if (user is None) != (password is None):
+        raise r.fail("smtp_user" if user is None else "smtp_password_file",
+                     "smtp_user and smtp_password_file together, or neither")
+    return MailConfig(
+        method=method,
+        sender=_checked(r, "from", d.sender, check_mail_user,
+                        "a user name or one mail address") or d.sender,
+        domain=_checked(r, "domain", None, check_mail_domain,
+                        "a domain name such as example.org"),
+        smtp_host=host or d.smtp_host,
+        smtp_port=_whole(r, "smtp_port", d.smtp_port, 1, 65535, "a TCP port"),
+        smtp_starttls=r.get("smtp_starttls", bool, d.smtp_starttls, "true or false"),
+        smtp_user=user,
+        smtp_password_file=password,
+        smtp_timeout=_bounded(r, "smtp_timeout", d.smtp_timeout, 1, 300, "seconds"),
+        sendmail=_path(r, "sendmail", d.sendmail) or d.sendmail,
+        interval=_bounded(r, "interval", d.interval, 0.2, 3600, "seconds"),
+        batch=_whole(r, "batch", d.batch, 1, 10_000, "mails"),
+        max_attempts=_whole(r, "max_attempts", d.max_attempts, 1, 100, "attempts"),
+        retry_after=_bounded(r, "retry_after", d.retry_after, 1, 86_400, "seconds"),
+        max_age=_bounded(r, "max_age", d.max_age, 60, 365 * 86_400, "seconds"),
+    )
+
+
+class SendError(Exception):
+    """A mail was not sent; ``kind`` groups failures for the log, ``final`` is true
+    when trying again cannot help (a recipient refused, a header that is not safe),
+    ``connection`` when none of the batch's other mails can go either."""
+
+    def __init__(self, kind: str, message: str, final: bool = False,
+                 connection: bool = False) -> None:
+        super().__init__(message)
+        self.kind, self.final, self.connection = kind, final, connection
+
+
+def compose(config: MailConfig, to: str, subject: str, body: str) -> EmailMessage:
+    """The message, every header value checked to be one printable line."""
+    from email.message import EmailMessage
+    from email.policy import default
+    from email.utils import formatdate
+
+    sender = recipient(config.sender, config.domain)
+    for name, value in (("To", to), ("From", sender), ("Subject", subject)):
+        if not header_safe(value):
+            raise SendError("header", f"{name}: not one printable line", final=True)
+    # Headers as long as RFC 5322 allows (998): a subject stays one line, as Slurm's.
+    message = EmailMessage(policy=default.clone(max_line_length=998))
+    message["From"] = sender
+    message["To"] = to
+    message["Subject"] = subject
+    message["Date"] = formatdate(localtime=True)
+    message["Auto-Submitted"] = "auto-generated"
+    message.set_content(body)
+    return message
+
+
+class Transport:
+    """One round's way out: an SMTP connection opened at the first mail, or sendmail."""
+
+    def __init__(self, config: MailConfig, password: str | None) -> None:
+        self.config, self.password = config, password
+        self.smtp: Any = None
+
+    def send(self, message: EmailMessage, to: str) -> None:
+        """Send one message to one recipient, or raise SendError."""
+        if self.config.method == "sendmail":
+            self._sendmail(message, to)
+        else:
+            self._smtp(message, to)
+
+    def _sendmail(self, message: EmailMessage, to: str) -> None:
+        import subprocess
+
+        sender = recipient(self.config.sender, self.config.domain)
+        # The recipient follows "--": never an option, whatever it looks like.
+        command = [str(self.config.sendmail), "-oi", "-f", sender, "--", to]
+        try:
+            done = subprocess.run(command, input=message.as_bytes(), capture_output=True,
+                                  timeout=self.config.smtp_timeout, check=False,
+                                  env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SendError("sendmail", f"{command[0]}: {exc}", connection=True) from None
+        if done.returncode != 0:
+            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise SendError("sendmail", f"{command[0]} exited with status {done.returncode}"
+                            + (f": {said[-1][:200]}" if said else ""))
+
+    def _smtp(self, message: EmailMessage, to: str) -> None:
+        import smtplib
+
+        where = f"{self.config.smtp_host}:{self.config.smtp_port}"
+        if self.smtp is None:
+            try:
+                self.smtp = self._connect()
+            except (smtplib.SMTPException, OSError) as exc:  # refused, TLS, login
+                raise SendError("smtp", f"{where}: {exc}", connection=True) from None
+        try:
+            self.smtp.send_message(message, from_addr=recipient(self.config.sender,
+                                                                self.config.domain),
+                                   to_addrs=[to])
+        except smtplib.SMTPRecipientsRefused as exc:
+            raise SendError("refused", f"recipient refused: {exc.recipients}",
+                            final=True) from None
+        except (smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError,
+                smtplib.SMTPAuthenticationError, OSError) as exc:
+            self.close()
+            raise SendError("smtp", f"{where}: {exc}", connection=True) from None
+        except smtplib.SMTPException as exc:
+            raise SendError("smtp", f"{where}: {exc}") from None
+
+    def _connect(self) -> Any:
+        import smtplib
+        import ssl
+
+        c = self.config
+        smtp = smtplib.SMTP(c.smtp_host, c.smtp_port, timeout=c.smtp_timeout)
+        try:
+            if c.smtp_starttls:
+                smtp.starttls(context=ssl.create_default_context())
+            if c.smtp_user is not None and self.password is not None:
+                smtp.login(c.smtp_user, self.password)
+        except BaseException:
+            smtp.close()
+            raise
+        return smtp
+
+    def close(self) -> None:
+        """End the SMTP session, if one is open."""
+        smtp, self.smtp = self.smtp, None
+        if smtp is not None:
+            try:
+                smtp.quit()
+            except Exception:  # the server went away first: nothing to end
+                smtp.close()
+
+
+def read_password(path: Path | None) -> str | None:
+    """The SMTP password: the first line of its file (at most 1 KiB)."""
+    if path is None:
+        return None
+    try:
+        data = path.read_bytes()[:MAX_PASSWORD_BYTES + 1]
+    except OSError as exc:
+        raise ConfigError(f"mail.smtp_password_file: cannot read {path}: "
+                          f"{exc.strerror}") from None
+    if len(data) > MAX_PASSWORD_BYTES:
+        raise ConfigError(f"mail.smtp_password_file: {path}: more than "
+                          f"{MAX_PASSWORD_BYTES} bytes")
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[0] if lines else ""
+
+
+class ThrottledLog:
+    """Logs a failure of each kind at most once per LOG_EVERY seconds, saying how many
+    were not logged since."""
+
+    def __init__(self, every: float = LOG_EVERY) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def warning(self, kind: str, message: str) -> bool:
+        """Log ``message`` unless one of ``kind`` was logged lately; whether it was."""
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.every:
+            self._quiet[kind] = self._quiet.get(kind, 0) + 1
+            return False
+        quiet = self._quiet.pop(kind, 0)
+        self._last[kind] = now
+        log.warning("%s%s", message, f" ({quiet} more like it not logged)" if quiet else "")
+        return True
+
+
+class MailJob:
+    """The leader's periodic mail round (see the module's docstring)."""
+
+    def __init__(self, config: MailConfig, sessions: sessionmaker[Session],
+                 is_leader: Callable[[], bool]) -> None:
+        self.config, self.sessions, self.is_leader = config, sessions, is_leader
+        self.password = read_password(config.smtp_password_file)
+        self.failures = ThrottledLog()
+        self.recorded = self.sent = self.failed = 0  # since the start, for logs and tests
+
+    def run(self) -> None:
+        """One round, on the leader only; nothing it meets escapes it."""
+        if not self.is_leader():
+            return
+        try:
+            self.record_due(datetime.now(UTC))
+            self.send_due()
+        except Exception as exc:  # the database went away, a bug: the next round retries
+            self.failures.warning("round", f"mail round failed: {exc!r}; trying again in "
+                                  f"{self.config.interval:g} s")
+
+    def record_due(self, now: datetime) -> int:
+        """Record the mails due for every watched job, a page per transaction; how many."""
+        from gpusched.db import mail as db
+
+        recorded, after = 0, 0
+        while True:
+            with self.sessions() as session, session.begin():
+                jobs = db.watched_jobs(session, after, PAGE)
+                if not jobs:
+                    break
+                sent = db.sent_keys(session, [r.job_id for j in jobs for r in j.runs]
+                                    + [j.job_id for j in jobs])
+                mails, done = [], []
+                for job in jobs:
+                    due, finished = due_mail(job, sent, now, self.config.max_age)
+                    mails.extend(due)
+                    if finished:
+                        done.append(job.job_id)
+                recorded += db.record_mail(session, mails, done)
+                after = db.last_watched(jobs)
+            if len(jobs) < PAGE:
+                break
+        self.recorded += recorded
+        return recorded
+
+    def send_due(self) -> int:
+        """Claim a batch of recorded mails and send them; how many went out."""
+        from gpusched.db import mail as db
+
+        with self.sessions() as session, session.begin():
+            claimed = db.claim_due(session, self.config.batch)
+        if not claimed:
+            return 0
+        outcomes = self._send(claimed)
+        sent = 0
+        with self.sessions() as session, session.begin():
+            for mail, error in outcomes:
+                if error is None:
+                    db.mark_sent(session, mail)
+                    sent += 1
+                    continue
+                most = mail.attempt if error.final else self.config.max_attempts
+                delay = min(self.config.retry_after * 2 ** (mail.attempt - 1), MAX_RETRY_DELAY)
+                state = db.mark_failed(session, mail, str(error), most, delay)
+                self.failed += 1
+                self.failures.warning(error.kind, (
+                    f"mail about job {mail.job_id} ({mail.event}) to {mail.recipient!r} "
+                    f"not sent, attempt {mail.attempt}: {error}; "
+                    + ("given up" if state == "failed" else f"trying again in {delay:g} s")))
+        self.sent += sent
+        return sent
+
+    def _send(self, claimed: list[Claimed]) -> list[tuple[Claimed, SendError | None]]:
+        """Send each claimed mail; once the way out is down, the rest wait for a retry."""
+        transport = Transport(self.config, self.password)
+        outcomes: list[tuple[Claimed, SendError | None]] = []
+        down: SendError | None = None
+        try:
+            for mail in claimed:
+                if down is not None:
+                    outcomes.append((mail, down))
+                    continue
+                try:
+                    to = recipient(mail.recipient, self.config.domain)
+                    transport.send(compose(self.config, to, mail.subject, mail.body), to)
+                    outcomes.append((mail, None))
+                except SendError as exc:
+                    outcomes.append((mail, exc))
+                    down = exc if exc.connection else None
+                except Exception as exc:  # a message the email package refused to build
+                    outcomes.append((mail, SendError("message", repr(exc), final=True)))
+        finally:
+            transport.close()
+        return outcomes
