@@ -66,7 +66,8 @@ def gacct(
     parsable2: Annotated[bool, typer.Option(
         "--parsable2", "-P", help="Fields separated by |, like sacct -P.")] = False,
     report: Annotated[bool, typer.Option(
-        "--report", help="GPU-hours per account and user within the window instead.")] = False,
+        "--report", help="GPU-hours per account and user within the window instead, "
+        "and each GPU-hour budget's use in its periods.")] = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="With --report: write a bar chart of GPU-hours to this PNG.")] = None,
 ) -> None:
@@ -224,6 +225,19 @@ def _report(answer: dict[str, Any], as_json: bool, plot: Path | None) -> None:
     table.append(["TOTAL", "", str(int(total[0])), _hours(total[1]), _hours(total[2])])
     print_table(["ACCOUNT", "USER", "JOBS", "GPU_HRS", "BILLED"], table,
                 right_aligned=frozenset({2, 3, 4}), shrinkable=frozenset({0, 1}))
+    if answer.get("budgets"):
+        _budget_report(answer["budgets"])
+
+
+def _budget_report(budgets: list[dict[str, Any]]) -> None:
+    """Each GPU-hour budget's use in each of its periods that overlap the window."""
+    typer.echo("\nGPU-hour budgets per period")
+    print_table(["ACCOUNT", "USER", "PERIOD", "FROM", "BUDGET", "USED", "USED%"], [
+        [b["account"], b["user"] or "-", b["period"], (b["period_start"] or "-")[:10],
+         _hours(b["budget_gpu_hours"]), _hours(b["used_gpu_hours"]),
+         f"{100 * b['used_gpu_hours'] / b['budget_gpu_hours']:.0f}%"
+         if b["budget_gpu_hours"] else "-"] for b in budgets],
+        right_aligned=frozenset({4, 5, 6}), shrinkable=frozenset({0, 1}))
 
 
 def _bar_chart(rows: list[dict[str, Any]], path: Path, start: str, end: str) -> None:

@@ -283,6 +283,23 @@ def _print_json(value: object) -> None:
     typer.echo(json.dumps(value, indent=2))
 
 
+@app.command("balance")
+def balance_command(
+    account: Annotated[Optional[str], typer.Option(
+        "--account", "-A", help="Only the budgets covering this account's jobs.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """GPU-hour budgets: the budget, what its period used, what running jobs may still
+    use, and what is left (GPU-hours). A user sees the budgets covering their own jobs;
+    an administrator every budget, or --account's.
+
+    Examples: gpusched balance; gpusched balance -A physics --json
+    """
+    from gpusched.cli.balance import balance
+
+    balance(account, as_json)
+
+
 DEMO_SCRIPT = """#!/bin/sh
 echo "job $GPUSCHED_JOB_ID on $GPUSCHED_JOB_NODELIST"
 echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"

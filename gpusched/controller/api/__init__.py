@@ -15,6 +15,7 @@ from gpusched.controller.api.accounting import AccountingRoutes
 from gpusched.controller.api.admin import AdminRoutes
 from gpusched.controller.api.agent import AgentRoutes
 from gpusched.controller.api.allocations import AllocationRoutes
+from gpusched.controller.api.balance import BalanceRoutes
 from gpusched.controller.api.common import ApiContext, CheckedRouter, Routes
 from gpusched.controller.api.jobs import JobRoutes
 from gpusched.controller.api.nodes import NodeRoutes
@@ -48,6 +49,7 @@ class Api:
                           AccountingRoutes(self.context, archives), AdminRoutes(self.context),
                           AgentRoutes(self.context), StepRoutes(self.context),
                           AllocationRoutes(self.context, allocation_grace),
+                          BalanceRoutes(self.context),
                           DiagRoutes(metrics or ControllerMetrics(sessions, None, is_leader)))
 
     def router(self) -> Router:

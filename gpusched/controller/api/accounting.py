@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -20,7 +20,7 @@ from gpusched.controller.retention import (
 )
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.plan import job_priorities
-from gpusched.db import accounting, retention
+from gpusched.db import accounting, budgets, retention
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import UsageError
 
@@ -57,13 +57,15 @@ class AccountingRoutes:
         return 200, with_archived(self.archives, records, replace(asked, uid=viewer))
 
     def accounting_report(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """GPU-hours per account and user within a window (``start``, ``end``: epoch s)."""
+        """GPU-hours per account and user within a window (``start``, ``end``: epoch s),
+        and each GPU-hour budget's use in its periods that overlap the window."""
         start, end = epoch_param(request.query, "start"), epoch_param(request.query, "end")
         if start is None or end is None or end <= start:
             raise UsageError("start, end: expected a window, start before end (epoch seconds)")
         with self.context.sessions() as session:
             return 200, {"start": start.isoformat(), "end": end.isoformat(),
-                         "rows": self.usage_with_archives(request, session, start, end)}
+                         "rows": self.usage_with_archives(request, session, start, end),
+                         "budgets": budgets.report(session, start, end, datetime.now(UTC))}
 
     def usage_with_archives(self, request: Request, session: Session, start: datetime,
                             end: datetime) -> list[dict[str, Any]]:
