@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -116,9 +116,11 @@ class JobRow(NamedTuple):
 
 @dataclass(frozen=True)
 class Holding:
-    """One allocation row: a GPU held by one run of a job (``units`` None: whole)."""
+    """One allocation row: a GPU held by one run of a job (``units`` None: whole); the
+    job's runs are its allocations' distinct ``allocated_at``, in order."""
 
     job_id: int
+    run: int
     gpu_id: int
     node: str
     allocated_at: float
@@ -150,20 +152,15 @@ class History:
     launches: Counter[tuple[int, int]]
     node_names: dict[int, str]
     records: dict[tuple[int, int], RunRecord]
-    runs_of: dict[int, list[float]] = field(default_factory=dict)  # allocated_at, sorted
+    runs_held: dict[int, int] = field(default_factory=dict)  # job -> its runs with GPUs
 
     def __post_init__(self) -> None:
-        starts: dict[int, set[float]] = defaultdict(set)
         for held in self.holdings:
-            starts[held.job_id].add(held.allocated_at)
-        self.runs_of = {job_id: sorted(times) for job_id, times in starts.items()}
+            self.runs_held[held.job_id] = max(self.runs_held.get(held.job_id, 0), held.run + 1)
 
-    def run_of(self, held: Holding) -> int:
-        """Which run of its job ``held`` belongs to (0 for the first)."""
-        return self.runs_of[held.job_id].index(held.allocated_at)
-
-    def where(self, held: Holding) -> str:
-        return f"job {held.job_id} run {self.run_of(held)}"
+    @staticmethod
+    def where(held: Holding) -> str:
+        return f"job {held.job_id} run {held.run}"
 
 
 def check(evidence: Evidence) -> list[str]:
@@ -194,7 +191,9 @@ _JOBS = text(
     " exit_code, signal, gpus, exclusive, interactive, cancel_requested_at IS NOT NULL,"
     " gpu_failure, array_job_id, COALESCE(account, ''), user_name, error_message FROM jobs")
 _HOLDINGS = text(
-    "SELECT a.job_id, a.gpu_id, n.name, CAST(EXTRACT(EPOCH FROM a.allocated_at) AS float8),"
+    "SELECT a.job_id,"
+    " dense_rank() OVER (PARTITION BY a.job_id ORDER BY a.allocated_at) - 1, a.gpu_id, n.name,"
+    " CAST(EXTRACT(EPOCH FROM a.allocated_at) AS float8),"
     " CAST(EXTRACT(EPOCH FROM a.released_at) AS float8), a.units, g.parent_id,"
     " COALESCE(b.weight, 1.0), j.partition FROM allocations a JOIN gpus g ON g.id = a.gpu_id"
     " JOIN nodes n ON n.id = a.node_id JOIN jobs j ON j.id = a.job_id"
@@ -209,10 +208,10 @@ def _load(session: Session, evidence: Evidence, problems: list[str]) -> History:
         node_id: name for node_id, name in session.execute(text("SELECT id, name FROM nodes"))}
     offers = ShareOffers(session)  # the units a shared GPU offers, as gacct reads them
     holdings = []
-    for job_id, gpu_id, node, at, until, units, parent, weight, partition in \
+    for job_id, run, gpu_id, node, at, until, units, parent, weight, partition in \
             session.execute(_HOLDINGS):
         of = offers.of(units, node, partition)
-        holdings.append(Holding(job_id, gpu_id, node, at, until, units, parent, float(weight),
+        holdings.append(Holding(job_id, run, gpu_id, node, at, until, units, parent, float(weight),
                                 of))
     launches: Counter[tuple[int, int]] = Counter(
         {(job_id, run): n for job_id, run, n in session.execute(_LAUNCHES)})
@@ -309,7 +308,7 @@ def _fields(history: History, evidence: Evidence) -> list[str]:
     for holding in history.holdings:
         if holding.released_at is None:
             open_of[holding.job_id].append(holding)
-    problems = [f"[fields] {history.where(h)}: GPU {h.gpu_id} released before it was "
+    problems = [f"[fields] {History.where(h)}: GPU {h.gpu_id} released before it was "
                 "allocated" for h in history.holdings if h.until < h.allocated_at]
     for job in sorted(history.jobs.values(), key=lambda j: j.id):
         held = open_of.get(job.id, [])
@@ -362,7 +361,7 @@ def _runs(history: History, evidence: Evidence) -> list[str]:
     for job in sorted(history.jobs.values(), key=lambda j: j.id):
         runs = job.restarts + (job.start_time is not None)
         where = f"[runs] job {job.id} (restarts {job.restarts}, {job.state})"
-        allocated = len(history.runs_of.get(job.id, ()))
+        allocated = history.runs_held.get(job.id, 0)
         if (job.gpus > 0 or allocated) and allocated != runs:
             problems.append(f"{where}: {allocated} run(s) in its allocations, expected {runs}")
         expected = set() if job.interactive else set(range(runs))
@@ -396,32 +395,42 @@ def _overlapping(holdings: Iterable[Holding]) -> Iterable[tuple[Holding, Holding
         for second in ordered[i + 1:]:
             if second.allocated_at >= first.until:
                 break
-            if (second.job_id, second.allocated_at) != (first.job_id, first.allocated_at):
+            if (second.job_id, second.run) != (first.job_id, first.run):
                 yield first, second
 
 
 def _overlaps(history: History, evidence: Evidence) -> list[str]:
     """No GPU held whole by one run while another run holds it; no MIG slice held while
-    its parent GPU is."""
+    its parent GPU is: in the allocations, and between the start and end lines of the
+    scripts that wrote both (a run that outlived its allocation, unfenced)."""
+    scripts = [replace(held, allocated_at=record.starts[0][1], released_at=record.ends[-1][1])
+               for held in history.holdings
+               if (record := history.records.get((held.job_id, held.run))) is not None
+               and record.starts and record.ends]
+    return (_held_twice(history.holdings, "held by")
+            + _held_twice(scripts, "in use by the scripts (start to end line) of"))
+
+
+def _held_twice(holdings: list[Holding], how: str) -> list[str]:
     by_gpu: dict[int, list[Holding]] = defaultdict(list)
-    for held in history.holdings:
+    for held in holdings:
         by_gpu[held.gpu_id].append(held)
     problems = []
-    for gpu_id, holdings in sorted(by_gpu.items()):
-        for a, b in _overlapping(holdings):
+    for gpu_id, held_on in sorted(by_gpu.items()):
+        for a, b in _overlapping(held_on):
             if a.units is None or b.units is None:
-                problems.append(f"[gpu-overlap] GPU {gpu_id} on {a.node} held by "
-                                f"{history.where(a)} and {history.where(b)} at once "
+                problems.append(f"[gpu-overlap] GPU {gpu_id} on {a.node} {how} "
+                                f"{History.where(a)} and {History.where(b)} at once "
                                 f"(from {b.allocated_at:.3f})")
-    for gpu_id, holdings in sorted(by_gpu.items()):
-        parent = holdings[0].parent_id
+    for gpu_id, held_on in sorted(by_gpu.items()):
+        parent = held_on[0].parent_id
         if parent is None or parent not in by_gpu:
             continue
-        for a, b in _overlapping(holdings + by_gpu[parent]):
+        for a, b in _overlapping(held_on + by_gpu[parent]):
             if {a.gpu_id, b.gpu_id} == {gpu_id, parent}:
                 problems.append(f"[mig-overlap] MIG slice {gpu_id} and its parent GPU "
-                                f"{parent} held at once by {history.where(a)} and "
-                                f"{history.where(b)}")
+                                f"{parent} {how} {History.where(a)} and "
+                                f"{History.where(b)} at once")
     return problems
 
 
@@ -443,7 +452,7 @@ def _share_overcommit(history: History, evidence: Evidence) -> list[str]:
         if worst is not None:
             used, at, offered, held = worst
             problems.append(f"[share-overcommit] GPU {gpu_id} on {held.node}: {used} units "
-                            f"held at {at:.3f} (when {history.where(held)} took "
+                            f"held at {at:.3f} (when {History.where(held)} took "
                             f"{held.units}), it offers {offered}")
     return problems
 

@@ -288,6 +288,22 @@ def test_no_gpu_held_by_two_runs(db: Db) -> None:
         f"job {second} run 0 at once"), problems
 
 
+def test_no_gpu_used_by_two_scripts(db: Db) -> None:
+    clean_history(db)
+    first, second = db.submit(), db.submit()
+    db.start(first, "GPU-0")
+    db.end(first, "completed", 0)
+    db.start(second, "GPU-0")
+    db.end(second, "completed", 0)
+    assert db.check() == []
+    # The first run went on (its node cut off, not fenced) past the second's start.
+    db.write(first, 0, f"end 0 {time.time() + 1}")
+    problems = lines(db.check(), "gpu-overlap")
+    assert len(problems) == 1 and problems[0].startswith(
+        f"[gpu-overlap] GPU {db.gpu('GPU-0')} on n1 in use by the scripts (start to end line) "
+        f"of job {first} run 0 and job {second} run 0 at once"), problems
+
+
 def test_no_mig_slice_held_with_its_parent(db: Db) -> None:
     clean_history(db)
     whole, on_slice, other_slice = db.submit(), db.submit(), db.submit()
@@ -297,7 +313,7 @@ def test_no_mig_slice_held_with_its_parent(db: Db) -> None:
     problems = lines(db.check(finished=False), "mig-overlap")
     assert sorted(problems) == sorted([
         f"[mig-overlap] MIG slice {db.gpu(uuid)} and its parent GPU {db.gpu('GPU-2')} held "
-        f"at once by job {whole} run 0 and job {job} run 0"
+        f"by job {whole} run 0 and job {job} run 0 at once"
         for uuid, job in (("MIG-2b", on_slice), ("MIG-2a", other_slice))])
 
 
