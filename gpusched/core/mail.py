@@ -170,11 +170,13 @@ def due_mail(job: Watched, sent: set[tuple[int, int, str]], now: datetime,
                 (now - run.end_time).total_seconds() > stale_after:
             continue
         events = _run_events(run, types, sent, now, per_task)
-        due.extend(_mail(job, run, key, event, now) for key, event in events)
+        # Built only when not recorded yet: most rounds find a job's events all recorded.
+        due.extend(_mail(job, run, key, event, now) for key, event in events
+                   if (*key, event) not in sent)
     if not per_task:
         due.extend(_array_mail(job, types, sent, now, stale_after))
     done = all(r.state in TERMINAL for r in job.runs)
-    return [m for m in due if (m.job_id, m.run, m.event) not in sent], done
+    return due, done
 
 
 def _run_events(run: Run, types: set[str], sent: set[tuple[int, int, str]], now: datetime,
