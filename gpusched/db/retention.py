@@ -8,6 +8,10 @@ A job may be purged once it ended (a terminal state) before the horizon, and:
 - nothing of it is still held or in flight: no unreleased allocation, no running step,
   no node command its agent has not done.
 
+and it did not end within the current period of a GPU-hour budget that covers it: a
+budget's usage is read from the allocations of its period (``db/budgets.py``), so its
+jobs stay until the period is over (for ever under a budget without a period).
+
 Fair-share usage is not derived from these rows: ``db/usage.py`` accrues what running
 jobs hold into ``fairshare_usage``, which a purge leaves alone.
 """
@@ -15,15 +19,17 @@ jobs hold into ``fairshare_usage``, which a purge leaves alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import Table, func, select, text
 from sqlalchemy.orm import Session
 
+from gpusched.core.budgets import ancestors, period_start
 from gpusched.core.dependency import DependencyError, dependency_clauses
 from gpusched.core.usage import gpu_fraction
 from gpusched.db.accounting import job_records
+from gpusched.db.budgets import BUDGETS, budget_rows
 from gpusched.db.models import Allocation, Gpu, GpuBilling, Job, JobStep, Node
 from gpusched.db.usage import ShareOffers
 
@@ -41,11 +47,20 @@ WHERE j.state IN ({_TERMINAL_SQL}) AND j.end_time < :horizon
   AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = j.id AND a.released_at IS NULL)
   AND NOT EXISTS (SELECT 1 FROM job_steps s WHERE s.job_id = j.id AND s.state = 'RUNNING')
   AND NOT EXISTS (SELECT 1 FROM node_commands c WHERE c.job_id = j.id AND c.done_at IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM unnest(CAST(:budget_accounts AS text[]),
+                                       CAST(:budget_users AS text[]),
+                                       CAST(:budget_floors AS timestamptz[])) AS b(account, u, floor)
+                  WHERE b.account = j.account AND (b.u IS NULL OR b.u = j.user_name)
+                    AND j.end_time > b.floor)
   AND (j.array_job_id IS NULL OR NOT EXISTS (
         SELECT 1 FROM jobs o WHERE o.array_job_id = j.array_job_id
           AND NOT (o.state IN ({_TERMINAL_SQL}) AND o.end_time < :horizon)))
 ORDER BY j.id LIMIT :limit
 FOR UPDATE OF j SKIP LOCKED""")
+
+_BUDGETS = text("SELECT " + BUDGETS)
+_TREE = text("SELECT name, parent FROM accounts")
+_EVER = datetime(1970, 1, 1, tzinfo=UTC)  # the floor of a budget without a period
 
 _DELETE_JOBS = text("DELETE FROM jobs WHERE id = ANY(CAST(:ids AS bigint[])) RETURNING script_id")
 # The scripts of the deleted jobs that no job (an array's other tasks) still runs.
@@ -70,13 +85,39 @@ def kept_by_dependencies(session: Session) -> list[int]:
     return sorted(named)
 
 
+def budget_floors(session: Session, now: datetime) -> list[tuple[str, str | None, datetime]]:
+    """(account, user or None for all its users, floor): a job of that account (and
+    user) that ended after the floor is counted by a budget in force (its period began
+    then; for ever, the earliest time, for a budget without a period). An account's
+    budget covers every account under it."""
+    found = budget_rows(session.execute(_BUDGETS).scalar_one())
+    if not found:
+        return []
+    parents: dict[str, str | None] = {name: parent for name, parent in session.execute(_TREE)}
+    floors: dict[tuple[str, str | None], datetime] = {}
+    for account, user, _, period in found:
+        began = period_start(period, now.timestamp())
+        floor = _EVER if began is None else datetime.fromtimestamp(began, UTC)
+        covered = [account] if user is not None else [
+            name for name in {*parents, account} if account in ancestors(parents, name)]
+        for name in covered:
+            key = (name, user)
+            floors[key] = min(floor, floors.get(key, floor))
+    return [(account, user, floor) for (account, user), floor in sorted(
+        floors.items(), key=lambda item: (item[0][0], item[0][1] or ""))]
+
+
 def lock_purgeable(session: Session, horizon: datetime, limit: int,
                    only: Sequence[int] | None = None) -> list[int]:
     """Up to ``limit`` jobs that may be purged (ended before ``horizon``), locked for
     the rest of the transaction; ``only``: among these ids."""
     kept = kept_by_dependencies(session)
-    rows = session.execute(_PURGEABLE, {"horizon": horizon, "kept": kept, "limit": limit,
-                                        "only": None if only is None else list(only)})
+    floors = budget_floors(session, datetime.now(UTC))
+    rows = session.execute(_PURGEABLE, {
+        "horizon": horizon, "kept": kept, "limit": limit,
+        "only": None if only is None else list(only),
+        "budget_accounts": [a for a, _, _ in floors], "budget_users": [u for _, u, _ in floors],
+        "budget_floors": [f for _, _, f in floors]})
     return [job_id for (job_id,) in rows]
 
 

@@ -383,3 +383,38 @@ def test_the_usage_report_counts_archived_jobs_as_it_counted_them_stored(
                                                               end=NOW),
                                       lambda ids: present(s, ids))
     assert [(r["jobs"], r["gpu_hours"]) for r in rows] == [(2, pytest.approx(6.0))]
+
+
+def test_jobs_a_gpu_hour_budget_still_counts_stay(
+        sessions: sessionmaker[Session], leader: Leadership, tmp_path: Path) -> None:
+    """A budget counts the allocations of its current period (for ever without one):
+    purging its jobs would give its GPU-hours back."""
+    year = datetime(NOW.year, 1, 1, tzinfo=UTC)
+    jobs = {name: ended(sessions, ("GPU-0",), 1) for name in
+            ("this_year", "last_year", "unlimited", "other_user", "sub_account")}
+    ends = {"this_year": year + timedelta(minutes=1), "last_year": year - timedelta(days=1),
+            "unlimited": year - timedelta(days=400), "other_user": year - timedelta(days=400),
+            "sub_account": year + timedelta(minutes=1)}
+    accounts = {"this_year": "physics", "last_year": "physics", "unlimited": "chem",
+                "other_user": "chem", "sub_account": "optics"}
+    with sessions() as s, s.begin():
+        s.execute(text("INSERT INTO accounts (name, parent) VALUES ('root', NULL) "
+                       "ON CONFLICT DO NOTHING"))
+        s.execute(text("INSERT INTO accounts (name, parent, gpu_hours, gpu_hours_period) "
+                       "VALUES ('physics', 'root', 100, 'year'), ('chem', 'root', NULL, 'none'), "
+                       "('optics', 'physics', NULL, 'none')"))
+        s.execute(text("INSERT INTO account_users (user_name, account, gpu_hours, "
+                       "gpu_hours_period) VALUES (:user, 'chem', 10, 'none')"),
+                  {"user": "alice"})
+        for name, job_id in jobs.items():
+            s.execute(update(Job).where(Job.id == job_id).values(
+                account=accounts[name], end_time=ends[name],
+                user_name="bob" if name == "other_user" else "alice"))
+
+    purged = RetentionJob(sessions, retention(tmp_path, purge_after=3600), leader).purge(
+        datetime.now(UTC))
+
+    assert sorted(archived_ids(tmp_path / "archive")) == sorted(
+        [jobs["last_year"], jobs["other_user"]]), purged
+    assert {jobs["this_year"], jobs["unlimited"], jobs["sub_account"]} <= stored(
+        sessions, Job, Job.id)
