@@ -28,6 +28,7 @@ import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -208,7 +209,56 @@ class _Network:
     node_keys: Path  # directory of <node>.key
 
 
-def _config_text(cluster: LocalCluster, database_url: str, gpus: int, node: str,
+@dataclass(frozen=True)
+class GpuChoice:
+    """Where the agents' GPUs come from: ``nvml`` (this host's, discovered by the agent)
+    or ``static`` (``count`` made-up demo GPUs); ``line`` says which, and why."""
+
+    source: str
+    count: int
+    line: str
+
+
+def choose_gpus(demo: bool, gpus: int, nodes: int) -> GpuChoice:
+    """The GPUs a local cluster runs with: this host's through NVML when it has any,
+    the demo inventory when it has none, when ``demo`` forces it, or when several local
+    nodes would each claim the same GPUs."""
+    demo_line = f"{gpus} demo GPU{'s' if gpus != 1 else ''} per node (made-up UUIDs)"
+    if demo:
+        return GpuChoice("static", gpus, f"GPUs: the demo inventory (--demo): {demo_line}")
+    from gpusched.agent.nvml import NvmlUnavailable, discover
+
+    try:
+        found = discover()
+    except NvmlUnavailable as exc:
+        return GpuChoice("static", gpus, f"GPUs: none found ({exc.message}); using the demo "
+                                         f"inventory: {demo_line}")
+    whole = [g for g in found.gpus if g.parent is None]
+    if not whole:
+        return GpuChoice("static", gpus, "GPUs: NVML reports no GPU on this host; using the "
+                                         f"demo inventory: {demo_line}")
+    kinds: dict[str, int] = {}
+    for gpu in whole:
+        kinds[gpu.type] = kinds.get(gpu.type, 0) + 1
+    what = ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items()))
+    driver = f", driver {found.driver}" if found.driver else ""
+    if nodes > 1:
+        return GpuChoice("static", gpus, f"GPUs: this host has {what} (NVML{driver}), but "
+                                         f"{nodes} local nodes cannot share them; using the "
+                                         f"demo inventory: {demo_line}")
+    slices = len(found.gpus) - len(whole)
+    return GpuChoice("nvml", len(whole), f"GPUs: {what} found through NVML{driver}"
+                     + (f", {slices} MIG slices" if slices else "")
+                     + "; the agent uses them (gpusched up --demo for made-up ones)")
+
+
+def _gpus_table(choice: GpuChoice) -> str:
+    if choice.source == "nvml":
+        return 'source = "nvml"\n'
+    return f'source = "static"\ncount = {choice.count}\n'
+
+
+def _config_text(cluster: LocalCluster, database_url: str, gpus: GpuChoice, node: str,
                  state_dir: Path, network: _Network | None = None,
                  for_agent: bool = False) -> str:
     top = controller = auth = ""
@@ -237,9 +287,7 @@ poll_wait = 20.0
 kill_grace = 10.0
 {_root_jobs_line()}
 [agent.gpus]
-source = "static"
-count = {gpus}
-
+{_gpus_table(gpus)}
 {auth}
 [[partitions]]
 name = "gpu"
@@ -295,7 +343,7 @@ def _network(cluster: LocalCluster, names: list[str], keep_port: bool) -> _Netwo
     return _Network(port or _free_port(), master_path, keys)
 
 
-def _write_config(cluster: LocalCluster, database_url: str, gpus: int, nodes: int,
+def _write_config(cluster: LocalCluster, database_url: str, gpus: GpuChoice, nodes: int,
                   keep_port: bool = False) -> None:
     """The controller's configuration (with the agent of a one-node cluster), and one
     file per agent when there are several: those reach the controller over TCP with
@@ -354,24 +402,31 @@ def _api(cluster: LocalCluster, path: str) -> dict | None:  # type: ignore[type-
         return None
 
 
-def _nodes_up(cluster: LocalCluster, names: list[str]) -> bool:
+def _nodes_up(cluster: LocalCluster, names: list[str],
+              fresh: tuple[set[str], datetime] | None = None) -> bool:
+    """Whether every node of ``names`` is UP; those of ``fresh`` (nodes, when their
+    agents started) registered since then, not an earlier agent's inventory."""
     nodes = _api(cluster, "/v1/nodes")
-    up_now = {n["name"] for n in nodes["nodes"] if n["state"] == "UP"} if nodes else set()
+    up_now = {n["name"] for n in nodes["nodes"] if n["state"] == "UP" and (
+        fresh is None or n["name"] not in fresh[0]
+        or (n["last_seen"] and datetime.fromisoformat(n["last_seen"]) >= fresh[1]))
+    } if nodes else set()
     return up_now >= set(names)
 
 
 def up(gpus: int, database_url: str | None, say: Callable[[str], None],
-       nodes: int = 1) -> LocalCluster:
+       nodes: int = 1, demo: bool = False) -> LocalCluster:
     """Start whatever part of the local cluster is not running; return when it is ready.
 
-    ``nodes`` agents run, each a node of its own with ``gpus`` demo GPUs."""
+    ``nodes`` agents run, each a node of its own: with this host's GPUs (NVML) when it
+    has some and ``demo`` is false, else with ``gpus`` demo GPUs (see choose_gpus)."""
     started: list[str] = []
 
     def report(line: str) -> None:
         started.append(line)
         say(line)
 
-    cluster = _start_missing(gpus, database_url, report, nodes)
+    cluster = _start_missing(gpus, database_url, report, nodes, demo)
     if not started:
         say("gpusched is already running")
     return cluster
@@ -385,7 +440,7 @@ def _agent_daemons(cluster: LocalCluster, names: list[str]) -> list[tuple[str, P
 
 
 def _start_missing(gpus: int, database_url: str | None, say: Callable[[str], None],
-                   nodes: int = 1) -> LocalCluster:
+                   nodes: int = 1, demo: bool = False) -> LocalCluster:
     cluster = LocalCluster(local_state_dir())
     cluster.state_dir.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
@@ -404,7 +459,9 @@ def _start_missing(gpus: int, database_url: str | None, say: Callable[[str], Non
     names = node_names(nodes)
     agents = _agent_daemons(cluster, names)
     if cluster.pid("controller") is None:
-        _write_config(cluster, database_url, gpus, nodes)
+        choice = choose_gpus(demo, gpus, nodes)
+        say(choice.line)
+        _write_config(cluster, database_url, choice, nodes)
         _spawn(cluster, "controller")
         _wait("the controller", lambda: _api(cluster, "/v1/ping") is not None, cluster, "controller")
         port = _configured_port(cluster)
@@ -414,13 +471,18 @@ def _start_missing(gpus: int, database_url: str | None, say: Callable[[str], Non
         if nodes > 1 and _configured_port(cluster) is None:
             raise Unavailable("the local cluster runs with one node; 'gpusched down' first "
                               f"to start it again with {nodes}")
-        _write_config(cluster, database_url, gpus, nodes, keep_port=True)
-    for name, config in agents:
+        choice = choose_gpus(demo, gpus, nodes)
+        say(choice.line)
+        _write_config(cluster, database_url, choice, nodes, keep_port=True)
+    since, spawned = datetime.now(UTC), set()
+    for (name, config), node in zip(agents, names):
         if cluster.pid(name) is None:
             _spawn(cluster, "agent", config, name)
+            spawned.add(node)
             say(f"started the agent of {name.removeprefix('agent-')}" if nodes > 1
                 else "started the agent")
-    _wait("the agents to register", lambda: _nodes_up(cluster, names), cluster, agents[0][0])
+    _wait("the agents to register", lambda: _nodes_up(cluster, names, (spawned, since)),
+          cluster, agents[0][0])
     return cluster
 
 

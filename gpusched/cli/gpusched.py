@@ -153,10 +153,13 @@ def up(
     nodes: Annotated[int, typer.Option(min=1, max=64, help="Agents to run, each a node of its own (node1, node2, ...).")] = 1,
     database_url: Annotated[Optional[str], typer.Option(help="Use this PostgreSQL instead of an embedded one.")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", help="Stay attached; Ctrl-C stops the cluster.")] = False,
+    demo: Annotated[bool, typer.Option("--demo", help="Made-up demo GPUs even where NVML finds real ones.")] = False,
 ) -> None:
     """Start a complete local cluster (PostgreSQL, controller, agents) and return when ready.
 
-    Examples: gpusched up; gpusched up && gpusched demo; gpusched up --nodes 4 --gpus 4
+    The agent uses this host's GPUs when NVML finds some, else --gpus demo GPUs.
+
+    Examples: gpusched up; gpusched up && gpusched demo; gpusched up --demo --nodes 4 --gpus 4
     """
     import signal
     import threading
@@ -169,7 +172,7 @@ def up(
         # and a Ctrl-C during start-up still ends in an orderly 'down'.
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
-    cluster = local.up(gpus, database_url, typer.echo, nodes)
+    cluster = local.up(gpus, database_url, typer.echo, nodes, demo)
     typer.echo(f"gpusched is up: state in {cluster.state_dir}, logs in {cluster.logs}")
     typer.echo("Submit a first job:  gsubmit --gpus 1 --wrap 'echo $CUDA_VISIBLE_DEVICES'")
     typer.echo("Watch the queue:     gqueue        Stop everything:  gpusched down")
