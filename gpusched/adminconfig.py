@@ -17,6 +17,12 @@ from typing import Any
 from gpusched.config import TableReader, read_toml
 from gpusched.core.budgets import MAX_GPU_HOURS, PERIODS
 from gpusched.core.hostlist import HostlistError, expand_hostlist
+from gpusched.core.idle_policy import (
+    IDLE_ACTIONS,
+    MAX_IDLE_TIME,
+    MIN_IDLE_TIME,
+    settings_error,
+)
 from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.errors import ConfigError
 
@@ -53,6 +59,10 @@ class PartitionSpec:
     shares: int | None = None  # units each GPU offers when shared (None when not)
     dynamic_mig: bool = False  # the scheduler may re-partition its nodes' idle MIG GPUs
     mig_min_interval: int = DEFAULT_MIG_INTERVAL  # seconds between two changes of one GPU
+    # The idle-GPU policy (gpusched.core.idle_policy); all None: none.
+    idle_warn_after: int | None = None
+    idle_action: str | None = None
+    idle_action_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,10 @@ class QosSpec:
     max_wall: int | None = None
     preempt: tuple[str, ...] = ()
     max_submit_jobs_per_user: int | None = None  # jobs of one user pending or running
+    # The idle-GPU policy; wins over the partition's when set (gpusched.core.idle_policy).
+    idle_warn_after: int | None = None
+    idle_action: str | None = None
+    idle_action_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +145,7 @@ def _count(r: TableReader, key: str, default: int | None, expected: str) -> int 
 def _partition(r: TableReader) -> PartitionSpec:
     r.check_keys({"name", "nodes", "default", "max_time", "default_time", "priority_tier",
                   "allow_accounts", "deny_accounts", "max_gpus_per_job", "state", "requeue",
-                  "sharing", "shares", "dynamic_mig", "mig_min_interval"})
+                  "sharing", "shares", "dynamic_mig", "mig_min_interval", *IDLE_KEYS})
     nodes_raw = r.table.get("nodes", "*")
     expected = "a host list such as 'gpu[01-16]', a list of them, or '*'"
     items = [nodes_raw] if isinstance(nodes_raw, str) else nodes_raw
@@ -152,7 +166,7 @@ def _partition(r: TableReader) -> PartitionSpec:
         allow_accounts=_names(r, "allow_accounts"), deny_accounts=_names(r, "deny_accounts", []) or (),
         max_gpus_per_job=_count(r, "max_gpus_per_job", None, "a number of GPUs (0 or more)"),
         state=state, requeue=r.get("requeue", bool, True, "true or false"),
-        **_sharing(r), **_dynamic_mig(r),
+        **_sharing(r), **_dynamic_mig(r), **_idle_policy(r),
     )
     if spec.max_time is not None and spec.default_time is not None and spec.default_time > spec.max_time:
         raise r.fail("default_time", "at most max_time")
@@ -193,6 +207,40 @@ def _dynamic_mig(r: TableReader) -> dict[str, Any]:
         interval = parsed
     return {"dynamic_mig": r.get("dynamic_mig", bool, False, "true or false"),
             "mig_min_interval": interval}
+
+
+IDLE_KEYS = ("idle_warn_after", "idle_action", "idle_action_after")
+
+
+def _idle_time(r: TableReader, key: str) -> int | None:
+    expected = "a time from '0:01' (a second) to '30-00:00:00' (30 days), such as '30:00'"
+    text = r.get(key, str, None, expected)
+    if text is None:
+        return None
+    try:
+        seconds = parse_time_limit(text)
+    except TimeFormatError:
+        raise r.fail(key, expected) from None
+    if seconds is None or not MIN_IDLE_TIME <= seconds <= MAX_IDLE_TIME:
+        raise r.fail(key, expected)
+    return seconds
+
+
+def _idle_policy(r: TableReader) -> dict[str, Any]:
+    """``idle_action`` (off, warn, requeue, cancel), ``idle_warn_after`` and
+    ``idle_action_after`` (times), checked together."""
+    expected = "one of " + ", ".join(f'"{a}"' for a in IDLE_ACTIONS)
+    action = r.get("idle_action", str, None, expected)
+    if action is not None:
+        action = action.lower()
+        if action not in IDLE_ACTIONS:
+            raise r.fail("idle_action", expected)
+    values = {"idle_warn_after": _idle_time(r, "idle_warn_after"), "idle_action": action,
+              "idle_action_after": _idle_time(r, "idle_action_after")}
+    error = settings_error(action, values["idle_warn_after"], values["idle_action_after"])
+    if error is not None:
+        raise r.fail(*error)
+    return values
 
 
 def _check_sharing(where: str, partitions: Iterable[PartitionSpec]) -> None:
@@ -298,7 +346,7 @@ def _user(r: TableReader) -> UserSpec:
 
 def _qos(r: TableReader) -> QosSpec:
     r.check_keys({"name", "priority", "max_gpus_per_user", "max_jobs_per_user", "grp_gpus",
-                  "max_wall", "preempt", "max_submit_jobs_per_user"})
+                  "max_wall", "preempt", "max_submit_jobs_per_user", *IDLE_KEYS})
     return QosSpec(
         name=r.name("name"),
         priority=_count(r, "priority", 0, "a priority (0 or more)") or 0,
@@ -309,6 +357,7 @@ def _qos(r: TableReader) -> QosSpec:
         preempt=_names(r, "preempt", []) or (),
         max_submit_jobs_per_user=_count(r, "max_submit_jobs_per_user", None,
                                         "a number of jobs (0 or more)"),
+        **_idle_policy(r),
     )
 
 

@@ -27,6 +27,7 @@ from gpusched.messages import (
     SignalJob,
     launch_job_of,
 )
+from gpusched.messages.agent import JobNotice
 from gpusched.messages.mig import MIG_KIND, MigCommand
 from gpusched.messages.steps import StepCancel, StepLaunch
 
@@ -152,6 +153,9 @@ class NodeCommands:
             sent = ours and self.launcher.signal(job_id, command.payload.signal)
             log.info("signal %d to job %d: %s", command.payload.signal, job_id,
                      "sent" if sent else "job not running here")
+        elif command.kind == "notice" and isinstance(command.payload, JobNotice):
+            if not (ours and self.launcher.notice(job_id, command.seq, command.payload.text)):
+                log.info("job %d: notice not written: job not running here", job_id)
         elif command.kind == "limit" and isinstance(command.payload, LimitJob):
             if ours and self.launcher.set_limit(job_id, command.payload.time_limit):
                 log.info("job %d: time limit now %s s", job_id, command.payload.time_limit)

@@ -32,6 +32,7 @@ from gpusched.agent import supervisor as supervisor_files
 from gpusched.agent.confine import remove_lost_job_cgroup
 from gpusched.agent.jobspec import build_spec, site_programs
 from gpusched.agent.mps import MpsDaemons, MpsError
+from gpusched.agent.notices import post_notice
 from gpusched.agent.spawn import (
     LOCK_FD_IN_SUPERVISOR,
     SupervisorSpawner,
@@ -211,6 +212,12 @@ class Launcher:
             os.kill(int(info["supervisor_pid"]), LIMIT_SIGNAL)
 
         return self._with_running(job_id, tell)
+
+    def notice(self, job_id: int, seq: int, text: str) -> bool:
+        """Have the job's supervisor append ``text`` to its output file as the job's
+        user (gpusched.agent.notices); False if the job is not running."""
+        return self._with_running(job_id, lambda jobdir, info: post_notice(
+            str(jobdir), seq, text, int(info["supervisor_pid"])))
 
     def _with_running(self, job_id: int, act: Callable[[Path, dict[str, Any]], None]) -> bool:
         """``act(jobdir, supervisor.json)`` for a job still running here; False if the job

@@ -57,11 +57,13 @@ from gpusched.agent.jobexec import LaunchError as LaunchError  # noqa: E402
 from gpusched.agent.jobexec import _child_main  # noqa: E402
 from gpusched.agent.jobexec import _drop_privileges as _drop_privileges  # noqa: E402
 from gpusched.agent.jobexec import _note_error as _note_error  # noqa: E402
+from gpusched.agent.notices import reap, take_notices, write_as_job_user  # noqa: E402
 
 # Made just before the job is forked: a job directory without it (nor supervisor.json)
 # is one of which nothing ever ran, whatever became of its supervisor.
 FORKING = "forking"
-# The agent writes a running job's new time limit here and sends LIMIT_SIGNAL.
+# The agent writes a running job's new time limit here and sends LIMIT_SIGNAL; the
+# same signal has the supervisor write the job's notices (gpusched.agent.notices).
 LIMIT_FILE = "limit.json"
 LIMIT_SIGNAL = signal.SIGUSR2
 _WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, LIMIT_SIGNAL}
@@ -134,6 +136,7 @@ class Supervisor:
         self.warned = False
         self.cgroup: Any = None  # the job's JobCgroup, while it exists
         self.confine: Any = None  # gpusched.agent.jobconfine, for a job that needs it
+        self.notice_writers: list[int] = []  # children writing notices as the job's user
 
     def run(self) -> dict[str, Any]:
         """Run the prolog, start the job, supervise it, run the epilog; return the status
@@ -270,6 +273,11 @@ class Supervisor:
                 self._stop("cancelled", time.monotonic())
             elif info is not None and info.si_signo == LIMIT_SIGNAL and self.stop_reason is None:
                 deadline = self._deadline(self._new_limit())
+            if info is not None and info.si_signo == LIMIT_SIGNAL:
+                writer = write_as_job_user(self.spec, take_notices(self.jobdir))
+                self.notice_writers += [writer] if writer else []
+            if info is not None and info.si_signo == signal.SIGCHLD:
+                self.notice_writers = reap(self.notice_writers)
         # Slurm ends the whole step with its main process: leftovers (backgrounded
         # grandchildren) are killed. The unreaped child keeps the group id from reuse.
         self.signal_job(signal.SIGKILL)

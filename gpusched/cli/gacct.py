@@ -141,7 +141,8 @@ def gacct(
         if chosen is None:
             rows.append([
                 _label(r), r["name"], r["partition"], r["account"] or "", r["user"],
-                r["state"], _exit(r), format_duration(r["elapsed_s"]), str(r["gpus"]),
+                r["state"] + (f" (idle {r['idle_action']})" if r.get("idle_action") else ""),
+                _exit(r), format_duration(r["elapsed_s"]), str(r["gpus"]),
                 r.get("alloc_tres") or "-", _hours(r["gpu_hours"]), _hours(r["billed_gpu_hours"]),
                 _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"]),
                 format_max_rss(r.get("max_rss_bytes")) or "-",
@@ -159,6 +160,9 @@ def gacct(
         return
     print_table(COLUMNS, rows, right_aligned=frozenset({0, 7, 8, 10, 11, 12, 13, 14, 15}),
                 shrinkable=frozenset({1, 2, 3, 4}))
+    for r in records:  # the idle-GPU policy's reasons, under the table
+        if r.get("idle_action") and r.get("idle_reason"):
+            typer.echo(f"{_label(r)}: {r['idle_action']}: {r['idle_reason']}")
 
 
 def _warn_archive_errors(answer: dict[str, Any]) -> None:

@@ -200,9 +200,18 @@ def queue_columns(values: Mapping[str, Sequence[Any]], now: datetime | None = No
         [short_state(str(state or "")) for state in states],
         _run_times(values["start_time"], values["end_time"], now),
         _gpu_cells(values),
-        [_node_or_reason(*cells) for cells in zip(
-            states, values["reason"], values["node"], values["node_names"])],
+        [_node_or_reason(*cells) + _idle_flag(state, warned, action) for state, *cells, warned,
+         action in zip(states, states, values["reason"], values["node"], values["node_names"],
+                       values["idle_warned_at"], values["idle_action"])],
     ]
+
+
+def _idle_flag(state: object, warned: object, action: object) -> str:
+    """The idle-GPU policy's mark after a job's nodes: warned while running, or how it
+    ended (docs/user-guide.md)."""
+    if warned and state == "RUNNING":
+        return " (IdleWarned)"
+    return " (IdleCancelled)" if action == "cancel" and state == "CANCELLED" else ""
 
 
 def _gpu_cells(values: Mapping[str, Sequence[Any]]) -> list[str]:
@@ -371,7 +380,7 @@ class Field:
 # The JOB fields the plain table and --start show.
 TABLE_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
                 "gpus", "start_time", "end_time", "node", "node_names", "share_mode", "share",
-                "gpu_mem_mb")
+                "gpu_mem_mb", "idle_warned_at", "idle_action")
 START_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
                 "expected_start", "nodes", "node", "node_names")
 # The JOB fields each format code reads (beyond state, which every line's code may use).

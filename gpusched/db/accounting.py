@@ -153,6 +153,7 @@ def job_records(session: Session, users: list[str] | None = None,
             "gpu_util_peak": job.util_peak, "gpu_mem_peak_mb": job.mem_peak_mb,
             "max_rss_bytes": job.max_rss_bytes, "cpu_usec": job.cpu_usec,
             "error_message": job.error_message,
+            "idle_action": job.idle_action, "idle_reason": job.idle_reason,
             "steps": _step_records(job, job_steps.get(job.id, []), batch_nodes, now)})
     return records
 

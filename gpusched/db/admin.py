@@ -25,13 +25,17 @@ from gpusched.db.models import Account, AccountUser, GpuBilling, Partition, Qos
 from gpusched.errors import ConfigError
 
 Row = dict[str, Any]
-_TIMES = {"max_time", "default_time", "max_wall", "mig_min_interval"}
+_TIMES = {"max_time", "default_time", "max_wall", "mig_min_interval", "idle_warn_after",
+          "idle_action_after"}
+_IDLE = ("idle_warn_after", "idle_action", "idle_action_after")
 # Fields a new row shows only when not at these defaults (dynamic MIG is seldom on).
 _QUIET = {"dynamic_mig": False, "mig_min_interval": DEFAULT_MIG_INTERVAL,
           "gpu_hours_period": "none"}
 
 
 def _show(key: str, value: Any) -> str:
+    if key in _IDLE and value is None:
+        return "none"
     if key in _TIMES:
         return format_duration(value)
     if isinstance(value, list | tuple):
@@ -65,7 +69,8 @@ def _partition_row(p: PartitionSpec) -> Row:
             "allow_accounts": list(p.allow_accounts) if p.allow_accounts is not None else None,
             "deny_accounts": list(p.deny_accounts), "max_gpus_per_job": p.max_gpus_per_job,
             "state": p.state, "requeue": p.requeue, "sharing": p.sharing, "shares": p.shares,
-            "dynamic_mig": p.dynamic_mig, "mig_min_interval": p.mig_min_interval}
+            "dynamic_mig": p.dynamic_mig, "mig_min_interval": p.mig_min_interval,
+            **{key: getattr(p, key) for key in _IDLE}}
 
 
 def _current(session: Session, model: Any, key: str, columns: list[str]) -> dict[str, Row]:
@@ -81,7 +86,7 @@ _BUDGET = ["gpu_hours", "gpu_hours_period"]  # a GPU-hour budget (core/budgets.p
 _ACCOUNT_COLUMNS = ["parent", "shares", "qos", "default_qos", *_BUDGET]
 _USER_COLUMNS = ["shares", "is_default", "qos", "default_qos", "max_submit_jobs", *_BUDGET]
 _QOS_COLUMNS = ["priority", "max_gpus_per_user", "max_jobs_per_user", "grp_gpus", "max_wall",
-                "preempt", "max_submit_jobs_per_user"]
+                "preempt", "max_submit_jobs_per_user", *_IDLE]
 
 
 def desired_state(config: AdminConfig) -> dict[str, dict[str, Row]]:
@@ -106,7 +111,8 @@ def desired_state(config: AdminConfig) -> dict[str, dict[str, Row]]:
         state["qos"] = {q.name: {"priority": q.priority, "max_gpus_per_user": q.max_gpus_per_user,
                                  "max_jobs_per_user": q.max_jobs_per_user, "grp_gpus": q.grp_gpus,
                                  "max_wall": q.max_wall, "preempt": list(q.preempt),
-                                 "max_submit_jobs_per_user": q.max_submit_jobs_per_user}
+                                 "max_submit_jobs_per_user": q.max_submit_jobs_per_user,
+                                 **{key: getattr(q, key) for key in _IDLE}}
                         for q in config.qos}
     if config.billing is not None:
         state["billing"] = {t: {"weight": w} for t, w in config.billing.items()}

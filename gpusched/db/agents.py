@@ -180,6 +180,7 @@ def requeued(error_message: str | None) -> dict[str, Any]:
             "launched_at": None, "cancel_requested_at": None, "gpu_failure": None,
             "preempted_at": None, "preempt_mode": None, "preempted_by": None,
             "node_names": None, "start_kind": None, "error_message": error_message,
+            "idle_since": None, "idle": False, "idle_warned_at": None,  # the run's own
             "restarts": Job.restarts + 1}
 
 

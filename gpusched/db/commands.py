@@ -30,7 +30,7 @@ from gpusched.db.placements import latest_gpus_sql, latest_share_sql
 from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
-from gpusched.messages.agent import LimitJob, ShareGrant, SignalJob
+from gpusched.messages.agent import JobNotice, LimitJob, ShareGrant, SignalJob
 from gpusched.messages.mig import MigLayout
 from gpusched.messages.steps import StepCancel, StepLaunch
 
@@ -199,6 +199,8 @@ def _payload(kind: str, stored: dict[str, Any], node_name: str, job: Any) -> Pay
         return StepLaunch.parse(stored)
     if kind == "step_cancel":
         return StepCancel.parse(stored)
+    if kind == "notice":  # a line for the job's output (db/idle_policy.py)
+        return JobNotice(str(stored["text"]))
     if kind == "mig":  # a MIG layout for one GPU (db/mig_changes.py): no job
         return MigLayout.parse(stored)  # type: ignore[return-value]
     return None

@@ -106,7 +106,8 @@ def record_samples(session: Session, node_name: str, body: dict[str, Any],
     newly flagged idle (GPUs at most ``idle_percent`` busy for ``idle_after`` seconds).
 
     A job on MIG slices is charged its parent GPU's sample (NVML gives utilisation per
-    GPU, not per slice).
+    GPU, not per slice). ``idle_since`` is when its GPUs were first seen idle in this
+    run; the idle-GPU policy (db/idle_policy.py) acts on it.
     """
     samples = _samples(body)
     node = session.scalars(select(Node).where(Node.name == node_name)).first()

@@ -97,6 +97,8 @@ JOB_FIELDS: dict[str, Field] = {
     "gpu_mem_avg_mb": (("mem_sum_mb", "util_samples"), _avg),
     "gpu_mem_peak_mb": _same("mem_peak_mb"), "gpu_samples": _same("util_samples"),
     "idle": _same("idle"), "idle_since": _when("idle_since"),
+    "idle_warned_at": _when("idle_warned_at"), "idle_action": _same("idle_action"),
+    "idle_action_at": _when("idle_action_at"), "idle_reason": _same("idle_reason"),
     "gres_flags": _same("gres_flags"), "max_rss_bytes": _same("max_rss_bytes"),
     "cpu_usec": _same("cpu_usec"), "interactive": _same("interactive"),
     "share_mode": _same("share_mode"), "share": _same("share_units"),

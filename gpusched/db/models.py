@@ -29,7 +29,7 @@ JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT
               "OUT_OF_MEMORY")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
 NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel",
-                      "mig")
+                      "mig", "notice")
 STEP_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                "NODE_FAIL")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
@@ -39,6 +39,13 @@ MAX_SHARES = 10_000  # units one shared GPU may offer
 MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 MAIL_STATES = ("queued", "sending", "sent", "failed")  # of a mail_events row
+# The idle-GPU policy of a partition or QOS (gpusched.core.idle_policy): its bounds.
+_IDLE_CHECKS = ("idle_warn_after BETWEEN 1 AND 2592000", "idle_action_after BETWEEN 1 AND 2592000",
+                "idle_action IN ('off', 'warn', 'requeue', 'cancel')")
+
+
+def _idle_checks() -> tuple[CheckConstraint, ...]:
+    return tuple(CheckConstraint(check, name=check.split()[0]) for check in _IDLE_CHECKS)
 
 # A GPU-hour budget of an account or of a user in one (gpusched.core.budgets).
 _BUDGET_CHECKS = {"gpu_hours": "gpu_hours BETWEEN 0 AND 1000000000",
@@ -78,6 +85,7 @@ class Partition(Base):
         CheckConstraint(f"shares BETWEEN 1 AND {MAX_SHARES}", name="shares"),
         CheckConstraint(f"mig_min_interval BETWEEN {MIN_MIG_INTERVAL} AND {MAX_MIG_INTERVAL}",
                         name="mig_min_interval"),
+        *_idle_checks(),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -100,6 +108,9 @@ class Partition(Base):
     # keeps between two layout changes of one GPU.
     dynamic_mig: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     mig_min_interval: Mapped[int] = mapped_column(Integer, server_default=text("600"))
+    idle_warn_after: Mapped[int | None] = mapped_column(Integer)  # idle-GPU policy
+    idle_action: Mapped[str | None] = mapped_column(Text)
+    idle_action_after: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
@@ -205,6 +216,7 @@ class Job(Base):
         CheckConstraint(_in("share_mode", SHARE_MODES), name="share_mode"),
         CheckConstraint("share_units > 0", name="share_units"),
         CheckConstraint("gpu_mem_mb > 0", name="gpu_mem_mb"),
+        CheckConstraint("idle_action IN ('requeue', 'cancel')", name="idle_action"),
         Index(
             "ix_jobs_active", "state", "submit_time",
             postgresql_where=text("state IN ('PENDING', 'RUNNING')"),
@@ -306,6 +318,11 @@ class Job(Base):
     mem_peak_mb: Mapped[int | None] = mapped_column(Integer)
     idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     idle: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # flagged idle
+    # The idle-GPU policy: when the current run was warned, and what it did and why.
+    idle_warned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idle_action: Mapped[str | None] = mapped_column(Text)  # requeue or cancel
+    idle_action_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idle_reason: Mapped[str | None] = mapped_column(Text)
     # What the cgroup of its last run measured: peak memory and CPU time (None: not).
     max_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cpu_usec: Mapped[int | None] = mapped_column(BigInteger)
@@ -355,7 +372,6 @@ class MailEvent(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
-
 
 
 class Allocation(Base):
@@ -464,6 +480,7 @@ class Qos(Base):
     """A quality of service: priority, limits and which QOS it may preempt."""
 
     __tablename__ = "qos"
+    __table_args__ = _idle_checks()
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
@@ -473,6 +490,9 @@ class Qos(Base):
     max_wall: Mapped[int | None] = mapped_column(Integer)
     preempt: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     max_submit_jobs_per_user: Mapped[int | None] = mapped_column(Integer)
+    idle_warn_after: Mapped[int | None] = mapped_column(Integer)  # idle-GPU policy
+    idle_action: Mapped[str | None] = mapped_column(Text)
+    idle_action_after: Mapped[int | None] = mapped_column(Integer)
 
 
 class GpuBilling(Base):

@@ -48,5 +48,7 @@ def partition_listing(session: Session) -> list[dict[str, Any]]:
              "nodes": every if p.nodes == ["*"] else list(p.nodes),
              "max_time": p.max_time, "default_time": p.default_time,
              "priority_tier": p.priority_tier, "max_gpus_per_job": p.max_gpus_per_job,
-             "requeue": p.requeue, "sharing": p.sharing, "shares": p.shares}
+             "requeue": p.requeue, "sharing": p.sharing, "shares": p.shares,
+             "idle_warn_after": p.idle_warn_after, "idle_action": p.idle_action,
+             "idle_action_after": p.idle_action_after}
             for p in session.scalars(select(Partition).order_by(Partition.name))]

@@ -56,7 +56,9 @@ OUTCOMES = ("completed", "failed", "launch_failed", "cancelled", "timeout", "out
 GRES_FLAGS = ("enforce-binding", "disable-binding")
 MAX_BYTES = (1 << 63) - 1  # a cgroup's counters are 64-bit
 MAX_HEALTH_REASON = 256  # characters of a node health check's reason
-COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel")
+COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel",
+                 "notice")
+MAX_NOTICE = 1000  # characters of a notice's line
 SHARE_MODES = ("mps", "shard")
 MAX_SHARE_UNITS = 10_000  # units one shared GPU may offer (an MPS count of 100: percents)
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # MB of GPU memory one share may hold (16 TiB)
@@ -376,6 +378,17 @@ class SignalJob:
 
 
 @dataclass(frozen=True)
+class JobNotice:
+    """The payload of a ``notice`` command: one line for the job's output file (the
+    idle-GPU policy's warning), written there by its supervisor as the job's user."""
+
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text}
+
+
+@dataclass(frozen=True)
 class LimitJob:
     """The payload of a ``limit`` command: the job's new time limit (None: none) and
     when it now ends the job's steps (``deadline``, epoch seconds; None with a time
@@ -402,7 +415,8 @@ if TYPE_CHECKING:  # the step messages import this module
 
     from gpusched.messages.steps import StepCancel, StepLaunch
 
-    Payload: TypeAlias = LaunchOrder | SignalJob | LimitJob | StepLaunch | StepCancel | None
+    Payload: TypeAlias = (LaunchOrder | SignalJob | LimitJob | JobNotice | StepLaunch
+                          | StepCancel | None)
 
 
 @dataclass(frozen=True)
@@ -472,6 +486,9 @@ def _payload(kind: str, body: Body) -> Payload:
     if kind in ("step", "step_cancel"):
         from gpusched.messages.steps import StepCancel, StepLaunch
         return StepLaunch.parse(body) if kind == "step" else StepCancel.parse(body)
+    if kind == "notice":
+        refuse_unknown(body, ("text",), "a notice command")
+        return JobNotice(required_text(body, "text", MAX_NOTICE, "a line of text"))
     if kind == "signal":
         refuse_unknown(body, ("signal",), "a signal command")
         return SignalJob(required_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"))

@@ -501,7 +501,12 @@ def test_each_kind_of_command_carries_its_payload() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"kind": "reboot"}, "kind: expected one of ['cancel', 'kill', 'launch', 'limit', "
-                         "'signal', 'step', 'step_cancel']"),
+                         "'notice', 'signal', 'step', 'step_cancel']"),
+    ({"kind": "notice", "payload": {}}, "text: expected a line of text, got nothing"),
+    ({"kind": "notice", "payload": {"text": "a\nb"}}, "text: "),
+    ({"kind": "notice", "payload": {"text": "x" * 1001}}, "text: "),
+    ({"kind": "notice", "payload": {"text": "hi", "path": "/etc/passwd"}},
+     "unknown field 'path' in a notice command"),
     ({"kind": "kill", "payload": {"signal": 9}}, "unknown field 'signal' in a kill command"),
     ({"seq": 0}, "seq: expected a command number from 1 to"),
     ({"run": None}, "run: expected a restart count, got nothing"),

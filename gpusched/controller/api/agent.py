@@ -11,7 +11,7 @@ from gpusched import stages
 from gpusched.controller.api.common import ApiContext, path_job_id
 from gpusched.controller.http import Request, Router
 from gpusched.core import bounds
-from gpusched.db import agents, commands, health, node_drain, node_failure
+from gpusched.db import agents, commands, health, idle_policy, node_drain, node_failure
 from gpusched.db.notify import notify_in
 from gpusched.errors import UsageError
 from gpusched.messages import JobEnd, NodeHealth
@@ -188,9 +188,15 @@ class AgentRoutes:
         """An agent's GPU samples: stored per GPU and rolled up into the jobs on them."""
         ctx = self.context
         ctx.require_node(request, request.body.get("node"))
+        node = str(request.body.get("node"))
         with ctx.sessions() as session, session.begin():
-            flagged = health.record_samples(session, str(request.body.get("node")), request.body,
+            flagged = health.record_samples(session, node, request.body,
                                             ctx.idle_percent, ctx.idle_after)
+            told = idle_policy.enforce(session, node, ctx.idle_percent)
+            if told:
+                notify_in(session, "sched", *(f"node:{n}" for n in sorted(told)))
+        for name in told:
+            ctx.events.wake_node(name)
         return 200, {"ok": True, "idle": flagged}
 
 
