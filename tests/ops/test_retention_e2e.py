@@ -118,3 +118,25 @@ def test_purged_jobs_are_shown_from_the_archives_to_whom_they_belong(
     for path in (directory, files[0]):
         peek = run_as(user, ["cat", str(path)])
         assert peek.returncode != 0 and "Permission denied" in peek.stderr, peek
+
+
+def test_a_controller_refuses_an_archive_directory_others_may_write(
+        db_url: str, archive_root: Path) -> None:
+    directory = archive_root / "archive"
+    directory.mkdir(mode=0o700)
+    directory.chmod(0o775)
+    c = Cluster(db_url, controller_toml=f"""
+[controller.retention]
+purge_job_after = "30-00:00:00"
+archive_dir = "{directory}"
+""")
+    try:
+        controller = c.start("controller")
+        assert controller.wait(timeout=60) == 2
+        log = (c.root / "controller.log").read_text()
+        assert f"controller.retention.archive_dir: {directory} must be a directory of the " \
+               "controller's user that no one else may write (mode 0700)" in log, log
+        assert "Traceback" not in log, log
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o775  # left as it was
+    finally:
+        c.close()
