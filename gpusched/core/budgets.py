@@ -184,6 +184,9 @@ class BudgetBook:
             for key in self.scope(job.user, job.account):
                 as_of = self.budgets[key].as_of
                 self.committed[key] += gpus * max(0.0, job.end_time - as_of)
+        # What each budget has room for, as ``fits`` compares it.
+        self._room = {key: self.budgets[key].limit_s + TOLERANCE - committed
+                      for key, committed in self.committed.items()}
 
     def scope(self, user: str, account: str) -> tuple[tuple[str, str | None], ...]:
         """The keys of the budgets covering ``user``'s jobs in ``account``: the user's
@@ -219,6 +222,26 @@ class BudgetBook:
         return [BudgetState(self.budgets[key], self.committed[key], need, gpus)
                 for key in self.scope(job.user, job.account)]
 
+    def fits(self, job: PendingJob) -> bool:
+        """Whether ``job`` fits every budget covering it (``over`` is empty); a pass asks
+        this of every job of a budgeted account, so it builds nothing."""
+        if job.account is None:
+            return True
+        keys = self._scopes.get((job.user, job.account))
+        if keys is None:
+            keys = self.scope(job.user, job.account)
+        if not keys:
+            return True
+        if job.time_limit is None:
+            return False
+        need = (self.gpus(job) if job.share or job.exclusive
+                else job.gpus * job.nodes) * job.time_limit
+        room = self._room
+        for key in keys:
+            if need > room[key]:
+                return False
+        return True
+
     def over(self, job: PendingJob) -> list[BudgetState]:
         """The budgets ``job`` would exceed if it started now (empty: it fits)."""
         return [state for state in self.states(job)
@@ -227,7 +250,9 @@ class BudgetBook:
     def started(self, job: PendingJob) -> None:
         """Commit what a job the pass starts may use to every budget covering it."""
         for state in self.states(job):
-            self.committed[state.budget.key] += state.job_s
+            key = state.budget.key
+            self.committed[key] += state.job_s
+            self._room[key] = state.budget.limit_s + TOLERANCE - self.committed[key]
 
     def balance(self, key: tuple[str, str | None]) -> tuple[float, float, float]:
         """GPU-seconds of budget ``key``: used in its period, what running jobs may still

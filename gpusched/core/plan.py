@@ -123,6 +123,7 @@ class SchedulingPass(ShareStartsMixin):
             snapshot.partitions) if snapshot.budgets else None)
         self.limited_qos = frozenset(snapshot.qos_limits)  # a QOS without limits holds none
         self.budgeted = self.limits.budgeted  # accounts whose jobs a budget covers
+        self.budgets = self.limits.budgets
         self.busy_names = set(snapshot.running_names)
         self.array_running = Counter(job.array_job_id for job in snapshot.running
                                      if job.array_job_id is not None)
@@ -159,7 +160,8 @@ class SchedulingPass(ShareStartsMixin):
                 and job.hold is None and job.begin_time is None
                 and (job.qos is None or job.qos not in self.limited_qos)
                 and job.array_max_running is None
-                and (not self.budgeted or job.account not in self.budgeted))
+                and (self.budgets is None or job.account not in self.budgeted
+                     or self.budgets.fits(job)))
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
