@@ -365,9 +365,12 @@ def _read_archived(shelf: ArchiveShelf, query: ArchiveQuery,
             log.error("%s", exc)
             errors.append(str(exc))
             continue
-        for entry in entries:
-            if query.wants(entry):
+        try:
+            for entry in [entry for entry in entries if query.wants(entry)]:
                 take(entry)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            errors.append(f"archive {archive.path.name}: damaged (an entry lacks a field)")
+            log.error("%s", errors[-1])
     return errors
 
 

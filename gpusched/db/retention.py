@@ -139,7 +139,7 @@ def archive_entries(session: Session, ids: Sequence[int]) -> list[dict[str, Any]
     for row in _rows(session, JobStep.__table__, JobStep.job_id, wanted):
         steps.setdefault(row["job_id"], []).append(row)
     held = _allocations(session, wanted)
-    return [{"record": records.get(job_id) or {}, "job": jobs[job_id],
+    return [{"record": records[job_id], "job": jobs[job_id],
              "allocations": held.get(job_id, []),
              "steps": sorted(steps.get(job_id, []), key=lambda s: s["step_id"])}
             for job_id in sorted(jobs)]

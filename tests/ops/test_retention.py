@@ -261,7 +261,13 @@ def test_a_damaged_or_foreign_archive_is_named_not_read(
     archive.path.write_bytes(data[: len(data) // 2])
     answer = with_archived(job.shelf, [], ArchiveQuery())
     assert answer["jobs"] == [] and "damaged" in answer["archive_errors"][0], answer
+    header = {"format": "gpusched-job-archive", "version": 1, "jobs": 1, "job_ids": [7]}
+    archive.path.write_bytes(gzip.compress(
+        (json.dumps(header) + "\n" + json.dumps({"record": {}, "job": {}}) + "\n").encode()))
+    answer = with_archived(job.shelf, [], ArchiveQuery())
+    assert answer["jobs"] == [] and "lacks a field" in answer["archive_errors"][0], answer
     archive.path.write_bytes(data)
+    assert len(with_archived(job.shelf, [], ArchiveQuery())["jobs"]) == 1
     os.chown(archive.path, 65534, 65534)
     answer = with_archived(job.shelf, [], ArchiveQuery())
     assert answer["jobs"] == [] and "not a file of the controller" in answer[
