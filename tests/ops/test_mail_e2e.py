@@ -5,6 +5,7 @@ delivered to an SMTP sink written here with the standard library, or to a fake
 
 from __future__ import annotations
 
+import base64
 import email
 import email.policy
 import json
@@ -23,7 +24,8 @@ from tests.pg import ScratchPostgres
 
 
 class _SmtpSession(socketserver.StreamRequestHandler):
-    """One client's SMTP session: EHLO, MAIL, RCPT, DATA, RSET, NOOP, QUIT."""
+    """One client's SMTP session: EHLO, AUTH PLAIN (when the server has a password),
+    MAIL, RCPT, DATA, RSET, NOOP, QUIT."""
 
     server: _SinkServer
 
@@ -37,7 +39,14 @@ class _SmtpSession(socketserver.StreamRequestHandler):
             command = line.decode("ascii", "replace").rstrip("\r\n")
             verb = command.split(" ", 1)[0].upper()
             if verb == "EHLO":
-                self.wfile.write(b"250-sink\r\n250 8BITMIME\r\n")
+                auth = b"250-AUTH PLAIN\r\n" if self.server.password else b""
+                self.wfile.write(b"250-sink\r\n" + auth + b"250 8BITMIME\r\n")
+            elif verb == "AUTH":
+                given = base64.b64decode(command.split()[-1]).split(b"\0")
+                with self.server.lock:
+                    self.server.logins.append(b":".join(given[1:]).decode())
+                ok = given[1:] == [b"gpusched", self.server.password.encode()]
+                self.reply("235 welcome" if ok else "535 no")
             elif verb == "MAIL":
                 sender, recipients = command.split(":", 1)[1].strip().strip("<>"), []
                 self.reply("250 ok")
@@ -68,14 +77,17 @@ class _SinkServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     received: list[tuple[str, list[str], EmailMessage]]
     lock: threading.Lock
+    password: str  # AUTH PLAIN for user gpusched with it; "": no AUTH offered
+    logins: list[str]
 
 
 class SmtpSink:
     """An SMTP server on 127.0.0.1 that keeps every message it is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str = "") -> None:
         self.server = _SinkServer(("127.0.0.1", 0), _SmtpSession)
         self.server.received, self.server.lock = [], threading.Lock()
+        self.server.password, self.server.logins = password, []
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,6 +160,36 @@ def test_a_header_that_is_not_one_line_is_never_sent(
     assert [str(m["Subject"]) for _, _, m in sink.messages()] == [
         f"gpusched Job_id={job} Name=j1 Ended, Run time 00:00:05, COMPLETED, ExitCode 0"]
     assert rows(sessions) == [(job, 0, "BEGIN", "failed", 1), (job, 0, "END", "sent", 1)]
+
+
+def test_credentials_and_starttls(sessions: sessionmaker[Session], tmp_path: Path) -> None:
+    """The password file's first line logs in; a wrong one is retried as a failure; with
+    smtp_starttls, a server that offers no STARTTLS gets nothing in the clear."""
+    (job,) = ended_jobs(sessions, 1, ["END"])
+    server = SmtpSink(password="s3cret")
+    try:
+        secret = tmp_path / "password"
+        secret.write_text("wrong\n")
+        settings = {"smtp_port": server.port, "smtp_user": "gpusched",
+                    "smtp_password_file": secret}
+        mail_job(sessions, **settings).run()
+        assert rows(sessions) == [(job, 0, "END", "queued", 1)]
+        with sessions() as session, session.begin():
+            session.execute(text("UPDATE mail_events SET next_attempt_at = now()"))
+        mail_job(sessions, smtp_starttls=True, **settings).run()
+        with sessions() as session:
+            error = session.execute(text("SELECT error FROM mail_events")).scalar_one()
+        assert "STARTTLS" in error and server.messages() == []
+        assert rows(sessions) == [(job, 0, "END", "queued", 2)]
+        secret.write_text("s3cret\nanything after the first line\n")
+        with sessions() as session, session.begin():
+            session.execute(text("UPDATE mail_events SET next_attempt_at = now()"))
+        mail_job(sessions, **settings).run()
+        assert rows(sessions) == [(job, 0, "END", "sent", 3)]
+        assert server.server.logins == ["gpusched:wrong", "gpusched:s3cret"]
+        assert len(server.messages()) == 1
+    finally:
+        server.close()
 
 
 def test_a_standby_sends_nothing(sessions: sessionmaker[Session], sink: SmtpSink) -> None:
