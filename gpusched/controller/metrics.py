@@ -141,7 +141,7 @@ class ControllerMetrics:
         self.routes: dict[tuple[str, str], RouteFigures] = {}
         self._lock = threading.Lock()
         self._templates: dict[str, str] = {}
-        self.cluster = _AccountHours()
+        self.cluster = AccountHours()
 
     # -- what happens -----------------------------------------------------------
     def observe_pass(self, seconds: float, snapshot: Snapshot, decided: Plan,
@@ -250,7 +250,7 @@ class ControllerMetrics:
         }
 
 
-class _AccountHours:
+class AccountHours:
     """GPU-hours each account's running jobs held, added up at each scrape from the
     GPUs held then and at the scrape before (the trapezoid between the two): exact for
     what runs across scrapes, within one scrape interval for a job that starts or ends

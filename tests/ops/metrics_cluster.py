@@ -1,5 +1,6 @@
 """A real cluster serving metrics, for the metrics, diag and dashboard tests: a
-controller and an agent on the fake NVML library (``dgx_a100_8.json``, 8 A100s), each
+controller and an agent on the fake NVML library (``dgx_a100_8.json``, 8 A100s, unless
+another inventory is named), each
 with its metrics listener on a free loopback port; and a scrape read by
 prometheus_client's own text-format parser."""
 
@@ -47,10 +48,10 @@ class MetricsCluster:
 
 
 @contextmanager
-def metrics_cluster(db_url: str, fake_nvml_factory: Callable[..., FakeNvml]
-                    ) -> Iterator[MetricsCluster]:
+def metrics_cluster(db_url: str, fake_nvml_factory: Callable[..., FakeNvml],
+                    inventory: str = "dgx_a100_8.json") -> Iterator[MetricsCluster]:
     """A MetricsCluster up, stopped and removed on leaving."""
-    made = MetricsCluster(db_url, fake_nvml_factory("dgx_a100_8.json"))
+    made = MetricsCluster(db_url, fake_nvml_factory(inventory))
     try:
         made.cluster.up()
         yield made
