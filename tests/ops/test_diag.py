@@ -4,12 +4,15 @@ kind, requests per route, the agent's heartbeat and the database pool."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.cluster import BIN, Cluster, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +83,12 @@ def test_anyone_may_read_diag_and_a_bad_request_is_counted(cluster: Cluster) -> 
     assert after["errors"] == after["count"] == 1
     unknown = cluster.run("gpusched", "diag", "--bogus")
     assert unknown.returncode == 2 and "--bogus" in unknown.stderr
+
+
+def test_without_a_controller_diag_is_one_error_line(tmp_path: Path) -> None:
+    result = subprocess.run([str(BIN / "gpusched"), "diag"], capture_output=True, text=True,
+                            env={**os.environ, "GPUSCHED_SOCKET": str(tmp_path / "none.sock")},
+                            timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert "cannot reach the gpusched controller" in line
