@@ -16,6 +16,7 @@ so the database, smtplib and subprocess are imported only where they are used.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -307,10 +308,13 @@ class MailJob:
         self.password = read_password(config.smtp_password_file)
         self.failures = ThrottledLog()
         self.recorded = self.sent = self.failed = 0  # since the start, for logs and tests
+        # A round that outlasts the interval (a slow mail server) makes the next one
+        # return at once, rather than APScheduler logging each skipped run.
+        self._round = threading.Lock()
 
     def run(self) -> None:
         """One round, on the leader only; nothing it meets escapes it."""
-        if not self.is_leader():
+        if not self.is_leader() or not self._round.acquire(blocking=False):
             return
         try:
             self.record_due(datetime.now(UTC))
@@ -318,6 +322,8 @@ class MailJob:
         except Exception as exc:  # the database went away, a bug: the next round retries
             self.failures.warning("round", f"mail round failed: {exc!r}; trying again in "
                                   f"{self.config.interval:g} s")
+        finally:
+            self._round.release()
 
     def record_due(self, now: datetime) -> int:
         """Record the mails due for every watched job, a page per transaction; how many."""

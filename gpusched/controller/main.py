@@ -123,7 +123,8 @@ class Controller:
         if config.mail.method != "off":  # on APScheduler's threads: never in a pass's way
             self.periodic.add_job(MailJob(config.mail, self.sessions,
                                           lambda: self.scheduler.is_leader).run, "interval",
-                                  seconds=config.mail.interval, id="mail", coalesce=True)
+                                  seconds=config.mail.interval, id="mail", coalesce=True,
+                                  max_instances=2)  # a second returns at once (MailJob.run)
         self._dsn = dsn
 
     def resume_gpus(self) -> None:

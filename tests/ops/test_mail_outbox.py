@@ -199,6 +199,17 @@ def test_a_standby_sends_nothing(sessions: sessionmaker[Session], sink: SmtpSink
     assert rows(sessions) == [] and sink.messages() == []
 
 
+def test_a_round_that_overlaps_a_running_one_returns_at_once(
+        sessions: sessionmaker[Session], sink: SmtpSink) -> None:
+    ended_jobs(sessions, 1)
+    mailer = mail_job(sessions, smtp_port=sink.port)
+    with mailer._round:  # a round in progress (a slow server)
+        mailer.run()
+    assert rows(sessions) == []
+    mailer.run()
+    assert len(sink.messages()) == 2
+
+
 @pytest.mark.parametrize(("table", "key"), [
     ({"method": "pigeon"}, "mail.method"),
     ({"smtp_port": 0}, "mail.smtp_port"),
