@@ -311,7 +311,9 @@ echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 
 @app.command()
 def demo(
-    gpus: Annotated[int, typer.Option(min=1, help="GPUs for the demo job.")] = 2,
+    gpus: Annotated[Optional[int], typer.Option(
+        min=1, max=64, show_default=False,
+        help="GPUs for the demo job (default 2, or 1 where no node has 2).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the job.")] = 60.0,
 ) -> None:
     """Submit a demo GPU job to the running cluster, wait for it and show its output.
@@ -325,6 +327,10 @@ def demo(
     from gpusched.errors import Unavailable
 
     with ApiClient() as client:
+        if gpus is None:  # a host with one real GPU (gpusched up uses it) runs it too
+            nodes = client.request("GET", "/v1/nodes")["nodes"]
+            most = max((sum(g["parent"] is None for g in n["gpus"]) for n in nodes), default=0)
+            gpus = 2 if most >= 2 else 1
         job_id = client.request("POST", "/v1/jobs", {
             "script": DEMO_SCRIPT, "name": "demo", "gpus": gpus, "work_dir": os.getcwd(),
             "environment": dict(os.environ), "output": "gpusched-demo-%j.out",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -112,3 +113,19 @@ def test_several_local_nodes_never_share_the_hosts_gpus(
     assert up.returncode == 0, up.stderr
     assert ("but 2 local nodes cannot share them; using the demo inventory: 1 demo GPU per "
             "node") in up.stdout, up.stdout
+
+
+def test_the_demo_runs_on_a_host_with_one_gpu(
+        state_home: Path, tmp_path: Path, fake_nvml_factory: Callable[..., FakeNvml]) -> None:
+    inventory = tmp_path / "one.json"
+    inventory.write_text(json.dumps({"gpus": [
+        {"uuid": UUIDS[0], "name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559,
+         "pci_bus_id": "00000000:18:00.0"}]}))
+    run = _runner(state_home, fake_nvml_factory(inventory).env())
+    up = run("gpusched", "up")
+    assert up.returncode == 0 and "GPUs: 1 x h100-80gb found through NVML" in up.stdout, up
+    shown = run("gpusched", "demo")  # README's ./demo: asks for what the host has
+    assert shown.returncode == 0, shown.stderr
+    assert f"COMPLETED on {socket.gethostname().split('.')[0]} with GPUs {UUIDS[0]}" \
+        in shown.stdout, shown.stdout
+    assert f"CUDA_VISIBLE_DEVICES={UUIDS[0]}" in shown.stdout
