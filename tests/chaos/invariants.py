@@ -8,8 +8,9 @@ cluster database's SQLAlchemy URL. ``records``: the directory where each run of 
 script leaves one file, ``<job_id>.<restart>`` ($SLURM_JOB_ID, $SLURM_RESTART_COUNT);
 its batch script (on the job's first node only) appends, one ``printf ... >> file``
 each, ``start <node> <unix time>`` first and ``end <exit code> <unix time>`` last, before
-``exit <code>``; lines that do not parse (a torn write) are ignored. ``node_deaths``:
-(node, unix time) of each whole-node kill. ``finished``: the run was drained.
+``exit <code>``; lines that do not parse (a torn write) are ignored; a missing
+directory is itself reported (``[records]``). ``node_deaths``: (node, unix time) of each
+whole-node kill. ``finished``: the run was drained.
 
 Rules, by tag:
 
@@ -29,8 +30,9 @@ Rules, by tag:
 - ``double-start``: two ``start`` lines in one records file; two launch commands for
   one (job, run).
 - ``gpu-overlap``: a GPU held whole by one run while another holds it (whole or a
-  share), from the allocations' [allocated_at, released_at) intervals.
-- ``mig-overlap``: a MIG slice held while its parent GPU is.
+  share): in the allocations' [allocated_at, released_at) intervals, and between the
+  ``start`` and ``end`` lines of the runs' scripts (a run that outlived its allocation).
+- ``mig-overlap``: a MIG slice held while its parent GPU is (the same two ways).
 - ``share-overcommit``: more units of a shared GPU held at one instant than it offers
   (as gacct reads it, db/usage.py ``ShareOffers``; unknown: unchecked).
 - ``exit-status``: when the last run of an ended job wrote ``end C`` and no node of the
@@ -211,8 +213,8 @@ def _load(session: Session, evidence: Evidence, problems: list[str]) -> History:
     for job_id, run, gpu_id, node, at, until, units, parent, weight, partition in \
             session.execute(_HOLDINGS):
         of = offers.of(units, node, partition)
-        holdings.append(Holding(job_id, run, gpu_id, node, at, until, units, parent, float(weight),
-                                of))
+        holdings.append(Holding(job_id, run, gpu_id, node, at, until, units, parent,
+                                float(weight), of))
     launches: Counter[tuple[int, int]] = Counter(
         {(job_id, run): n for job_id, run, n in session.execute(_LAUNCHES)})
     return History(jobs, holdings, launches, node_names, _records(evidence.records, problems))
