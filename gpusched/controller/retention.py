@@ -95,6 +95,16 @@ class ArchiveQuery:
             return False
         return not self.ids or any(archive.low_id <= i <= archive.high_id for i in self.ids)
 
+    def may_match(self, header: dict[str, Any]) -> bool:
+        """Whether an archive of ``header`` may hold a job asked for."""
+        def meets(wanted: Any, key: str) -> bool:
+            return not wanted or key not in header or bool(set(wanted) & set(header[key]))
+        return (meets([] if self.uid is None else [self.uid], "uids")
+                and meets(self.users, "users") and meets(self.accounts, "accounts")
+                and meets(self.states or SHOWN_STATES, "states")
+                and (not self.ids or bool(set(self.ids) & {
+                    *header["job_ids"], *header.get("array_job_ids", ())})))
+
     def wants(self, entry: dict[str, Any]) -> bool:
         """Whether the archived ``entry`` is asked for, as ``db.accounting`` chooses
         stored jobs."""
@@ -177,7 +187,7 @@ class ArchiveShelf:
                            .timestamp()) for j in jobs)
         latest = max(math.ceil(_when(j["end_time"]).timestamp()) for j in jobs)
         low, high = min(j["array_job_id"] or j["id"] for j in jobs), max(j["id"] for j in jobs)
-        header = _header([j["id"] for j in jobs])
+        header = _header(entries)
         while True:
             seq = max((a.seq for a in self.files()), default=0) + 1
             name = f"jobs-{seq:010d}-{earliest}-{latest}-{low}-{high}.jsonl.gz"
@@ -197,7 +207,7 @@ class ArchiveShelf:
         """Rewrite ``archive`` with ``entries`` only, atomically under its own name (its
         name's bounds still hold); remove it when none are left."""
         if entries:
-            header = _header([e["job"]["id"] for e in entries])
+            header = _header(entries)
             os.replace(self._write_temporary(archive.path.name, header, entries), archive.path)
         else:
             archive.path.unlink()
@@ -259,9 +269,20 @@ class ArchiveShelf:
                     raise ArchiveError(f"archive {archive.path.name}: damaged ({exc})") from None
 
 
-def _header(ids: list[int]) -> dict[str, Any]:
+def _header(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """An archive's first line: its jobs' ids, and the values a reader may skip the
+    file by (uids, users, accounts, states, array ids), each listed once."""
+    def once(values: Any) -> list[Any]:
+        return sorted(set(values), key=lambda v: (v is None, v))
+
+    jobs, records = [e["job"] for e in entries], [e["record"] for e in entries]
     return {"format": ARCHIVE_FORMAT, "version": ARCHIVE_VERSION,
-            "created": datetime.now(UTC).isoformat(), "jobs": len(ids), "job_ids": ids}
+            "created": datetime.now(UTC).isoformat(), "jobs": len(entries),
+            "job_ids": [j["id"] for j in jobs],
+            "array_job_ids": once(j["array_job_id"] for j in jobs if j["array_job_id"]),
+            "uids": once(j["uid"] for j in jobs), "users": once(r["user"] for r in records),
+            "accounts": once(r["account"] for r in records),
+            "states": once(r["state"] for r in records)}
 
 
 def _read_header(archive: ArchiveFile, line: bytes) -> dict[str, Any]:
@@ -360,6 +381,8 @@ def _read_archived(shelf: ArchiveShelf, query: ArchiveQuery,
         files, errors = [], [str(exc)]
     for archive in files:
         try:
+            if not query.may_match(shelf.header(archive)):
+                continue
             entries = shelf.entries(archive)
         except ArchiveError as exc:
             log.error("%s", exc)

@@ -261,6 +261,11 @@ def test_a_damaged_or_foreign_archive_is_named_not_read(
     archive.path.write_bytes(data[: len(data) // 2])
     answer = with_archived(job.shelf, [], ArchiveQuery())
     assert answer["jobs"] == [] and "damaged" in answer["archive_errors"][0], answer
+    # Its header says whose jobs it holds: another user's request does not open the rest.
+    assert job.shelf.header(archive)["uids"] == [ALICE.uid]
+    for skipped in (ArchiveQuery(uid=4242), ArchiveQuery(users=["bob"]),
+                    ArchiveQuery(states=["FAILED"]), ArchiveQuery(ids=[10**9])):
+        assert with_archived(job.shelf, [], skipped) == {"jobs": []}, skipped
     header = {"format": "gpusched-job-archive", "version": 1, "jobs": 1, "job_ids": [7]}
     archive.path.write_bytes(gzip.compress(
         (json.dumps(header) + "\n" + json.dumps({"record": {}, "job": {}}) + "\n").encode()))
