@@ -6,7 +6,9 @@ no speed):
         [--batch 1000] [--indexes]
 
 printing ``name: value`` lines (``--indexes`` first makes the indexes on
-``node_commands.job_id`` and ``jobs.script_id`` that no migration makes yet).
+``node_commands.job_id`` and ``jobs.script_id`` that no migration makes yet), and the
+time to read every archived job back (as an administrator's gacct does) and to pass
+over the archives for a user who has no job in them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import RetentionConfig
-from gpusched.controller.retention import RetentionJob
+from gpusched.controller.retention import (
+    ArchiveQuery,
+    ArchiveShelf,
+    RetentionJob,
+    with_archived,
+)
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
 from gpusched.db.leadership import Leadership
 from tests.db.node import node_sessions
@@ -139,6 +146,13 @@ def main() -> None:
             seconds, jobs = purge(url, directory, args.batch)
             assert jobs == args.jobs and len(archived(directory)) == args.jobs
             size = sum(p.stat().st_size for p in directory.iterdir())
+            began = time.perf_counter()
+            shown = with_archived(ArchiveShelf(directory), [], ArchiveQuery())["jobs"]
+            read = time.perf_counter() - began
+            began = time.perf_counter()
+            mine = with_archived(ArchiveShelf(directory), [], ArchiveQuery(uid=4242))["jobs"]
+            skipped = time.perf_counter() - began
+            assert len(shown) == args.jobs and mine == []
             print(f"retention_jobs: {jobs}")
             print(f"retention_kept: {remaining(sessions)['jobs']}")
             print(f"retention_batch: {args.batch}")
@@ -146,6 +160,8 @@ def main() -> None:
             print(f"retention_seconds: {seconds:.2f}")
             print(f"retention_jobs_per_second: {jobs / seconds:.0f}")
             print(f"retention_archive_bytes_per_job: {size / jobs:.0f}")
+            print(f"retention_read_all_seconds: {read:.2f}")
+            print(f"retention_read_other_user_seconds: {skipped:.3f}")
     finally:
         pg.close()
 
