@@ -429,3 +429,15 @@ def test_jobs_a_gpu_hour_budget_still_counts_stay(
         [jobs["last_year"], jobs["other_user"]]), purged
     assert {jobs["this_year"], jobs["unlimited"], jobs["sub_account"]} <= stored(
         sessions, Job, Job.id)
+
+
+def test_only_the_leader_purges(db_url: str, sessions: sessionmaker[Session],
+                                leader: Leadership, tmp_path: Path) -> None:
+    job_id = ended(sessions, ("GPU-0",), 3)
+    standby = Leadership(psycopg_dsn(db_url))
+    assert not standby.try_acquire()  # the fixture's controller leads
+    RetentionJob(sessions, retention(tmp_path), standby).run()
+    assert job_id in stored(sessions, Job, Job.id) and not (tmp_path / "archive").exists()
+    RetentionJob(sessions, retention(tmp_path), leader).run()
+    assert job_id not in stored(sessions, Job, Job.id)
+    assert archived_ids(tmp_path / "archive") == [job_id]
