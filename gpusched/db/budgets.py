@@ -4,13 +4,21 @@ of ``accounts`` and ``account_users``), and the GPU-time used against them in a 
 now; a share of a GPU as its fraction, as accounting counts it).
 
 A pass reads the budgets with its snapshot (``BUDGETS``, a part of its one statement)
-and, only when there are some, their usage: one statement over the allocations
-released since the earliest period began (``ix_allocations_released_at``) and those
-still held, of the accounts the budgets cover.
+and, only when there are some, their usage, in one statement over the allocations of
+the accounts the budgets cover, in two parts. Up to a settled moment (a minute's
+boundary at least ``_MARGIN`` seconds ago) the usage of each period is kept between
+passes, and extended by the minutes settled since (the allocations released since the
+last settled moment, ``ix_allocations_released_at``, and those still held); from the
+settled moment to now it is read every time. A run's end is written with the start
+time of its short transaction, so a release dated before the settled moment and
+committed after it was read is as unlikely as a transaction held open for ``_MARGIN``
+seconds; and every ``_RENEW`` seconds a period's usage is read again from its start.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -53,7 +61,10 @@ _USAGE = text(
     "to_timestamp(w.e)) - greatest(al.allocated_at, to_timestamp(w.b))))) "
     "FROM unnest(CAST(:begins AS float8[]), CAST(:ends AS float8[])) WITH ORDINALITY "
     "AS w(b, e, i) "
-    "JOIN allocations AS al ON (al.released_at IS NULL OR al.released_at > to_timestamp(w.b)) "
+    # A bound of its own, so that the index on released_at finds the rows.
+    "JOIN (SELECT * FROM allocations WHERE released_at IS NULL "
+    "OR released_at > to_timestamp(:earliest)) AS al "
+    "ON (al.released_at IS NULL OR al.released_at > to_timestamp(w.b)) "
     "AND al.allocated_at < to_timestamp(w.e) "
     "JOIN jobs AS j ON j.id = al.job_id AND j.account = ANY(CAST(:accounts AS text[])) "
     "JOIN nodes AS n ON n.id = al.node_id "
@@ -78,7 +89,7 @@ def window_usage(session: Session, windows: Sequence[tuple[float, float]],
         return used
     rows = session.connection().execute(_USAGE, {
         "begins": [b for b, _ in windows], "ends": [e for _, e in windows],
-        "accounts": wanted, "now": now}).all()
+        "earliest": min(b for b, _ in windows), "accounts": wanted, "now": now}).all()
     offers: ShareOffers | None = None
     for place, account, user, units, node, partition, seconds in rows:
         if units is not None and offers is None:
@@ -93,19 +104,90 @@ def _begin(period: str, now: float) -> float:
     return 0.0 if start is None else start
 
 
+_MARGIN, _SETTLE, _RENEW = 120.0, 60.0, 6 * 3600.0  # seconds
+Owners = dict[tuple[str, str], float]  # GPU-seconds by (account, user)
+
+
+class _Kept:
+    """Each period's usage up to a settled moment, by (database, accounts, period
+    start): (settled moment, when it was read from the period's start, usage)."""
+
+    def __init__(self, most: int = 64) -> None:
+        self.lock = threading.Lock()
+        self.most = most
+        self.entries: dict[tuple[str, frozenset[str], float], tuple[float, float, Owners]] = {}
+
+    def get(self, key: tuple[str, frozenset[str], float]) -> tuple[float, float, Owners] | None:
+        with self.lock:
+            return self.entries.get(key)
+
+    def put(self, key: tuple[str, frozenset[str], float], value: tuple[float, float, Owners]) -> None:
+        with self.lock:
+            self.entries.pop(key, None)
+            self.entries[key] = value
+            while len(self.entries) > self.most:
+                del self.entries[next(iter(self.entries))]
+
+
+_KEPT = _Kept()
+
+
+def period_usage(session: Session, starts: Sequence[float], wanted: frozenset[str],
+                 now: float) -> dict[float, Owners]:
+    """The usage since each of ``starts`` until ``now`` of the jobs of ``wanted``
+    accounts, by (account, user): the kept part, extended to the settled moment, and
+    the rest read now, in one statement."""
+    settled = math.floor((now - _MARGIN) / _SETTLE) * _SETTLE
+    database = str(session.connection().engine.url)
+    windows: list[tuple[float, float]] = []
+    extend: dict[float, tuple[float, Owners, int]] = {}  # start -> (read at, kept, window)
+    for start in starts:
+        if start >= settled:
+            continue
+        kept = _KEPT.get((database, wanted, start))
+        if kept is None or kept[0] > settled or settled - kept[1] >= _RENEW:
+            extend[start] = (settled, {}, len(windows))  # read from the period's start
+            windows.append((start, settled))
+        elif kept[0] == settled:
+            extend[start] = (kept[1], kept[2], -1)  # as kept
+        else:
+            extend[start] = (kept[1], kept[2], len(windows))  # the minutes settled since
+            windows.append((kept[0], settled))
+    live = {max(start, settled) for start in starts}
+    place = {begin: len(windows) + i for i, begin in enumerate(sorted(live))}
+    windows.extend((begin, now) for begin in sorted(live))
+    used = window_usage(session, windows, wanted, now)
+    found: dict[float, Owners] = {}
+    for start in starts:
+        total: Owners = defaultdict(float)
+        if start in extend:
+            read_at, kept_usage, window = extend[start]
+            settled_usage = dict(kept_usage)
+            for owner, value in used.get(window, {}).items() if window >= 0 else ():
+                settled_usage[owner] = settled_usage.get(owner, 0.0) + value
+            if window >= 0:
+                _KEPT.put((database, wanted, start), (settled, read_at, settled_usage))
+            for owner, value in settled_usage.items():
+                total[owner] += value
+        for owner, value in used.get(place[max(start, settled)], {}).items():
+            total[owner] += value
+        found[start] = dict(total)
+    return found
+
+
 def usage_of(session: Session, found: Sequence[tuple[str, str | None, float, str]],
              accounts: Iterable[Account], now: float) -> tuple[Budget, ...]:
     """The budgets ``found`` (as ``budget_rows`` gives them) with what their current
-    periods used as of ``now``, in one statement."""
+    periods used as of ``now`` (``period_usage``)."""
     if not found:
         return ()
     parents = {a.name: a.parent for a in accounts}
     starts = sorted({_begin(period, now) for *_, period in found})
-    used = window_usage(session, [(start, now) for start in starts],
-                        covered_accounts(((a, u) for a, u, *_ in found), parents), now)
+    used = period_usage(session, starts, covered_accounts(
+        ((a, u) for a, u, *_ in found), parents), now)
     budgets = []
     for account, user, hours, period in found:
-        by_owner = used.get(starts.index(_begin(period, now)), {})
+        by_owner = used[_begin(period, now)]
         seconds = sum(value for (job_account, job_user), value in by_owner.items()
                       if covers((account, user), job_user, job_account, parents))
         budgets.append(Budget(account, user, hours, period, seconds, now))

@@ -150,3 +150,32 @@ def test_the_report_shows_each_period_and_the_balance_what_callers_may_see(
                    if r["user"] is None)
     assert physics["budget_gpu_hours"] == 100
     assert physics["used_gpu_hours"] + physics["left_gpu_hours"] == pytest.approx(100)
+
+
+def test_the_usage_kept_between_passes_equals_a_fresh_read(
+        sessions: sessionmaker[Session]) -> None:
+    """A pass keeps each period's usage up to a settled minute and extends it; at every
+    later moment (a run ending between them, hours passing) it equals a fresh read."""
+    run(sessions, "alice", "physics", ("GPU-0",), (-2, 3))
+    running = run(sessions, "bob", "theory", ("GPU-1",), (200, None))
+    run(sessions, "alice", "theory", ("GPU-3",), (100, None), share=50)
+    with sessions() as s:
+        tree = load_snapshot(s)[0].accounts
+    moments = [NOW.timestamp() + offset for offset in (0, 45, 130, 200, 3700, 30_000)]
+    seen = []
+    for i, at in enumerate(moments):
+        if i == 3:  # bob's run ends 20 s before this moment, after the last settled one
+            with sessions() as s, s.begin():
+                s.execute(update(Allocation).where(Allocation.job_id == running).values(
+                    released_at=datetime.fromtimestamp(at - 20, UTC)))
+        with sessions() as s:
+            kept = {(b.account, b.user): b.used_s for b in budgets.load_budgets(s, tree, at)}
+            budgets._KEPT.entries.clear()
+            fresh = {(b.account, b.user): b.used_s for b in budgets.load_budgets(s, tree, at)}
+        assert kept == pytest.approx(fresh, abs=1e-6), (i, kept, fresh)
+        seen.append(fresh[("physics", None)])
+    # physics: alice's 3 h, bob's run from 08:00 on the 9th (16 h), alice's half GPU from
+    # 04:00 on the 5th (116 h).
+    assert seen[0] == pytest.approx((3 + 16 + 0.5 * 116) * HOUR)
+    assert seen[3] - seen[2] == pytest.approx(0.5 * 70 + 50)
+    assert seen[5] - seen[4] == pytest.approx(0.5 * (30_000 - 3700))
