@@ -68,10 +68,14 @@ def enforce(session: Session, node_name: str, idle_percent: float) -> set[str]:
     policies = _policies(session, jobs)
     told: set[int] = set()
     for job in jobs:
-        if job.idle_since is None:  # busy again after a warning: the warning is lifted
-            if _guarded(session, job, Job.idle_warned_at.is_not(None), idle_warned_at=None):
-                _notify(session, job, "its GPUs are busy again; the idle warning is lifted",
-                        now)
+        # Busy again after a warning, or no policy any more (an admin apply took it
+        # away): the warning is lifted.
+        lifted = ("its GPUs are busy again" if job.idle_since is None else
+                  "no idle policy applies to it any more" if policies[job.id] is None else None)
+        if lifted is not None:
+            if job.idle_warned_at is not None and _guarded(
+                    session, job, Job.idle_warned_at.is_not(None), idle_warned_at=None):
+                _notify(session, job, f"{lifted}; the idle warning is lifted", now)
                 told.add(job.node_id or 0)
             continue
         step = due(policies[job.id], job.idle_since, job.idle_warned_at, now, idle_percent)
