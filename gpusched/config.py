@@ -235,6 +235,7 @@ def _retention(r: TableReader) -> RetentionConfig:
         archive_dir=archive_dir,
         interval=float(interval), batch_size=int(batch))
 
+
 def _node_addresses(r: TableReader) -> tuple[tuple[str, tuple[str, ...]], ...]:
     expected = "a list of 1 to 16 IP addresses, such as [\"10.0.0.5\"]"
     pairs = []
