@@ -1,7 +1,7 @@
 """The Grafana dashboard (etc/grafana/gpusched.json): it loads, it has the cluster,
-partition, user and node views, and every metric its queries name is one that a real
-controller and a real agent export (scraped, with a job running and an Xid seen, so
-that every series exists)."""
+partition, user and node views, and every metric its queries (and the example alerting
+rules of docs/operations.md) name is one that a real controller and a real agent export
+(scraped, with a job running and an Xid seen, so that every series exists)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.nvml_fixture import FakeNvml
 from tests.ops.metrics_cluster import metrics_cluster, sample_names, value
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "etc" / "grafana" / "gpusched.json"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 # PromQL words that are not metric names.
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
              "or", "unless", "offset", "inf", "nan"}
@@ -97,7 +98,10 @@ def test_every_query_names_a_metric_the_daemons_export(
         exported = sample_names(mc.controller()) | sample_names(agent)
         mc.cluster.run("gcancel", str(job))
     named = {}
-    for where, expr in queries(dashboard):
+    alerts = [("docs/operations.md alert", line.split("expr:", 1)[1].strip())
+              for line in OPERATIONS.read_text().splitlines() if line.strip().startswith("expr:")]
+    assert len(alerts) >= 5, "the example alerting rules are read"
+    for where, expr in [*queries(dashboard), *alerts]:
         for name in metric_names(expr):
             named.setdefault(name, where)
     missing = {name: where for name, where in named.items() if name not in exported}
