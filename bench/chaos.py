@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,8 @@ from tests.chaos.faults import KINDS, Soak, run_soak  # noqa: E402
 from tests.nvml_fixture import build_fake_nvml  # noqa: E402
 
 
-def _bounded(low: float, high: float, kind: type = float):  # type: ignore[no-untyped-def]
+def _bounded(low: float, high: float,
+             kind: Callable[[str], float] = float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = kind(text)
         if not low <= value <= high:

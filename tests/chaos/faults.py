@@ -207,6 +207,8 @@ class Outcome:
     double_starts: list[str] = field(default_factory=list)  # a run recorded twice
     violations: list[str] = field(default_factory=list)  # from the invariants' check
     states: Counter[str] = field(default_factory=Counter)  # jobs by final state
+    kinds: Counter[str] = field(default_factory=Counter)  # "<kind> <state>": jobs
+    requeues: int = 0  # runs ended and put back in the queue (restarts, summed)
     errors: Counter[str] = field(default_factory=Counter)  # ended jobs' error messages
     self_exits: dict[str, int] = field(default_factory=dict)
     injector_errors: list[str] = field(default_factory=list)
@@ -231,6 +233,10 @@ class Outcome:
                   f"daemon_self_exits: {sum(self.self_exits.values())}",
                   f"injector_errors: {len(self.injector_errors)}"]
         lines += [f"jobs_{state.lower()}: {n}" for state, n in sorted(self.states.items())]
+        lines += [f"jobs_requeued_runs: {self.requeues}"]
+        lines += [f"kind_{kind}_{state.lower()}: {n}"
+                  for (kind, state), n in sorted((tuple(k.split()), n)
+                                                 for k, n in self.kinds.items())]
         return lines
 
     def findings(self) -> list[str]:
@@ -363,16 +369,19 @@ def _keep(cluster: ChaosCluster, keep: Path) -> None:
 
 def _count(url: str, acknowledged: dict[int, int], outcome: Outcome) -> None:
     """Jobs stored and ended, acknowledged ones missing, submissions stored twice."""
-    rows = _query(url, "SELECT id, name, state, array_job_id, error_message FROM jobs")
+    rows = _query(url, "SELECT id, name, state, array_job_id, error_message, restarts "
+                       "FROM jobs")
     outcome.jobs = len(rows)
     outcome.ended = sum(1 for row in rows if row[2] not in ("PENDING", "RUNNING"))
     outcome.states = Counter(row[2] for row in rows)
+    outcome.kinds = Counter(f"{row[1].rsplit('-', 1)[-1]} {row[2]}" for row in rows)
+    outcome.requeues = sum(row[5] for row in rows)
     outcome.errors = Counter(re.sub(r"\d+", "N", f"{row[2]}: {row[4]}") for row in rows
                              if row[4])
     ids = {row[0] for row in rows}
     outcome.lost = sorted(j for j in acknowledged.values() if j not in ids)
     by_name: dict[str, set[int]] = {}
-    for job_id, name, _, array_job, _ in rows:
+    for job_id, name, _, array_job, *_ in rows:
         by_name.setdefault(name, set()).add(array_job or job_id)
     outcome.duplicates = sorted(f"{name}: jobs {sorted(v)}" for name, v in by_name.items()
                                 if len(v) > 1)
