@@ -13,7 +13,8 @@ from typing import Any
 
 from gpusched import stages
 from gpusched.agent.confine import Confinement, LaunchRefused, job_cgroup_spec
-from gpusched.agent.launcher import JobEnd, Launcher, build_spec
+from gpusched.agent.jobends import NOT_PREPARED, JobEnd, node_fault
+from gpusched.agent.launcher import Launcher, build_spec
 from gpusched.agent.migconfig import apply_command, held_gpus
 from gpusched.agent.settings import AgentConfig
 from gpusched.agent.stepagent import NodeSteps
@@ -199,6 +200,10 @@ class NodeCommands:
         except Exception as exc:  # noqa: BLE001 - whatever a job holds, it fails that job
             log.warning("job %s: launch failed: %r", job_id, exc)
             refusal = f"the agent on {self.node} could not launch the job: {exc!r}"
+            if node_fault(exc):  # the node's disk: the job goes back to the queue
+                self._queue_end(JobEnd(job_id, "not_started", None, None, None, time.time(),
+                                       f"{NOT_PREPARED} on {self.node}: {exc}", run))
+                return True
         if refusal is not None:
             self._queue_end(JobEnd(job_id, "launch_failed", None, None, None, time.time(),
                                    refusal, run))

@@ -23,13 +23,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpusched.agent import procs
+from gpusched.agent import jobfiles, procs
 from gpusched.agent import supervisor as supervisor_files
 from gpusched.agent.confine import remove_lost_job_cgroup
+from gpusched.agent.jobends import (
+    NEVER_STARTED,
+    NOT_PREPARED,
+    SUPERVISOR_LOST,
+    JobEnd,
+    job_end,
+    node_fault,
+    read_json,
+    spec_run,
+    write_status,
+)
 from gpusched.agent.jobspec import build_spec, site_programs
 from gpusched.agent.mps import MpsDaemons, MpsError
 from gpusched.agent.notices import post_notice
@@ -43,8 +53,6 @@ from gpusched.agent.supervisor import LIMIT_FILE, LIMIT_SIGNAL, write_json_atomi
 log = logging.getLogger(__name__)
 __all__ = ["JobEnd", "Launcher", "build_spec", "site_programs", "spec_run"]
 
-SUPERVISOR_LOST = "job supervisor lost"
-NEVER_STARTED = "job supervisor lost before it started the job"
 # How long a signal or a new time limit waits for a just-started supervisor to write
 # supervisor.json (it names the job's process group) before it is refused.
 SUPERVISOR_INFO_WAIT = 5.0
@@ -52,23 +60,6 @@ SUPERVISOR_INFO_WAIT = 5.0
 
 class _SupervisorNotFound(Exception):
     """A job's supervisor holds its lock, but no process could be matched to it."""
-
-
-@dataclass(frozen=True)
-class JobEnd:
-    """How a job ended, as read from its status.json."""
-
-    job_id: int
-    outcome: str
-    exit_code: int | None
-    signal: int | None
-    start_time: float | None
-    end_time: float
-    error: str | None
-    run: int = 0  # the job's restarts when this run was launched
-    max_rss_bytes: int | None = None  # what the job's cgroup measured (None: not confined)
-    cpu_usec: int | None = None
-    epilog_error: str | None = None
 
 
 class Launcher:
@@ -127,6 +118,7 @@ class Launcher:
             return False
         os.chmod(jobdir, 0o711)  # mkdir's mode went through the umask
         try:
+            jobfiles.make_reserve(str(jobdir))  # first: room for how it ends
             spec = dict(spec, job_id=int(job_id))
             script = jobdir / "script"
             _write_script(script, script_text, spec)
@@ -138,15 +130,24 @@ class Launcher:
             write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600, durable=False)
             self.mps.ensure(spec.get("mps"))  # its GPU's MPS daemon, before the job
         except Exception as exc:  # noqa: BLE001 - a bad job fails itself, never the agent
-            _write_status(jobdir, "launch_failed", None, str(exc) if isinstance(exc, MpsError)
-                          else f"cannot prepare the job: {exc!r}")
+            try:
+                if node_fault(exc):  # this node's disk, not the job: it goes back to the queue
+                    write_status(jobdir, "not_started", None, f"{NOT_PREPARED}: {exc}")
+                else:
+                    write_status(jobdir, "launch_failed", None, str(exc) if isinstance(
+                        exc, MpsError) else f"cannot prepare the job: {exc!r}")
+            except OSError:
+                # Not even the status fits: nothing of the job stays here, and the
+                # caller reports its end itself (agent.commands).
+                shutil.rmtree(jobdir, ignore_errors=True)
+                raise exc from None
             self._wake()
             return True
         try:
             pid = self._spawn_supervisor(jobdir)
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
-            _write_status(jobdir, "launch_failed", None,
+            write_status(jobdir, "launch_failed", None,
                           f"cannot start the job supervisor: {exc}")
             self._wake()
             return True
@@ -257,7 +258,7 @@ class Launcher:
     def run_of(self, job_id: int) -> int | None:
         """Which run of the job its directory here holds (its restart count), or None
         when there is none."""
-        spec = _read_json(self._jobdir(job_id) / "spec.json")
+        spec = read_json(self._jobdir(job_id) / "spec.json")
         return None if spec is None else spec_run(spec)
 
     def runs(self) -> list[tuple[int, int]]:
@@ -311,7 +312,7 @@ class Launcher:
         for _ in range(3):
             if not procs.lock_is_held(jobdir / "supervisor.lock"):
                 return None
-            info = _read_json(jobdir / "supervisor.json")
+            info = read_json(jobdir / "supervisor.json")
             if info is not None:
                 pidfd = procs.open_pidfd(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
             else:
@@ -324,8 +325,8 @@ class Launcher:
 
     def _record_lost(self, jobdir: Path) -> None:
         """Record the end of a job whose supervisor died without writing its status."""
-        info = _read_json(jobdir / "supervisor.json") or {}
-        spec = _read_json(jobdir / "spec.json") or {}
+        info = read_json(jobdir / "supervisor.json") or {}
+        spec = read_json(jobdir / "spec.json") or {}
         remove_lost_job_cgroup(jobdir.name, spec)
         if info:
             procs.reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
@@ -340,11 +341,11 @@ class Launcher:
             return  # it did write it after all, just before dying
         if not info and not (jobdir / supervisor_files.FORKING).exists():  # never forked
             log.warning("job %s: %s", jobdir.name, NEVER_STARTED)
-            _write_status(jobdir, "not_started", None, NEVER_STARTED)
+            write_status(jobdir, "not_started", None, NEVER_STARTED)
             return
         log.warning("job %s: %s", jobdir.name, SUPERVISOR_LOST)
         start = info.get("start_time")
-        _write_status(jobdir, "failed", None if start is None else float(start), SUPERVISOR_LOST)
+        write_status(jobdir, "failed", None if start is None else float(start), SUPERVISOR_LOST)
 
     # ------------------------------------------------------------ ends
 
@@ -418,7 +419,7 @@ class Launcher:
         """The CPUs of the cpusets of the jobs running here."""
         held: set[int] = set()
         for job_id in self.running():
-            spec = _read_json(self._jobdir(job_id) / "spec.json") or {}
+            spec = read_json(self._jobdir(job_id) / "spec.json") or {}
             cgroup = spec.get("cgroup")
             cpus = cgroup.get("cpus") if isinstance(cgroup, dict) else None
             if isinstance(cpus, list):
@@ -438,44 +439,10 @@ class Launcher:
             jobdir = self._jobdir(job_id)
             if (jobdir / "reported").exists():
                 continue
-            status = _read_json(jobdir / "status.json")
+            status = read_json(jobdir / "status.json")
             if status is not None:
-                ended.append(_job_end(job_id, status, self.run_of(job_id) or 0))
+                ended.append(job_end(job_id, status, self.run_of(job_id) or 0))
         return ended
-
-
-def spec_run(spec: Mapping[str, Any]) -> int:
-    """The run a supervisor spec is for: its ``run``, or for a spec written before runs
-    were kept there, the restart count of its environment."""
-    run = spec.get("run")
-    if isinstance(run, int) and not isinstance(run, bool) and run >= 0:
-        return run
-    env = spec.get("env")
-    count = env.get("GPUSCHED_RESTART_COUNT") if isinstance(env, dict) else None
-    return int(count) if isinstance(count, str) and count.isdigit() else 0
-
-
-def _job_end(job_id: int, status: Mapping[str, Any], run: int) -> JobEnd:
-    start = status.get("start_time")
-    return JobEnd(
-        job_id=job_id, outcome=str(status["outcome"]), exit_code=status.get("exit_code"),
-        signal=status.get("signal"), start_time=None if start is None else float(start),
-        end_time=float(status["end_time"]), error=status.get("error"), run=run,
-        max_rss_bytes=_counter(status.get("max_rss_bytes")),
-        cpu_usec=_counter(status.get("cpu_usec")),
-        epilog_error=_text_or_none(status.get("epilog_error")),
-    )
-
-
-def _counter(value: object) -> int | None:
-    """A cgroup counter of status.json: a 64-bit count, else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
-        return value
-    return None
-
-
-def _text_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _write_script(path: Path, text: str, spec: Mapping[str, Any]) -> None:
@@ -486,21 +453,3 @@ def _write_script(path: Path, text: str, spec: Mapping[str, Any]) -> None:
             os.fchown(fd, int(spec["uid"]), int(spec["gid"]))
         os.fchmod(fd, 0o700)
         f.write(text.encode())
-
-
-def _write_status(jobdir: Path, outcome: str, start_time: float | None, error: str) -> None:
-    write_json_atomic(str(jobdir / "status.json"), {
-        "outcome": outcome, "exit_code": None, "signal": None,
-        "start_time": start_time, "end_time": time.time(), "error": error})
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as f:
-            data = json.load(f)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("%s: unreadable: %s", path, exc)
-        return None
-    return data if isinstance(data, dict) else None

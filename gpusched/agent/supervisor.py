@@ -12,6 +12,8 @@ Files in JOBDIR:
   spec.json        (input) what to run, as whom, where, for how long
   supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked
   forking          made just before the job is forked (without it, nothing of the job ran)
+  status.reserve   room set aside by the launcher, given up to write the two files
+                   below when the state disk is full (see make_reserve)
   supervisor.json  {"supervisor_pid", "supervisor_starttime", "job_pid", "job_starttime",
                     "start_time"}
   status.json      {"outcome", "exit_code", "signal", "start_time", "end_time", "error",
@@ -57,6 +59,8 @@ from gpusched.agent.jobexec import LaunchError as LaunchError  # noqa: E402
 from gpusched.agent.jobexec import _child_main  # noqa: E402
 from gpusched.agent.jobexec import _drop_privileges as _drop_privileges  # noqa: E402
 from gpusched.agent.jobexec import _note_error as _note_error  # noqa: E402
+from gpusched.agent.jobfiles import FULL_DISK_PATIENCE, write_job_file  # noqa: E402
+from gpusched.agent.jobfiles import write_json_atomic as write_json_atomic  # noqa: E402
 from gpusched.agent.notices import reap, take_notices, write_as_job_user  # noqa: E402
 
 # Made just before the job is forked: a job directory without it (nor supervisor.json)
@@ -68,29 +72,6 @@ LIMIT_FILE = "limit.json"
 LIMIT_SIGNAL = signal.SIGUSR2
 _WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, LIMIT_SIGNAL}
 _CANCEL_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-def write_json_atomic(path: str, data: dict[str, Any], mode: int = 0o600,
-                      durable: bool = True) -> None:
-    """Write JSON so readers see the old file or the whole new one; with ``durable``,
-    even after a crash of the machine (it is on disk before this returns). Readable by
-    the writer alone unless ``mode`` says otherwise."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        os.write(fd, json.dumps(data, separators=(",", ":")).encode())  # C encoder: no indent
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    if not durable:
-        return
-    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def proc_starttime(pid: int | str) -> int:
@@ -212,7 +193,8 @@ class Supervisor:
         os.close(report_w)
         # Not durable: what it names (this process, the job's) does not outlive a
         # crash of the machine either, and the job runs meanwhile.
-        write_json_atomic(os.path.join(self.jobdir, "supervisor.json"), durable=False, data={
+        write_job_file(os.path.join(self.jobdir, "supervisor.json"), durable=False,
+                       patience=FULL_DISK_PATIENCE, data={
             "supervisor_pid": os.getpid(),
             "supervisor_starttime": proc_starttime("self"),
             "job_pid": self.job_pid,
@@ -406,9 +388,10 @@ def main(argv: list[str]) -> int:
         spec = _read_spec(jobdir)
     except (OSError, ValueError) as exc:
         now = time.time()
-        write_json_atomic(status_path, {
+        write_job_file(status_path, {
             "outcome": "launch_failed", "exit_code": None, "signal": None,
-            "start_time": now, "end_time": now, "error": f"bad job spec: {exc}"})
+            "start_time": now, "end_time": now, "error": f"bad job spec: {exc}"},
+            patience=FULL_DISK_PATIENCE)
         return 0
     supervisor = Supervisor(jobdir, spec)
     try:
@@ -417,9 +400,9 @@ def main(argv: list[str]) -> int:
         # Never leave a job running unsupervised.
         supervisor.abort()
         status = supervisor.status("failed", None, None, f"job supervisor error: {exc!r}")
-        write_json_atomic(status_path, status)
+        write_job_file(status_path, status, patience=FULL_DISK_PATIENCE)
         raise
-    write_json_atomic(status_path, status)
+    write_job_file(status_path, status, patience=FULL_DISK_PATIENCE)
     return 0
 
 

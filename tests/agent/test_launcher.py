@@ -14,13 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpusched.agent.launcher import (
-    NEVER_STARTED,
-    SUPERVISOR_LOST,
-    JobEnd,
-    Launcher,
-    build_spec,
-)
+from gpusched.agent.jobends import NEVER_STARTED, SUPERVISOR_LOST, JobEnd
+from gpusched.agent.launcher import Launcher, build_spec
 from gpusched.messages import LaunchOrder
 
 WaitFor = Callable[..., Any]

@@ -1,0 +1,116 @@
+"""A node's state disk filling up: a job that ran still has how it ended recorded, and a
+job that could not be prepared is reported as never started (so it goes back to the
+queue), with real supervisors on a small tmpfs of their own."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpusched.agent.jobends import NOT_PREPARED
+from gpusched.agent.jobfiles import RESERVE, RESERVE_BYTES, write_job_file
+from gpusched.agent.launcher import Launcher
+from tests.agent.conftest import kill_leftovers
+from tests.agent.test_launcher import WaitFor, start, supervisor_info, wait_end
+
+DISK = 2 * 1024 * 1024  # the tmpfs: room for a few job directories
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A root-owned 0711 directory on a tmpfs of DISK bytes, unmounted afterwards."""
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-disk-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK},mode=0711", "tmpfs",
+                    str(path)], check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        for entry in path.iterdir():  # fillers and probes; job directories stay
+            if not entry.is_dir():
+                entry.unlink()
+        kill_leftovers(path)
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+        os.rmdir(path)
+
+
+def fill(directory: Path, leave: int = 0) -> Path:
+    """Fill the file system of ``directory`` with one file, then give ``leave`` bytes
+    back; the file."""
+    filler = directory / "filler"
+    chunk = bytes(64 * 1024)
+    with open(filler, "wb", buffering=0) as f:
+        for _ in range(DISK // len(chunk) + 1):  # bounded: the disk holds fewer
+            try:
+                f.write(chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                break
+        else:
+            pytest.fail("the disk never filled")
+    size = filler.stat().st_size
+    os.truncate(filler, max(0, size - leave))
+    return filler
+
+
+def test_a_job_ending_on_a_full_disk_still_records_its_exit_status(
+        small_disk: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    launcher = Launcher(small_disk)
+    try:
+        start(launcher, work_dir, f"while [ ! -e {work_dir}/go ]; do sleep 0.02; done; exit 3",
+              job_id=5)
+        assert (small_disk / "5" / RESERVE).stat().st_size == RESERVE_BYTES
+        supervisor_info(small_disk / "5", wait_for)  # the job runs
+        filler = fill(small_disk)
+        with pytest.raises(OSError):  # truly full: nothing more fits
+            (small_disk / "probe").write_bytes(b"x" * 8192)
+        (work_dir / "go").touch()
+        end = wait_end(launcher, 5, wait_for)
+        assert (end.outcome, end.exit_code) == ("failed", 3)
+        assert not (small_disk / "5" / RESERVE).exists()  # given up for status.json
+        filler.unlink()
+    finally:
+        launcher.close()
+
+
+def test_a_job_the_full_disk_cannot_prepare_never_started(
+        small_disk: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    launcher = Launcher(small_disk)
+    try:
+        # Room for a status, not for the reserve: reported as never started.
+        filler = fill(small_disk, leave=RESERVE_BYTES // 4)
+        start(launcher, work_dir, f"touch {work_dir}/ran", job_id=6)
+        end = wait_end(launcher, 6, wait_for)
+        assert end.outcome == "not_started" and NOT_PREPARED in (end.error or "")
+        assert not (work_dir / "ran").exists()
+        launcher.mark_reported(6)
+        # No room at all: the launch raises the disk's error and leaves nothing behind,
+        # for the agent to report the run as never started itself.
+        fill(small_disk)
+        with pytest.raises(OSError) as raised:
+            start(launcher, work_dir, f"touch {work_dir}/ran", job_id=7)
+        assert raised.value.errno == errno.ENOSPC
+        assert not (small_disk / "7").exists()
+        filler.unlink()
+        start(launcher, work_dir, "exit 0", job_id=8)  # room again: jobs run
+        assert wait_end(launcher, 8, wait_for).outcome == "completed"
+    finally:
+        launcher.close()
+
+
+def test_a_job_file_waits_for_room_within_its_patience(small_disk: Path) -> None:
+    jobdir = small_disk / "9"
+    jobdir.mkdir()
+    filler = fill(small_disk)
+    with pytest.raises(OSError) as raised:  # no reserve, no patience
+        write_job_file(str(jobdir / "status.json"), {"outcome": "completed"}, patience=0.0)
+    assert raised.value.errno == errno.ENOSPC
+    assert list(jobdir.iterdir()) == []  # no temporary file left behind
+    filler.unlink()
+    write_job_file(str(jobdir / "status.json"), {"outcome": "completed"}, patience=0.0)
+    assert (jobdir / "status.json").read_text() == '{"outcome":"completed"}'
