@@ -104,8 +104,13 @@ def alloc_tres(holdings: list[dict[str, Any]]) -> str:
 
 def _jobs(session: Session, users: list[str] | None, accounts: list[str] | None,
           states: list[str] | None, ids: list[int] | None, start: datetime | None,
-          end: datetime | None) -> list[Job]:
-    stmt = select(Job).where(Job.state.in_(states or SHOWN_STATES)).order_by(Job.id)
+          end: datetime | None, requeued: bool = False) -> list[Job]:
+    """The jobs in ``states`` (default SHOWN_STATES) that match; with ``requeued``, the
+    jobs back in the queue after a run too (their runs used GPUs)."""
+    shown = Job.state.in_(states or SHOWN_STATES)
+    if requeued:
+        shown = or_(shown, (Job.state == "PENDING") & (Job.restarts > 0))
+    stmt = select(Job).where(shown).order_by(Job.id)
     if users:
         stmt = stmt.where(Job.user_name.in_(users))
     if accounts:
@@ -181,9 +186,9 @@ def _step_records(job: Job, steps: list[JobStep], batch_nodes: dict[int, str],
 
 def usage_report(session: Session, start: datetime, end: datetime) -> list[dict[str, Any]]:
     """GPU-hours and billed GPU-hours per (account, user) within [start, end]: each GPU
-    holding is cut to the window."""
+    holding is cut to the window; the runs of a job back in the queue count too."""
     now = datetime.now(UTC)
-    found = _jobs(session, None, None, None, None, start, end)
+    found = _jobs(session, None, None, None, None, start, end, requeued=True)
     held = _held(session, found, start, end, now, latest=False)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for job in found:

@@ -350,7 +350,7 @@ def test_every_exit_status_written_reaches_the_database(db: Db) -> None:
 def test_accounting_equals_the_sum_over_runs(db: Db) -> None:
     clean_history(db)
     assert lines(db.check(), "accounting") == []
-    # A job requeued and held: its first run used GPU-0, gacct's report leaves it out.
+    # A job requeued and held: gacct's report counts its first run on GPU-0 too.
     again = db.submit()
     db.start(again, "GPU-0")
     with db.sessions() as s, s.begin():
@@ -359,6 +359,11 @@ def test_accounting_equals_the_sum_over_runs(db: Db) -> None:
     with db.sessions() as s, s.begin():
         jobs.set_hold(s, again, ALICE, True)
     db.sql("UPDATE jobs SET reason = 'JobHeldUser' WHERE id = :id", id=again)
+    assert db.check() == []
+    # A run from before the report's window: the report cuts it, the runs do not.
+    db.sql("UPDATE allocations SET allocated_at = allocated_at - (released_at - "
+           "'1970-01-01T12:00:00Z'::timestamptz) + interval '1 hour', released_at = "
+           "'1970-01-01T12:00:00Z'::timestamptz + interval '1 hour' WHERE job_id = :id", id=again)
     problems = db.check()
     assert len(problems) == 1 and problems[0].startswith(
         "[accounting] account - user alice: gacct's usage report has "), problems
