@@ -8,7 +8,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from gpusched.core.usage import gpu_fraction
@@ -107,7 +107,7 @@ def _jobs(session: Session, users: list[str] | None, accounts: list[str] | None,
           end: datetime | None, requeued: bool = False) -> list[Job]:
     """The jobs in ``states`` (default SHOWN_STATES) that match; with ``requeued``, the
     jobs back in the queue after a run too (their runs used GPUs)."""
-    shown = Job.state.in_(states or SHOWN_STATES)
+    shown: ColumnElement[bool] = Job.state.in_(states or SHOWN_STATES)
     if requeued:
         shown = or_(shown, (Job.state == "PENDING") & (Job.restarts > 0))
     stmt = select(Job).where(shown).order_by(Job.id)

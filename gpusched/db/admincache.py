@@ -1,5 +1,5 @@
 """The admin-configured part of a pass's snapshot (partitions, accounts, users' shares
-in them, QOS), and a copy of it kept between passes.
+in them, QOS, GPU-hour budgets), and a copy of it kept between passes.
 
 Every write to those tables sends an ``admin`` NOTIFY from a trigger, inside the
 writing transaction (migration 0017): it is heard once the change is committed, and
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from gpusched.adminconfig import ROOT_ACCOUNT
@@ -28,6 +29,29 @@ from gpusched.core.model import PartitionView, QosLimits
 from gpusched.db.models import Account, AccountUser, Partition, Qos
 
 EVERY_NODE = "*"  # a partition's node list that means every node, as they come and go
+
+# Every budget as a JSON array of columns [accounts, users (null: the account's own),
+# GPU-hours, periods] (null for none), read with the admin tables (and by db/retention.py).
+BUDGETS = (
+    "(SELECT json_build_array(json_agg(b.account), json_agg(b.user_name), "
+    "json_agg(b.gpu_hours), json_agg(b.gpu_hours_period)) FROM ("
+    "SELECT name AS account, NULL AS user_name, gpu_hours, gpu_hours_period FROM accounts "
+    "WHERE gpu_hours IS NOT NULL UNION ALL "
+    "SELECT account, user_name, gpu_hours, gpu_hours_period FROM account_users "
+    "WHERE gpu_hours IS NOT NULL) AS b)")
+_BUDGETS = text("SELECT " + BUDGETS)
+
+
+def read_budgets(session: Session) -> list[tuple[str, str | None, float, str]]:
+    """Every budget the admin configuration set, as ``budget_rows`` gives them."""
+    return budget_rows(session.connection().execute(_BUDGETS).scalar_one())
+
+
+def budget_rows(columns: Sequence[Sequence[Any] | None]) -> list[tuple[str, str | None, float, str]]:
+    """The rows of a BUDGETS answer: (account, user or None, GPU-hours, period)."""
+    if not columns or columns[0] is None:
+        return []
+    return [(a, u, float(h), p) for a, u, h, p in zip(*(c or () for c in columns))]
 
 
 @dataclass(frozen=True)
@@ -47,6 +71,8 @@ class AdminTables:
     qos_preempt: Mapping[str, frozenset[str]]
     # Partitions with dynamic MIG on: the seconds between two layout changes of one GPU.
     dynamic_mig: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # GPU-hour budgets: (account, user or None for the account's own, GPU-hours, period).
+    budgets: tuple[tuple[str, str | None, float, str], ...] = ()
 
     def partitions_over(self, node_names: tuple[str, ...]) -> tuple[PartitionView, ...]:
         """The partitions, those of every node given ``node_names``."""
@@ -57,7 +83,7 @@ class AdminTables:
 
 
 def load_admin_tables(session: Session) -> AdminTables:
-    """Read the admin-configured tables, four queries."""
+    """Read the admin-configured tables, five queries."""
     partitions, every_node, dynamic_mig = [], set(), {}
     for (name, members, state, tier, max_time, allow, deny, max_gpus, sharing,
          shares, dynamic, interval) in session.execute(
@@ -92,6 +118,7 @@ def load_admin_tables(session: Session) -> AdminTables:
         qos_preempt=MappingProxyType({name: frozenset(preempt)
                                       for name, *_, preempt in qos_rows if preempt}),
         dynamic_mig=MappingProxyType(dynamic_mig),
+        budgets=tuple(read_budgets(session)),
     )
 
 

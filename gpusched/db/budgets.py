@@ -3,8 +3,8 @@ of ``accounts`` and ``account_users``), and the GPU-time used against them in a 
 (from the allocations: ended runs for the time they held their GPUs, running runs until
 now; a share of a GPU as its fraction, as accounting counts it).
 
-A pass reads the budgets with its snapshot (``BUDGETS``, a part of its one statement)
-and, only when there are some, their usage, in one statement over the allocations of
+A pass reads the budgets with the admin tables (db/admincache.py: kept between passes
+while no admin change is heard) and, only when there are some, their usage, in one statement over the allocations of
 the accounts the budgets cover, in two parts. Up to a settled moment (a minute's
 boundary at least ``_MARGIN`` seconds ago) the usage of each period is kept between
 passes, and extended by the minutes settled since (the allocations released since the
@@ -39,18 +39,11 @@ from gpusched.core.budgets import (
 from gpusched.core.fairshare import Account
 from gpusched.core.model import Snapshot
 from gpusched.core.usage import gpu_fraction
+from gpusched.db.admincache import BUDGETS as BUDGETS
+from gpusched.db.admincache import budget_rows as budget_rows
+from gpusched.db.admincache import read_budgets
 from gpusched.db.usage import ShareOffers
 
-# Every budget as a JSON array of columns [accounts, users (null: the account's own),
-# GPU-hours, periods] (null for none): a part of the pass's snapshot statement.
-BUDGETS = (
-    "(SELECT json_build_array(json_agg(b.account), json_agg(b.user_name), "
-    "json_agg(b.gpu_hours), json_agg(b.gpu_hours_period)) FROM ("
-    "SELECT name AS account, NULL AS user_name, gpu_hours, gpu_hours_period FROM accounts "
-    "WHERE gpu_hours IS NOT NULL UNION ALL "
-    "SELECT account, user_name, gpu_hours, gpu_hours_period FROM account_users "
-    "WHERE gpu_hours IS NOT NULL) AS b)")
-_BUDGETS = text("SELECT " + BUDGETS)
 _TREE = text("SELECT name, parent FROM accounts")
 # GPU-seconds held within each window [begin, end) (epoch seconds) by the jobs of the
 # given accounts, by window (its place, from 1), account, user and what the seconds
@@ -69,13 +62,6 @@ _USAGE = text(
     "JOIN jobs AS j ON j.id = al.job_id AND j.account = ANY(CAST(:accounts AS text[])) "
     "JOIN nodes AS n ON n.id = al.node_id "
     "GROUP BY w.i, j.account, j.user_name, al.units, n.name, j.partition")
-
-
-def budget_rows(columns: Sequence[Sequence[Any] | None]) -> list[tuple[str, str | None, float, str]]:
-    """The rows of a BUDGETS answer: (account, user or None, GPU-hours, period)."""
-    if not columns or columns[0] is None:
-        return []
-    return [(a, u, float(h), p) for a, u, h, p in zip(*(c or () for c in columns))]
 
 
 def window_usage(session: Session, windows: Sequence[tuple[float, float]],
@@ -197,7 +183,7 @@ def usage_of(session: Session, found: Sequence[tuple[str, str | None, float, str
 def load_budgets(session: Session, accounts: Iterable[Account], now: float) -> tuple[Budget, ...]:
     """Every budget with its current period's usage (two statements; one without
     budgets)."""
-    found = budget_rows(session.connection().execute(_BUDGETS).scalar_one())
+    found = read_budgets(session)
     return usage_of(session, found, accounts, now)
 
 
@@ -244,7 +230,7 @@ def report(session: Session, start: datetime, end: datetime,
            now: datetime) -> list[dict[str, Any]]:
     """Each budget's usage in each of its periods that overlap [start, end) (a period
     not over yet: until ``now``), as ``gacct --report`` shows it."""
-    found = budget_rows(session.connection().execute(_BUDGETS).scalar_one())
+    found = read_budgets(session)
     if not found:
         return []
     parents: Mapping[str, str | None] = {

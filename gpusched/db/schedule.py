@@ -28,7 +28,7 @@ from gpusched.core.sharing import share_nodes
 from gpusched.core.topology import link_rank
 from gpusched.db import commands
 from gpusched.db.admincache import AdminCache, load_admin_tables
-from gpusched.db.budgets import BUDGETS, budget_rows, usage_of
+from gpusched.db.budgets import usage_of
 from gpusched.db.engine import rowcount
 from gpusched.db.leadership import check_epoch
 from gpusched.db.models import Job
@@ -44,8 +44,8 @@ def _columns(*fields: str, order: str = "") -> str:
 # Everything a pass reads but the admin tables and the states of jobs named in
 # dependencies, in one statement (one round trip, and all of one moment), each part as
 # _columns: nodes by name; present GPUs; the links between present GPUs; the GPUs of
-# live allocations by job and index; running jobs; fair-share usage; GPU-hour budgets
-# (db/budgets.py); the pending queue (pending_rows.PENDING_SQL). Times are in seconds since the epoch.
+# live allocations by job and index; running jobs; fair-share usage; the pending queue
+# (pending_rows.PENDING_SQL). Times are in seconds since the epoch.
 _SNAPSHOT = text(
     "SELECT (SELECT "
     + _columns("id", "name", "state", "run_uid", "cpus", "memory_mb", "block",
@@ -66,7 +66,7 @@ _SNAPSHOT = text(
                           "extract(epoch FROM j.preempted_at)", "j.exclusive")
     + " FROM jobs AS j JOIN nodes AS n ON n.id = j.node_id WHERE j.state = 'RUNNING'), "
     "(SELECT " + _columns("user_name", "account", "usage") + " FROM fairshare_usage), "
-    + BUDGETS + ", " + PENDING_SQL
+    + PENDING_SQL
 )
 
 
@@ -170,7 +170,7 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
     ``pending_rows`` when given (only rows changed since its last read are read in full).
     """
     queue = pending_rows if pending_rows is not None else PendingRows()
-    (node_rows, gpu_rows, link_rows, allocated, running_rows, usage_rows, budgeted,
+    (node_rows, gpu_rows, link_rows, allocated, running_rows, usage_rows,
      pending_answer) = session.connection().execute(_SNAPSHOT, queue.params()).one()
     nodes, node_ids = _nodes(_rows(node_rows), _rows(gpu_rows), _rows(link_rows))
     pending = queue.take(pending_answer)
@@ -185,7 +185,7 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
         qos_preempt=tables.qos_preempt,
         job_states=_dependency_states(session, pending),
         running_names=running_names,
-        budgets=usage_of(session, budget_rows(budgeted), tables.accounts, time.time()),
+        budgets=usage_of(session, list(tables.budgets), tables.accounts, time.time()),
     )
     return snapshot, node_ids
 
