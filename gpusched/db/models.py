@@ -233,6 +233,10 @@ class Job(Base):
                         name="mail_types"),
         CheckConstraint(f"char_length(mail_user) <= {MAX_MAIL_USER}", name="mail_user"),
         # The jobs whose mail events the mail job still watches (gpusched.db.mail).
+        # Deleting a script looks for jobs naming it; retention finds finished jobs by age.
+        Index("ix_jobs_script_id", "script_id"),
+        Index("ix_jobs_finished_end_time", "end_time",
+              postgresql_where=text("state NOT IN ('PENDING', 'RUNNING')")),
         Index("ix_jobs_mail_watch", "id",
               postgresql_where=text("mail_types IS NOT NULL AND mail_done_at IS NULL")),
     )
@@ -529,6 +533,7 @@ class NodeCommand(Base):
         CheckConstraint("run >= 0", name="run"),
         Index("ix_node_commands_open", "node_id", "id", postgresql_where=text("done_at IS NULL")),
         Index("ix_node_commands_mig", "created_at", postgresql_where=text("kind = 'mig'")),
+        Index("ix_node_commands_job_id", "job_id"),  # its foreign key cascades from jobs
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
