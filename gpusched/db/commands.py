@@ -88,14 +88,15 @@ _CLAIM = text(
 # reading it.
 _MAY_SHARE = "s.id IS NOT NULL AND (j.share_mode IS NOT NULL OR j.gpu_mem_mb IS NOT NULL)"
 # The jobs of claimed commands; for those to launch (:launch), their script and the GPU
-# UUIDs of their latest run (placements.latest_gpus_sql).
+# UUIDs of their latest run on the node of the batch script (placements.latest_gpus_sql):
+# like Slurm's, the batch script of a multi-node job sees only its own node's GPUs.
 _JOBS = text(
     "SELECT j.id, j.state, j.restarts, j.node_id, j.node_names, j.name, j.user_name,"
     " j.uid, j.gid, j.work_dir, j.output, j.error, j.umask, j.time_limit, j.warn_signal,"
     " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
     " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
     " CASE WHEN s.id IS NULL THEN NULL ELSE "
-    + latest_gpus_sql("j.id") + " END AS gpu_uuids,"
+    + latest_gpus_sql("j.id", "j.node_id") + " END AS gpu_uuids,"
     " j.share_mode, CASE WHEN " + _MAY_SHARE + " THEN "
     + latest_share_sql("j.id") + " END AS share,"
     # The units a GPU of its node offers: as the pass had them (core.sharing.share_nodes),

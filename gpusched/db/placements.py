@@ -11,11 +11,13 @@ from sqlalchemy.orm import Session
 from gpusched.db.models import Allocation, Gpu, Node
 
 
-def latest_gpus_sql(job: str) -> str:
+def latest_gpus_sql(job: str, node: str | None = None) -> str:
     """SQL for the UUIDs, in index order, of the GPUs of the latest run of job ``job``
-    (a column or expression): those allocated last, as job_placements reads them."""
+    (a column or expression): those allocated last, as job_placements reads them; with
+    ``node`` (a node id column or expression), only those on that node."""
+    on_node = "" if node is None else f" AND g.node_id = {node}"
     return ("ARRAY(SELECT g.uuid FROM allocations AS a JOIN gpus AS g ON g.id = a.gpu_id"
-            f" WHERE a.job_id = {job} AND a.allocated_at = (SELECT max(b.allocated_at)"
+            f" WHERE a.job_id = {job}{on_node} AND a.allocated_at = (SELECT max(b.allocated_at)"
             f" FROM allocations AS b WHERE b.job_id = {job}) ORDER BY g.index, g.id)")
 
 

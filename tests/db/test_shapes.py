@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
 from gpusched.db import agents, commands, job_views, jobs
-from gpusched.db.models import Allocation, Job, Node
+from gpusched.db.models import Allocation, Gpu, Job, Node
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import UsageError
 from tests.db.test_transitions import ALICE, _submit, sessions  # noqa: F401  (a fixture)
@@ -45,9 +45,14 @@ def test_a_multi_node_job_holds_gpus_on_each_node_and_runs_on_the_first(
     with sessions() as s, s.begin():
         nodes = {n.name: n for n in s.scalars(select(Node))}
         # The batch script runs on the first node alone, as Slurm's does.
-        assert [(c.kind, c.job_id) for c in commands.claim(s, nodes["n1"])] == [
-            ("launch", job_id)]
+        claimed = commands.claim(s, nodes["n1"])
+        assert [(c.kind, c.job_id) for c in claimed] == [("launch", job_id)]
         assert commands.claim(s, nodes["n2"]) == []
+        # ... and sees only its own node's GPUs (CUDA_VISIBLE_DEVICES), as Slurm's does.
+        on_n1 = set(s.scalars(select(Gpu.uuid).join(Allocation, Allocation.gpu_id == Gpu.id)
+                              .where(Allocation.job_id == job_id,
+                                     Allocation.node_id == nodes["n1"].id)))
+        assert len(on_n1) == 2 and set(claimed[0].payload.gpu_uuids) == on_n1
     with sessions() as s:
         assert job_views.get_job(s, job_id, ALICE)["start_kind"] == "immediate"
 
