@@ -41,6 +41,8 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
     )
     ranked = ranked_fields(inputs, now, policy.weights, scale)
     fixed = {job.job_id: job.priority for job in snapshot.pending if job.priority is not None}
+    # A held job's priority is 0, as Slurm shows it; its factors stay for the listing.
+    fixed.update((job.job_id, 0.0) for job in snapshot.pending if job.hold is not None)
     if fixed:  # an administrator's number replaces the weighted total
         ranked = sorted((b._replace(total=fixed[b.job_id]) if b.job_id in fixed else b
                          for b in ranked), key=lambda b: (-b.total, b.job_id))

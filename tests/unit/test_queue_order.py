@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.core.model import PendingJob, Snapshot
-from gpusched.core.plan import ordered
+from gpusched.core.model import PendingJob, Policy, Snapshot
+from gpusched.core.plan import job_priorities, ordered
 from gpusched.core.priority import (
     PriorityBreakdown,
     PriorityInput,
@@ -58,3 +58,14 @@ def test_priorities_break_equal_totals_by_job_id() -> None:
               ((5, 1), (3, 2), (9, 1), (1, 1), (7, 2))]
     ranked = priorities(inputs, 100.0, weights, PriorityScale(cluster_gpus=8))
     assert [b.job_id for b in ranked] == [3, 7, 1, 5, 9]
+
+
+def test_a_held_job_has_priority_zero_and_its_factors_stay() -> None:
+    weights = PriorityWeights(age=0.0, fairshare=1000.0, job_size=0.0, partition=0.0, qos=0.0)
+    jobs = (PendingJob(1, "gpu", 2, 1000, 10.0), PendingJob(2, "gpu", 2, 1000, 20.0,
+                                                            hold="user"),
+            PendingJob(3, "gpu", 1, 1000, 30.0, hold="admin"))
+    snapshot = Snapshot(nodes=(), partitions=(), pending=jobs)
+    ranked = {b.job_id: b for b in job_priorities(snapshot, 100.0, Policy(weights=weights))}
+    assert ranked[1].total > 0 and ranked[2].total == 0 and ranked[3].total == 0
+    assert ranked[2].fairshare == ranked[3].fairshare == 1.0
