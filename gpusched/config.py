@@ -23,10 +23,10 @@ from gpusched.auth.settings import AuthConfig, parse_auth
 from gpusched.client.endpoints import Endpoint, endpoints_in, parse_endpoint
 from gpusched.configfile import TableReader as TableReader  # re-exported
 from gpusched.configfile import read_toml as read_toml
-from gpusched.controller.mail import MailConfig, parse_mail
 from gpusched.core.model import PACKINGS, Policy
 from gpusched.core.priority import PriorityWeights
 from gpusched.errors import ConfigError
+from gpusched.mailconfig import MailConfig, parse_mail
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
@@ -164,6 +164,7 @@ class Config:
     # local Unix socket ([controller] socket).
     controllers: tuple[Endpoint, ...] = ()
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    cluster_name: str = "gpusched"  # Slurm's ClusterName: what gsubmit -M accepts
     source: str = "<defaults>"
 
     def default_partition(self) -> PartitionConfig:
@@ -377,7 +378,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
     """Validate parsed TOML into a Config; raise ConfigError naming the bad key."""
     top = TableReader(source, data, "")
     top.check_keys({"database", "controller", "agent", "partitions", "scheduler", "auth",
-                    "controllers", "metrics", "mail"})
+                    "controllers", "metrics", "mail", "cluster_name"})
     database = top.sub("database")
     database.check_keys({"url"})
     url = database.get("url", str, Config.database_url, "a SQLAlchemy URL 'postgresql+psycopg://…'")
@@ -404,6 +405,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Config:
         mail=parse_mail(top.sub("mail")),
         controllers=controllers,
         metrics=_metrics(top.sub("metrics")),
+        cluster_name=top.get("cluster_name", str, Config.cluster_name, "a cluster name"),
         source=source,
     )
 
