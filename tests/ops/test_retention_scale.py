@@ -3,10 +3,9 @@ recent ones kept. Run as a program it times the purge of a larger history (it as
 no speed):
 
     .venv/bin/python -m tests.ops.test_retention_scale --jobs 10000 [--keep 10000]
-        [--batch 1000] [--indexes]
+        [--batch 1000]
 
-printing ``name: value`` lines (``--indexes`` first makes the indexes on
-``node_commands.job_id`` and ``jobs.script_id`` that no migration makes yet), and the
+printing ``name: value`` lines: the purge's time, and the
 time to read every archived job back (as an administrator's gacct does) and to pass
 over the archives for a user who has no job in them.
 """
@@ -63,8 +62,6 @@ _HISTORY = [
     "SELECT node_id, id, 0, k, start_time, start_time, end_time FROM jobs, "
     "unnest(ARRAY['launch', 'kill']) k WHERE id > :base AND id <= :base + :n",
 ]
-INDEXES = ["CREATE INDEX bench_node_commands_job_id ON node_commands (job_id)",
-           "CREATE INDEX bench_jobs_script_id ON jobs (script_id)"]
 GPUS = [{"index": i, "uuid": f"GPU-{i}", "type": "a100-80gb"} for i in range(4)]
 
 
@@ -128,7 +125,6 @@ def main() -> None:
                         metavar="0..1000000")
     parser.add_argument("--batch", type=int, default=1000, choices=range(1, 10_001),
                         metavar="1..10000")
-    parser.add_argument("--indexes", action="store_true")
     args = parser.parse_args()
     pg = ScratchPostgres()
     try:
@@ -136,10 +132,6 @@ def main() -> None:
         with node_sessions(url, GPUS) as sessions, \
                 tempfile.TemporaryDirectory(prefix="gpusched-archive-") as where:
             make_history(sessions, args.jobs, args.keep)
-            if args.indexes:
-                with sessions() as s, s.begin():
-                    for statement in INDEXES:
-                        s.execute(text(statement))
             with sessions() as s, s.begin():
                 s.execute(text("ANALYZE"))
             directory = Path(where) / "archive"
@@ -156,7 +148,6 @@ def main() -> None:
             print(f"retention_jobs: {jobs}")
             print(f"retention_kept: {remaining(sessions)['jobs']}")
             print(f"retention_batch: {args.batch}")
-            print(f"retention_indexes: {args.indexes}")
             print(f"retention_seconds: {seconds:.2f}")
             print(f"retention_jobs_per_second: {jobs / seconds:.0f}")
             print(f"retention_archive_bytes_per_job: {size / jobs:.0f}")
