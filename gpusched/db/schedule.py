@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import case as sql_case
-from sqlalchemy import text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import drop_first
@@ -31,7 +31,7 @@ from gpusched.db.admincache import AdminCache, load_admin_tables
 from gpusched.db.budgets import usage_of
 from gpusched.db.engine import rowcount
 from gpusched.db.leadership import check_epoch
-from gpusched.db.models import Job
+from gpusched.db.models import Job, Partition
 from gpusched.db.pending_rows import PENDING_SQL, PendingRows
 
 
@@ -384,7 +384,8 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
         stopping = session.execute(
             update(Job).where(Job.id == preemption.job_id, Job.state == "RUNNING",
                               Job.cancel_requested_at.is_(None))
-            .values(cancel_requested_at=now, preempted_at=now, preempt_mode=preemption.mode,
+            .values(cancel_requested_at=now, preempted_at=now,
+                    preempt_mode=_preempt_mode(preemption.mode),
                     preempted_by=preemption.by)
             .returning(Job.id, Job.restarts, Job.node_id)).all()
         targets = [(job_id, run, node_id) for job_id, run, node_id in stopping
@@ -393,6 +394,17 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
         woken.update(name for name, node_id in node_ids.items()
                      if node_id in {t[2] for t in targets})
     return woken
+
+
+def _preempt_mode(mode: str) -> Any:
+    """The preempt mode stored for a victim: a job that may not be requeued (its own
+    ``--no-requeue``, else its partition's default, as health.may_requeue reads them) is
+    cancelled instead of requeued, as under Slurm's PreemptMode=REQUEUE."""
+    if mode != "requeue":
+        return mode
+    may_requeue = func.coalesce(Job.requeue, select(Partition.requeue).where(
+        Partition.name == Job.partition).scalar_subquery(), True)
+    return sql_case((may_requeue, "requeue"), else_="cancel")
 
 
 # The nodes of :ids, each with whether it is UP and not given up, held FOR SHARE in

@@ -14,7 +14,7 @@ from sqlalchemy import event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
-from gpusched.core.model import Plan, Start
+from gpusched.core.model import Plan, Preemption, Start
 from gpusched.db import agents, jobs, steps, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Job
@@ -228,3 +228,33 @@ def test_an_unknown_node_or_job(db: sessionmaker[Session]) -> None:
     with db() as s:
         assert s.scalar(text("SELECT state FROM jobs WHERE id = :job"),
                         {"job": job_id}) == "RUNNING"
+
+
+@pytest.mark.parametrize(("requeue", "partition_requeue", "mode", "state", "restarts"), [
+    (None, True, "requeue", "PENDING", 1),
+    (True, False, "requeue", "PENDING", 1),
+    (False, True, "cancel", "CANCELLED", 0),  # --no-requeue: cancelled, never run twice
+    (None, False, "cancel", "CANCELLED", 0),  # its partition's default: the same
+])
+def test_a_preemption_to_requeue_cancels_a_job_that_may_not_be_requeued(
+        db: sessionmaker[Session], requeue: bool | None, partition_requeue: bool,
+        mode: str, state: str, restarts: int) -> None:
+    with db() as s, s.begin():
+        s.execute(text("UPDATE partitions SET requeue = :r"), {"r": partition_requeue})
+        job_id = submit.submit_job(s, {"work_dir": "/tmp", "gpus": 1, "script": "#!/bin/sh\n",
+                                       "requeue": requeue}, ALICE).id
+    with db() as s, s.begin():
+        snapshot, node_ids = load_snapshot(s)
+        apply_plan(s, snapshot, Plan(starts=(Start(job_id, "n1", ("n1-0",)),)), node_ids)
+    with db() as s, s.begin():
+        snapshot, node_ids = load_snapshot(s)
+        apply_plan(s, snapshot, Plan(preemptions=(Preemption(job_id, 7, "requeue"),)),
+                   node_ids)
+    with db() as s:
+        assert s.execute(text("SELECT preempt_mode FROM jobs WHERE id = :job"),
+                         {"job": job_id}).scalar_one() == mode
+    _end(db, job_id, {"node": "n1", "run": 0, "end_time": WHEN, "outcome": "cancelled",
+                      "exit_code": None, "signal": 15}, False)
+    with db() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and (job.state, job.restarts) == (state, restarts)
