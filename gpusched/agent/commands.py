@@ -191,7 +191,8 @@ class NodeCommands:
                 cgroup = job_cgroup_spec(self.confinement, order, self._gpus(),
                                          self.launcher.held_cpus())
                 spec = build_spec(order, self.config.kill_grace, self.node,
-                                  self.config.min_job_uid, cgroup, vars(self.config))
+                                  self.config.min_job_uid, cgroup, vars(self.config),
+                                  self._gpus())
                 if self.launcher.launch(job_id, spec, order.script):
                     stages.stamp("spawned", (job_id,))
                     log.info("launched job %d (run %d) for %s", job_id, run, order.user)

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent import mps
-from gpusched.core.arrays import runs, task_bounds
-from gpusched.core.hostlist import compress_hostlist
+from gpusched.agent.slurmenv import mirrored, owned_names, slurm_variables
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
 from gpusched.messages import LaunchOrder
 
@@ -22,15 +21,18 @@ DEFAULT_MPS_CONTROL = "nvidia-cuda-mps-control"
 
 def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
                min_uid: int = 1, cgroup: dict[str, Any] | None = None,
-               site: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               site: Mapping[str, Any] | None = None,
+               inventory: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Turn a launch order of ``/agent/v1/work`` into a supervisor spec.
 
     The environment is the submit environment plus the job's variables, each under
-    ``GPUSCHED_*`` and Slurm's ``SLURM_*`` name. ``CUDA_VISIBLE_DEVICES`` and
-    ``*_JOB_GPUS`` are the comma-joined GPU UUIDs (Slurm puts indexes in
-    ``SLURM_JOB_GPUS``; UUIDs cannot be misread under another device order), empty
-    when the job has no GPUs. ``argv[0]`` is a placeholder that ``launch()`` replaces
-    with the path of the script file. ``run`` is the job's restart count, which names
+    ``GPUSCHED_*`` and Slurm's ``SLURM_*`` name (gpusched.agent.slurmenv; a submitted
+    variable of a name the scheduler sets is dropped). ``CUDA_VISIBLE_DEVICES`` and
+    ``GPUSCHED_JOB_GPUS`` are the comma-joined GPU UUIDs (UUIDs cannot be misread under
+    another device order), empty when the job has no GPUs; ``SLURM_JOB_GPUS`` has their
+    indexes in ``inventory``, this node's GPUs by UUID, as Slurm gives them.
+    ``argv[0]`` is a placeholder that ``launch()`` replaces with the path of the script
+    file. ``run`` is the job's restart count, which names
     this run of it in everything the agent tells the controller. ``min_uid`` travels in the spec for the
     supervisor, which refuses a job below it too; ``umask`` is the submitter's.
     ``cgroup`` is what the supervisor confines the job in (gpusched.agent.confine; None:
@@ -39,30 +41,19 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
     ``mps_control`` (gpusched.agent.mps: its variables, and ``mps``, the daemon it needs).
     """
     job_id, name, user, work_dir = order.job_id, order.name, order.user, order.work_dir
-    gpus = ",".join(order.gpu_uuids)
-    env: dict[str, str] = {}  # the job's own variables first: the prolog gets only these
-    nodes = list(order.node_names) or [node_name]
-    job_vars = {"JOB_ID": str(job_id), "JOB_NAME": name, "JOB_GPUS": gpus,
-                "JOB_NODELIST": compress_hostlist(nodes), "JOB_NUM_NODES": str(len(nodes)),
-                "SUBMIT_DIR": work_dir}
-    for key, value in job_vars.items():
-        env[f"GPUSCHED_{key}"] = value
-        env[f"SLURM_{key}"] = value
-    env["SLURM_JOBID"] = str(job_id)
-    env["GPUSCHED_RESTART_COUNT"] = env["SLURM_RESTART_COUNT"] = str(order.run)
     array_job, task = order.array_job_id, order.array_task_id
-    if array_job is not None and task is not None:
-        for key, value in array_variables(array_job, task, order.array_spec or str(task)).items():
-            env[f"GPUSCHED_{key}"] = value
-            env[f"SLURM_{key}"] = value
+    gpus = ",".join(order.gpu_uuids)
+    # The job's own variables first: the prolog gets only these.
+    env = mirrored(slurm_variables(order, node_name, inventory, os.cpu_count() or 1))
+    env["GPUSCHED_JOB_GPUS"] = gpus  # UUIDs; SLURM_JOB_GPUS has Slurm's indexes
     env["CUDA_VISIBLE_DEVICES"] = gpus
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # else CUDA orders by speed, unlike nvidia-smi
     site = site or {}
     state_dir = Path(site.get("state_dir", DEFAULT_STATE_DIR))
     env.update(mps.share_environment(order.share, state_dir))
-    job_vars = {**env, "SLURM_JOB_USER": user, "SLURM_JOB_UID": str(order.uid),
-                "SLURM_JOB_GID": str(order.gid)}
-    env = {**order.environment, **env}
+    job_vars = dict(env)
+    owned = owned_names()  # a submitted value never stands in for the scheduler's
+    env = {**{k: v for k, v in order.environment.items() if k not in owned}, **env}
 
     def output_path(pattern: str) -> str:
         return os.path.join(work_dir, expand_output_pattern(
@@ -94,15 +85,4 @@ def site_programs(config: Mapping[str, Any]) -> dict[str, Any]:
         path = config.get(key)
         found[key] = None if path is None else str(path)
         found[f"{key}_timeout"] = float(config.get(f"{key}_timeout", 60.0))
-    return found
-
-
-def array_variables(array_job: int, task: int, spec: str) -> dict[str, str]:
-    """``ARRAY_*`` variables of one task, as Slurm sets them (STEP only for one range)."""
-    count, lowest, highest = task_bounds(spec)
-    found = {"ARRAY_JOB_ID": str(array_job), "ARRAY_TASK_ID": str(task),
-             "ARRAY_TASK_COUNT": str(count), "ARRAY_TASK_MIN": str(lowest),
-             "ARRAY_TASK_MAX": str(highest)}
-    if "," not in spec:
-        found["ARRAY_TASK_STEP"] = str(runs(spec)[0].step)
     return found

@@ -31,6 +31,7 @@ from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
 from gpusched.messages.agent import JobNotice, LimitJob, ShareGrant, SignalJob
+from gpusched.messages.jobfacts import JobFacts
 from gpusched.messages.mig import MigLayout
 from gpusched.messages.steps import StepCancel, StepLaunch
 
@@ -95,6 +96,7 @@ _JOBS = text(
     " j.uid, j.gid, j.work_dir, j.output, j.error, j.umask, j.time_limit, j.warn_signal,"
     " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
     " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
+    " j.partition, j.account, j.qos, j.dependency, j.gpus, j.start_time,"
     " CASE WHEN s.id IS NULL THEN NULL ELSE "
     + latest_gpus_sql("j.id", "j.node_id") + " END AS gpu_uuids,"
     " j.share_mode, CASE WHEN " + _MAY_SHARE + " THEN "
@@ -217,7 +219,10 @@ def _launch_order(j: Any, node_name: str) -> LaunchOrder:
         warn_batch_only=bool(j.warn_batch_only), gpu_uuids=tuple(j.gpu_uuids or ()),
         node_names=tuple(j.node_names or ()), array_job_id=j.array_job_id,
         array_task_id=j.array_task_id, array_spec=j.array_spec, cpus=j.cpus,
-        mem_mb=j.mem_mb, gres_flags=j.gres_flags, share=_share(j))
+        mem_mb=j.mem_mb, gres_flags=j.gres_flags, share=_share(j), job=JobFacts(
+            partition=j.partition, account=j.account, qos=j.qos, dependency=j.dependency,
+            gpus=j.gpus, start_time=None if j.start_time is None
+            else int(j.start_time.timestamp())))
 
 
 def _share(j: Any) -> ShareGrant | None:

@@ -40,6 +40,7 @@ from gpusched.messages.fields import (
     typed,
     words,
 )
+from gpusched.messages.jobfacts import JobFacts
 
 MAX_SIGNAL = signal.NSIG - 1
 MAX_ARRAY_SPEC = 8 * MAX_TASKS  # characters of a canonical task list ("0-9,12,15-99:3")
@@ -71,7 +72,7 @@ LAUNCH_FIELDS = frozenset({
     "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
     "environment", "output", "error", "umask", "time_limit", "warn_signal", "warn_seconds",
     "warn_batch_only", "gpu_uuids", "node_names", "array_job_id", "array_task_id",
-    "array_spec", "cpus", "mem_mb", "gres_flags", "share"})
+    "array_spec", "cpus", "mem_mb", "gres_flags", "share", "job"})
 SHARE_FIELDS = frozenset({"mode", "gpu_uuid", "units", "of", "mem_mb"})
 END_FIELDS = frozenset({"node", "run", "outcome", "exit_code", "signal", "end_time", "error",
                         "max_rss_bytes", "cpu_usec", "epilog_error"})
@@ -155,6 +156,7 @@ class LaunchOrder:
     mem_mb: int = 0
     gres_flags: str | None = None
     share: ShareGrant | None = None
+    job: JobFacts | None = None  # what the job's Slurm variables show (messages.jobfacts)
 
     @classmethod
     def parse(cls, raw: object) -> LaunchOrder:
@@ -203,7 +205,8 @@ class LaunchOrder:
             cpus=integer(body, "cpus", 0, 0, bounds.MAX_CPUS, "CPUs on this node"),
             mem_mb=integer(body, "mem_mb", 0, 0, bounds.MAX_MEM_MB, "MiB on this node"),
             gres_flags=None if body.get("gres_flags") is None
-            else one_of(body, "gres_flags", GRES_FLAGS), share=share)
+            else one_of(body, "gres_flags", GRES_FLAGS), share=share,
+            job=None if body.get("job") is None else JobFacts.parse(body["job"]))
 
     def to_json(self) -> dict[str, Any]:
         """The order as ``GET /agent/v1/work`` carries it (``share`` only when there is
@@ -222,6 +225,8 @@ class LaunchOrder:
         }
         if self.share is not None:
             body["share"] = self.share.to_json()
+        if self.job is not None:
+            body["job"] = self.job.to_json()
         return body
 
 

@@ -81,10 +81,10 @@ def test_build_spec_sets_gpu_and_slurm_variables(work_dir: Path) -> None:
     for prefix in ("GPUSCHED", "SLURM"):
         assert env[f"{prefix}_JOB_ID"] == "42"
         assert env[f"{prefix}_JOB_NAME"] == "train"
-        assert env[f"{prefix}_JOB_GPUS"] == gpus
         assert env[f"{prefix}_JOB_NODELIST"] == "node01"
         assert env[f"{prefix}_SUBMIT_DIR"] == str(work_dir)
     assert env["SLURM_JOBID"] == "42"
+    assert env["GPUSCHED_JOB_GPUS"] == gpus  # SLURM_JOB_GPUS: indexes (test_slurm_env)
     assert env["HOME"] == "/root"  # the submit environment is kept
     assert spec["argv"][1:] == ["a", "b c"]
     assert (spec["uid"], spec["gid"], spec["user"], spec["cwd"]) == (0, 0, "root", str(work_dir))
