@@ -196,7 +196,9 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
 # record_run_end works the end out from the whole row instead). Plain SQL built once.
 _PLAIN_END = (
     "WITH node AS (SELECT id FROM nodes WHERE name = %(node)s), ended AS ("
-    " UPDATE jobs SET state = %(state)s, end_time = %(end_time)s,"
+    " UPDATE jobs SET state = CASE WHEN jobs.cancel_requested_at IS NULL"
+    "  THEN CAST(%(state)s AS text) ELSE CAST(%(stopped)s AS text) END,"
+    " end_time = %(end_time)s,"
     " exit_code = %(exit_code)s, signal = %(signal)s, error_message = %(error)s,"
     " reason = COALESCE(%(reason)s, jobs.reason),"
     " max_rss_bytes = CASE WHEN %(measured)s THEN CAST(%(max_rss_bytes)s AS bigint)"
@@ -206,8 +208,9 @@ _PLAIN_END = (
     " FROM node WHERE jobs.id = %(job)s AND jobs.node_id = node.id"
     " AND jobs.state = 'RUNNING' AND jobs.restarts = %(run)s"
     " AND jobs.gpu_failure IS NULL AND jobs.preempted_at IS NULL"
-    " RETURNING jobs.node_names, jobs.interactive) "
-    "SELECT node.id, ended.interactive, ended.node_names FROM node LEFT JOIN ended ON true")
+    " RETURNING jobs.node_names, jobs.interactive, jobs.state) "
+    "SELECT node.id, ended.interactive, ended.node_names, ended.state"
+    " FROM node LEFT JOIN ended ON true")
 # A run of a job has ended: its GPUs are freed and its open commands closed, all but
 # kills (how an ended run is stopped); one statement.
 _RELEASE = (
@@ -241,14 +244,15 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
     measured = end.max_rss_bytes is not None or end.cpu_usec is not None
     state = OUTCOME_STATES[end.outcome]
     row = driver(session).execute(_PLAIN_END, {
-        "node": end.node, "job": job_id, "run": end.run, "state": state, "end_time": ended,
+        "node": end.node, "job": job_id, "run": end.run, "state": state,
+        "stopped": stopped_state(end.outcome), "end_time": ended,
         "exit_code": end.exit_code, "signal": end.signal, "error": end.error,
         "reason": LAUNCH_FAILED_REASON if end.outcome == "launch_failed" else None,
         "measured": measured, "max_rss_bytes": end.max_rss_bytes,
         "cpu_usec": end.cpu_usec}).fetchone()
     if row is None:
         raise unregistered(end.node)
-    node_id, interactive, node_names = row
+    node_id, interactive, node_names, state = row
     if interactive is None:  # not a plain end of its current run there
         return _record_from_row(session, job_id, end)
     _released(session, job_id, end.run, tuple(node_names or (end.node,)), state,
@@ -284,6 +288,13 @@ def _record_from_row(session: Session, job_id: int, end: JobEnd) -> tuple[bool, 
     return bool(changed), False
 
 
+def stopped_state(outcome: str) -> str:
+    """The state a run ends in, reported ``outcome``, when it was asked to stop (gcancel,
+    gcancel --signal KILL): a run killed (or failing) on its way out is CANCELLED, as
+    Slurm's is; a time limit or an out-of-memory kill that came first stays what it is."""
+    return "CANCELLED" if outcome == "failed" else OUTCOME_STATES[outcome]
+
+
 def _released(session: Session, job_id: int, run: int, job_nodes: tuple[str, ...],
               state: str, skip: tuple[str, ...]) -> None:
     """Run ``run`` of the job, on ``job_nodes``, has ended ``state``: its GPUs are
@@ -317,7 +328,8 @@ def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str
         # Preempted to requeue: back in the queue with its submit time, one restart more
         # (an allocation's client waits on this run: it ends instead).
         return requeued(job.error_message)
-    values: dict[str, Any] = {"state": OUTCOME_STATES[end.outcome], "end_time": ended,
+    values: dict[str, Any] = {"state": OUTCOME_STATES[end.outcome] if job.cancel_requested_at
+                              is None else stopped_state(end.outcome), "end_time": ended,
                               "exit_code": end.exit_code, "signal": end.signal,
                               "error_message": end.error}
     if end.outcome == "launch_failed":  # nothing of it ran: say so where users look

@@ -109,7 +109,8 @@ def requeue_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[
 
 def signal_job(session: Session, job_id: int, who: Identity, signum: int) -> tuple[Job, set[str]]:
     """Ask the agent to send ``signum`` to a running job (every task of an array) without
-    ending it; returns the job and the nodes to wake."""
+    ending it (but SIGKILL, which cancels it, as Slurm's scancel does); returns the job
+    and the nodes to wake."""
     if not 1 <= signum < signal.NSIG:
         raise UsageError(f"signal: expected a signal number from 1 to {signal.NSIG - 1}")
     job = _owned_job(session, job_id, who, "signal")
@@ -118,6 +119,9 @@ def signal_job(session: Session, job_id: int, who: Identity, signum: int) -> tup
         ids, Job.state == "RUNNING", Job.cancel_requested_at.is_(None))).all()
     commands.issue(session, "signal", _targets(running), {"signal": signum})
     nodes = {node_id for *_, node_id in running}
+    if signum == signal.SIGKILL:  # as Slurm's: the job ends CANCELLED (agents.stopped_state)
+        stop_running(session, Job.id.in_([job_id for job_id, *_ in running]),
+                     cancel_requested_at=datetime.now(UTC))
     if not nodes:
         raise Conflict(f"job {job_id} is not running ({job.state})")
     return job, set(session.scalars(select(Node.name).where(Node.id.in_(nodes))))

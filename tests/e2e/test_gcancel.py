@@ -73,3 +73,15 @@ def test_signal_a_running_job_without_ending_it(cluster: Cluster, db_url: str) -
     assert refused.stderr.strip() == f"gcancel: error: job {pending} is not running (PENDING)"
     assert cluster.run("gcancel", str(job), str(pending)).returncode == 0
     assert cluster.wait_state(job, "CANCELLED")
+
+
+def test_signal_kill_cancels_the_job(cluster: Cluster) -> None:
+    # As Slurm's scancel --signal=KILL: the job ends CANCELLED, not FAILED.
+    job = cluster.submit("--wrap", "echo ready; while true; do sleep 0.05; done")
+    cluster.wait_state(job, "RUNNING")
+    out = cluster.work / f"gpusched-{job}.out"
+    wait_for(lambda: out.exists() and "ready" in out.read_text(), what="the job running")
+    sent = cluster.run("gcancel", "--signal", "KILL", str(job))
+    assert sent.returncode == 0, sent.stderr
+    ended = cluster.wait_state(job, "CANCELLED", "FAILED", "COMPLETED")
+    assert ended["state"] == "CANCELLED", ended
