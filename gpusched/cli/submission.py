@@ -6,6 +6,7 @@ command lines (gpusched.cli.console) both end here."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
@@ -158,6 +159,7 @@ def submit(parsed: ParsedArgs, parse_options: OptionParser) -> None:
                         ("NTASKS_PER_NODE", submission.ntasks_per_node)):
         if value is not None:  # what sbatch tells the job it asked for
             environment[f"SLURM_{name}"] = environment[f"GPUSCHED_{name}"] = str(value)
+    environment.update(submit_variables(submission.export))
     body = submission_body(submission, work_dir=job_dir(submission.chdir), environment=environment)
     body["umask"] = current_umask()  # the job creates its files as this shell would
     if parsed.params["test_only"]:
@@ -179,6 +181,18 @@ def submit(parsed: ParsedArgs, parse_options: OptionParser) -> None:
         answer = client.request("POST", "/v1/jobs", body)
     job_id = answer.get("job_id")
     print(job_id if submission.parsable else f"Submitted batch job {job_id}")
+
+
+def submit_variables(export: str | None) -> dict[str, str]:
+    """What only the submitting side knows, which sbatch puts in the job's environment
+    whatever --export says: the directory and host gsubmit runs in, its nice value, and
+    --export itself (docs/user-guide.md, "What the job sees")."""
+    found = {"SUBMIT_DIR": job_dir(None), "SUBMIT_HOST": socket.gethostname(),
+             "PRIO_PROCESS": str(os.getpriority(os.PRIO_PROCESS, 0))}
+    if export is not None:
+        found["EXPORT_ENV"] = export
+    return {f"{prefix}_{key}": value for key, value in found.items()
+            for prefix in ("SLURM", "GPUSCHED")}
 
 
 def mig_warning(submission: Submission) -> str | None:
