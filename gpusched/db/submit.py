@@ -58,13 +58,19 @@ class Submitted(NamedTuple):
     reason: str
 
 
+class UnknownPartition(UsageError):
+    """A partition named that does not exist."""
+
+
 def _check_partition(part: PartitionRow | None, name: str | None) -> PartitionRow:
     """The partition chosen for ``name`` (None: the default), if it takes jobs."""
     if name is None:
         if part is None:
             raise UsageError("no partitions are configured")
         return part
-    if part is None or part.state == "INACTIVE":
+    if part is None:
+        raise UnknownPartition(f"invalid partition specified: {name}")
+    if part.state == "INACTIVE":
         raise UsageError(f"invalid partition specified: {name}")
     if part.state == "DRAIN":
         raise UsageError(f"partition {name} is draining: it takes no new jobs")
@@ -349,15 +355,21 @@ def needs_pass(job: Job | Submitted) -> bool:
 
 def _first_partition(text: str | None, check: Callable[[str | None], T]) -> T:
     """``check`` of the first partition of a comma list (sbatch -p a,b) that takes the
-    job; when none does, the error of each."""
+    job; when none does, the error of each. A list naming a partition that does not
+    exist is refused, as sbatch refuses it, even when another would take the job."""
     if text is None or "," not in text:
         return check(text)
-    errors = []
+    errors: list[str] = []
+    taken: list[T] = []
     for name in _partition_names(text):
         try:
-            return check(name)
+            taken.append(check(name))
+        except UnknownPartition:
+            raise
         except UsageError as exc:
             errors.append(f"{name}: {exc.message}")
+    if taken:
+        return taken[0]
     raise UsageError(f"no partition of {text} takes the job ({'; '.join(errors)})")
 
 

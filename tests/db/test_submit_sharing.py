@@ -86,6 +86,8 @@ def test_shares_and_gpu_memory_are_stored_as_asked(sessions: sessionmaker[Sessio
      "much (the most: 23034 MiB)"),
     ({"partition": "mps", "share_mode": "mps", "share": 50, "gpus": 2},
      "gpus: a share of one GPU (share_mode mps) is one GPU, not 2"),
+    # A list naming a partition that does not exist is refused, as sbatch refuses it.
+    ({"partition": "whole,nope"}, "invalid partition specified: nope"),
     ({"partition": "whole,shard", "share_mode": "mps", "share": 5},
      "no partition of whole,shard takes the job (whole: partition whole does not share GPUs "
      "by MPS"),
