@@ -7,7 +7,9 @@ step (in a batch job's pattern these three are kept as written). For a job that 
 job id and ``%a`` is 4294967294, Slurm's "no value", so scripts written for Slurm name
 their files the same way. As in Slurm, a number between ``%`` and the letter zero-pads
 ids (``%5j`` -> ``00017``); it is ignored for names. Any other ``%`` sequence is kept as written, so a pattern using a
-specifier this version does not know yet is not silently mangled.
+specifier this version does not know yet is not silently mangled. A pattern with a
+backslash in it is taken as written, every backslash dropped and nothing expanded, as
+Slurm takes it (``my\\ dir/%j.out`` names ``my dir/%j.out``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def expand_output_pattern(pattern: str, job_id: int, name: str, user: str,
                           array_task_id: int | None = None, node: str = "",
                           step: StepPlace | None = None) -> str:
     """Expand ``%j``, ``%x``, ``%u``, ``%N``, ``%A``, ``%a`` and ``%%`` in an output file
-    pattern, and for one task of a job step (``step``) ``%s``, ``%t`` and ``%n``."""
+    pattern, and for one task of a job step (``step``) ``%s``, ``%t`` and ``%n``; a
+    pattern with a backslash is taken as written, its backslashes dropped."""
+    if "\\" in pattern:
+        return pattern.replace("\\", "")
     values = {"j": str(job_id), "x": name, "u": user, "N": node,
               "A": str(job_id if array_job_id is None else array_job_id),
               "a": str(NO_TASK if array_task_id is None else array_task_id)}

@@ -43,12 +43,12 @@ def test_values_are_not_expanded_again() -> None:
     assert expand_output_pattern("%x-%u", 9, "%j", "%%") == "%j-%%"
 
 
-@given(st.text(alphabet=st.characters(blacklist_characters="%")))
+@given(st.text(alphabet=st.characters(blacklist_characters="%\\")))
 def test_text_without_percent_is_unchanged(text: str) -> None:
     assert expand_output_pattern(text, 1, "n", "u") == text
 
 
-@given(st.text())
+@given(st.text(alphabet=st.characters(blacklist_characters="\\")))
 def test_doubled_percents_expand_to_the_text(text: str) -> None:
     escaped = text.replace("%", "%%")
     assert expand_output_pattern(escaped, 1, "n", "u") == text
@@ -99,3 +99,16 @@ def test_step_specifier_widths_are_bounded() -> None:
     assert output_pattern_error("%11t") is not None
     place = StepPlace(0, 7, 0)
     assert expand_output_pattern("%99t", 1, "x", "u", step=place) == "7".zfill(MAX_PAD_WIDTH)
+
+
+def test_a_backslash_escapes_a_space_and_turns_expansion_off() -> None:
+    # As Slurm's: a pattern with a backslash is taken as written, backslashes dropped.
+    assert expand_output_pattern("my\\ dir/out-%j.txt", 7, "n", "u") == "my dir/out-%j.txt"
+    assert expand_output_pattern("a\\\\b%x", 7, "n", "u") == "ab%x"
+
+
+@given(st.text(), st.text())
+def test_a_pattern_with_a_backslash_loses_only_its_backslashes(head: str, tail: str) -> None:
+    pattern = head + "\\" + tail
+    assert expand_output_pattern(pattern, 3, "%j", "u") == "".join(
+        c for c in pattern if c != "\\")
