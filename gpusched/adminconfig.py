@@ -123,6 +123,7 @@ class AdminConfig:
     users: tuple[UserSpec, ...] | None = None
     qos: tuple[QosSpec, ...] | None = None
     billing: dict[str, float] | None = None
+    licenses: dict[str, int] | None = None  # [licenses]: cluster-wide counts (sbatch's -L)
     sources: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -370,6 +371,26 @@ def _billing(r: TableReader) -> dict[str, float]:
     return weights
 
 
+def _licenses(r: TableReader) -> dict[str, int]:
+    from gpusched.core.licenses import (
+        MAX_CLUSTER_LICENSES,
+        MAX_LICENSE_COUNT,
+        valid_name,
+    )
+
+    counts: dict[str, int] = {}
+    for name in r.table:
+        if not valid_name(name):
+            raise r.fail(name, "a license name (letters, digits, '_', '.', '@', '+', '-')")
+        count = r.get(name, int, None, f"a whole number of licenses, 0 to {MAX_LICENSE_COUNT}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_LICENSE_COUNT:
+            raise r.fail(name, f"a whole number of licenses, 0 to {MAX_LICENSE_COUNT}")
+        counts[name] = count
+    if len(counts) > MAX_CLUSTER_LICENSES:
+        raise r.fail("", f"at most {MAX_CLUSTER_LICENSES} licenses")
+    return counts
+
+
 _TABLES = {"partition": _partition, "account": _account, "user": _user, "qos": _qos}
 
 
@@ -404,16 +425,19 @@ def parse_admin_config(files: Iterable[tuple[str, dict[str, Any]]]) -> AdminConf
     """Validate parsed admin files (source name, TOML data) as one whole."""
     found: dict[str, list[Any]] = {}
     billing: dict[str, float] | None = None
+    licenses: dict[str, int] | None = None
     sources = []
     for source, data in files:
         sources.append(source)
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a TOML document")
-        TableReader(source, data, "").check_keys({*_TABLES, "billing"})
+        TableReader(source, data, "").check_keys({*_TABLES, "billing", "licenses"})
         for kind in _TABLES:
             _merge(found, kind, _entries(source, data, kind))
         if "billing" in data:
             billing = {**(billing or {}), **_billing(TableReader(source, data, "").sub("billing"))}
+        if "licenses" in data:
+            licenses = {**(licenses or {}), **_licenses(TableReader(source, data, "").sub("licenses"))}
     if not sources:
         raise ConfigError("no admin configuration files given")
     where = ", ".join(sources)
@@ -422,7 +446,7 @@ def parse_admin_config(files: Iterable[tuple[str, dict[str, Any]]]) -> AdminConf
         accounts=tuple(found["account"]) if "account" in found else None,
         users=tuple(found["user"]) if "user" in found else None,
         qos=tuple(found["qos"]) if "qos" in found else None,
-        billing=billing, sources=tuple(sources),
+        billing=billing, licenses=licenses, sources=tuple(sources),
     )
     _check_whole(where, config)
     return config

@@ -207,6 +207,22 @@ def show_partition(name: Annotated[Optional[str], typer.Argument(metavar="[PARTI
         _print(part, as_json)
 
 
+@show_app.command("licenses")
+def show_licenses(name: Annotated[Optional[str], typer.Argument(metavar="[LICENSE]")] = None,
+                  as_json: AsJson = False) -> None:
+    """Each license of the cluster (or one): total, used by running jobs, free.
+
+    Examples: gcontrol show licenses; gcontrol show licenses matlab --json
+    """
+    found = _request("GET", "/v1/licenses")["licenses"]
+    chosen = [lic for lic in found if name is None or lic["name"] == name]
+    if name is not None and not chosen:
+        raise NotFound(f"license {name} not found")
+    for lic in chosen:
+        _print({"license_name": lic["name"], "total": lic["total"], "used": lic["used"],
+                "free": lic["free"]}, as_json)
+
+
 @show_app.command("gpu")
 def show_gpu(target: GpuTarget, as_json: AsJson = False) -> None:
     """One GPU or MIG slice: type, health and why, last sample, the job on it.

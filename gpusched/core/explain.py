@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from gpusched.core.budgets import BudgetState
 from gpusched.core.dependency import dependency_clauses
+from gpusched.core.licenses import license_detail
 from gpusched.core.model import (
     JobState,
     PendingJob,
@@ -158,6 +159,8 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
         return _qos_detail(reason, moment, snapshot.qos_limits.get(job.qos or "", QosLimits()))
     if reason is Reason.ASSOC_GRP_GRES_MINUTES:
         return _budget_detail(moment)
+    if reason is Reason.LICENSES:
+        return license_detail(job.licenses, snapshot.licenses, snapshot.running)
     if reason is Reason.JOB_ARRAY_TASK_LIMIT:
         return (f"{moment.array_running} task(s) of array {job.array_job_id} run, the most its "
                 f"%{job.array_max_running} allows: the next starts when one ends")
@@ -260,5 +263,6 @@ _LATER = {
     Reason.QOS_MAX_GPUS_PER_USER: "its QOS allows no more GPUs for this user",
     Reason.QOS_GRP_GPUS: "its QOS allows no more GPUs for this account",
     Reason.ASSOC_GRP_GRES_MINUTES: "a GPU-hour budget has too little left for it",
+    Reason.LICENSES: "its licenses are not free",
     Reason.PRIORITY: "this pass started as many jobs as it may",
 }

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 
 from gpusched.core.budgets import BudgetBook, BudgetState
+from gpusched.core.licenses import LicenseTracker
 from gpusched.core.model import PendingJob, QosLimits, Reason, RunningJob
 
 
@@ -15,9 +16,12 @@ class LimitTracker:
     each budget (``budgets``, None: no budgets), updated as the pass starts jobs."""
 
     def __init__(self, limits: Mapping[str, QosLimits], running: Iterable[RunningJob],
-                 budgets: BudgetBook | None = None) -> None:
+                 budgets: BudgetBook | None = None,
+                 licenses: Mapping[str, int] | None = None) -> None:
         self.limits = limits
         self.budgets = budgets
+        # The licenses running jobs hold (None: the cluster declares none).
+        self.licenses = LicenseTracker(licenses, running) if licenses else None
         # Accounts whose jobs a budget covers (the rest need no look at budgets).
         self.budgeted = budgets.accounts if budgets is not None else frozenset()
         self.user_gpus: Counter[tuple[str, str]] = Counter()
@@ -37,10 +41,13 @@ class LimitTracker:
         return next(self.violations(job), None)
 
     def violations(self, job: PendingJob) -> Iterator[Reason]:
-        """Every limit that starting ``job`` now would break: its QOS's, then a budget."""
+        """Every limit that starting ``job`` now would break: its QOS's, a budget, then
+        its licenses (any it asks for that are not free, or that the cluster lacks)."""
         yield from self._qos_violations(job)
         if self.budgets is not None and job.account in self.budgeted and self.budgets.over(job):
             yield Reason.ASSOC_GRP_GRES_MINUTES
+        if job.licenses and (self.licenses is None or not self.licenses.fits(job.licenses)):
+            yield Reason.LICENSES
 
     def budget_states(self, job: PendingJob) -> list[BudgetState]:
         """The budgets covering ``job`` as committed now (empty without any)."""
@@ -64,3 +71,5 @@ class LimitTracker:
             self._add(job.qos, job.user, job.account, job.gpus)
         if self.budgets is not None and job.account in self.budgeted:
             self.budgets.started(job)
+        if self.licenses is not None:
+            self.licenses.take(job.licenses)

@@ -80,6 +80,7 @@ class Reason(StrEnum):
     PARTITION_TIME_LIMIT = "PartitionTimeLimit"
     PARTITION_CONFIG = "PartitionConfig"
     ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
+    LICENSES = "Licenses"  # the licenses it asks for (-L) are not free (core/licenses.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +188,7 @@ class PendingJob:
     share: int = 0
     share_mode: str | None = None
     gpu_mem_mb: int = 0
+    licenses: tuple[tuple[str, int], ...] = ()  # -L: (name, count), sorted by name
 
     @property
     def total_gpus(self) -> int:
@@ -220,6 +222,7 @@ class RunningJob:
     # Shares of GPUs it holds, as (GPU UUID, units, GPU memory MB); those GPUs are not
     # in ``gpu_uuids``, which lists the GPUs it holds whole.
     shares: tuple[tuple[str, int, int], ...] = ()
+    licenses: tuple[tuple[str, int], ...] = ()  # -L: what it holds until it ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +251,7 @@ class Snapshot:
     qos_preempt: Mapping[str, frozenset[str]] = field(default_factory=dict)  # QOS -> QOS it may preempt
     running_names: frozenset[tuple[str, str]] = frozenset()  # (user, job name) of running jobs
     budgets: tuple[Budget, ...] = ()  # GPU-hour budgets, with what their periods used
+    licenses: Mapping[str, int] = field(default_factory=dict)  # the cluster's, by name
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,7 +120,7 @@ class SchedulingPass(ShareStartsMixin):
                          for a in self.members}
         self.limits = LimitTracker(snapshot.qos_limits, snapshot.running, BudgetBook(
             snapshot.budgets, snapshot.accounts, snapshot.running, snapshot.nodes,
-            snapshot.partitions) if snapshot.budgets else None)
+            snapshot.partitions) if snapshot.budgets else None, snapshot.licenses)
         self.limited_qos = frozenset(snapshot.qos_limits)  # a QOS without limits holds none
         self.budgeted = self.limits.budgeted  # accounts whose jobs a budget covers
         self.budgets = self.limits.budgets
@@ -159,7 +159,7 @@ class SchedulingPass(ShareStartsMixin):
         return (job.partition in self.open_partitions and not job.dependency
                 and job.hold is None and job.begin_time is None
                 and (job.qos is None or job.qos not in self.limited_qos)
-                and job.array_max_running is None
+                and job.array_max_running is None and not job.licenses
                 and (self.budgets is None or job.account not in self.budgeted
                      or self.budgets.fits(job)))
 
@@ -180,7 +180,7 @@ class SchedulingPass(ShareStartsMixin):
             yield Reason.BEGIN_TIME
         if deps is Reason.DEPENDENCY:
             yield deps
-        if job.qos is not None or job.account in self.budgeted:
+        if job.qos is not None or job.account in self.budgeted or job.licenses:
             yield from self.limits.violations(job)
         if (job.array_max_running is not None and job.array_job_id is not None
                 and self.array_running[job.array_job_id] >= job.array_max_running):

@@ -1,7 +1,7 @@
 """Apply an admin configuration: the difference from the database, then the change.
 
-Each kind present in the configuration (partitions, accounts, users, QOS, billing) is
-the complete desired set of that kind. Partitions are never deleted (ended jobs refer
+Each kind present in the configuration (partitions, accounts, users, QOS, billing,
+licenses) is the complete desired set of that kind. Partitions are never deleted (ended jobs refer
 to them): one no longer listed becomes INACTIVE.
 """
 
@@ -21,7 +21,7 @@ from gpusched.adminconfig import (
     PartitionSpec,
 )
 from gpusched.core.timefmt import format_duration
-from gpusched.db.models import Account, AccountUser, GpuBilling, Partition, Qos
+from gpusched.db.models import Account, AccountUser, GpuBilling, License, Partition, Qos
 from gpusched.errors import ConfigError
 
 Row = dict[str, Any]
@@ -116,6 +116,8 @@ def desired_state(config: AdminConfig) -> dict[str, dict[str, Row]]:
                         for q in config.qos}
     if config.billing is not None:
         state["billing"] = {t: {"weight": w} for t, w in config.billing.items()}
+    if config.licenses is not None:
+        state["license"] = {n: {"count": c} for n, c in config.licenses.items()}
     return state
 
 
@@ -135,6 +137,8 @@ def current_state(session: Session, kinds: set[str]) -> dict[str, dict[str, Row]
         state["qos"] = _current(session, Qos, "name", _QOS_COLUMNS)
     if "billing" in kinds:
         state["billing"] = {b.gpu_type: {"weight": b.weight} for b in session.scalars(select(GpuBilling))}
+    if "license" in kinds:
+        state["license"] = {lic.name: {"count": lic.count} for lic in session.scalars(select(License))}
     return state
 
 
@@ -198,6 +202,9 @@ def apply_config(session: Session, config: AdminConfig) -> list[str]:
     if "billing" in desired:
         session.execute(delete(GpuBilling))
         session.add_all(GpuBilling(gpu_type=t, **row) for t, row in desired["billing"].items())
+    if "license" in desired:
+        session.execute(delete(License))
+        session.add_all(License(name=n, **row) for n, row in desired["license"].items())
     session.flush()
     return changes
 

@@ -1,5 +1,5 @@
 """The admin-configured part of a pass's snapshot (partitions, accounts, users' shares
-in them, QOS, GPU-hour budgets), and a copy of it kept between passes.
+in them, QOS, GPU-hour budgets, licenses), and a copy of it kept between passes.
 
 Every write to those tables sends an ``admin`` NOTIFY from a trigger, inside the
 writing transaction (migration 0017): it is heard once the change is committed, and
@@ -26,7 +26,7 @@ from gpusched.adminconfig import ROOT_ACCOUNT
 from gpusched.core.fairshare import Account as CoreAccount
 from gpusched.core.fairshare import UserShare
 from gpusched.core.model import PartitionView, QosLimits
-from gpusched.db.models import Account, AccountUser, Partition, Qos
+from gpusched.db.models import Account, AccountUser, License, Partition, Qos
 
 EVERY_NODE = "*"  # a partition's node list that means every node, as they come and go
 
@@ -73,6 +73,8 @@ class AdminTables:
     dynamic_mig: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     # GPU-hour budgets: (account, user or None for the account's own, GPU-hours, period).
     budgets: tuple[tuple[str, str | None, float, str], ...] = ()
+    # Licenses (sbatch's -L): the cluster's count of each, by name.
+    licenses: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def partitions_over(self, node_names: tuple[str, ...]) -> tuple[PartitionView, ...]:
         """The partitions, those of every node given ``node_names``."""
@@ -83,7 +85,7 @@ class AdminTables:
 
 
 def load_admin_tables(session: Session) -> AdminTables:
-    """Read the admin-configured tables, five queries."""
+    """Read the admin-configured tables, six queries."""
     partitions, every_node, dynamic_mig = [], set(), {}
     for (name, members, state, tier, max_time, allow, deny, max_gpus, sharing,
          shares, dynamic, interval) in session.execute(
@@ -119,6 +121,8 @@ def load_admin_tables(session: Session) -> AdminTables:
                                       for name, *_, preempt in qos_rows if preempt}),
         dynamic_mig=MappingProxyType(dynamic_mig),
         budgets=tuple(read_budgets(session)),
+        licenses=MappingProxyType({name: count for name, count in
+                                   session.execute(select(License.name, License.count))}),
     )
 
 

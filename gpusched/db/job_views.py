@@ -102,7 +102,7 @@ JOB_FIELDS: dict[str, Field] = {
     "gres_flags": _same("gres_flags"), "max_rss_bytes": _same("max_rss_bytes"),
     "cpu_usec": _same("cpu_usec"), "interactive": _same("interactive"),
     "share_mode": _same("share_mode"), "share": _same("share_units"),
-    "gpu_mem_mb": _same("gpu_mem_mb"),
+    "gpu_mem_mb": _same("gpu_mem_mb"), "licenses": _same("licenses"),
     "display_id": (("id", "array_job_id", "array_task_id", "array_tasks", "array_max_running"),
                    display_id),
 }

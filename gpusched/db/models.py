@@ -239,6 +239,7 @@ class Job(Base):
               postgresql_where=text("state NOT IN ('PENDING', 'RUNNING')")),
         Index("ix_jobs_mail_watch", "id",
               postgresql_where=text("mail_types IS NOT NULL AND mail_done_at IS NULL")),
+        CheckConstraint("char_length(licenses) <= 4096", name="licenses"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -347,6 +348,8 @@ class Job(Base):
     mail_types: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     mail_user: Mapped[str | None] = mapped_column(Text)
     mail_done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # -L: the licenses it asks for, canonical (gpusched.core.licenses); None: none.
+    licenses: Mapped[str | None] = mapped_column(Text)
 
 
 class MailEvent(Base):
@@ -497,6 +500,16 @@ class Qos(Base):
     idle_warn_after: Mapped[int | None] = mapped_column(Integer)  # idle-GPU policy
     idle_action: Mapped[str | None] = mapped_column(Text)
     idle_action_after: Mapped[int | None] = mapped_column(Integer)
+
+
+class License(Base):
+    """A license of the cluster (sbatch's -L) and how many of it there are."""
+
+    __tablename__ = "licenses"
+    __table_args__ = (CheckConstraint("count >= 0", name="count"),)
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
 
 
 class GpuBilling(Base):

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import drop_first
 from gpusched.core.dependency import dependency_clauses
+from gpusched.core.licenses import stored_licenses
 from gpusched.core.model import (
     GpuView,
     JobState,
@@ -63,7 +64,7 @@ _SNAPSHOT = text(
     "(SELECT " + _columns("j.id", "n.name", "j.user_name", "j.account", "j.qos", "j.name",
                           "j.array_job_id", "extract(epoch FROM j.start_time)",
                           "j.time_limit", "j.cpus", "j.mem_mb", "j.node_names",
-                          "extract(epoch FROM j.preempted_at)", "j.exclusive")
+                          "extract(epoch FROM j.preempted_at)", "j.exclusive", "j.licenses")
     + " FROM jobs AS j JOIN nodes AS n ON n.id = j.node_id WHERE j.state = 'RUNNING'), "
     "(SELECT " + _columns("user_name", "account", "usage") + " FROM fairshare_usage), "
     + PENDING_SQL
@@ -118,13 +119,14 @@ def _running(allocated: list[tuple[Any, ...]], rows: list[tuple[Any, ...]], grac
 
     running = []
     for (job_id, node, user, account, qos, _, array_job, start, limit, cpus, mem, names,
-         preempted, exclusive) in rows:
+         preempted, exclusive, licenses) in rows:
         start = None if start is None else float(start)
         preempted = None if preempted is None else float(preempted)
         running.append(RunningJob(
             job_id, node, tuple(gpus_of.get(job_id, ())), user, account, qos, array_job,
             ends(start, limit, preempted), cpus, mem, tuple(names or ()), start,
-            preempted is not None, exclusive, tuple(shares_of.get(job_id, ()))))
+            preempted is not None, exclusive, tuple(shares_of.get(job_id, ())),
+            stored_licenses(licenses)))
     return tuple(running), frozenset((row[2], row[5]) for row in rows)
 
 
@@ -186,6 +188,7 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
         job_states=_dependency_states(session, pending),
         running_names=running_names,
         budgets=usage_of(session, list(tables.budgets), tables.accounts, time.time()),
+        licenses=tables.licenses,
     )
     return snapshot, node_ids
 
@@ -197,7 +200,7 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
                 "admin_priority", "exclusive", "umask", "gres_flags", "requeue",
-                "share_mode", "share_units", "gpu_mem_mb")
+                "share_mode", "share_units", "gpu_mem_mb", "licenses")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
     f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "

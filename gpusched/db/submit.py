@@ -17,6 +17,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
+from gpusched.core.licenses import format_licenses
 from gpusched.core.mig_layout import MODELS as MIG_MODELS
 from gpusched.core.model import Reason
 from gpusched.core.timefmt import format_duration
@@ -36,6 +37,7 @@ from gpusched.db.associations import (
 )
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import Identity, _owned_job
+from gpusched.db.licenses import check_licenses
 from gpusched.db.mail import store_mail
 from gpusched.db.models import Job
 from gpusched.db.submit_facts import (
@@ -274,6 +276,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
     if facts.earlier is not None:
         return Submitted(*facts.earlier), False
     _check_nodes_exist(request, facts.known_nodes)
+    check_licenses(session, request.licenses)
     gpus, nodes = request.gpus, request.nodes
 
     def in_partition(name: str | None) -> tuple[PartitionRow, int | None, str | None]:
@@ -326,7 +329,8 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "share_units": request.share, "gpu_mem_mb": request.gpu_mem_mb,
         "array_tasks": None if array is None else array.tasks,
         "array_spec": None if array is None else array.tasks,
-        "array_max_running": None if array is None else array.max_running},
+        "array_max_running": None if array is None else array.max_running,
+        "licenses": format_licenses(request.licenses) or None},
         "sched" if notify and needs_pass(stored) else None)
     if request.mail_types:  # the submitting user unless another is named
         store_mail(session, job_id, request.mail_types, request.mail_user or user)

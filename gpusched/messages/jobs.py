@@ -17,6 +17,12 @@ from typing import Any
 from gpusched.core import bounds, outputs
 from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
 from gpusched.core.dependency import Dependency, DependencyError, parse_dependency
+from gpusched.core.licenses import (
+    LicenseError,
+    Licenses,
+    format_licenses,
+    parse_licenses,
+)
 from gpusched.core.mail import (
     MAX_MAIL_USER,
     MailError,
@@ -59,7 +65,7 @@ SUBMIT_FIELDS = frozenset({
     "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
     "error", "umask", "submit_key", "interactive",
-    "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user"})
+    "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses"})
 SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
 MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
@@ -120,6 +126,8 @@ class JobRequest:
     # submitting user), both checked by gpusched.core.mail.
     mail_types: tuple[str, ...] = ()
     mail_user: str | None = None
+    # sbatch's -L: (license, count) pairs sorted by name (gpusched.core.licenses).
+    licenses: Licenses = ()
 
     @classmethod
     def parse(cls, raw: object) -> JobRequest:
@@ -169,7 +177,7 @@ class JobRequest:
             submit_key=_submit_key(body.get("submit_key")),
             gres_flags=None if body.get("gres_flags") is None
             else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
-            mail_types=mail_types, mail_user=mail_user)
+            mail_types=mail_types, mail_user=mail_user, licenses=_licenses(body))
 
     def to_json(self) -> dict[str, Any]:
         """The request as ``POST /v1/jobs`` takes it."""
@@ -192,6 +200,7 @@ class JobRequest:
             "interactive": self.interactive, "share_mode": self.share_mode,
             "share": self.share, "gpu_mem_mb": self.gpu_mem_mb,
             "mail_type": list(self.mail_types), "mail_user": self.mail_user,
+            "licenses": format_licenses(self.licenses) or None,
         }
 
     @cached_property
@@ -403,6 +412,17 @@ def _share(body: Body, gpus: int, nodes: int,
     if exclusive:
         raise UsageError(f"exclusive: {what} cannot take whole nodes")
     return mode, share, memory
+
+
+def _licenses(body: Body) -> Licenses:
+    """``licenses``: sbatch's -L text, ``name[:N][,name[:N]...]`` (null or absent: none)."""
+    value = typed(body, "licenses", str, None, "licenses such as \"matlab:2,ansys\"")
+    if value is None:
+        return ()
+    try:
+        return parse_licenses(value)
+    except LicenseError as err:
+        raise UsageError(f"licenses: {err.message.removeprefix('--licenses: ')}") from None
 
 
 def _mail(body: Body) -> tuple[tuple[str, ...], str | None]:

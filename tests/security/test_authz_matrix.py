@@ -108,6 +108,7 @@ MATRIX = (
     Row("POST /v1/jobs/{job_id}/complete", "allocation", OWNER, {"exit_code": 0}),
     Row("GET /v1/nodes", "-", ANYONE),
     Row("GET /v1/partitions", "-", ANYONE),
+    Row("GET /v1/licenses", "-", ANYONE),
     Row("GET /v1/accounting", "-", ANYONE),
     Row("GET /v1/accounting/report", "-", ANYONE, query="start=0&end=4102444800"),
     Row("GET /v1/balance", "-", ANYONE),
