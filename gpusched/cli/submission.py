@@ -33,7 +33,7 @@ UNLIMITED = "UNLIMITED"
 DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
-                     "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user",
+                     "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user", "licenses",
                      "constraint", "comment", "nodelist", "exclude", "warn_signal",
                      "ntasks_per_node", "gpus_per_task", "mem_per_cpu", "hint", "gpu_bind",
                      "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
@@ -90,7 +90,7 @@ class Submission:
                  "dependency", "array", "requeue", "chdir", "ntasks", "ntasks_per_node",
                  "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
                  "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags", "share_mode",
-                 "share", "gpu_mem_mb", "mail_types", "mail_user")
+                 "share", "gpu_mem_mb", "mail_types", "mail_user", "licenses")
 
     def __init__(
         self, *, script: str, args: tuple[str, ...], name: str, gpus: int,
@@ -120,6 +120,7 @@ class Submission:
         gpu_mem_mb: int | None = None,  # --gpu-mem (or --gres=gpumem:SIZE), MiB
         mail_types: tuple[str, ...] | None = None,  # --mail-type, ALL expanded; (): NONE
         mail_user: str | None = None,  # --mail-user (None: the submitting user)
+        licenses: str | None = None,  # -L, canonical (gpusched.core.licenses)
     ) -> None:
         self.script, self.args, self.name, self.gpus = script, args, name, gpus
         self.time_limit, self.partition, self.output, self.error = (
@@ -134,6 +135,7 @@ class Submission:
         self.warn_signal, self.exclude, self.gres_flags = warn_signal, exclude, gres_flags
         self.share_mode, self.share, self.gpu_mem_mb = share_mode, share, gpu_mem_mb
         self.mail_types, self.mail_user = mail_types, mail_user
+        self.licenses = licenses
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Submission) and all(
@@ -244,6 +246,7 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         + _mail_warning(values),
         mail_types=option("mail_type", _mail_type_value, "--mail-type"),
         mail_user=option("mail_user", _mail_user_value, "--mail-user"),
+        licenses=option("licenses", _licenses_value, "--licenses"),
         export=option("export", _checked_export),
         begin_time=option("begin", _begin_value),
         dependency=option("dependency", _checked_dependency, "--dependency"),
@@ -320,6 +323,7 @@ def submission_body(
         # Mail only when asked for: a body without it is as before.
         **({} if submission.mail_types is None else {"mail_type": list(submission.mail_types)}),
         **({} if submission.mail_user is None else {"mail_user": submission.mail_user}),
+        **({} if submission.licenses is None else {"licenses": submission.licenses}),
     }
 
 
@@ -400,6 +404,13 @@ def _mail_type_value(text: str) -> tuple[str, ...]:
     from gpusched.core.mail import parse_mail_types
 
     return parse_mail_types(text)
+
+
+def _licenses_value(text: str) -> str:
+    """A -L/--licenses value, checked and in its canonical form."""
+    from gpusched.core.licenses import format_licenses, parse_licenses
+
+    return format_licenses(parse_licenses(text))
 
 
 def _mail_user_value(text: str) -> str:

@@ -140,6 +140,10 @@ MailTypeOpt = Annotated[str | None, _text_option(
 MailUserOpt = Annotated[str | None, _text_option(
     "--mail-user", metavar="USER",
     help_text="Whom to mail: a user name or an address (default: you).")]
+LicensesOpt = Annotated[str | None, _text_option(
+    "--licenses", "-L", metavar="NAME[:N][,NAME[:N]...]",
+    help_text="Licenses the job holds while it runs (N defaults to 1); it waits (reason "
+              "Licenses) until they are free.")]
 ConstraintOpt = Annotated[str | None, _text_option(
     "--constraint", "-C", metavar="LIST", help_text="Accepted and ignored: no node features.")]
 CommentOpt = Annotated[str | None, _text_option(
