@@ -25,15 +25,15 @@ class MatchingMixin(PassResources):
                      ) -> list[tuple[Shape, frozenset[int]]]:
         """An exclusive job's shapes, one per node size that could hold it, smallest
         first: every unit of its GPU kind on each node, with the nodes of that size. (A
-        job on several nodes runs on nodes of one size.)"""
+        job on several nodes runs on nodes of one size.) A job asking for no GPU holds
+        every whole GPU of its node's kind, as Slurm gives an exclusive job all the GRES
+        of its nodes; nodes without GPUs come first."""
         shape = Shape.of(job)
-        if not job.gpus:
-            return [(shape, members)]
         kinds = self.matching(job.gpu_kinds)
         by_size: dict[int, set[int]] = {}
         for index in members:
-            for kind in kinds:
-                size = self.nodes[index].total.get(kind, 0)
+            sizes = [self.nodes[index].total.get(kind, 0) for kind in kinds]
+            for size in sizes if job.gpus else [max(sizes, default=0)]:
                 if size >= job.gpus:
                     by_size.setdefault(size, set()).add(index)
         if not by_size:

@@ -86,6 +86,8 @@ def test_exclusive_takes_the_whole_node(cluster: Cluster) -> None:
     waiting = cluster.submit("--exclusive", "--wrap", "true")
     time.sleep(1.0)
     assert cluster.job(waiting)["state"] == "PENDING"  # node01 is not idle
-    started = cluster.wait_state(waiting, "COMPLETED")["start_time"]
+    done = cluster.wait_state(waiting, "COMPLETED")
+    assert len(done["gpu_uuids"]) == 4  # asked for none: holds them all, as Slurm's does
+    started = done["start_time"]
     assert datetime.fromisoformat(started) >= datetime.fromisoformat(
         cluster.wait_state(busy, "COMPLETED")["end_time"])

@@ -153,6 +153,17 @@ def test_an_exclusive_job_takes_a_whole_idle_node() -> None:
     assert starts(p) == {}
 
 
+def test_an_exclusive_job_without_gpus_holds_every_gpu_of_its_node() -> None:
+    """As Slurm's --exclusive: all the GRES of the node, though it asked for none; a
+    node without GPUs is taken first."""
+    from dataclasses import replace
+
+    p = run([node("a", 2)], [replace(job(1, 0), exclusive=True)])
+    assert starts(p) == {1: ("a", ("a-g0", "a-g1"))}
+    p = run([node("a", 2), node("c", 0)], [replace(job(1, 0), exclusive=True)])
+    assert starts(p) == {1: ("c", ())}
+
+
 def test_an_exclusive_job_reserves_the_node_and_short_jobs_backfill() -> None:
     from dataclasses import replace
 
