@@ -6,7 +6,6 @@ command lines (gpusched.cli.console) both end here."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
@@ -189,7 +188,7 @@ def submit_variables(export: str | None) -> dict[str, str]:
     """What only the submitting side knows, which sbatch puts in the job's environment
     whatever --export says: the directory and host gsubmit runs in, its nice value, and
     --export itself (docs/user-guide.md, "What the job sees")."""
-    found = {"SUBMIT_DIR": job_dir(None), "SUBMIT_HOST": socket.gethostname(),
+    found = {"SUBMIT_DIR": job_dir(None), "SUBMIT_HOST": os.uname().nodename,
              "PRIO_PROCESS": str(os.getpriority(os.PRIO_PROCESS, 0))}
     if export is not None:
         found["EXPORT_ENV"] = export
