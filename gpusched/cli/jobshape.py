@@ -151,6 +151,13 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
     if given == ["gpus_per_task"]:
         kinds, per_task_gpus = parse("gpus_per_task", parse_gpus, "--gpus-per-task")
         per_node = per_task_gpus * tasks_here
+        if node_tasks is None and tasks is not None and tasks % nodes:
+            # sbatch would place the tasks unevenly (3 on 2 nodes: 2 and 1) and give each
+            # node GPUs for its own; a job here holds as many GPUs on each of its nodes.
+            raise UsageError(f"--gpus-per-task with {tasks} tasks on {nodes} nodes: the "
+                             "tasks do not spread evenly, and a job holds the same GPUs on "
+                             "each of its nodes; give --ntasks a multiple of --nodes, or "
+                             "--gpus-per-node")
     if values["cpus_per_gpu"] is not None and (
             tasks is not None or per_task is not None or node_tasks is not None):
         raise UsageError("give --cpus-per-gpu, or --ntasks/--ntasks-per-node/--cpus-per-task, "

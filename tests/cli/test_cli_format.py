@@ -481,6 +481,10 @@ def test_tasks_per_node_gpus_per_task_and_mem_per_cpu() -> None:
     with pytest.raises(UsageError, match="only one of --gpus, --gres, --gpus-per-node and "
                                          "--gpus-per-task"):
         parse_submit(["-G", "1", "--gpus-per-task", "1", "--wrap", "x"])
+    # Tasks that sbatch would spread unevenly (2 and 1) would hold 2 GPUs on each node.
+    assert parse_submit(["-N", "2", "-n", "4", "--gpus-per-task", "1", "--wrap", "x"]).gpus == 4
+    with pytest.raises(UsageError, match="3 tasks on 2 nodes: the tasks do not spread evenly"):
+        parse_submit(["-N", "2", "-n", "3", "--gpus-per-task", "1", "--wrap", "x"])
 
 
 def test_slurm_aliases_and_more_ignored_options(in_tmp: Path) -> None:
