@@ -3,12 +3,14 @@ something jobs use besides GPUs (a floating software licence, a database connect
 pool). A job asking for licenses starts only while the running jobs leave enough of
 each free; else it waits with reason ``Licenses``.
 
-The rule is the one Slurm applies without ``bf_licenses``: a job held for its licenses
-blocks nobody and gets no reservation (it cannot know when a license comes back, as
-running jobs hold them until they end), so a job behind it that asks for fewer, or for
-other licenses, may start first. A job that waits for GPUs keeps no license for later
-either: what its reservation promises is GPUs, and it starts then only if its licenses
-are free then too.
+A job held for its licenses blocks nobody and gets no reservation (no expected start):
+running jobs hold licenses until they end, and the pass does not plan licenses over
+time, so a job behind it that asks for fewer, or for other licenses, may start first.
+A job whose licenses are free but that waits for GPUs and gets a reservation keeps its
+licenses against the jobs after it in the pass (``LimitTracker.reserved``): backfill
+never takes a license the reservation will need, so the reservation's start is one the
+licenses allow too (as Slurm's backfill does with ``bf_licenses``). Jobs waiting for
+GPUs beyond the reservation depth keep nothing.
 """
 
 from __future__ import annotations
@@ -160,5 +162,8 @@ def license_detail(asked: Licenses, totals: Mapping[str, int],
     tracker = LicenseTracker(totals, running)
     short = [f"{name}:{count} ({tracker.free(name)} of {totals.get(name, 0)} free)"
              for name, count in asked if tracker.free(name) < count]
-    return ("its licenses are not free: " + ", ".join(short or [format_licenses(asked)])
+    if not short:  # free beside running jobs: kept for jobs ahead of it in this pass
+        return (f"its licenses {format_licenses(asked)} are free now, but jobs ahead of it "
+                "start with them or keep them for their reservations")
+    return ("its licenses are not free: " + ", ".join(short)
             + "; it starts when running jobs holding them end")

@@ -65,6 +65,12 @@ class LimitTracker:
         if limits.grp_gpus is not None and self.account_gpus[(job.qos, job.account)] + job.gpus > limits.grp_gpus:
             yield Reason.QOS_GRP_GPUS
 
+    def reserved(self, job: PendingJob) -> None:
+        """Keep the licenses of a job given a reservation from the jobs after it in this
+        pass: backfill then never takes what it needs when its GPUs come."""
+        if self.licenses is not None and job.licenses:
+            self.licenses.take(job.licenses)
+
     def started(self, job: PendingJob) -> None:
         """Count a job this pass starts."""
         if job.qos is not None:

@@ -284,6 +284,7 @@ class SchedulingPass(ShareStartsMixin):
                 at, where = ((pool.earliest(shape), []) if pool is not None
                              else self.capacity.where_to_reserve(shape, members))
                 if at < INF:
+                    self.limits.reserved(job)  # its licenses are kept for it
                     self.reshaped = self.reshaped or at <= self.now
                     if pool is not None:  # named when the plan is made
                         pool.reserve(at, shape, job.job_id, len(self.reservations))

@@ -162,6 +162,31 @@ def test_backfill_never_starts_a_job_whose_licenses_are_not_free(backfill: str) 
     assert [r.job_id for r in result.reservations] == [1]
 
 
+@pytest.mark.parametrize("backfill", ["easy", "conservative"])
+def test_a_reservation_keeps_its_licenses_from_backfill(backfill: str) -> None:
+    # Job 1 has its matlab free but waits for GPUs: its reservation keeps the license,
+    # so job 2, which fits by GPUs now, does not take it (it would still hold it when
+    # job 1's GPUs come); job 3 asks for another license and is backfilled.
+    running = (RunningJob(9, "a", tuple(f"a-{i}" for i in range(6)), end_time=NOW + 7200),)
+    jobs = [job(1, gpus=4, licenses="matlab"), job(2, licenses="matlab"),
+            job(3, licenses="ansys")]
+    snap = snapshot(jobs, {"matlab": 1, "ansys": 1}, running=running)
+    result = plan(snap, NOW, Policy(backfill=backfill))
+    assert [s.job_id for s in result.starts] == [3]
+    assert {p.job_id: p.reason for p in result.pending} == {1: Reason.RESOURCES,
+                                                          2: Reason.LICENSES}
+    assert [(r.job_id, r.start_time) for r in result.reservations] == [(1, NOW + 7200)]
+    detail = next(b.detail for b in explain(snap, NOW, Policy(backfill=backfill), 2).blockers
+                  if b.reason is Reason.LICENSES)
+    assert "free now, but jobs ahead of it" in detail
+    # Without backfill reservations (depth 0), nothing is kept: job 2 waits behind job 1
+    # by priority instead.
+    none = plan(snap, NOW, Policy(backfill="none"))
+    assert {p.job_id: p.reason for p in none.pending} == {1: Reason.RESOURCES,
+                                                        2: Reason.PRIORITY,
+                                                        3: Reason.PRIORITY}
+
+
 def test_array_tasks_each_take_the_licenses() -> None:
     array = job(1, licenses="ansys:2", array_job_id=1, array_tasks="0-4")
     result = plan(snapshot([array], {"ansys": 5}), NOW, Policy())

@@ -1,7 +1,8 @@
 """A differential property test of licenses: for random cluster counts, running jobs and
 queues, the pass (and its LicenseTracker alone) decide as a deliberately simple
-reference that sums every held license again from scratch for each job; and no plan
-ever hands out more of a license than the cluster has."""
+reference that sums every held license again from scratch for each job; no plan ever
+hands out more of a license than the cluster has; a job held for licenses could not
+have them beside what runs, starts and is kept for reservations."""
 
 from __future__ import annotations
 
@@ -98,17 +99,22 @@ def test_no_plan_hands_out_more_than_the_cluster_has(
         before.update(dict(licenses))
     after = before.copy()
     by_id = {job.job_id: job for job in snap.pending}
-    for start in result.starts:
-        after.update(dict(by_id[start.job_id].licenses))
+    for decided in (*result.starts, *result.reservations):
+        after.update(dict(by_id[decided.job_id].licenses))
     for name, count in after.items():
-        # Starts add only where the count allows (running jobs may already be over a
-        # total an administrator lowered: then nothing more of it is handed out).
+        # Starts and reservations add only where the count allows (running jobs may
+        # already be over a total an administrator lowered: then nothing more of it is
+        # handed out).
         assert count <= max(totals.get(name, 0), before[name])
         if before[name] >= totals.get(name, 0):
             assert count == before[name]
-    # A job held for its licenses is one that would not fit beside what runs and starts.
+    # A job held for its licenses is one that would not fit beside what runs, starts
+    # and is kept for reservations; a reservation's licenses fit beside what runs.
     started = [by_id[s.job_id].licenses for s in result.starts]
+    reserved = [by_id[r.job_id].licenses for r in result.reservations]
     for wait in result.pending:
         if wait.reason is Reason.LICENSES:
             assert not reference_fits(by_id[wait.job_id].licenses, totals,
-                                      [*running, *started])
+                                      [*running, *started, *reserved])
+    for kept in reserved:
+        assert reference_fits(kept, totals, list(running))
