@@ -33,7 +33,7 @@ OWNED = (
     "GPUS_ON_NODE", "GPUS", "GPUS_PER_NODE", "CPUS_ON_NODE", "JOB_CPUS_PER_NODE",
     "MEM_PER_NODE", "TASKS_PER_NODE", "JOB_PARTITION", "JOB_ACCOUNT", "JOB_QOS",
     "JOB_DEPENDENCY", "JOB_START_TIME", "JOB_END_TIME", "JOB_USER", "JOB_UID", "JOB_GID",
-    "NODEID", "PROCID", "LOCALID", "GTIDS", "SHARDS_ON_NODE")
+    "NODEID", "PROCID", "LOCALID", "GTIDS", "SHARDS_ON_NODE", "NPROCS")
 # GPUSCHED_GPUS is gsubmit's input variable (sbatch's SBATCH_GPUS): a job that submits
 # another must not pass its own GPU count on as the new job's request.
 NOT_MIRRORED = frozenset({"GPUS"})
@@ -79,8 +79,10 @@ def slurm_variables(order: LaunchOrder, node_name: str,
         found["JOB_CPUS_PER_NODE"] = repeated([order.cpus] * n)
     if order.mem_mb:
         found["MEM_PER_NODE"] = str(order.mem_mb)
-    per_node = tasks_per_node(_count(order.environment.get("SLURM_NTASKS")),
-                              _count(order.environment.get("SLURM_NTASKS_PER_NODE")), n)
+    ntasks = _count(order.environment.get("SLURM_NTASKS"))
+    if ntasks:  # sbatch's older name for it
+        found["NPROCS"] = str(ntasks)
+    per_node = tasks_per_node(ntasks, _count(order.environment.get("SLURM_NTASKS_PER_NODE")), n)
     if per_node:
         found["TASKS_PER_NODE"] = repeated(per_node)
     found.update(fact_variables(order, n))

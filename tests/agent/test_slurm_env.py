@@ -59,7 +59,7 @@ def test_every_variable_of_a_two_node_job(tmp_path: Path) -> None:
         "SLURM_JOB_START_TIME": "1700000000", "SLURM_JOB_END_TIME": "1700003600",
         "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1234", "SLURM_JOB_GID": "99",
         "SLURM_SUBMIT_DIR": "/home/alice/exp 1", "SLURM_SUBMIT_HOST": "login1",
-        "SLURM_NTASKS": "3", "SLURM_PRIO_PROCESS": "5", "SLURM_EXPORT_ENV": "NONE",
+        "SLURM_NTASKS": "3", "SLURM_NPROCS": "3", "SLURM_PRIO_PROCESS": "5", "SLURM_EXPORT_ENV": "NONE",
         "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "gpu01", "SLURM_NODEID": "0",
         "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
     }
@@ -183,4 +183,4 @@ def test_tasks_per_node(ntasks: int | None, per_node: int | None, nodes: int,
 def test_tasks_from_a_bad_count_are_not_told(tmp_path: Path) -> None:
     for bad in ("0", "-1", "x", "1e3", "99999999999", "٣"):
         env = env_of(order(tmp_path, environment={"SLURM_NTASKS": bad}))
-        assert "SLURM_TASKS_PER_NODE" not in env, bad
+        assert "SLURM_TASKS_PER_NODE" not in env and "SLURM_NPROCS" not in env, bad
