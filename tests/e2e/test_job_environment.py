@@ -69,3 +69,24 @@ def test_a_job_sees_slurms_output_environment(cluster: Cluster) -> None:
     assert "SLURM_JOB_ACCOUNT" not in env and "SLURM_ARRAY_TASK_ID" not in env
     assert env["PWD"] == str(run_dir)  # it ran in --chdir's directory
     assert job["cpus"] >= 1
+
+
+def test_export_none_keeps_what_gsubmit_tells(cluster: Cluster) -> None:
+    """--export=NONE sends none of the shell's variables, but still where and how the
+    job was submitted, as sbatch does."""
+    (cluster.work / "job.sh").write_text(SCRIPT)
+    result = subprocess.run(
+        [str(BIN / "gsubmit"), "--parsable", "--export=NONE", "job.sh"], capture_output=True,
+        text=True, env={**cluster.env, "MY_VAR": "not sent"}, cwd=cluster.work, timeout=60)
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout)
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=30)
+    assert job["state"] == "COMPLETED", (job, cluster.logs())
+    path = cluster.work / f"env-{job_id}"
+    wait_for(path.exists, 10, str(path))
+    env = job_env(path)
+    assert (env.get("SLURM_SUBMIT_DIR"), env.get("SLURM_SUBMIT_HOST"),
+            env.get("SLURM_EXPORT_ENV"), env.get("SLURM_JOB_PARTITION")) == (
+        str(cluster.work), os.uname().nodename, "NONE", "gpu")
+    assert "MY_VAR" not in env and "SLURM_GPUS" not in env
+    assert (env["SLURM_GPUS_ON_NODE"], env["SLURM_JOB_GPUS"]) == ("0", "")
