@@ -12,9 +12,12 @@ reached gets 1.0. Siblings with equal level fair-share tie: tied users get the s
 rank; the children of tied accounts are ranked together as one pool, which users tied
 with those accounts join.
 
-Classic: ``F = 2 ** (-U / S)`` with ``S`` the user's shares normalised along its path
-(the product of its and its ancestors' sibling share fractions) and ``U`` its usage over
-the whole tree's usage.
+Classic: ``F = 2 ** (-UE / S)`` with ``S`` the user's shares normalised along its path
+(the product of its and its ancestors' sibling share fractions) and ``UE`` its effective
+usage, as Slurm's classic algorithm has it: an association's actual usage ``UA`` (its
+usage over the whole tree's) moved toward its parent's effective usage by its fraction
+of the shares at its level, ``UE = UA + (UE_parent - UA) * S_self / S_level``; under
+the root, ``UE = UA``.
 """
 
 from __future__ import annotations
@@ -157,13 +160,40 @@ class FairShareTree:
         return rows
 
     def classic(self, usage: Mapping[UserKey, float]) -> dict[UserKey, float]:
-        """Classic factors ``2 ** (-U/S)`` for every user association."""
-        grand = sum(usage.get(k, 0.0) for k in self.users)
+        """Classic factors ``2 ** (-UE/S)`` for every user association."""
+        effective = self.effective_usage(usage)
         factors: dict[UserKey, float] = {}
         for key, share in self.normalized_shares().items():
-            used = usage.get(key, 0.0) / grand if grand > 0 else 0.0
-            factors[key] = 0.0 if share <= 0 else math.pow(2.0, -used / share)
+            factors[key] = 0.0 if share <= 0 else math.pow(2.0, -effective[key] / share)
         return factors
+
+    def effective_usage(self, usage: Mapping[UserKey, float]) -> dict[UserKey, float]:
+        """Each user association's effective usage (Slurm's classic ``UE``): its actual
+        usage moved toward its account's effective usage by its fraction of the shares
+        at its level; an association right under the root keeps its actual usage."""
+        used = self.account_usage(usage)
+        grand = used[ROOT]
+        result: dict[UserKey, float] = {}
+
+        def walk(name: str, parent_effective: float | None) -> None:
+            kids = self._children[name]
+            users = self._user_children[name]
+            total = (sum(self.accounts[c].shares for c in kids)
+                     + sum(self.users[u].shares for u in users))
+
+            def effective(used_here: float, shares: float) -> float:
+                actual = _ratio(used_here, grand)
+                if parent_effective is None:
+                    return actual
+                return actual + (parent_effective - actual) * _ratio(shares, total)
+
+            for child in kids:
+                walk(child, effective(used[child], self.accounts[child].shares))
+            for key in users:
+                result[key] = effective(usage.get(key, 0.0), self.users[key].shares)
+
+        walk(ROOT, None)
+        return result
 
     def fair_tree(self, usage: Mapping[UserKey, float]) -> dict[UserKey, float]:
         """Fair Tree factors: rank / number of users, best first."""

@@ -38,18 +38,62 @@ def test_fair_tree_ranks_depth_first_by_level_fairshare() -> None:
                        ("bob", "exp"): 0.5, ("alice", "theory"): 0.25}
 
 
-def test_classic_formula_on_the_same_tree_ranks_differently() -> None:
-    # normalised shares: alice .3, bob .15, carol .15, dave .4; usage share .6 .3 0 .1
+def test_classic_formula_uses_effective_usage() -> None:
+    # normalised shares: alice .3, bob .15, carol .15, dave .4. Actual usage (of all):
+    # physics .9, bio .1 (under the root: effective = actual); theory .6 -> .6 + (.9 -
+    # .6) * 1/2 = .75; exp .3 -> .3 + (.9 - .3) * 1/2 = .6; alice .6 -> .6 + (.75 - .6)
+    # * 1 = .75; bob .3 -> .3 + (.6 - .3) * 1/2 = .45; carol 0 -> .6 * 1/2 = .3; dave .1.
     factors = three_level_tree().classic(USAGE)
-    assert factors[("carol", "exp")] == 1.0
-    assert factors[("dave", "bio")] == pytest.approx(2 ** -0.25)
-    assert factors[("alice", "theory")] == pytest.approx(0.25)
-    assert factors[("bob", "exp")] == pytest.approx(0.25)
-    # The classic formula puts carol above dave; Fair Tree does the opposite, because
-    # carol's account tree (physics) has used far more than its share.
+    assert factors[("alice", "theory")] == pytest.approx(2 ** -(0.75 / 0.3))
+    assert factors[("bob", "exp")] == pytest.approx(2 ** -(0.45 / 0.15))
+    assert factors[("carol", "exp")] == pytest.approx(2 ** -(0.3 / 0.15))
+    assert factors[("dave", "bio")] == pytest.approx(2 ** -(0.1 / 0.4))
+    # carol used nothing, but her account tree (physics) far more than its share: she
+    # is below dave, as under Fair Tree.
     fair = three_level_tree().fair_tree(USAGE)
-    assert factors[("carol", "exp")] > factors[("dave", "bio")]
+    assert factors[("carol", "exp")] < factors[("dave", "bio")]
     assert fair[("carol", "exp")] < fair[("dave", "bio")]
+
+
+def classic_reference(accounts: list[Account], users: list[UserShare],
+                      usage: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """Slurm's classic factors straight from its formulas, association by association
+    up the parent links: UE = UA + (UE_parent - UA) * S / S_level (UA under the root),
+    S normalised = S / S_level * S_parent, F = 2^(-UE/S)."""
+    parent = {a.name: a.parent for a in accounts}
+    raw = {a.name: float(a.shares) for a in accounts}
+    level: dict[str, float] = {}
+    for name, above in parent.items():
+        level[str(above)] = level.get(str(above), 0.0) + raw[name]
+    for u in users:
+        level[u.account] = level.get(u.account, 0.0) + u.shares
+    grand = sum(usage.values())
+
+    def below(name: str, account: str | None) -> bool:
+        while account is not None:
+            if account == name:
+                return True
+            account = parent.get(account)
+        return False
+
+    def account_ue(name: str) -> float:
+        ua = (sum(v for (_, a), v in usage.items() if below(name, a)) / grand) if grand else 0.0
+        above = str(parent[name])
+        if above == "root":
+            return ua
+        return ua + (account_ue(above) - ua) * raw[name] / level[above]
+
+    def account_s(name: str) -> float:
+        above = str(parent[name])
+        return raw[name] / level[above] * (1.0 if above == "root" else account_s(above))
+
+    found = {}
+    for u in users:
+        ua = usage.get((u.user, u.account), 0.0) / grand if grand else 0.0
+        ue = ua if u.account == "root" else ua + (account_ue(u.account) - ua) * u.shares / level[u.account]
+        s = u.shares / level[u.account] * (1.0 if u.account == "root" else account_s(u.account))
+        found[(u.user, u.account)] = 2 ** (-ue / s)
+    return found
 
 
 def test_users_tied_on_level_fairshare_share_a_rank() -> None:
@@ -166,4 +210,25 @@ def test_report_walks_the_tree_like_sshare() -> None:
     assert (physics.norm_shares, physics.effective_usage) == (0.6, 0.9)
     alice = rows[-1]
     assert alice.norm_shares == pytest.approx(0.3)
-    assert three_level_tree().report(USAGE, "classic")[-1].fairshare == pytest.approx(0.25)
+    assert three_level_tree().report(USAGE, "classic")[-1].fairshare == pytest.approx(
+        2 ** -(0.75 / 0.3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_classic_factors_equal_the_reference(data: st.DataObject) -> None:
+    n_accounts = data.draw(st.integers(1, 6))
+    accounts = []
+    for i in range(n_accounts):
+        parent = "root" if i == 0 else data.draw(
+            st.sampled_from(["root"] + [f"a{j}" for j in range(i)]))
+        accounts.append(Account(f"a{i}", parent, data.draw(st.integers(1, 5))))
+    users = [UserShare(f"u{i}", data.draw(st.sampled_from(["root"] + [a.name for a in accounts])),
+                       data.draw(st.integers(1, 5)))
+             for i in range(data.draw(st.integers(1, 8)))]
+    usage = {(u.user, u.account): float(data.draw(st.integers(0, 1000))) for u in users}
+    got = FairShareTree(accounts, users).classic(usage)
+    want = classic_reference(accounts, users, usage)
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12)

@@ -293,13 +293,16 @@ def test_classic_and_fair_tree_can_order_differently() -> None:
                 Account("theory", "physics"), Account("exp", "physics"))
     shares = (UserShare("alice", "theory"), UserShare("bob", "exp"), UserShare("carol", "exp"),
               UserShare("dave", "bio"))
-    usage = {("alice", "theory"): 600.0, ("bob", "exp"): 300.0, ("dave", "bio"): 100.0}
-    jobs = (PendingJob(1, "gpu", 1, 1000, 0.0, user="carol", account="exp"),
+    # physics (60 shares) and bio (40) used alike: Fair Tree puts all of physics first,
+    # bob among them; classic weighs bob's small normalised share (.15, effective usage
+    # .25) against dave's (.4, .5): 2^-(.25/.15) < 2^-(.5/.4), dave first.
+    usage = {("carol", "exp"): 100.0, ("dave", "bio"): 100.0}
+    jobs = (PendingJob(1, "gpu", 1, 1000, 0.0, user="bob", account="exp"),
             PendingJob(2, "gpu", 1, 1000, 0.0, user="dave", account="bio"))
     snapshot = Snapshot((node("a", 1),), (PartitionView("gpu", ("a",)),), jobs,
                         accounts=accounts, user_shares=shares, usage=usage)
-    assert [s.job_id for s in plan(snapshot, 0.0, Policy()).starts] == [2]
-    assert [s.job_id for s in plan(snapshot, 0.0, Policy(fairshare="classic")).starts] == [1]
+    assert [s.job_id for s in plan(snapshot, 0.0, Policy()).starts] == [1]
+    assert [s.job_id for s in plan(snapshot, 0.0, Policy(fairshare="classic")).starts] == [2]
 
 
 _partitions = st.builds(
