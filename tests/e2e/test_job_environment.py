@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpusched.agent.settings import demo_gpus
 from tests.e2e.cluster import BIN, Cluster, wait_for
+from tests.e2e.nodes import Node
 
 SCRIPT = """#!/bin/sh
 env -0 > "$SLURM_SUBMIT_DIR/env-$SLURM_JOB_ID"
@@ -90,3 +91,25 @@ def test_export_none_keeps_what_gsubmit_tells(cluster: Cluster) -> None:
         str(cluster.work), os.uname().nodename, "NONE", "gpu")
     assert "MY_VAR" not in env and "SLURM_GPUS" not in env
     assert (env["SLURM_GPUS_ON_NODE"], env["SLURM_JOB_GPUS"]) == ("0", "")
+
+
+def test_a_two_node_job_sees_its_first_nodes_share(cluster: Cluster) -> None:
+    """The batch script runs on the first node: its GPUs there, every node's name."""
+    Node(cluster, "node02", gpus=2).start()
+    (cluster.work / "job.sh").write_text(SCRIPT)
+    job_id = cluster.submit("-N", "2", "-G", "4", "-n", "3", "job.sh")
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=30)
+    assert job["state"] == "COMPLETED", (job, cluster.logs())
+    path = cluster.work / f"env-{job_id}"
+    wait_for(path.exists, 10, str(path))
+    env = job_env(path)
+    first = env["SLURMD_NODENAME"]
+    assert sorted(job["node_names"]) == ["node01", "node02"] and first in job["node_names"]
+    index_of = {gpu.uuid: gpu.index for gpu in demo_gpus(first, 4 if first == "node01" else 2)}
+    here = sorted(index_of[u] for u in job["gpu_uuids"] if u in index_of)
+    assert len(here) == 2
+    expected = {"SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
+                "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_GPUS_ON_NODE": "2",
+                "SLURM_JOB_GPUS": ",".join(map(str, here)), "SLURM_GPUS": "4",
+                "SLURM_GPUS_PER_NODE": "2", "SLURM_NTASKS": "3", "SLURM_TASKS_PER_NODE": "2,1"}
+    assert {name: env.get(name) for name in expected} == expected
