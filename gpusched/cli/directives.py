@@ -99,3 +99,61 @@ def _strip_comment(text: str) -> str:
         elif char == "#" and (index == 0 or text[index - 1] in _WORD_BREAKS):
             return text[:index]
     return text
+
+
+# sbatch's options with an optional value (``--nice[=adj]``): declared as flags, so that
+# a bare one never takes the next word; their ``=VALUE`` forms are read here.
+_OPTIONAL_VALUES = ("--nice", "--exclusive", "--no-kill", "--get-user-env")
+
+
+def sbatch_spellings(args: list[str]) -> list[str]:
+    """``args`` with sbatch's ``--opt=VALUE`` forms of the options whose value is
+    optional read: ``--nice=N`` is --nice (refused later, naming it), ``--no-kill=off``
+    is the default (dropped), ``--get-user-env=[TIMEOUT][S|L]`` is --get-user-env;
+    ``--exclusive=user|mcs|topo`` is refused here. Only the options before the script
+    are read: what follows it is the script's."""
+    from gpusched.cli.optiontables import GSUBMIT
+
+    result: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        name, equals, value = token.partition("=")
+        if name in _OPTIONAL_VALUES and equals:
+            result.extend(_optional_value(name, value))
+            continue
+        result.append(token)
+        if token == "--" or not token.startswith("-") or token == "-":
+            break  # the script: it and what follows are the script's
+        spec = GSUBMIT.options.get(name if token.startswith("--") else token[:2])
+        if spec is not None and spec[1] != "flag" and not equals and (
+                token.startswith("--") or len(token) == 2) and index < len(args):
+            result.append(args[index])  # the option's value, whatever it looks like
+            index += 1
+    return result + args[index:]
+
+
+_EXCLUSIVE_MODES = {
+    "user": "nodes shared only with your own jobs",
+    "mcs": "nodes shared only with jobs of your MCS label",
+    "topo": "a topology block to itself"}
+
+
+def _optional_value(name: str, value: str) -> list[str]:
+    """The arguments that ``NAME=VALUE`` of an optional-value option stands for."""
+    if name == "--exclusive":
+        if value in _EXCLUSIVE_MODES:
+            raise UsageError(f"--exclusive={value}: not supported ({_EXCLUSIVE_MODES[value]}): "
+                             "a job here shares nodes with any job, or with none (--exclusive)")
+        raise UsageError(f"invalid --exclusive={value[:32]!r}: expected --exclusive alone, or "
+                         "=user, =mcs or =topo (which are not supported)")
+    if name == "--no-kill":
+        return [] if value.lower() == "off" else [name]  # sbatch: anything but off is on
+    if name == "--get-user-env":
+        digits = value.rstrip("SLsl")
+        if len(value) - len(digits) > 1 or not (digits.isascii() and digits.isdigit()
+                                               or not digits) or len(digits) > 6:
+            raise UsageError(f"invalid --get-user-env={value[:32]!r}: expected "
+                             "--get-user-env[=TIMEOUT][S|L]")
+    return [name]  # --nice=ADJ: --nice, refused with its reason

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.directives import sbatch_spellings
 from gpusched.cli.submission import (
     DIRECTIVE_OPTIONS,
     IGNORED,
@@ -30,6 +31,7 @@ from gpusched.cli.submitoptions import (
     ArrayOpt,
     BeginOpt,
     ChdirOpt,
+    ClustersOpt,
     CommentOpt,
     ConstraintOpt,
     CpuFreqOpt,
@@ -41,6 +43,7 @@ from gpusched.cli.submitoptions import (
     ExcludeOpt,
     ExclusiveOpt,
     ExportOpt,
+    GetUserEnvOpt,
     GpuBindOpt,
     GpuFreqOpt,
     GpuMemOpt,
@@ -58,13 +61,17 @@ from gpusched.cli.submitoptions import (
     MemOpt,
     MemPerCpuOpt,
     MemPerGpuOpt,
+    MinCpusOpt,
     NameOpt,
+    NiceOpt,
     NodelistOpt,
     NodesOpt,
+    NoKillOpt,
     NtasksOpt,
     NtasksPerNodeOpt,
     OpenModeOpt,
     OutputOpt,
+    OvercommitOpt,
     OversubscribeOpt,
     ParsableOpt,
     PartitionOpt,
@@ -147,6 +154,12 @@ def gsubmit(
     begin: BeginOpt = None,
     dependency: DependencyOpt = None,
     array: ArrayOpt = None,
+    nice: NiceOpt = False,
+    clusters: ClustersOpt = None,
+    overcommit: OvercommitOpt = False,
+    mincpus: MinCpusOpt = None,
+    no_kill: NoKillOpt = False,
+    get_user_env: GetUserEnvOpt = None,
     wrap: WrapOpt = None,
 ) -> None:
     """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured.
@@ -159,7 +172,17 @@ def gsubmit(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gsubmit`` console script."""
-    return run_cli(app, PROG, argv)
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = sbatch_spellings(args)
+    except UsageError as err:
+        from gpusched.cli.output import print_error
+
+        print_error(PROG, err.message)
+        return 2
+    return run_cli(app, PROG, args)
 
 
 def resolve_submission(ctx: typer.Context) -> Submission:
@@ -172,7 +195,7 @@ def typer_options(ctx: typer.Context) -> OptionParser:
 
     def parse(args: list[str]) -> ParsedArgs:
         try:
-            with ctx.command.make_context(ctx.info_name, args) as parsed:
+            with ctx.command.make_context(ctx.info_name, sbatch_spellings(args)) as parsed:
                 pass
         except typer.TyperException as err:
             raise UsageError(err.format_message()) from None

@@ -124,17 +124,15 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
 
     nodelist = tuple(parse("nodelist", _hosts, "--nodelist")) if values["nodelist"] else ()
     exclude = tuple(parse("exclude", _hosts, "--exclude")) if values["exclude"] else ()
-    nodes = values["nodes"] or len(nodelist) or 1
+    nodes = (parse("nodes", node_count) if values["nodes"] is not None else 0) or len(nodelist) or 1
     if nodelist and nodes != len(nodelist):
         raise UsageError(f"--nodelist names {len(nodelist)} node(s) but --nodes asks for "
                          f"{nodes}: a job with --nodelist runs on exactly the nodes it names")
 
     kinds: tuple[str, ...] = ()
     per_node = 0
-    if given:
-        from gpusched.core.shapes import parse_gpus
     if given == ["gpus"]:
-        kinds, total = parse("gpus", parse_gpus)
+        kinds, total = parse("gpus", gpu_request)
         if total % nodes:
             raise UsageError(f"--gpus {total} cannot be spread evenly over {nodes} nodes; "
                              f"use --gpus-per-node")
@@ -143,13 +141,13 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
         assert gres is not None and gres.gpu is not None
         kinds, per_node = gres.gpu
     elif given == ["gpus_per_node"]:
-        kinds, per_node = parse("gpus_per_node", parse_gpus, "--gpus-per-node")
+        kinds, per_node = parse("gpus_per_node", gpu_request, "--gpus-per-node")
     tasks, per_task = values["ntasks"], values["cpus_per_task"]
     node_tasks = values["ntasks_per_node"]
     # sbatch: each node runs its share of the tasks (or --ntasks-per-node of them).
     tasks_here = node_tasks or -(-(tasks or nodes) // nodes)
     if given == ["gpus_per_task"]:
-        kinds, per_task_gpus = parse("gpus_per_task", parse_gpus, "--gpus-per-task")
+        kinds, per_task_gpus = parse("gpus_per_task", gpu_request, "--gpus-per-task")
         per_node = per_task_gpus * tasks_here
         if node_tasks is None and tasks is not None and tasks % nodes:
             # sbatch would place the tasks unevenly (3 on 2 nodes: 2 and 1) and give each
@@ -166,6 +164,9 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
         cpus = tasks_here * (per_task or 1)
     else:
         cpus = (values["cpus_per_gpu"] or 0) * per_node
+    if values.get("overcommit") and cpus:
+        cpus = per_task or 1  # sbatch: one CPU per node (each task's CPUs, with -c)
+    cpus = max(cpus, values.get("mincpus") or 0)
     if memory:
         from gpusched.core.shapes import parse_memory
     mem = (parse("mem", parse_memory) if values["mem"] is not None
@@ -207,6 +208,35 @@ def _share(values: dict[str, Any], origins: dict[str, str], gres: Gres | None, g
     if values.get("exclusive"):
         raise UsageError(f"{what}: it cannot take whole nodes (--exclusive)")
     return mode, units, memory
+
+
+def gpu_request(text: str, what: str = "--gpus") -> tuple[tuple[str, ...], int]:
+    """``[TYPE:]N`` as parse_gpus reads it; a TYPE alone (``v100``, ``a100|h100``,
+    ``1g.10gb``) is one GPU of it, as in sbatch."""
+    from gpusched.core.shapes import is_gpu_kind, parse_gpus
+
+    whole = text.strip()
+    if whole and ":" not in whole and not whole.isdigit() and all(
+            is_gpu_kind(kind) for kind in whole.lower().split("|")):
+        whole += ":1"
+    return parse_gpus(whole, what)
+
+
+MAX_NODES = 100_000  # far above any cluster; the controller holds the real bound
+
+
+def node_count(text: str) -> int:
+    """``-N K`` or sbatch's range ``-N K-MAX``: K nodes (the job runs on its minimum;
+    a range is not scheduled here). 0 never: K is at least 1."""
+    low, dash, high = text.strip().partition("-")
+    for part in (low, high) if dash else (low,):
+        if not (part.isascii() and part.isdigit() and len(part) <= 6):
+            raise UsageError(f"invalid --nodes {text.strip()[:32]!r}: expected N or MIN-MAX")
+    count = int(low)
+    if not 1 <= count <= MAX_NODES or (dash and int(high) < count):
+        raise UsageError(f"invalid --nodes {text.strip()[:32]!r}: expected N or MIN-MAX with "
+                         f"1 <= MIN <= MAX, MIN at most {MAX_NODES}")
+    return count
 
 
 def share_fields(mode: str | None, units: int | None, gpu_mem: int | None) -> dict[str, Any]:

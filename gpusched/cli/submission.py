@@ -37,7 +37,8 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_
                      "ntasks_per_node", "gpus_per_task", "mem_per_cpu", "hint", "gpu_bind",
                      "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
                      "tmp", "open_mode", "kill_on_invalid_dep", "oversubscribe", "profile",
-                     "acctg_freq", "exclusive", "gres_flags")
+                     "acctg_freq", "exclusive", "gres_flags", "nice", "clusters", "overcommit",
+                     "mincpus", "no_kill", "get_user_env")
 # Options that matter only on other sites, or whose effect this cluster has anyway or
 # lacks harmlessly: accepted, ignored, and said so.
 IGNORED = {"constraint": "--constraint: this cluster has no node features",
@@ -56,7 +57,9 @@ IGNORED = {"constraint": "--constraint: this cluster has no node features",
            "oversubscribe": "--oversubscribe: GPUs are shared only by --gres=mps:N or "
                             "shard:N, in partitions that share them",
            "profile": "--profile: no profiling data is gathered",
-           "acctg_freq": "--acctg-freq: GPUs are sampled at the agent's health interval"}
+           "acctg_freq": "--acctg-freq: GPUs are sampled at the agent's health interval",
+           "get_user_env": "--get-user-env: the job gets the environment gsubmit runs in "
+                           "(--export), as sbatch gives it to a caller who is not root"}
 # Input variables that set an option unless the command line does (directives lose to
 # them), as sbatch's SBATCH_* do.
 INPUT_VARIABLES = {"partition": "GPUSCHED_PARTITION", "account": "GPUSCHED_ACCOUNT",
@@ -226,11 +229,12 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         return option_value(values, origins, key, parse, flag)
 
     default_name = os.path.basename(script_path) if script_path is not None else "wrap"
+    shape = job_shape(values, origins)
     return Submission(
         script=text,
         args=tuple(parsed.params["args"] or ()),
         name=values["job_name"] or default_name,
-        **job_shape(values, origins),
+        **shape,
         time_limit=option("time_limit", _time_value, "--time"),
         partition=values["partition"],
         account=values["account"],
@@ -242,7 +246,8 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         chdir=values["chdir"],
         ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
                       for name, why in IGNORED.items() if values[name] is not None)
-        + _mail_warning(values),
+        + _mail_warning(values) + _flag_checks(values, origins, shape["nodes"],
+                                                               shape["cpus"]),
         mail_types=option("mail_type", _mail_type_value, "--mail-type"),
         mail_user=option("mail_user", _mail_user_value, "--mail-user"),
         licenses=option("licenses", _licenses_value, "--licenses"),
@@ -360,7 +365,19 @@ def _array_value(text: str) -> str:
     # Imported here, as the next one: most jobs are not arrays.
     from gpusched.core.arrays import parse_array
 
-    return parse_array(text).text()
+    try:
+        return parse_array(without_empty_items(text)).text()
+    except ValueError:
+        parse_array(text)  # the refusal, quoting the value as it was given
+        raise
+
+
+def without_empty_items(text: str) -> str:
+    """A comma list without its empty items (``1,`` is ``1``), as sbatch splits one
+    (strtok skips them); a list of nothing but commas stays as it is, to be refused."""
+    ids, percent, cap = text.partition("%")
+    items = [item for item in ids.split(",") if item.strip()]
+    return ",".join(items) + percent + cap if items else text
 
 
 def _warn_signal_value(text: str) -> WarnSignal:
@@ -417,6 +434,57 @@ def _mail_user_value(text: str) -> str:
     from gpusched.core.mail import check_mail_user
 
     return check_mail_user(text)
+
+
+def _flag_checks(values: dict[str, Any], origins: dict[str, str], nodes: int,
+                 cpus: int) -> tuple[str, ...]:
+    """sbatch's --nice, -M/--clusters, -k/--no-kill, --overcommit and -N MIN-MAX: refused
+    where this cluster cannot honour them, else the warnings saying what they do here."""
+
+    def where(name: str) -> str:
+        return f"{origins[name]}: " if name in origins else ""
+
+    if values["nice"]:
+        raise UsageError(f"{where('nice')}--nice: not supported: a job here carries no "
+                         "priority adjustment of its own (an administrator may set its "
+                         "priority with 'gcontrol update job JOBID Priority=N')")
+    if values["clusters"] is not None:
+        local = local_cluster_name()
+        names = [name.strip() for name in values["clusters"].split(",") if name.strip()]
+        for name in names or [""]:  # a trailing comma is sbatch's too
+            if name != local:
+                raise UsageError(f"{where('clusters')}-M/--clusters: no cluster {name[:64]!r} "
+                                 f"here: this cluster is {local!r}, and jobs are not sent "
+                                 "to other clusters")
+    warnings: tuple[str, ...] = ()
+    if values["overcommit"] and not cpus:
+        warnings = (f"{where('overcommit')}--overcommit: this job's CPUs are not counted (no "
+                    "--ntasks, --cpus-per-task or --cpus-per-gpu)",)
+    if values["nodes"] is not None and "-" in values["nodes"]:
+        warnings += (f"{where('nodes')}--nodes {values['nodes'].strip()}: the job runs on "
+                    f"{nodes} node(s), the range's minimum",)
+    if values["no_kill"]:
+        if nodes > 1:
+            raise UsageError(f"{where('no_kill')}-k/--no-kill: not supported for a job on "
+                             f"{nodes} nodes: a node that fails ends (or requeues) the whole "
+                             "job here")
+        warnings += (f"{where('no_kill')}--no-kill: a job on one node ends with its node "
+                     "anyway",)
+    return warnings
+
+
+def local_cluster_name() -> str:
+    """This cluster's name: ``cluster_name`` of the configuration file clients read,
+    else ``gpusched`` (the default of gpusched.config.Config)."""
+    from gpusched.client.settings import settings_file
+
+    path = settings_file()
+    if path is None:
+        return "gpusched"
+    from gpusched.configfile import read_toml
+
+    name = read_toml(path).get("cluster_name", "gpusched")
+    return name if isinstance(name, str) else "gpusched"
 
 
 def _mail_warning(values: dict[str, Any]) -> tuple[str, ...]:

@@ -36,9 +36,9 @@ GpuMemOpt = Annotated[str | None, _text_option(
     help_text="GPU memory the job needs (20G, 512M): one GPU, MIG slice or share with that "
               "much; with --gres=mps:N, the share's memory limit.",
 )]
-NodesOpt = Annotated[int | None, typer.Option(
-    "--nodes", "-N", min=1, metavar="K", show_default=False,
-    help="Nodes, all started together (default 1).",
+NodesOpt = Annotated[str | None, _text_option(
+    "--nodes", "-N", metavar="K[-MAX]",
+    help_text="Nodes, all started together (default 1); of a range K-MAX, K.",
 )]
 GpusPerNodeOpt = Annotated[str | None, _text_option(
     "--gpus-per-node", metavar="[TYPE:]N", help_text="GPUs on each node.",
@@ -181,6 +181,23 @@ ExportOpt = Annotated[str | None, _text_option(
     help_text="The job's environment: ALL (default), NONE, or VAR[=value],... (only those; "
     "'ALL,VAR=value' adds to all).",
 )]
+NiceOpt = Annotated[bool, typer.Option(
+    "--nice", help="Refused: jobs carry no priority adjustment here (see docs/cli.md).")]
+ClustersOpt = Annotated[str | None, _text_option(
+    "--clusters", "-M", metavar="NAME",
+    help_text="The cluster to submit to: only this one, by its name (the configuration's "
+              "cluster_name, default gpusched).")]
+OvercommitOpt = Annotated[bool, typer.Option(
+    "--overcommit", "-O", help="One CPU per node, however many tasks (with --ntasks).")]
+MinCpusOpt = Annotated[int | None, typer.Option(
+    "--mincpus", min=1, metavar="N", show_default=False,
+    help="At least N CPUs on each node.")]
+NoKillOpt = Annotated[bool, typer.Option(
+    "--no-kill", "-k", help="One node: accepted (a job ends with its node anyway); several "
+    "nodes: refused.")]
+GetUserEnvOpt = Annotated[Optional[bool], typer.Option(
+    "--get-user-env", help="Accepted and ignored: the job gets gsubmit's environment "
+    "(--export).")]
 WrapOpt = Annotated[str | None, _text_option(
     "--wrap", metavar="CMD", help_text="Submit CMD wrapped in a /bin/sh script.",
 )]

@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 
 from gpusched.cli import gsubmit
 from gpusched.cli.directives import read_directive_lines
+from gpusched.cli.jobshape import gpu_request
+from gpusched.cli.submission import without_empty_items
 from gpusched.core.arrays import parse_array
 from gpusched.core.dependency import Dependency, parse_dependency
 from gpusched.core.hostlist import expand_hostlist
-from gpusched.core.shapes import parse_gpus, parse_gres, parse_memory
+from gpusched.core.shapes import parse_gres, parse_memory
 from gpusched.core.signals import WarnSignal, parse_warn_signal
 from gpusched.core.timefmt import format_duration, parse_begin, parse_time_limit
 
@@ -100,10 +102,10 @@ def refuses(parse: Callable[[str], object]) -> Callable[[str], bool]:
 # Each flag with the parser whose refusal gsubmit must report.
 PARSERS: dict[str, Callable[[str], object]] = {
     "--time": parse_time_limit,
-    "--gpus": parse_gpus,
+    "--gpus": gpu_request,  # parse_gpus, and a type alone is one GPU of it
     "--gres": parse_gres,
     "--mem": parse_memory,
-    "--array": parse_array,
+    "--array": lambda t: parse_array(without_empty_items(t)),  # "1," is "1", as in sbatch
     "--begin": lambda t: parse_begin(t, NOW),
     "--signal": parse_warn_signal,
     "--nodelist": expand_hostlist,

@@ -91,7 +91,7 @@ def test_common_command_lines_are_taken(module: Any, table: Table, argv: list[st
     (optiontables.GQUEUE, ["--json=1"]),
     (optiontables.GQUEUE, ["extra"]),
     (optiontables.GSUBMIT, ["-Hs", "--wrap", "true"]),
-    (optiontables.GSUBMIT, ["--nodes", "0", "x.sh"]),
+    (optiontables.GSUBMIT, ["--ntasks", "0", "x.sh"]),
     (optiontables.GSUBMIT, ["--", "x.sh"]),
     (optiontables.GSUBMIT, ["-G=2", "x.sh"]),
 ])
