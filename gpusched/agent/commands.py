@@ -43,9 +43,11 @@ class NodeCommands:
                  steps: NodeSteps, reported: deque[tuple[int, int]],
                  gpus: Callable[[], dict[str, dict[str, Any]]],
                  queue_end: Callable[[JobEnd], None],
-                 register: Callable[[ApiClient], None] | None = None) -> None:
+                 register: Callable[[ApiClient], None] | None = None,
+                 cluster_name: str | None = None) -> None:
         self.config = config
         self.node = config.node_name
+        self.cluster_name = cluster_name  # the configuration's, for SLURM_CLUSTER_NAME
         self.confinement = confinement
         self.launcher = launcher
         self.steps = steps
@@ -191,7 +193,8 @@ class NodeCommands:
                 cgroup = job_cgroup_spec(self.confinement, order, self._gpus(),
                                          self.launcher.held_cpus())
                 spec = build_spec(order, self.config.kill_grace, self.node,
-                                  self.config.min_job_uid, cgroup, vars(self.config),
+                                  self.config.min_job_uid, cgroup,
+                                  {**vars(self.config), "cluster_name": self.cluster_name},
                                   self._gpus())
                 if self.launcher.launch(job_id, spec, order.script):
                     stages.stamp("spawned", (job_id,))

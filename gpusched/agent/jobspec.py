@@ -44,7 +44,8 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
     array_job, task = order.array_job_id, order.array_task_id
     gpus = ",".join(order.gpu_uuids)
     # The job's own variables first: the prolog gets only these.
-    env = mirrored(slurm_variables(order, node_name, inventory, os.cpu_count() or 1))
+    env = mirrored(slurm_variables(order, node_name, inventory, os.cpu_count() or 1,
+                                   (site or {}).get("cluster_name")))
     env["GPUSCHED_JOB_GPUS"] = gpus  # UUIDs; SLURM_JOB_GPUS has Slurm's indexes
     env["CUDA_VISIBLE_DEVICES"] = gpus
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # else CUDA orders by speed, unlike nvidia-smi

@@ -64,7 +64,7 @@ class Agent:
         self._reported: deque[tuple[int, int]] = deque(maxlen=REMEMBER_REPORTED)
         self.commands = NodeCommands(self.config, self.confinement, self.launcher,
                                      self.steps, self._reported, lambda: self._gpus,
-                                     self._queue_end, self._register)
+                                     self._queue_end, self._register, config.cluster_name)
         self._extra_ends: list[JobEnd] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -33,7 +33,8 @@ OWNED = (
     "GPUS_ON_NODE", "GPUS", "GPUS_PER_NODE", "CPUS_ON_NODE", "JOB_CPUS_PER_NODE",
     "MEM_PER_NODE", "TASKS_PER_NODE", "JOB_PARTITION", "JOB_ACCOUNT", "JOB_QOS",
     "JOB_DEPENDENCY", "JOB_START_TIME", "JOB_END_TIME", "JOB_USER", "JOB_UID", "JOB_GID",
-    "NODEID", "PROCID", "LOCALID", "GTIDS", "SHARDS_ON_NODE", "NPROCS")
+    "NODEID", "PROCID", "LOCALID", "GTIDS", "SHARDS_ON_NODE", "NPROCS",
+    "CLUSTER_NAME")
 # GPUSCHED_GPUS is gsubmit's input variable (sbatch's SBATCH_GPUS): a job that submits
 # another must not pass its own GPU count on as the new job's request.
 NOT_MIRRORED = frozenset({"GPUS"})
@@ -47,14 +48,15 @@ def owned_names() -> frozenset[str]:
 
 def slurm_variables(order: LaunchOrder, node_name: str,
                     inventory: Mapping[str, Mapping[str, Any]] | None,
-                    node_cpus: int) -> dict[str, str]:
+                    node_cpus: int, cluster: str | None = None) -> dict[str, str]:
     """The job's variables under their ``SLURM_*`` names (and ``SLURMD_NODENAME``).
 
     ``inventory`` is this node's GPUs and MIG slices by UUID (each with its
     ``index``); a UUID of the order it does not hold is another node's, shown neither
     in ``SLURM_JOB_GPUS`` nor in ``SLURM_GPUS_ON_NODE``. None: every UUID is this
     node's, with no index known (``SLURM_JOB_GPUS`` empty). ``node_cpus`` is this
-    node's CPU count, what a job holds whose CPUs are not counted.
+    node's CPU count, what a job holds whose CPUs are not counted; ``cluster`` the
+    configuration's ``cluster_name`` (None: SLURM_CLUSTER_NAME is not set).
     """
     nodes = list(order.node_names) or [node_name]
     n = len(nodes)
@@ -86,6 +88,8 @@ def slurm_variables(order: LaunchOrder, node_name: str,
     if per_node:
         found["TASKS_PER_NODE"] = repeated(per_node)
     found.update(fact_variables(order, n))
+    if cluster:
+        found["CLUSTER_NAME"] = cluster
     out = {f"SLURM_{key}": value for key, value in found.items()}
     out["SLURMD_NODENAME"] = node_name
     return out

@@ -159,6 +159,14 @@ def test_array_variables_stay(tmp_path: Path) -> None:
             env["SLURM_ARRAY_TASK_STEP"]) == ("40", "20", "4", "10")
 
 
+def test_cluster_name_from_the_agents_configuration(tmp_path: Path) -> None:
+    named = build_spec(order(tmp_path), kill_grace=1.0, node_name="gpu01",
+                       site={"cluster_name": "alpha"})
+    assert named["env"]["SLURM_CLUSTER_NAME"] == named["env"]["GPUSCHED_CLUSTER_NAME"] == "alpha"
+    stale = order(tmp_path, environment={"SLURM_CLUSTER_NAME": "beta"})
+    assert "SLURM_CLUSTER_NAME" not in env_of(stale)
+
+
 def test_the_prolog_gets_the_job_variables_without_the_submit_environment(
         tmp_path: Path) -> None:
     spec = build_spec(order(tmp_path, environment={"SECRET": "x"}), kill_grace=1.0,

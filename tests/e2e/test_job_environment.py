@@ -64,7 +64,7 @@ def test_a_job_sees_slurms_output_environment(cluster: Cluster) -> None:
         "SLURM_EXPORT_ENV": "ALL", "SLURM_JOB_DEPENDENCY": f"afterany:{first}",
         "SLURM_JOB_START_TIME": str(start), "SLURM_JOB_END_TIME": str(start + 600),
         "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0", "SLURM_GPUS": "2",
-        "SLURMD_NODENAME": cluster.node, "MY_VAR": "kept",
+        "SLURMD_NODENAME": cluster.node, "MY_VAR": "kept", "SLURM_CLUSTER_NAME": "gpusched",
     }
     assert {name: env.get(name) for name in expected} == expected
     assert "SLURM_JOB_ACCOUNT" not in env and "SLURM_ARRAY_TASK_ID" not in env
