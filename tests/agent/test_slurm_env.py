@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpusched.agent.jobspec import build_spec
 from gpusched.agent.slurmenv import owned_names, repeated, submit_dir, tasks_per_node
@@ -192,3 +194,30 @@ def test_tasks_from_a_bad_count_are_not_told(tmp_path: Path) -> None:
     for bad in ("0", "-1", "x", "1e3", "99999999999", "٣"):
         env = env_of(order(tmp_path, environment={"SLURM_NTASKS": bad}))
         assert "SLURM_TASKS_PER_NODE" not in env and "SLURM_NPROCS" not in env, bad
+
+
+def expand(text: str) -> list[int]:
+    """Slurm's compressed counts read back: ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in filter(None, text.split(",")):
+        value, _, times = part.partition("(x")
+        counts += [int(value)] * (int(times.rstrip(")")) if times else 1)
+    return counts
+
+
+@given(st.lists(st.integers(1, 5), max_size=30))
+def test_repeated_reads_back_and_never_repeats_a_run(counts: list[int]) -> None:
+    text = repeated(counts)
+    assert expand(text) == counts
+    values = [int(part.partition("(")[0]) for part in text.split(",") if part]
+    assert all(a != b for a, b in zip(values, values[1:], strict=False))
+
+
+@given(st.integers(1, 10_000), st.integers(1, 64))
+def test_tasks_spread_in_blocks(ntasks: int, nodes: int) -> None:
+    counts = tasks_per_node(ntasks, None, nodes)
+    if ntasks < nodes:
+        assert counts == []
+    else:
+        assert len(counts) == nodes and sum(counts) == ntasks
+        assert counts == sorted(counts, reverse=True) and counts[0] - counts[-1] <= 1
