@@ -104,8 +104,8 @@ def test_common_command_lines_do_not_load_typer(
 
 
 @pytest.mark.parametrize("argv, script, error", [
-    (["--nodes", "0", "--wrap", "true"], None,
-     "Invalid value for '--nodes' / '-N': 0 is below the minimum of 1"),
+    (["--ntasks", "0", "--wrap", "true"], None,
+     "Invalid value for '--ntasks' / '-n': 0 is below the minimum of 1"),
     (["job.sh"], "#!/bin/sh\n#SBATCH --bogus\ntrue\n",
      "line 2: #SBATCH --bogus: No such option: --bogus"),
 ])
