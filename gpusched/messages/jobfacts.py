@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.core import bounds
+from gpusched.core.dependency import MAX_DEPENDENCY_TEXT
 from gpusched.errors import UsageError
 from gpusched.messages.fields import (
     as_object,
@@ -23,9 +24,9 @@ from gpusched.messages.fields import (
 )
 
 FACT_FIELDS = frozenset({"partition", "account", "qos", "dependency", "gpus", "start_time"})
-# Characters of a stored dependency: up to core.dependency's 1000 job ids of 19 digits,
-# each with its kind and separators.
-MAX_DEPENDENCY = 32 * 1024
+# Characters of a stored dependency: what submission takes (its canonical form, as
+# stored, is never longer).
+MAX_DEPENDENCY = MAX_DEPENDENCY_TEXT
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 

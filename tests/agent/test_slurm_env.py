@@ -115,7 +115,7 @@ def test_user_values_reach_the_job_unchanged(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field, value", [
     ("partition", "p" * 257), ("account", "a" * 257), ("qos", "bad\nqos"),
-    ("dependency", "d" * (32 * 1024 + 1)), ("gpus", -1), ("gpus", True),
+    ("dependency", "d" * (64 * 1024 + 1)), ("gpus", -1), ("gpus", True),
     ("start_time", 253_402_300_800), ("colour", "red"),
 ])
 def test_an_order_with_bad_job_facts_is_refused(tmp_path: Path, field: str,
@@ -221,3 +221,16 @@ def test_tasks_spread_in_blocks(ntasks: int, nodes: int) -> None:
     else:
         assert len(counts) == nodes and sum(counts) == ntasks
         assert counts == sorted(counts, reverse=True) and counts[0] - counts[-1] <= 1
+
+
+def test_the_longest_dependency_submission_takes_travels(tmp_path: Path) -> None:
+    """An order must never refuse what submission stored: a thousand 19-digit job ids,
+    one clause each, reach SLURM_JOB_DEPENDENCY whole."""
+    from gpusched.core.dependency import parse_dependency
+
+    text = ",".join(f"afternotok:{10**18 + i}" for i in range(1000))
+    stored = ",".join(c.kind + "".join(f":{j}" for j in c.job_ids)
+                      for c in parse_dependency(text))
+    assert len(stored) > 30_000
+    env = env_of(order(tmp_path, job={**FACTS, "dependency": stored}))
+    assert env["SLURM_JOB_DEPENDENCY"] == stored
