@@ -225,12 +225,12 @@ def test_tasks_spread_in_blocks(ntasks: int, nodes: int) -> None:
 
 def test_the_longest_dependency_submission_takes_travels(tmp_path: Path) -> None:
     """An order must never refuse what submission stored: a thousand 19-digit job ids,
-    one clause each, reach SLURM_JOB_DEPENDENCY whole."""
+    each in two clauses, reach SLURM_JOB_DEPENDENCY whole."""
     from gpusched.core.dependency import parse_dependency
 
-    text = ",".join(f"afternotok:{10**18 + i}" for i in range(1000))
+    text = ",".join(f"afterok:{10**18 + i},afterany:{10**18 + i}" for i in range(1000))
     stored = ",".join(c.kind + "".join(f":{j}" for j in c.job_ids)
                       for c in parse_dependency(text))
-    assert len(stored) > 30_000
+    assert len(stored) > 50_000
     env = env_of(order(tmp_path, job={**FACTS, "dependency": stored}))
     assert env["SLURM_JOB_DEPENDENCY"] == stored
