@@ -18,6 +18,7 @@ from gpusched.core import bounds, outputs
 from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
 from gpusched.core.dependency import Dependency, DependencyError, parse_dependency
 from gpusched.core.licenses import (
+    MAX_LICENSES_TEXT,
     LicenseError,
     Licenses,
     format_licenses,
@@ -416,7 +417,7 @@ def _share(body: Body, gpus: int, nodes: int,
 
 def _licenses(body: Body) -> Licenses:
     """``licenses``: sbatch's -L text, ``name[:N][,name[:N]...]`` (null or absent: none)."""
-    value = typed(body, "licenses", str, None, "licenses such as \"matlab:2,ansys\"")
+    value = text(body, "licenses", MAX_LICENSES_TEXT, "licenses such as \"matlab:2,ansys\"")
     if value is None:
         return ()
     try:

@@ -8,6 +8,7 @@ cluster lacks, is refused at submit with one line and nothing stored; a directiv
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -101,3 +102,24 @@ def test_one_license_runs_two_jobs_one_after_the_other(cluster: Cluster) -> None
             >= datetime.fromisoformat(done_first["end_time"]))
     cluster.wait_state(free_job, "COMPLETED", timeout=30)
     assert show_licenses(cluster)["matlab"]["used"] == 0
+
+
+def test_array_tasks_hold_the_license_one_at_a_time(cluster: Cluster) -> None:
+    apply_licenses(cluster)
+    array = cluster.submit("--array=0-2", "-L", "matlab", "--wrap", "sleep 1")
+
+    def tasks() -> list[dict[str, object]]:
+        return [j for j in cluster.jobs() if j.get("array_job_id") == array]
+
+    most = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen = tasks()
+        most = max(most, sum(1 for j in seen if j["state"] == "RUNNING"))
+        assert show_licenses(cluster)["matlab"]["used"] <= 1
+        if len(seen) == 3 and all(j["state"] == "COMPLETED" for j in seen):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"the array did not complete: {tasks()}")
+    assert most == 1 and all(j["licenses"] == "matlab:1" for j in tasks())
