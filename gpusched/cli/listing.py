@@ -392,6 +392,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "C": ("cpus",), "m": ("mem_mb",),
     "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
     "S": ("start_time", "expected_start"), "V": ("submit_time",), "e": ("end_time",), "Q": (),
+    "W": ("licenses",),
 }
 _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "i": ("JOBID", lambda j, now: job_label(j, width=10**6)),
@@ -418,6 +419,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "V": ("SUBMIT_TIME", lambda j, now: _local(j.get("submit_time"))),
     "e": ("END_TIME", lambda j, now: _local(j.get("end_time"))),
     "Q": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
+    "W": ("LICENSES", lambda j, now: str(j.get("licenses") or "(null)")),
 }
 _CODE = r"%(\.?)(\d*)([A-Za-z%])"
 
