@@ -218,6 +218,8 @@ def show_licenses(name: Annotated[Optional[str], typer.Argument(metavar="[LICENS
     chosen = [lic for lic in found if name is None or lic["name"] == name]
     if name is not None and not chosen:
         raise NotFound(f"license {name} not found")
+    if not found and not as_json:
+        typer.echo("No licenses are configured.")
     for lic in chosen:
         _print({"license_name": lic["name"], "total": lic["total"], "used": lic["used"],
                 "free": lic["free"]}, as_json)

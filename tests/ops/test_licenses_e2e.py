@@ -59,7 +59,11 @@ def _json_chunks(text: str) -> list[str]:
 
 
 def test_one_license_runs_two_jobs_one_after_the_other(cluster: Cluster) -> None:
+    none = cluster.run("gcontrol", "show", "licenses")
+    assert none.returncode == 0 and none.stdout == "No licenses are configured.\n", none
     apply_licenses(cluster)
+    missing = cluster.run("gcontrol", "show", "licenses", "comsol")
+    assert missing.returncode != 0 and "license comsol not found" in missing.stderr, missing
     before = len(cluster.jobs())
     # More than the cluster has, and a license it lacks: refused, nothing stored.
     for args, words in ((("-L", "matlab:2"), "more than the cluster's 1 matlab license"),
