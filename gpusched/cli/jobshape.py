@@ -30,6 +30,23 @@ def option_value(values: dict[str, Any], origins: dict[str, str], key: str,
         raise UsageError(f"{where}{message}") from None
 
 
+def trailing_comma_allowed(parse: Callable[..., Any]) -> Callable[..., Any]:
+    """``parse`` of a comma list that may end in a comma (``gpu:1,``), as sbatch's lists
+    may; a refusal quotes the value as it was given."""
+
+    def lenient(text: str, *args: Any) -> Any:
+        trimmed = text.rstrip()
+        if not trimmed.endswith(",") or not trimmed.rstrip(","):
+            return parse(text, *args)
+        try:
+            return parse(trimmed.rstrip(","), *args)
+        except (ValueError, UsageError):
+            parse(text, *args)  # its own refusal, naming the whole value
+            raise
+
+    return lenient
+
+
 # --gres items besides gpu[:TYPE][:N], as Slurm and sites write them.
 SHARE_MODES = ("mps", "shard")  # a share of one GPU: mps:N (percent by default), shard:N
 GPU_MEMORY = "gpumem"  # gpumem:SIZE, the same as --gpu-mem=SIZE
@@ -112,7 +129,8 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
     def parse(key: str, parser: Callable[..., Any], *args: Any) -> Any:
         return option_value(values, origins, key, lambda text: parser(text, *args))
 
-    gres = parse("gres", parse_gres_list) if values["gres"] is not None else None
+    gres = (parse("gres", trailing_comma_allowed(parse_gres_list)) if values["gres"] is not None
+            else None)
     given = [name for name in ("gpus", "gres", "gpus_per_node", "gpus_per_task")
              if values[name] is not None and (name != "gres" or (gres is not None
                                                                  and gres.gpu is not None))]
@@ -122,8 +140,9 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
     if len(memory) > 1:
         raise UsageError("give only one of --mem, --mem-per-gpu and --mem-per-cpu")
 
-    nodelist = tuple(parse("nodelist", _hosts, "--nodelist")) if values["nodelist"] else ()
-    exclude = tuple(parse("exclude", _hosts, "--exclude")) if values["exclude"] else ()
+    hosts = trailing_comma_allowed(_hosts)
+    nodelist = tuple(parse("nodelist", hosts, "--nodelist")) if values["nodelist"] else ()
+    exclude = tuple(parse("exclude", hosts, "--exclude")) if values["exclude"] else ()
     nodes = (parse("nodes", node_count) if values["nodes"] is not None else 0) or len(nodelist) or 1
     if nodelist and nodes != len(nodelist):
         raise UsageError(f"--nodelist names {len(nodelist)} node(s) but --nodes asks for "
@@ -213,11 +232,12 @@ def _share(values: dict[str, Any], origins: dict[str, str], gres: Gres | None, g
 def gpu_request(text: str, what: str = "--gpus") -> tuple[tuple[str, ...], int]:
     """``[TYPE:]N`` as parse_gpus reads it; a TYPE alone (``v100``, ``a100|h100``,
     ``1g.10gb``) is one GPU of it, as in sbatch."""
-    from gpusched.core.shapes import is_gpu_kind, parse_gpus
+    from gpusched.core.shapes import is_gpu_kind, is_mig_profile, parse_gpus
 
     whole = text.strip()
-    if whole and ":" not in whole and not whole.isdigit() and all(
-            is_gpu_kind(kind) for kind in whole.lower().split("|")):
+    if whole and ":" not in whole and not whole.isdigit() and all(  # re only for a type
+            is_mig_profile(kind) or kind[:1].isalpha() and is_gpu_kind(kind)
+            for kind in whole.lower().split("|")):
         whole += ":1"
     return parse_gpus(whole, what)
 
@@ -232,10 +252,12 @@ def node_count(text: str) -> int:
     for part in (low, high) if dash else (low,):
         if not (part.isascii() and part.isdigit() and len(part) <= 6):
             raise UsageError(f"invalid --nodes {text.strip()[:32]!r}: expected N or MIN-MAX")
-    count = int(low)
-    if not 1 <= count <= MAX_NODES or (dash and int(high) < count):
-        raise UsageError(f"invalid --nodes {text.strip()[:32]!r}: expected N or MIN-MAX with "
-                         f"1 <= MIN <= MAX, MIN at most {MAX_NODES}")
+    count, whole = int(low), text.strip()
+    why = ("below the minimum of 1" if count < 1 else
+           f"above the maximum of {MAX_NODES}" if count > MAX_NODES else
+           "its MAX is below its MIN" if dash and int(high) < count else "")
+    if why:
+        raise UsageError(f"invalid --nodes {whole!r}: {why}")
     return count
 
 

@@ -10,7 +10,7 @@ import sys
 
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
 from gpusched.cli.directives import Directive, read_directive_lines
-from gpusched.cli.jobshape import job_shape, option_value, share_fields
+from gpusched.cli.jobshape import job_shape, option_value, share_fields, trailing_comma_allowed
 from gpusched.cli.output import print_warning
 from gpusched.cli.shell import current_umask, exported, job_dir, job_environment
 from gpusched.client import ApiClient
@@ -410,8 +410,9 @@ def _checked_dependency(text: str) -> str:
     # Imported here: the dependency module pulls in the whole job model (~8 ms).
     from gpusched.core.dependency import parse_dependency
 
-    parse_dependency(text)
-    return text
+    text = text.rstrip()
+    trailing_comma_allowed(parse_dependency)(text)
+    return text.rstrip(",") or text  # "afterok:5," is "afterok:5", as in sbatch
 
 
 def _mail_type_value(text: str) -> tuple[str, ...]:
@@ -419,7 +420,7 @@ def _mail_type_value(text: str) -> tuple[str, ...]:
     # Imported here, as the next one: most jobs ask for no mail.
     from gpusched.core.mail import parse_mail_types
 
-    return parse_mail_types(text)
+    return trailing_comma_allowed(parse_mail_types)(text)  # type: ignore[no-any-return]
 
 
 def _licenses_value(text: str) -> str:

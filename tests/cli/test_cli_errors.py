@@ -48,7 +48,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     [
         (["--gpus", "-1", "--wrap", "true"], "--gpus"),
         (["--gpus=-1", "--wrap", "true"], "invalid --gpus '-1': '-1' is not a whole number"),
-        (["-G", "two", "--wrap", "true"], "'two' is not a whole number of GPUs"),
+        (["-G", "a100:two", "--wrap", "true"], "'two' is not a whole number of GPUs"),
         (["--gpus", "1.5", "--wrap", "true"], "'1.5' is not a whole number of GPUs"),
         (["--gpus", "a100:", "--wrap", "true"], "'' is not a whole number of GPUs"),
         (["--gpus", "A 100:2", "--wrap", "true"], "'a 100' is not a GPU type or MIG profile"),

@@ -38,6 +38,10 @@ def test_forms_and_flags_reach_the_stored_job(cluster: Cluster) -> None:
     assert job["array_tasks"] == "1"
     job = stored(cluster, script="#SBATCH --array=2-3,\n")
     assert job["array_tasks"] == "2-3"
+    job = stored(cluster, "--gres=gpu:2,")
+    assert job["gpus"] == 2
+    job = stored(cluster, script="#SBATCH --gres=gpu:gpu:1,\n")
+    assert (job["gpus"], job["gpu_types"]) == (1, ["gpu"])
     job = stored(cluster, "--gpus-per-node=gpu")  # the demo GPUs' type, alone: one
     assert (job["gpus"], job["gpu_types"]) == (1, ["gpu"])
     job = stored(cluster, script="#SBATCH --gpus=1\n#SBATCH --gpus=3\n")

@@ -110,6 +110,20 @@ def test_a_trailing_comma_ends_an_array_list(listener: socket.socket,
     refused(["--array=,", "--wrap", "x"], listener, capsys, "--array", "','")
 
 
+def test_other_lists_may_end_in_a_comma(listener: socket.socket,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    sub = submission(["--gres=gpu:a100:2,", "--mail-type=END,FAIL,", "-w", "n[1-2],",
+                      "-x", "n3,", "-d", "afterok:5:6,", "--wrap", "x"])
+    assert (sub.gpus, sub.gpu_types, sub.mail_types) == (4, ("a100",), ("END", "FAIL"))  # 2 nodes
+    assert (sub.nodelist, sub.exclude, sub.dependency) == (("n1", "n2"), ("n3",), "afterok:5:6")
+    sub = submission([script("--gres=gpumem:8g,", "--dependency=singleton,")])
+    assert (sub.gpu_mem_mb, sub.dependency) == (8192, "singleton")
+    for flag in ("--gres", "--nodelist", "--dependency"):
+        refused([f"{flag}=,", "--wrap", "x"], listener, capsys, flag, "','")
+    refused(["--mail-type=,", "--wrap", "x"], listener, capsys, "--mail-type")
+    refused(["--gres=gpu:a100:x,", "--wrap", "x"], listener, capsys, "--gres", "'gpu:a100:x'")
+
+
 def test_a_gpu_type_alone_is_one_gpu_of_it(listener: socket.socket) -> None:
     sub = submission(["--gpus-per-node=v100", "--wrap", "x"])
     assert (sub.gpus, sub.gpu_types) == (1, ("v100",))
