@@ -10,7 +10,12 @@ import sys
 
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
 from gpusched.cli.directives import Directive, read_directive_lines
-from gpusched.cli.jobshape import job_shape, option_value, share_fields, trailing_comma_allowed
+from gpusched.cli.jobshape import (
+    job_shape,
+    option_value,
+    share_fields,
+    trailing_comma_allowed,
+)
 from gpusched.cli.output import print_warning
 from gpusched.cli.shell import current_umask, exported, job_dir, job_environment
 from gpusched.client import ApiClient
