@@ -75,8 +75,8 @@ def test_unlimited_time_is_sent_as_unlimited() -> None:
 
 
 def test_directive_errors_name_the_line(in_tmp: Path) -> None:
-    (in_tmp / "job.sh").write_text("#!/bin/sh\n# comment\n#GSUB --gpus=x\ntrue\n")
-    with pytest.raises(UsageError, match=r"^line 3: #GSUB: invalid --gpus 'x'"):
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n# comment\n#GSUB --gpus=1x\ntrue\n")
+    with pytest.raises(UsageError, match=r"^line 3: #GSUB: invalid --gpus '1x'"):
         parse_submit(["job.sh"])
 
 
