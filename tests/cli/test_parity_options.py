@@ -25,7 +25,8 @@ from gpusched.cli.directives import sbatch_spellings
 from gpusched.cli.optiontables import GSUBMIT
 from gpusched.cli.quickparse import Declined, QuickArgs, quick_parse
 from gpusched.cli.submission import Submission, resolve_submission
-from gpusched.errors import UsageError
+from gpusched.config import parse_config
+from gpusched.errors import ConfigError, UsageError
 
 
 @pytest.fixture
@@ -183,6 +184,13 @@ def test_clusters_take_this_cluster_only(listener: socket.socket,
     assert submission(["-M", "alpha", "--wrap", "x"]).ignored == ()
     with pytest.raises(UsageError, match="this cluster is 'alpha'"):
         typer_submission(["-M", "gpusched", "--wrap", "x"])
+
+
+def test_the_daemons_read_the_same_cluster_name() -> None:
+    assert parse_config({}, "t").cluster_name == "gpusched"
+    assert parse_config({"cluster_name": "alpha"}, "t").cluster_name == "alpha"
+    with pytest.raises(ConfigError, match="cluster_name: expected a cluster name"):
+        parse_config({"cluster_name": 5}, "t")
 
 
 def test_overcommit_takes_one_cpu_per_node(listener: socket.socket) -> None:
