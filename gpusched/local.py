@@ -17,30 +17,24 @@ Layout of the state directory (see ``paths.local_state_dir``)::
 from __future__ import annotations
 
 import os
-import pwd
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpusched.errors import Unavailable
+from gpusched.localdb import DATABASE as DATABASE
+from gpusched.localdb import configured_database_url, embedded_server, start_database
+from gpusched.localdb import pg_socket_dir as pg_socket_dir
 from gpusched.paths import SOCKET_NAME, local_state_dir
 
-if TYPE_CHECKING:
-    from gpusched.db.embedded import EmbeddedPostgres
-
-DATABASE = "gpusched"
 READY_TIMEOUT = 60.0
-_SOCKET_MAX = 100
 
 
 @dataclass(frozen=True)
@@ -83,100 +77,6 @@ class LocalCluster:
         except PermissionError:
             pass
         return pid
-
-
-def _embedded(cluster: LocalCluster, socket_dir: Path | None = None) -> EmbeddedPostgres:
-    from gpusched.db.embedded import EmbeddedPostgres
-
-    return EmbeddedPostgres(cluster.state_dir / "pgdata", socket_dir)
-
-
-def _socket_dir_fits(path: Path) -> bool:
-    return len(str(path)) + 16 <= _SOCKET_MAX
-
-
-def _recorded_socket_dir(cluster: LocalCluster, owner: pwd.struct_passwd) -> Path | None:
-    """The socket directory named in ``pg-socket-dir`` if it is still fit to use."""
-    from gpusched.db.embedded import directory_is_private
-
-    try:
-        fd = os.open(cluster.pg_socket_record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        text = f.read(4096).decode(errors="replace").strip()
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        return None
-    path = Path(text)
-    if (path.parent != Path(tempfile.gettempdir()) or not path.name.startswith("gpusched-pg-")
-            or not _socket_dir_fits(path)):
-        return None
-    return path if directory_is_private(path, owner) else None
-
-
-def pg_socket_dir(cluster: LocalCluster, owner: pwd.struct_passwd) -> Path:
-    """The PostgreSQL socket directory, owned by ``owner`` and 0700.
-
-    ``pg/`` in the state directory; when that path is too long for a Unix socket, a
-    directory with an unguessable name in the temporary directory, made once and named
-    in ``pg-socket-dir``. One that has gone or is no longer private is replaced."""
-    from gpusched.db.embedded import private_directory, write_private_file
-
-    preferred = cluster.state_dir / "pg"
-    if _socket_dir_fits(preferred):
-        return preferred
-    recorded = _recorded_socket_dir(cluster, owner)
-    if recorded is not None:
-        return recorded
-    made = Path(tempfile.mkdtemp(prefix="gpusched-pg-"))
-    if not _socket_dir_fits(made):
-        os.rmdir(made)
-        raise Unavailable(f"the state directory {cluster.state_dir} and the temporary "
-                          f"directory {made.parent} are too long a path for PostgreSQL's socket")
-    private_directory(made, owner, "PostgreSQL socket directory", just_made=True)
-    write_private_file(cluster.pg_socket_record, f"{made}\n", pwd.getpwuid(os.geteuid()))
-    return made
-
-
-def start_database(cluster: LocalCluster, say: Callable[[str], None]) -> str:
-    """Start the embedded PostgreSQL, or bring a running one up to date; return its URL.
-
-    A cluster that an older gpusched set up (trust authentication, an open socket) gets
-    the owner-only pg_hba.conf and pg_ident.conf; a running server is reloaded, or
-    restarted where its socket is not the private one."""
-    from gpusched.db.embedded import server_user
-
-    owner = server_user()
-    pg = _embedded(cluster, pg_socket_dir(cluster, owner))
-    fresh = not pg.initialised()
-    pg.init()
-    secured = not fresh and pg.secure_access()
-    if not pg.running():
-        pg.start()
-        note = ("; it now accepts only its owner and root (peer authentication)"
-                if secured else "")
-        say(f"started PostgreSQL ({'new' if fresh else 'existing'} data in {pg.data_dir}){note}")
-    elif not pg.serving_privately():
-        pg.stop()
-        pg.start()
-        say(f"restarted PostgreSQL so that only its owner and root may connect "
-            f"(peer authentication, socket directory {pg.socket_dir} 0700)")
-    elif secured:
-        pg.reload()
-        say("PostgreSQL now accepts only its owner and root (peer authentication); "
-            "its configuration was reloaded")
-    pg.create_database(DATABASE)
-    return pg.url(DATABASE)
-
-
-def _configured_database_url(cluster: LocalCluster) -> str | None:
-    try:
-        with open(cluster.config_file, "rb") as f:
-            url = tomllib.load(f).get("database", {}).get("url")
-    except (OSError, tomllib.TOMLDecodeError):
-        return None
-    return url if isinstance(url, str) else None
 
 
 def _private_fd(path: Path, flags: int) -> int:
@@ -449,7 +349,7 @@ def _start_missing(gpus: int, database_url: str | None, say: Callable[[str], Non
     if database_url is None:
         database_url = start_database(cluster, say)
         if (cluster.pid("controller") is not None
-                and _configured_database_url(cluster) not in (None, database_url)):
+                and configured_database_url(cluster) not in (None, database_url)):
             # The database moved (to a private socket directory): the controller must
             # start again with the new URL. Jobs keep running under their supervisors.
             _terminate(cluster, "controller", say)
@@ -512,7 +412,7 @@ def down(say: Callable[[str], None]) -> None:
         _terminate(cluster, pidfile.stem, say)
     _terminate(cluster, "controller", say)
     if (cluster.state_dir / "pgdata").exists():
-        pg = _embedded(cluster)  # stopping needs only the data directory
+        pg = embedded_server(cluster)  # stopping needs only the data directory
         if pg.running():
             pg.stop()
             say("stopped PostgreSQL")
