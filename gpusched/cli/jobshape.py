@@ -245,9 +245,11 @@ def gpu_request(text: str, what: str = "--gpus") -> tuple[tuple[str, ...], int]:
 MAX_NODES = 100_000  # far above any cluster; the controller holds the real bound
 
 
-def node_count(text: str) -> int:
+def node_count(text: str | int) -> int:
     """``-N K`` or sbatch's range ``-N K-MAX``: K nodes (the job runs on its minimum;
-    a range is not scheduled here). 0 never: K is at least 1."""
+    a range is not scheduled here). 0 never: K is at least 1. A number (galloc's and
+    gsrun's -N, parsed already) is checked the same way."""
+    text = str(text)
     low, dash, high = text.strip().partition("-")
     for part in (low, high) if dash else (low,):
         if not (part.isascii() and part.isdigit() and len(part) <= 6):
