@@ -35,9 +35,10 @@ OWNED = (
     "JOB_DEPENDENCY", "JOB_START_TIME", "JOB_END_TIME", "JOB_USER", "JOB_UID", "JOB_GID",
     "NODEID", "PROCID", "LOCALID", "GTIDS", "SHARDS_ON_NODE", "NPROCS",
     "CLUSTER_NAME")
-# GPUSCHED_GPUS is gsubmit's input variable (sbatch's SBATCH_GPUS): a job that submits
-# another must not pass its own GPU count on as the new job's request.
-NOT_MIRRORED = frozenset({"GPUS"})
+# GPUSCHED_GPUS and GPUSCHED_JOB_NAME are gsubmit's input variables (sbatch's
+# SBATCH_GPUS, SBATCH_JOB_NAME): a job that submits another must not pass its own GPU
+# count or name on as the new job's.
+NOT_MIRRORED = frozenset({"GPUS", "JOB_NAME"})
 
 
 def owned_names() -> frozenset[str]:

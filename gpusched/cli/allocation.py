@@ -28,7 +28,8 @@ QUIET_WAIT = 0.5  # idle cluster starts it within a pass); then doubled up to MA
 MAX_POLL = 1.0  # and "queued and waiting for resources" is said
 MIN_HEARTBEAT = 1.0  # seconds between heartbeats, at least
 REQUEST_TIMEOUT = 10.0
-# The job's variables a command in the allocation gets (each also as GPUSCHED_*).
+# The job's variables a command in the allocation gets (each also as GPUSCHED_*, but
+# JOB_NAME: GPUSCHED_JOB_NAME is gsubmit's input variable, as sbatch's SBATCH_JOB_NAME).
 JOB_VARIABLES = ("JOB_ID", "JOBID", "JOB_NODELIST", "NNODES", "JOB_NUM_NODES", "JOB_NAME",
                  "JOB_PARTITION", "SUBMIT_DIR")
 # The allocation's resource options, by the key jobshape reads; unset ones are None.
@@ -181,7 +182,9 @@ class Allocation:
                   str(self.granted.get("partition") or ""), submit_dir)
         out = {}
         for name, value in zip(JOB_VARIABLES, values, strict=True):
-            out[f"SLURM_{name}"] = out[f"GPUSCHED_{name}"] = value
+            out[f"SLURM_{name}"] = value
+            if name != "JOB_NAME":  # GPUSCHED_JOB_NAME is gsubmit's input (-J)
+                out[f"GPUSCHED_{name}"] = value
         return out
 
     def keep_alive(self, on_revoked: Callable[[str], None] | None = None) -> None:

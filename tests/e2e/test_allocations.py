@@ -100,7 +100,7 @@ def test_galloc_runs_steps_on_both_nodes_and_ends_with_the_commands_status(
     # The first gsrun takes galloc's -n 4 (SLURM_NTASKS) as srun does; -N 2 alone, one
     # task per node.
     command = (f"{BIN}/gsrun -l hostname; {BIN}/gsrun -N 2 -l printenv SLURMD_NODENAME; "
-               "echo \"nodes $SLURM_JOB_NODELIST $SLURM_NNODES $GPUSCHED_JOB_NAME\"; exit 3")
+               "echo \"nodes $SLURM_JOB_NODELIST $SLURM_NNODES $SLURM_JOB_NAME\"; exit 3")
     result = cluster.run("galloc", "-N", "2", "-n", "4", "--gpus-per-node", "1",
                          "-J", "salloc-like", "sh", "-c", command)
     assert result.returncode == 3, result.stderr
