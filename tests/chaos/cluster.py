@@ -44,6 +44,7 @@ NODE_TIMEOUT = 4.0  # seconds of silence before a node is lost: shorter than mos
 POLL_WAIT = 1.0
 SCHEDULE_INTERVAL = 1.0
 STATE_DISK_MB = 24  # each agent's state directory: a tmpfs this size
+PAGE = 4096  # what a tmpfs counts its room in
 RESPAWN_AFTER = 0.5  # seconds the keeper leaves between two starts of one daemon
 CONTROLLERS = ("ctl-a", "ctl-b")
 MIG_INVENTORY = "mixed_mig.json"  # two GPUs cut in MIG slices, two whole
@@ -389,8 +390,9 @@ host_key_file = "{key}"
             daemon.kill()
             return at
 
-    def fill_disk(self, node: str) -> int:
-        """Fill the node's state disk with one file; returns the bytes written."""
+    def fill_disk(self, node: str, leave: int = 0) -> int:
+        """Fill the node's state disk with one file, leaving ``leave`` bytes (whole
+        pages) free; returns the bytes the file holds."""
         path = self.state_dir(node) / "chaos-fill"
         chunk = b"\0" * (1 << 20)
         written = 0
@@ -402,6 +404,9 @@ host_key_file = "{key}"
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
+            if leave:
+                written = max(0, written // PAGE * PAGE - leave)
+                f.truncate(written)
         return written
 
     def free_disk(self, node: str) -> None:
