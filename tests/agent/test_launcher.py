@@ -80,10 +80,10 @@ def test_build_spec_sets_gpu_and_slurm_variables(work_dir: Path) -> None:
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     for prefix in ("GPUSCHED", "SLURM"):
         assert env[f"{prefix}_JOB_ID"] == "42"
-        assert env[f"{prefix}_JOB_NAME"] == "train"
         assert env[f"{prefix}_JOB_NODELIST"] == "node01"
         assert env[f"{prefix}_SUBMIT_DIR"] == str(work_dir)
     assert env["SLURM_JOBID"] == "42"
+    assert env["SLURM_JOB_NAME"] == "train" and "GPUSCHED_JOB_NAME" not in env
     assert env["GPUSCHED_JOB_GPUS"] == gpus  # SLURM_JOB_GPUS: indexes (test_slurm_env)
     assert env["HOME"] == "/root"  # the submit environment is kept
     assert spec["argv"][1:] == ["a", "b c"]

@@ -28,9 +28,9 @@ def test_job_runs_to_completion_with_its_gpus_visible(cluster: Cluster) -> None:
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     for prefix in ("GPUSCHED", "SLURM"):
         assert env[f"{prefix}_JOB_ID"] == str(job_id)
-        assert env[f"{prefix}_JOB_NAME"] == "envcheck"
         assert env[f"{prefix}_JOB_NODELIST"] == "node01"
         assert env[f"{prefix}_SUBMIT_DIR"] == str(cluster.work)
+    assert env["SLURM_JOB_NAME"] == "envcheck" and "GPUSCHED_JOB_NAME" not in env
     assert job["start_time"] <= job["end_time"]
     stats = cluster.api("GET", "/v1/ping")["scheduler"]
     assert stats["passes"] >= 1 and stats["total_started"] >= 1
