@@ -31,7 +31,6 @@ from gpusched.agent import supervisor as supervisor_files
 from gpusched.agent.confine import remove_lost_job_cgroup
 from gpusched.agent.jobends import (
     NEVER_STARTED,
-    NOT_PREPARED,
     SUPERVISOR_LOST,
     JobEnd,
     job_end,
@@ -131,24 +130,32 @@ class Launcher:
             self.mps.ensure(spec.get("mps"))  # its GPU's MPS daemon, before the job
         except Exception as exc:  # noqa: BLE001 - a bad job fails itself, never the agent
             try:
-                if node_fault(exc):  # this node's disk, not the job: it goes back to the queue
-                    write_status(jobdir, "not_started", None, f"{NOT_PREPARED}: {exc}")
-                else:
-                    write_status(jobdir, "launch_failed", None, str(exc) if isinstance(
-                        exc, MpsError) else f"cannot prepare the job: {exc!r}")
+                if node_fault(exc):  # this node's disk, not the job: nothing of it stays
+                    raise
+                write_status(jobdir, "launch_failed", None, str(exc) if isinstance(
+                    exc, MpsError) else f"cannot prepare the job: {exc!r}")
             except OSError:
-                # Not even the status fits: nothing of the job stays here, and the
-                # caller reports its end itself (agent.commands).
+                # The node's disk failing (or not even the status fits): nothing of the
+                # job stays here, and the caller reports the run as never started
+                # (agent.commands), a later launch of it finding no directory in the way.
                 shutil.rmtree(jobdir, ignore_errors=True)
                 raise exc from None
             self._wake()
             return True
         try:
             pid = self._spawn_supervisor(jobdir)
-            pidfd = os.pidfd_open(pid)
         except OSError as exc:
             write_status(jobdir, "launch_failed", None,
-                          f"cannot start the job supervisor: {exc}")
+                         f"cannot start the job supervisor: {exc}")
+            self._wake()
+            return True
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            # The supervisor ran the job and exited already (this agent was slow or
+            # paused): its status.json stands; without one it was lost.
+            if not (jobdir / "status.json").exists():
+                self._record_lost(jobdir)
             self._wake()
             return True
         self._watch(job_id, pidfd)
@@ -293,6 +300,14 @@ class Launcher:
             shutil.rmtree(jobdir, ignore_errors=True)  # mark_reported was interrupted
             return False
         if (jobdir / "status.json").exists():
+            return False
+        if not (jobdir / "spec.json").exists() and not procs.lock_is_held(
+                jobdir / "supervisor.lock"):
+            # Made by a launch that stopped before its spec (the agent died, or its
+            # disk failed): no supervisor ever ran it, so nothing of the job did. The
+            # directory goes, so that the launch, sent again, can make it anew.
+            log.warning("job %s: a launch left no spec; its directory is removed", job_id)
+            shutil.rmtree(jobdir, ignore_errors=True)
             return False
         try:
             pidfd = self._find_supervisor(jobdir)

@@ -274,7 +274,13 @@ class Agent:
         backoff = 0.05
         with self._client() as client:
             while not self._stop.is_set():
-                ended = self.launcher.wait_ended(timeout=0.5)  # unreported ends stay on disk
+                try:
+                    ended = self.launcher.wait_ended(timeout=0.5)  # unreported ends stay on disk
+                except OSError as exc:  # the state disk failing: look again, never give up
+                    log.warning("cannot read job ends from the state directory: %s", exc)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+                    continue
                 for end in ended:  # the batch run is over: so are the job's steps here
                     self.steps.end_job(end.job_id, end.run)
                 with self._lock:

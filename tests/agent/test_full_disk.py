@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.agent.jobends import NOT_PREPARED
+from gpusched.agent.jobends import node_fault
 from gpusched.agent.jobfiles import RESERVE, RESERVE_BYTES, write_job_file
 from gpusched.agent.launcher import Launcher
 from tests.agent.conftest import kill_leftovers
@@ -78,27 +78,36 @@ def test_a_job_ending_on_a_full_disk_still_records_its_exit_status(
         launcher.close()
 
 
-def test_a_job_the_full_disk_cannot_prepare_never_started(
+def test_a_job_the_full_disk_cannot_prepare_leaves_nothing_and_runs_once_there_is_room(
         small_disk: Path, work_dir: Path, wait_for: WaitFor) -> None:
     launcher = Launcher(small_disk)
     try:
-        # Room for a status, not for the reserve: reported as never started.
-        filler = fill(small_disk, leave=RESERVE_BYTES // 4)
-        start(launcher, work_dir, f"touch {work_dir}/ran", job_id=6)
-        end = wait_end(launcher, 6, wait_for)
-        assert end.outcome == "not_started" and NOT_PREPARED in (end.error or "")
-        assert not (work_dir / "ran").exists()
-        launcher.mark_reported(6)
-        # No room at all: the launch raises the disk's error and leaves nothing behind,
-        # for the agent to report the run as never started itself.
-        fill(small_disk)
-        with pytest.raises(OSError) as raised:
-            start(launcher, work_dir, f"touch {work_dir}/ran", job_id=7)
-        assert raised.value.errno == errno.ENOSPC
-        assert not (small_disk / "7").exists()
+        # Room for a status but not for the reserve, then no room at all: the launch
+        # raises the disk's error (the agent reports the run as never started) and
+        # leaves no directory behind that a later launch of the job would stumble on.
+        for leave in (RESERVE_BYTES // 4, 0):
+            filler = fill(small_disk, leave=leave)
+            with pytest.raises(OSError) as raised:
+                start(launcher, work_dir, f"touch {work_dir}/ran", job_id=6)
+            assert node_fault(raised.value) and raised.value.errno == errno.ENOSPC
+            assert not (small_disk / "6").exists() and not (work_dir / "ran").exists()
         filler.unlink()
-        start(launcher, work_dir, "exit 0", job_id=8)  # room again: jobs run
-        assert wait_end(launcher, 8, wait_for).outcome == "completed"
+        start(launcher, work_dir, f"touch {work_dir}/ran", job_id=6)  # room again
+        assert wait_end(launcher, 6, wait_for).outcome == "completed"
+        assert (work_dir / "ran").exists()
+    finally:
+        launcher.close()
+
+
+def test_a_directory_a_launch_left_without_its_spec_is_removed_on_adopt(
+        small_disk: Path) -> None:
+    (small_disk / "12").mkdir()  # the agent died between mkdir and the spec
+    (small_disk / "12" / "script").write_text("#!/bin/sh\ntrue\n")
+    launcher = Launcher(small_disk)
+    try:
+        assert launcher.adopt() == []
+        assert not (small_disk / "12").exists()
+        assert launcher.wait_ended(timeout=0.1) == []  # nothing ran: nothing to report
     finally:
         launcher.close()
 
