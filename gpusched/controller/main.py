@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from types import FrameType
@@ -44,6 +45,37 @@ log = logging.getLogger(__name__)
 SWITCH_INTERVAL = 0.0005  # seconds; see serve_forever
 GC_THRESHOLD = 50_000  # allocations between young-generation collections (default 700)
 
+
+class DatabaseDownLog:
+    """The periodic jobs' failures to reach the database (PostgreSQL down or
+    restarting, the pool exhausted): one WARNING line per job at most every EVERY
+    seconds, with no traceback; the job simply runs again at its next interval."""
+
+    EVERY = 60.0
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def around(self, job: Callable[[], None]) -> Callable[[], None]:
+        """``job``, its database failures logged here instead of raised."""
+        name = getattr(job, "__name__", "periodic job")
+
+        def run() -> None:
+            try:
+                job()
+            except (SqlTimeoutError, OperationalError) as exc:
+                now = time.monotonic()
+                with self._lock:
+                    if now - self._last.get(name, -self.EVERY) < self.EVERY:
+                        return
+                    self._last[name] = now
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log.warning("%s: the database cannot be reached (%s); trying again at its "
+                            "next run", name, first[:200])
+
+        run.__name__ = name
+        return run
 
 class Controller:
     """One controller process; several may run against one database."""
@@ -101,24 +133,26 @@ class Controller:
             self._close_servers()
             raise
         self.periodic = BackgroundScheduler(daemon=True)
+        self._database_down = DatabaseDownLog()
+        quiet = self._database_down.around
         self.periodic.add_job(self.events.wake_scheduler, "interval",
                               seconds=config.controller.schedule_interval, id="backstop-pass")
-        self.periodic.add_job(self.accrue_usage, "interval",
+        self.periodic.add_job(quiet(self.accrue_usage), "interval",
                               seconds=config.scheduler.usage_interval, id="fairshare-usage")
         # Often enough that a dead node's jobs are requeued within node_timeout + 5 s.
-        self.periodic.add_job(self.check_nodes, "interval",
+        self.periodic.add_job(quiet(self.check_nodes), "interval",
                               seconds=min(5.0, max(1.0, config.controller.node_timeout / 5)),
                               id="node-liveness")
         # An allocation whose client went silent ends within the grace and a fifth of it.
-        self.periodic.add_job(self.check_allocations, "interval",
+        self.periodic.add_job(quiet(self.check_allocations), "interval",
                               seconds=min(5.0, max(1.0, config.scheduler.allocation_grace / 5)),
                               id="allocation-clients")
         if config.controller.gpu_resume_after:
-            self.periodic.add_job(self.resume_gpus, "interval",
+            self.periodic.add_job(quiet(self.resume_gpus), "interval",
                                   seconds=max(1.0, min(60.0, config.controller.gpu_resume_after / 4)),
                                   id="gpu-clean-period")
         if self.retention is not None:  # finished jobs archived and purged
-            self.periodic.add_job(self.retention.run, "interval",
+            self.periodic.add_job(quiet(self.retention.run), "interval",
                                   seconds=config.controller.retention.interval, id="job-retention")
         if config.mail.method != "off":  # on APScheduler's threads: never in a pass's way
             self.periodic.add_job(MailJob(config.mail, self.sessions,
