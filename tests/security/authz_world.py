@@ -2,30 +2,33 @@
 
 One API service (the controller's router over a real database), served as the
 controller serves it: on a Unix socket, where the kernel names the caller
-(``SO_PEERCRED``), and on TCP with the key method's real verifier, where a credential
-does. Requests on the socket are made by a child process that has taken the caller's
-uid and gid (``setuid``); over TCP by a credential signed for that uid with a host's key.
+(``SO_PEERCRED``), and on TCP with each method's real verifier (``key`` and ``munge``:
+two listeners), where a credential does. Requests on the socket are made by a child
+process that has taken the caller's uid and gid (``setuid``); with the key method, a
+credential is signed for that uid with a host's key; with munge, a real munged makes it
+for the process that asks, so a child that took the caller's uid asks for it (a batch at
+a time: tests/security/authz_callers.py).
 
 The callers: ``anonymous`` (on the socket a uid with no account on this host, over TCP
 no credential at all), ``user`` (a user who does not own the job acted on), ``owner``
 (the job's owner), ``admin`` (a member of ``[controller] admin_group``, not root),
 ``agent`` (the agent of node01, whose resources the requests name) and ``other agent``
 (the agent of node02). On the socket an agent is a process of root, as on a node that
-runs its controller; over TCP a node credential, root's, made with that node's key.
+runs its controller; over TCP a node credential, root's, made with that node's key, or
+by that node's munged (node01's stamps 127.0.0.1, node02's, sharing the key, 127.0.0.2).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
 import pwd
 import socket
 import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +37,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.auth.backends import Authenticator
+from gpusched.auth.credential import SCHEME_KEY, SCHEME_MUNGE
 from gpusched.auth.keys import derive_host_key, new_master_key
 from gpusched.auth.keytoken import KeySigner, KeyVerifier
+from gpusched.auth.munge import MungeVerifier
+from gpusched.auth.mungeclient import munge_client
+from gpusched.auth.nodeaddr import NodeAddressBook
 from gpusched.client.endpoints import Endpoint
 from gpusched.config import PartitionConfig
 from gpusched.controller.api import Api
@@ -54,12 +61,15 @@ from gpusched.db.models import Gpu, Job, JobStep, Node, NodeCommand
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.messages.steps import StepRequest
+from tests.auth.munged import Munged
+from tests.security.authz_callers import MungeCallers, as_uid
 from tests.security.conftest import LocalUser, ensure_user
 
 CALLERS = ("anonymous", "user", "owner", "admin", "agent", "other agent")
-BACKENDS = ("unix", "tcp")
+BACKENDS = ("unix", "key", "munge")  # the Unix socket; TCP with each method's credentials
 ADMIN_GROUP = "gpusched-authz-admins"
 NODE, OTHER_NODE = "node01", "node02"
+NODE_ADDRESSES = {NODE: ("127.0.0.1",), OTHER_NODE: ("127.0.0.2",)}  # what munged stamps
 GPUS = {name: [{"index": i, "uuid": f"{name}-gpu{i}"} for i in range(4)]
         for name in (NODE, OTHER_NODE)}
 WITHIN = 10.0
@@ -108,35 +118,6 @@ def _unix_exchange(path: Path, method: str, target: str, body: Any) -> bytes:
     return data
 
 
-def _as_uid(uid: int, gid: int, path: Path, method: str, target: str, body: Any) -> bytes:
-    """The exchange made by a child process that took ``uid`` and ``gid`` (and no
-    supplementary groups but its account's): the kernel reports it, not this process."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read_end)
-            try:
-                os.initgroups(pwd.getpwuid(uid).pw_name, gid)
-            except KeyError:
-                os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            os.write(write_end, _unix_exchange(path, method, target, body))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    data = b""
-    while chunk := os.read(read_end, 65536):
-        data += chunk
-    os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, f"the request as uid {uid} failed: {data!r}"
-    return data
-
-
 def _parse(data: bytes) -> tuple[int, dict[str, Any]]:
     head, _, rest = data.partition(b"\r\n\r\n")
     return int(head.split(b" ", 2)[1]), json.loads(rest or b"{}")
@@ -148,9 +129,10 @@ class World:
 
     sessions: sessionmaker[Session]
     socket_path: Path
-    port: int
+    ports: dict[str, int]  # the TCP listener of each method: "key", "munge"
     users: dict[str, tuple[int, int]]  # caller -> (uid, gid) of the human callers
     signers: dict[str, KeySigner]  # "login1", NODE, OTHER_NODE
+    munge: MungeCallers
 
     def identity(self, caller: str) -> Identity:
         uid, gid = self.users[caller]
@@ -163,21 +145,32 @@ class World:
             if caller in ("agent", "other agent"):  # root, this process
                 return _parse(_unix_exchange(self.socket_path, method, target, body))
             uid, gid = self.users[caller]
-            return _parse(_as_uid(uid, gid, self.socket_path, method, target, body))
+            return _parse(as_uid(uid, gid, lambda: _unix_exchange(
+                self.socket_path, method, target, body)))
         headers = {"Content-Type": "application/json"}
-        if caller in ("agent", "other agent"):
-            node = NODE if caller == "agent" else OTHER_NODE
-            headers["Authorization"] = "GPUSCHED-KEY " + self.signers[node].sign(0, 0, node=node)
-        elif caller != "anonymous":
-            uid, gid = self.users[caller]
-            headers["Authorization"] = "GPUSCHED-KEY " + self.signers["login1"].sign(uid, gid)
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WITHIN)
+        credential = self.credential(backend, caller)
+        if credential is not None:
+            headers["Authorization"] = credential
+        conn = http.client.HTTPConnection("127.0.0.1", self.ports[backend], timeout=WITHIN)
         try:
             conn.request(method, target, None if body is None else json.dumps(body), headers)
             answer = conn.getresponse()
             return answer.status, json.loads(answer.read() or b"{}")
         finally:
             conn.close()
+
+    def credential(self, method: str, caller: str) -> str | None:
+        """A fresh ``Authorization`` value of ``caller``'s for TCP with ``method``; none
+        for the anonymous caller."""
+        if caller == "anonymous":
+            return None
+        if method == "munge":
+            return self.munge.header(caller)
+        if caller in ("agent", "other agent"):
+            node = NODE if caller == "agent" else OTHER_NODE
+            return f"{SCHEME_KEY} " + self.signers[node].sign(0, 0, node=node)
+        uid, gid = self.users[caller]
+        return f"{SCHEME_KEY} " + self.signers["login1"].sign(uid, gid)
 
     # What a request acts on: made fresh for each cell, owned by ``owner``.
 
@@ -243,40 +236,51 @@ class World:
 @contextmanager
 def serving(db_url: str, owner: LocalUser, user: LocalUser) -> Iterator[World]:
     """The API of a controller with two registered nodes, on a Unix socket anyone may
-    reach and on TCP (127.0.0.1) with the key method, both served by one service."""
+    reach and on TCP (127.0.0.1) twice: with the key method (the Unix socket shares its
+    service) and with munge (a munged of this host, which is also the users' login host
+    and node01; node02's munged shares its key and stamps 127.0.0.2)."""
     admin = _admin_user()
     anonymous = _unknown_uid()
     master = new_master_key()
     signers = {host: KeySigner(derive_host_key(master, host))
                for host in ("login1", NODE, OTHER_NODE)}
-    engine = make_engine(db_url, pool_size=4)
-    sessions = make_sessionmaker(engine)
-    with sessions() as s, s.begin():
-        sync_partitions(s, (PartitionConfig("gpu", default=True),))
-        for name, gpus in GPUS.items():
-            agents.register_node(s, {"node": name, "uid": 0, "gpus": gpus})
-    router = Api(sessions, Events(), lambda: True, admin_group=ADMIN_GROUP).router()
-    service = HttpService(router, ServerLimits(), Authenticator(KeyVerifier(master)),
-                          "GPUSCHED-KEY")
-    folder = Path(tempfile.mkdtemp(prefix="gpusched-authz-"))
-    folder.chmod(0o755)  # every caller reaches the socket, as with socket_mode 0666
-    unix = UnixHttpServer(folder / "api.sock", router, 0o666, service=service)
-    tcp = TcpHttpServer(Endpoint("127.0.0.1", 0), service)
-    threads = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                daemon=True) for server in (unix, tcp)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield World(sessions, folder / "api.sock", int(tcp.server_address[1]),
-                    {"anonymous": (anonymous, anonymous), "user": (user.uid, user.gid),
-                     "owner": (owner.uid, owner.gid), "admin": (admin.uid, admin.gid)},
-                    signers)
-    finally:
-        for server in (unix, tcp):
-            server.shutdown()
-            server.server_close()
-        for thread in threads:
-            thread.join(WITHIN)
-        (folder / "api.sock").unlink(missing_ok=True)
-        folder.rmdir()
-        engine.dispose()
+    users = {"anonymous": (anonymous, anonymous), "user": (user.uid, user.gid),
+             "owner": (owner.uid, owner.gid), "admin": (admin.uid, admin.gid)}
+    with ExitStack() as stack:
+        here = Munged(origin=NODE_ADDRESSES[NODE][0])
+        stack.callback(here.stop)
+        there = Munged(key=here.key, origin=NODE_ADDRESSES[OTHER_NODE][0])
+        stack.callback(there.stop)
+        engine = make_engine(db_url, pool_size=4)
+        stack.callback(engine.dispose)
+        sessions = make_sessionmaker(engine)
+        with sessions() as s, s.begin():
+            sync_partitions(s, (PartitionConfig("gpu", default=True),))
+            for name, gpus in GPUS.items():
+                agents.register_node(s, {"node": name, "uid": 0, "gpus": gpus})
+        router = Api(sessions, Events(), lambda: True, admin_group=ADMIN_GROUP).router()
+        service = HttpService(router, ServerLimits(), Authenticator(KeyVerifier(master)),
+                              SCHEME_KEY)
+        munge_service = HttpService(router, ServerLimits(), Authenticator(MungeVerifier(
+            munge_client(here.socket), node_addresses=NodeAddressBook(NODE_ADDRESSES))),
+            SCHEME_MUNGE)
+        folder = Path(tempfile.mkdtemp(prefix="gpusched-authz-"))
+        stack.callback(folder.rmdir)
+        stack.callback((folder / "api.sock").unlink, missing_ok=True)
+        folder.chmod(0o755)  # every caller reaches the socket, as with socket_mode 0666
+        unix = UnixHttpServer(folder / "api.sock", router, 0o666, service=service)
+        tcp = {"key": TcpHttpServer(Endpoint("127.0.0.1", 0), service),
+               "munge": TcpHttpServer(Endpoint("127.0.0.1", 0), munge_service)}
+        for server in (unix, *tcp.values()):
+            thread = threading.Thread(target=server.serve_forever,
+                                      kwargs={"poll_interval": 0.05}, daemon=True)
+            thread.start()
+            stack.callback(thread.join, WITHIN)
+            stack.callback(server.server_close)
+            stack.callback(server.shutdown)
+        munge = MungeCallers(users, munge_client(here.socket),
+                             {"agent": (NODE, munge_client(here.socket)),
+                              "other agent": (OTHER_NODE, munge_client(there.socket))})
+        yield World(sessions, folder / "api.sock",
+                    {name: int(server.server_address[1]) for name, server in tcp.items()},
+                    users, signers, munge)

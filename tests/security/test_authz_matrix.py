@@ -1,6 +1,7 @@
 """The authorisation matrix: every operation of the API against every kind of caller,
-over the Unix socket and over TCP, each cell one test (tests/security/authz_world.py
-says who the callers are). The tables below are docs/security.md's "Authorisation
+over the Unix socket and over TCP with each method's credentials (key, munge), each cell
+one test (tests/security/authz_world.py says who the callers are). Both methods have
+the same answers: one table for TCP. The tables below are docs/security.md's "Authorisation
 matrix" section, word for word: ``python -m tests.security.test_authz_matrix`` prints
 it, and a test holds the two equal. Another test holds that every route the controller
 serves has its row.
@@ -37,8 +38,8 @@ from tests.security.authz_world import (
 )
 from tests.security.conftest import ensure_user
 
-# The answers on the Unix socket and over TCP, by column: anonymous, user, owner, admin,
-# the agent of this node, the agent of another node.
+# The answers on the Unix socket and over TCP (either method), by column: anonymous,
+# user, owner, admin, the agent of this node, the agent of another node.
 ANYONE = ("200 200 200 200 200 200", "401 200 200 200 200 200")
 JOB_READ = ("200p 200p 200 200 200 200", "401 200p 200 200 200 200")
 OWNER = ("403 403 200 200 200 200", "401 403 200 200 200 200")
@@ -59,7 +60,7 @@ class Row:
 
     route: str
     target: str
-    answers: tuple[str, str]  # the Unix socket's, TCP's
+    answers: tuple[str, str]  # the Unix socket's, TCP's (key or munge credentials)
     body: Any = None
     query: str = ""
     case: str = ""
@@ -69,9 +70,11 @@ class Row:
         return f"{self.route} ({self.case})" if self.case else self.route
 
     def expected(self, backend: str, caller: str) -> str:
-        return self.answers[BACKENDS.index(backend)].split()[CALLERS.index(caller)]
+        return self.answers[TABLE_OF[backend]].split()[CALLERS.index(caller)]
 
 
+TABLE_OF = {"unix": 0, "key": 1, "munge": 1}  # each back-end's answers in Row.answers
+TITLES = ("Over the Unix socket", "Over TCP (cluster mode, key or munge credentials)")
 SUBMISSION = {"script": "#!/bin/sh\ntrue\n", "work_dir": "/tmp", "hold": True}
 MATRIX = (
     Row("GET /v1/ping", "-", ANYONE),
@@ -144,7 +147,6 @@ CELLS = [(backend, row.name, caller) for backend in BACKENDS for row in MATRIX
          for caller in CALLERS]
 COLUMNS = ("anonymous", "user", "owner", "admin", "agent of this node",
            "agent of another node")
-BACKEND_TITLES = {"unix": "Over the Unix socket", "tcp": "Over TCP (cluster mode)"}
 ERROR_CODES = {400: "invalid", 401: "auth", 403: "forbidden", 404: "not_found", 409: "conflict"}
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 BEGIN = "<!-- authorisation matrix: tests/security/test_authz_matrix.py writes it -->"
@@ -154,12 +156,12 @@ END = "<!-- end of the authorisation matrix -->"
 def render() -> str:
     """The two tables of docs/security.md, from MATRIX."""
     parts = []
-    for backend in BACKENDS:
-        lines = [f"#### {BACKEND_TITLES[backend]}", "",
+    for table, title in enumerate(TITLES):
+        lines = [f"#### {title}", "",
                  "| operation | " + " | ".join(COLUMNS) + " |",
                  "|---" * (len(COLUMNS) + 1) + "|"]
         for row in MATRIX:
-            cells = row.answers[BACKENDS.index(backend)].split()
+            cells = row.answers[table].split()
             case = f" ({row.case})" if row.case else ""
             lines.append(f"| `{row.route}`{case} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
@@ -200,7 +202,7 @@ def _prepare(world: World, target: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def world(postgres: ScratchPostgres) -> Iterator[World]:
-    """One controller for the module, both back-ends, on a fresh database."""
+    """One controller for the module, every back-end, on a fresh database."""
     if os.geteuid() != 0:
         pytest.fail("the authorisation matrix runs as root (it takes other users' uids)")
     owner, user = ensure_user("gpusched-test"), ensure_user("gpusched-test2")
@@ -234,7 +236,9 @@ def test_cell(world: World, backend: str, name: str, caller: str) -> None:
             (not expected.endswith("p"),) * 2), shown
 
 
-def test_another_nodes_agent_naming_itself_changes_nothing_here(world: World) -> None:
+@pytest.mark.parametrize("backend", ("key", "munge"))
+def test_another_nodes_agent_naming_itself_changes_nothing_here(
+        world: World, backend: str) -> None:
     """Over TCP node02's agent may speak only for node02 (the 403s above); naming
     node02, it reaches nothing of node01: a run, a step, a command or a GPU there."""
     job_id, step_id = world.stepping()
@@ -244,7 +248,7 @@ def test_another_nodes_agent_naming_itself_changes_nothing_here(world: World) ->
     assert ours, "the running job and its step have their node's commands"
 
     def as_other(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        return world.call("tcp", "other agent", "POST", path, {**body, "node": OTHER_NODE})
+        return world.call(backend, "other agent", "POST", path, {**body, "node": OTHER_NODE})
 
     assert as_other(f"/agent/v1/jobs/{job_id}/ended", ENDED) == (
         200, {"ok": True, "changed": False, "stale": True})
