@@ -179,12 +179,10 @@ class NodeCommands:
         job_id, run = command.job_id, command.run
         if (job_id, run) in self._reported:
             return True
-        held = self.launcher.run_of(job_id)
-        if held is not None and held != run:
-            if self.launcher.is_running(job_id):
-                return False  # killed, but not gone yet
-            # Ended: the controller has ended that run too, or it would not launch this one.
-            self.launcher.mark_reported(job_id)
+        if self.launcher.run_of(job_id) != run and not self.launcher.clear_stale(job_id):
+            return False  # an earlier run, killed but not gone yet
+        # What an earlier run left (ended: the controller has ended that run too, or it
+        # would not launch this one, recorded or not) is gone.
         order = command.payload
         assert isinstance(order, LaunchOrder)
         try:

@@ -389,6 +389,18 @@ class Launcher:
                 self._select_lock.release()
         return self._scan_ended()
 
+    def clear_stale(self, job_id: int) -> bool:
+        """Remove what an earlier run of the job left here, for a new run of it: False
+        (and nothing removed) while a supervisor of the job is still alive."""
+        jobdir = self._jobdir(job_id)
+        if self.is_running(job_id) or procs.lock_is_held(jobdir / "supervisor.lock"):
+            return False
+        if jobdir.is_dir():
+            log.info("job %s: a new run replaces what an ended run left here", job_id)
+            (jobdir / "reported").touch()  # an interrupted removal still counts as reported
+            shutil.rmtree(jobdir, ignore_errors=True)
+        return True
+
     def mark_reported(self, job_id: int) -> None:
         """The controller has recorded the job's end: forget it (a running job is kept)."""
         jobdir = self._jobdir(job_id)

@@ -289,6 +289,22 @@ def test_mark_reported_keeps_a_running_job(
     assert (jobs_dir / "7" / "spec.json").exists()
 
 
+def test_a_new_run_clears_what_an_ended_run_left_but_never_a_live_one(
+        launcher: Launcher, jobs_dir: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    start(launcher, work_dir, "sleep 300")
+    assert not launcher.clear_stale(7)  # its supervisor is alive: nothing removed
+    assert (jobs_dir / "7" / "spec.json").exists()
+    launcher.cancel(7)
+    wait_end(launcher, 7, wait_for)
+    # An ended run whose end was never recorded, or a directory a launch left with no
+    # status at all: a new run of the job clears it and starts.
+    (jobs_dir / "7" / "status.json").unlink()
+    assert launcher.clear_stale(7) and not (jobs_dir / "7").exists()
+    start(launcher, work_dir, f"touch {work_dir}/again", job_id=7)
+    assert wait_end(launcher, 7, wait_for).outcome == "completed"
+    assert (work_dir / "again").exists()
+
+
 def test_wait_ended_in_another_thread_sees_a_job_launched_later(
         launcher: Launcher, work_dir: Path) -> None:
     result: list[JobEnd] = []
