@@ -15,11 +15,12 @@ environment it sends, as sbatch does; the agent keeps them as sent, and reads
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from gpusched.core.arrays import runs, task_bounds
 from gpusched.core.hostlist import compress_hostlist
+from gpusched.core.steps import tasks_per_node_text as repeated
 from gpusched.messages import LaunchOrder
 
 MAX_PATH = 4096  # bytes of a submit directory (Linux's PATH_MAX)
@@ -148,19 +149,6 @@ def tasks_per_node(ntasks: int | None, ntasks_per_node: int | None,
         return []
     base, extra = divmod(ntasks, nodes)
     return [base + 1] * extra + [base] * (nodes - extra)
-
-
-def repeated(counts: Sequence[int]) -> str:
-    """Counts in Slurm's compressed form: ``[2, 2, 2, 1]`` -> ``2(x3),1``."""
-    parts: list[str] = []
-    i = 0
-    while i < len(counts):
-        j = i
-        while j < len(counts) and counts[j] == counts[i]:
-            j += 1
-        parts.append(str(counts[i]) if j - i == 1 else f"{counts[i]}(x{j - i})")
-        i = j
-    return ",".join(parts)
 
 
 def array_variables(array_job: int, task: int, spec: str) -> dict[str, str]:
