@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpusched.config import TableReader, read_toml
-from gpusched.core.budgets import MAX_GPU_HOURS, PERIODS
-from gpusched.core.hostlist import HostlistError, expand_hostlist
-from gpusched.core.idle_policy import (
-    IDLE_ACTIONS,
-    MAX_IDLE_TIME,
-    MIN_IDLE_TIME,
-    settings_error,
+from gpusched.adminpolicy import (
+    IDLE_KEYS,
+    budget_period,
+    gpu_hours,
+    idle_policy,
+    license_counts,
+    user_budgets,
 )
+from gpusched.config import TableReader, read_toml
+from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.core.timefmt import TimeFormatError, parse_time_limit
 from gpusched.errors import ConfigError
 
@@ -167,7 +168,7 @@ def _partition(r: TableReader) -> PartitionSpec:
         allow_accounts=_names(r, "allow_accounts"), deny_accounts=_names(r, "deny_accounts", []) or (),
         max_gpus_per_job=_count(r, "max_gpus_per_job", None, "a number of GPUs (0 or more)"),
         state=state, requeue=r.get("requeue", bool, True, "true or false"),
-        **_sharing(r), **_dynamic_mig(r), **_idle_policy(r),
+        **_sharing(r), **_dynamic_mig(r), **idle_policy(r),
     )
     if spec.max_time is not None and spec.default_time is not None and spec.default_time > spec.max_time:
         raise r.fail("default_time", "at most max_time")
@@ -210,40 +211,6 @@ def _dynamic_mig(r: TableReader) -> dict[str, Any]:
             "mig_min_interval": interval}
 
 
-IDLE_KEYS = ("idle_warn_after", "idle_action", "idle_action_after")
-
-
-def _idle_time(r: TableReader, key: str) -> int | None:
-    expected = "a time from '0:01' (a second) to '30-00:00:00' (30 days), such as '30:00'"
-    text = r.get(key, str, None, expected)
-    if text is None:
-        return None
-    try:
-        seconds = parse_time_limit(text)
-    except TimeFormatError:
-        raise r.fail(key, expected) from None
-    if seconds is None or not MIN_IDLE_TIME <= seconds <= MAX_IDLE_TIME:
-        raise r.fail(key, expected)
-    return seconds
-
-
-def _idle_policy(r: TableReader) -> dict[str, Any]:
-    """``idle_action`` (off, warn, requeue, cancel), ``idle_warn_after`` and
-    ``idle_action_after`` (times), checked together."""
-    expected = "one of " + ", ".join(f'"{a}"' for a in IDLE_ACTIONS)
-    action = r.get("idle_action", str, None, expected)
-    if action is not None:
-        action = action.lower()
-        if action not in IDLE_ACTIONS:
-            raise r.fail("idle_action", expected)
-    values = {"idle_warn_after": _idle_time(r, "idle_warn_after"), "idle_action": action,
-              "idle_action_after": _idle_time(r, "idle_action_after")}
-    error = settings_error(action, values["idle_warn_after"], values["idle_action_after"])
-    if error is not None:
-        raise r.fail(*error)
-    return values
-
-
 def _check_sharing(where: str, partitions: Iterable[PartitionSpec]) -> None:
     """A node is shared one way: two partitions that both share their GPUs, in different
     ways or counts, have no node in common ("*" has every node)."""
@@ -276,48 +243,6 @@ def _qos_access(r: TableReader) -> tuple[tuple[str, ...] | None, str | None]:
     return allowed, default
 
 
-_HOURS = f"a number of GPU-hours from 0 to {MAX_GPU_HOURS:.0f}"
-
-
-def _gpu_hours(r: TableReader, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise r.fail(key, _HOURS)
-    try:
-        hours = float(value)
-    except OverflowError:
-        raise r.fail(key, _HOURS) from None
-    if not 0 <= hours <= MAX_GPU_HOURS:  # NaN fails too
-        raise r.fail(key, _HOURS)
-    return hours
-
-
-def _budget_period(r: TableReader) -> str:
-    expected = "one of " + ", ".join(f'"{p}"' for p in PERIODS)
-    period = r.get("gpu_hours_period", str, "none", expected).lower()
-    if period not in PERIODS:
-        raise r.fail("gpu_hours_period", expected)
-    if "gpu_hours" not in r.table and "gpu_hours_period" in r.table:
-        raise r.fail("gpu_hours_period", "it left out without gpu_hours")
-    return str(period)
-
-
-def _user_budgets(r: TableReader, accounts: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
-    """``gpu_hours``: one number (a budget in each of the user's accounts) or a table of
-    account = GPU-hours (only those, each one of the user's accounts)."""
-    raw = r.table.get("gpu_hours")
-    if raw is None:
-        return ()
-    if isinstance(raw, dict):
-        for name in raw:
-            if name not in accounts:
-                raise r.fail("gpu_hours", f"a table of the user's accounts {list(accounts)}, "
-                                          f"not {name!r}")
-        return tuple((name, _gpu_hours(r, "gpu_hours", raw[name])) for name in accounts
-                     if name in raw)
-    hours = _gpu_hours(r, "gpu_hours", raw)
-    return tuple((name, hours) for name in accounts)
-
-
 def _account(r: TableReader) -> AccountSpec:
     r.check_keys({"name", "parent", "shares", "qos", "default_qos", "gpu_hours",
                   "gpu_hours_period"})
@@ -325,8 +250,8 @@ def _account(r: TableReader) -> AccountSpec:
     raw = r.table.get("gpu_hours")
     return AccountSpec(r.name("name"), r.name("parent", ROOT_ACCOUNT), shares or 0,
                        *_qos_access(r),
-                       gpu_hours=None if raw is None else _gpu_hours(r, "gpu_hours", raw),
-                       gpu_hours_period=_budget_period(r))
+                       gpu_hours=None if raw is None else gpu_hours(r, "gpu_hours", raw),
+                       gpu_hours_period=budget_period(r))
 
 
 def _user(r: TableReader) -> UserSpec:
@@ -342,7 +267,7 @@ def _user(r: TableReader) -> UserSpec:
     return UserSpec(r.name("name"), accounts, default, shares or 0, *_qos_access(r),
                     max_submit_jobs=_count(r, "max_submit_jobs", None,
                                            "a number of jobs (0 or more)"),
-                    gpu_hours=_user_budgets(r, accounts), gpu_hours_period=_budget_period(r))
+                    gpu_hours=user_budgets(r, accounts), gpu_hours_period=budget_period(r))
 
 
 def _qos(r: TableReader) -> QosSpec:
@@ -358,7 +283,7 @@ def _qos(r: TableReader) -> QosSpec:
         preempt=_names(r, "preempt", []) or (),
         max_submit_jobs_per_user=_count(r, "max_submit_jobs_per_user", None,
                                         "a number of jobs (0 or more)"),
-        **_idle_policy(r),
+        **idle_policy(r),
     )
 
 
@@ -369,26 +294,6 @@ def _billing(r: TableReader) -> dict[str, float]:
             raise r.fail(gpu_type, "a GPU type such as 'h100-80gb' (lower case)")
         weights[gpu_type] = r.positive(gpu_type, 1.0)
     return weights
-
-
-def _licenses(r: TableReader) -> dict[str, int]:
-    from gpusched.core.licenses import (
-        MAX_CLUSTER_LICENSES,
-        MAX_LICENSE_COUNT,
-        valid_name,
-    )
-
-    counts: dict[str, int] = {}
-    for name in r.table:
-        if not valid_name(name):
-            raise r.fail(name, "a license name (letters, digits, '_', '.', '@', '+', '-')")
-        count = r.get(name, int, None, f"a whole number of licenses, 0 to {MAX_LICENSE_COUNT}")
-        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_LICENSE_COUNT:
-            raise r.fail(name, f"a whole number of licenses, 0 to {MAX_LICENSE_COUNT}")
-        counts[name] = count
-    if len(counts) > MAX_CLUSTER_LICENSES:
-        raise r.fail("", f"at most {MAX_CLUSTER_LICENSES} licenses")
-    return counts
 
 
 _TABLES = {"partition": _partition, "account": _account, "user": _user, "qos": _qos}
@@ -437,7 +342,7 @@ def parse_admin_config(files: Iterable[tuple[str, dict[str, Any]]]) -> AdminConf
         if "billing" in data:
             billing = {**(billing or {}), **_billing(TableReader(source, data, "").sub("billing"))}
         if "licenses" in data:
-            licenses = {**(licenses or {}), **_licenses(TableReader(source, data, "").sub("licenses"))}
+            licenses = {**(licenses or {}), **license_counts(TableReader(source, data, "").sub("licenses"))}
     if not sources:
         raise ConfigError("no admin configuration files given")
     where = ", ".join(sources)
