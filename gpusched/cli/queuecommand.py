@@ -10,7 +10,6 @@ import time
 from gpusched.cli.listing import (
     START_FIELDS,
     TABLE_FIELDS,
-    explain_lines,
     format_fields,
     jobs_path,
     parse_format,
@@ -31,6 +30,8 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
         with ApiClient() as client:
             answer = client.request("GET", f"/v1/jobs/{explain}/explain")
         import json
+
+        from gpusched.cli.explaintext import explain_lines
 
         print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
         return

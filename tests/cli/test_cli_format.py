@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.main import get_command
 
-from gpusched.cli import gcancel, gsubmit, listing, shell
+from gpusched.cli import explaintext, gcancel, gsubmit, listing, shell
 from gpusched.cli.common import use_light_coercion
 from gpusched.cli.output import fit_widths, format_plain_table, print_table
 from gpusched.core.model import JobState
@@ -351,7 +351,7 @@ def test_explain_lines_for_a_pending_array_and_an_ended_job() -> None:
         "blockers": [{"reason": "JobArrayTaskLimit", "detail": "2 task(s) run"}],
         "would_start": [],
     }
-    assert listing.explain_lines(answer) == [
+    assert explaintext.explain_lines(answer) == [
         "Job 12_[3-9%2] (train, user alice, partition gpu) is pending, reason JobArrayTaskLimit.",
         "Priority 0.1235, 3rd of 11 pending jobs.",
         "What holds it back, most fundamental first:",
@@ -360,11 +360,11 @@ def test_explain_lines_for_a_pending_array_and_an_ended_job() -> None:
     starting = {**answer, "reason": "None", "blockers": [], "position": 12,
                 "would_start": [{"node": "n2", "gpu_uuids": [], "array_task_id": 3},
                                 {"node": "n1", "gpu_uuids": [], "array_task_id": 4}]}
-    assert listing.explain_lines(starting)[1:] == [
+    assert explaintext.explain_lines(starting)[1:] == [
         "Priority 0.1235, 12th of 11 pending jobs.",
         "2 of its tasks would start at the next pass, on n1, n2."]
     ended = {"job": job(state="COMPLETED"), "reason": "None", "blockers": [], "would_start": []}
-    assert listing.explain_lines(ended) == [
+    assert explaintext.explain_lines(ended) == [
         "Job 17 (train, user alice, partition gpu) is COMPLETED: nothing holds it back."]
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.cli import gcontrol, listing
+from gpusched.cli import explaintext, gcontrol, listing
 from gpusched.cli.output import (
     RICH_MAX_ROWS,
     format_plain_table,
@@ -215,7 +215,7 @@ def test_explain_escapes_names_reasons_and_details() -> None:
     answer = {"job": hostile_job(), "reason": "Resources\x1b[2J", "priority": 1.0,
               "position": 1, "queue_length": 1, "would_start": [{"node": "n\u202e1"}],
               "blockers": [{"reason": "QOS\x9b", "detail": "limit \u2066x"}]}
-    lines = listing.explain_lines(answer)
+    lines = explaintext.explain_lines(answer)
     assert_clean("\n".join(lines))
     assert HOSTILE_SHOWN in lines[0] and "Resources\\x1b[2J" in lines[0]
     assert any("QOS\\x9b: limit \\u2066x" in line for line in lines)
