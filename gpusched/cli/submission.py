@@ -8,19 +8,20 @@ from __future__ import annotations
 import os
 import sys
 
+from gpusched.cli import submitvalues
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
 from gpusched.cli.directives import Directive, read_directive_lines
 from gpusched.cli.jobshape import (
     job_shape,
     option_value,
     share_fields,
-    trailing_comma_allowed,
 )
 from gpusched.cli.output import print_warning
-from gpusched.cli.shell import current_umask, exported, job_dir, job_environment
+from gpusched.cli.shell import current_umask, job_dir, job_environment
+from gpusched.cli.submitvalues import UNLIMITED as UNLIMITED
+from gpusched.cli.submitvalues import without_empty_items as without_empty_items
 from gpusched.client import ApiClient
 from gpusched.core.shapes import is_mig_profile
-from gpusched.core.timefmt import parse_begin, parse_time_limit
 from gpusched.errors import UsageError
 
 # No typing at run time (see gpusched.cli.console): annotations only.
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 PROG = "gsubmit"
 # What a directive may set. SCRIPT, its ARGS and --wrap only make sense on the command line.
-UNLIMITED = "UNLIMITED"
 DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
@@ -240,27 +240,27 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         args=tuple(parsed.params["args"] or ()),
         name=values["job_name"] or default_name,
         **shape,
-        time_limit=option("time_limit", _time_value, "--time"),
+        time_limit=option("time_limit", submitvalues.time_value, "--time"),
         partition=values["partition"],
         account=values["account"],
         qos=values["qos"],
         hold=bool(values["hold"]),
         exclusive=bool(values["exclusive"]),
-        gres_flags=option("gres_flags", _gres_flags_value),
+        gres_flags=option("gres_flags", submitvalues.gres_flags_value),
         requeue=values["requeue"],
         chdir=values["chdir"],
         ignored=tuple(f"{origins[name]}: {why}" if name in origins else why
                       for name, why in IGNORED.items() if values[name] is not None)
         + _mail_warning(values) + _flag_checks(values, origins, shape["nodes"],
                                                                shape["cpus"]),
-        mail_types=option("mail_type", _mail_type_value, "--mail-type"),
-        mail_user=option("mail_user", _mail_user_value, "--mail-user"),
-        licenses=option("licenses", _licenses_value, "--licenses"),
-        export=option("export", _checked_export),
-        begin_time=option("begin", _begin_value),
-        dependency=option("dependency", _checked_dependency, "--dependency"),
-        array=option("array", _array_value, "--array"),
-        warn_signal=option("warn_signal", _warn_signal_value),
+        mail_types=option("mail_type", submitvalues.mail_type_value, "--mail-type"),
+        mail_user=option("mail_user", submitvalues.mail_user_value, "--mail-user"),
+        licenses=option("licenses", submitvalues.licenses_value, "--licenses"),
+        export=option("export", submitvalues.checked_export),
+        begin_time=option("begin", submitvalues.begin_value),
+        dependency=option("dependency", submitvalues.checked_dependency, "--dependency"),
+        array=option("array", submitvalues.array_value, "--array"),
+        warn_signal=option("warn_signal", submitvalues.warn_signal_value),
         output=values["output"],
         error=values["error"],
         parsable=bool(values["parsable"]),
@@ -359,89 +359,6 @@ def _given(ctx: ParsedArgs, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
-def _time_value(text: str) -> int | str:
-    """Seconds of a --time value, or ``"UNLIMITED"``."""
-    seconds = parse_time_limit(text)
-    return UNLIMITED if seconds is None else seconds
-
-
-def _array_value(text: str) -> str:
-    """An --array value, in its canonical form."""
-    # Imported here, as the next one: most jobs are not arrays.
-    from gpusched.core.arrays import parse_array
-
-    try:
-        return parse_array(without_empty_items(text)).text()
-    except ValueError:
-        parse_array(text)  # the refusal, quoting the value as it was given
-        raise
-
-
-def without_empty_items(text: str) -> str:
-    """A comma list without its empty items (``1,`` is ``1``), as sbatch splits one
-    (strtok skips them); a list of nothing but commas stays as it is, to be refused."""
-    ids, percent, cap = text.partition("%")
-    items = [item for item in ids.split(",") if item.strip()]
-    return ",".join(items) + percent + cap if items else text
-
-
-def _warn_signal_value(text: str) -> WarnSignal:
-    """A --signal value."""
-    # The signal module builds its enums on import (~2 ms).
-    from gpusched.core.signals import parse_warn_signal
-
-    return parse_warn_signal(text)
-
-
-def _gres_flags_value(text: str) -> str:
-    """A --gres-flags value: Slurm's enforce-binding or disable-binding."""
-    from gpusched.messages.agent import GRES_FLAGS
-
-    if text not in GRES_FLAGS:
-        raise UsageError(f"invalid --gres-flags {text[:64]!r}: expected enforce-binding or "
-                         "disable-binding")
-    return text
-
-
-def _begin_value(text: str) -> str:
-    """The --begin time as ISO 8601 in the local zone."""
-    from datetime import datetime
-
-    return parse_begin(text, datetime.now().astimezone()).isoformat()
-
-
-def _checked_dependency(text: str) -> str:
-    """The --dependency value, checked here so that a bad one is never sent."""
-    # Imported here: the dependency module pulls in the whole job model (~8 ms).
-    from gpusched.core.dependency import parse_dependency
-
-    text = text.rstrip()
-    trailing_comma_allowed(parse_dependency)(text)
-    return text.rstrip(",") or text  # "afterok:5," is "afterok:5", as in sbatch
-
-
-def _mail_type_value(text: str) -> tuple[str, ...]:
-    """A --mail-type value: its types, ALL expanded; () for NONE."""
-    # Imported here, as the next one: most jobs ask for no mail.
-    from gpusched.core.mail import parse_mail_types
-
-    return trailing_comma_allowed(parse_mail_types)(text)  # type: ignore[no-any-return]
-
-
-def _licenses_value(text: str) -> str:
-    """A -L/--licenses value, checked and in its canonical form."""
-    from gpusched.core.licenses import format_licenses, parse_licenses
-
-    return format_licenses(parse_licenses(text))
-
-
-def _mail_user_value(text: str) -> str:
-    """A --mail-user value: a user name or one mail address."""
-    from gpusched.core.mail import check_mail_user
-
-    return check_mail_user(text)
-
-
 def _flag_checks(values: dict[str, Any], origins: dict[str, str], nodes: int,
                  cpus: int) -> tuple[str, ...]:
     """sbatch's --nice, -M/--clusters, -k/--no-kill, --overcommit and -N MIN-MAX: refused
@@ -498,9 +415,3 @@ def _mail_warning(values: dict[str, Any]) -> tuple[str, ...]:
     if values["mail_user"] is not None and values["mail_type"] is None:
         return ("--mail-user: no --mail-type is given, so no mail is sent",)
     return ()
-
-
-def _checked_export(text: str) -> str:
-    """The --export value, checked without reading the environment yet."""
-    exported(text, {})
-    return text
