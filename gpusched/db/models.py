@@ -1,4 +1,5 @@
-"""SQLAlchemy 2 models: the schema of record. Changes go through Alembic migrations."""
+"""SQLAlchemy 2 models: the schema of record (with gpusched.db.accountmodels: accounts,
+users, QOS, licenses, billing and usage). Changes go through Alembic migrations."""
 
 from __future__ import annotations
 
@@ -14,16 +15,25 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     Text,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from gpusched.core.mail import MAIL_TYPES, MAX_MAIL_USER
 from gpusched.core.topology import LINK_KINDS
+from gpusched.db.accountmodels import Account as Account
+from gpusched.db.accountmodels import AccountUser as AccountUser
+from gpusched.db.accountmodels import FairShareUsage as FairShareUsage
+from gpusched.db.accountmodels import GpuBilling as GpuBilling
+from gpusched.db.accountmodels import License as License
+from gpusched.db.accountmodels import Qos as Qos
+from gpusched.db.modelbase import NAMING as NAMING
+from gpusched.db.modelbase import Base as Base
+from gpusched.db.modelbase import idle_checks
+from gpusched.db.modelbase import in_values as _in
 
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
               "OUT_OF_MEMORY")
@@ -39,42 +49,6 @@ MAX_SHARES = 10_000  # units one shared GPU may offer
 MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 MAIL_STATES = ("queued", "sending", "sent", "failed")  # of a mail_events row
-# The idle-GPU policy of a partition or QOS (gpusched.core.idle_policy): its bounds.
-_IDLE_CHECKS = ("idle_warn_after BETWEEN 1 AND 2592000", "idle_action_after BETWEEN 1 AND 2592000",
-                "idle_action IN ('off', 'warn', 'requeue', 'cancel')")
-
-
-def _idle_checks() -> tuple[CheckConstraint, ...]:
-    return tuple(CheckConstraint(check, name=check.split()[0]) for check in _IDLE_CHECKS)
-
-# A GPU-hour budget of an account or of a user in one (gpusched.core.budgets).
-_BUDGET_CHECKS = {"gpu_hours": "gpu_hours BETWEEN 0 AND 1000000000",
-                  "gpu_hours_period": "gpu_hours_period IN ('none', 'month', 'quarter', 'year')"}
-
-
-def _budget_checks() -> tuple[CheckConstraint, ...]:
-    return tuple(CheckConstraint(check, name=name) for name, check in _BUDGET_CHECKS.items())
-
-
-NAMING = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
-
-
-class Base(DeclarativeBase):
-    """Declarative base with stable constraint names (Alembic needs them)."""
-
-    metadata = MetaData(naming_convention=NAMING)
-
-
 class Partition(Base):
     """A named set of nodes jobs are submitted to, with its time limits."""
 
@@ -85,7 +59,7 @@ class Partition(Base):
         CheckConstraint(f"shares BETWEEN 1 AND {MAX_SHARES}", name="shares"),
         CheckConstraint(f"mig_min_interval BETWEEN {MIN_MIG_INTERVAL} AND {MAX_MIG_INTERVAL}",
                         name="mig_min_interval"),
-        *_idle_checks(),
+        *idle_checks(),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -445,92 +419,6 @@ class JobStep(Base):
     # Each reporting node's outcome (StepEnd.outcome), in the order of nodes_ended.
     outcomes: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     error: Mapped[str | None] = mapped_column(Text)
-
-
-class Account(Base):
-    """A node of the fair-share account tree; ``root`` has no parent."""
-
-    __tablename__ = "accounts"
-    __table_args__ = (CheckConstraint("shares >= 0", name="shares"), *_budget_checks())
-
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
-    parent: Mapped[str | None] = mapped_column(ForeignKey("accounts.name", ondelete="RESTRICT"))
-    shares: Mapped[int] = mapped_column(Integer, server_default=text("1"))
-    # The QOS its users may use and their default, unless a user has their own; None:
-    # as its parent's (the cluster's default QOS at the root).
-    qos: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
-    default_qos: Mapped[str | None] = mapped_column(Text)
-    # A GPU-hour budget (gpusched.core.budgets; None: none) and its period.
-    gpu_hours: Mapped[float | None] = mapped_column(Float)
-    gpu_hours_period: Mapped[str] = mapped_column(Text, server_default=text("'none'"))
-
-
-class AccountUser(Base):
-    """A user's association with an account (a leaf of the tree)."""
-
-    __tablename__ = "account_users"
-    __table_args__ = (CheckConstraint("shares >= 0", name="shares"), *_budget_checks())
-
-    user_name: Mapped[str] = mapped_column(Text, primary_key=True)
-    account: Mapped[str] = mapped_column(ForeignKey("accounts.name", ondelete="CASCADE"),
-                                         primary_key=True)
-    shares: Mapped[int] = mapped_column(Integer, server_default=text("1"))
-    is_default: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
-    qos: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # None: the account's
-    default_qos: Mapped[str | None] = mapped_column(Text)
-    max_submit_jobs: Mapped[int | None] = mapped_column(Integer)  # pending + running
-    gpu_hours: Mapped[float | None] = mapped_column(Float)  # a GPU-hour budget, as accounts'
-    gpu_hours_period: Mapped[str] = mapped_column(Text, server_default=text("'none'"))
-
-
-class Qos(Base):
-    """A quality of service: priority, limits and which QOS it may preempt."""
-
-    __tablename__ = "qos"
-    __table_args__ = _idle_checks()
-
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
-    priority: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    max_gpus_per_user: Mapped[int | None] = mapped_column(Integer)
-    max_jobs_per_user: Mapped[int | None] = mapped_column(Integer)
-    grp_gpus: Mapped[int | None] = mapped_column(Integer)
-    max_wall: Mapped[int | None] = mapped_column(Integer)
-    preempt: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
-    max_submit_jobs_per_user: Mapped[int | None] = mapped_column(Integer)
-    idle_warn_after: Mapped[int | None] = mapped_column(Integer)  # idle-GPU policy
-    idle_action: Mapped[str | None] = mapped_column(Text)
-    idle_action_after: Mapped[int | None] = mapped_column(Integer)
-
-
-class License(Base):
-    """A license of the cluster (sbatch's -L) and how many of it there are."""
-
-    __tablename__ = "licenses"
-    __table_args__ = (CheckConstraint("count >= 0", name="count"),)
-
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
-    count: Mapped[int] = mapped_column(Integer)
-
-
-class GpuBilling(Base):
-    """How many GPU-hours one hour on a GPU type bills in fair-share usage."""
-
-    __tablename__ = "gpu_billing"
-    __table_args__ = (CheckConstraint("weight > 0", name="weight"),)
-
-    gpu_type: Mapped[str] = mapped_column(Text, primary_key=True)
-    weight: Mapped[float] = mapped_column(Float)
-
-
-class FairShareUsage(Base):
-    """Decayed billed GPU-seconds of one user in one account, as of ``updated_at``."""
-
-    __tablename__ = "fairshare_usage"
-
-    user_name: Mapped[str] = mapped_column(Text, primary_key=True)
-    account: Mapped[str] = mapped_column(Text, primary_key=True)
-    usage: Mapped[float] = mapped_column(Float, server_default=text("0"))
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class NodeCommand(Base):
