@@ -78,6 +78,9 @@ class Launcher:
         self._select_lock = threading.Lock()  # whoever holds it owns the selector
         self._pidfds: dict[int, int] = {}  # job id -> pidfd of its live supervisor
         self._to_register: list[tuple[int, int]] = []
+        # Jobs whose supervisor died and whose end could not be written yet (the state
+        # disk full): tried again at each look for ended jobs.
+        self._unrecorded: set[int] = set()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -438,7 +441,7 @@ class Launcher:
         jobdir = self._jobdir(job_id)
         # Not current: the job was reported and launched anew; the dir is the new run's.
         if current and jobdir.is_dir() and not (jobdir / "status.json").exists():
-            self._record_lost(jobdir)
+            self._record_lost_or_later(job_id)
         with self._launch_lock:  # a launch that needs a daemon does not see it stop
             self.mps.release(self.jobs_dir)
 
@@ -460,7 +463,21 @@ class Launcher:
                 ids.append(int(entry.name))
         return sorted(ids)
 
+    def _record_lost_or_later(self, job_id: int) -> None:
+        """_record_lost, or, when the state disk refuses the status, again later."""
+        try:
+            self._record_lost(self._jobdir(job_id))
+        except OSError as exc:
+            log.warning("job %s: cannot record its lost supervisor yet: %s", job_id, exc)
+            with self._lock:
+                self._unrecorded.add(job_id)
+
     def _scan_ended(self) -> list[JobEnd]:
+        with self._lock:
+            waiting, self._unrecorded = self._unrecorded, set()
+        for job_id in waiting:  # lost supervisors whose end the full disk refused
+            if self._jobdir(job_id).is_dir() and not (self._jobdir(job_id) / "status.json").exists():
+                self._record_lost_or_later(job_id)
         ended = []
         for job_id in self._job_ids():
             jobdir = self._jobdir(job_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -123,3 +124,23 @@ def test_a_job_file_waits_for_room_within_its_patience(small_disk: Path) -> None
     filler.unlink()
     write_job_file(str(jobdir / "status.json"), {"outcome": "completed"}, patience=0.0)
     assert (jobdir / "status.json").read_text() == '{"outcome":"completed"}'
+
+
+def test_a_lost_supervisor_on_a_full_disk_is_recorded_once_there_is_room(
+        small_disk: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    launcher = Launcher(small_disk)
+    try:
+        start(launcher, work_dir, "sleep 300", job_id=13)
+        info = supervisor_info(small_disk / "13", wait_for)
+        filler = fill(small_disk)
+        (small_disk / "13" / RESERVE).unlink(missing_ok=True)  # not even the reserve
+        filler.unlink()
+        filler = fill(small_disk)
+        os.kill(info["supervisor_pid"], signal.SIGKILL)  # its end cannot be written now
+        assert launcher.wait_ended(timeout=1.0) == []
+        assert not (small_disk / "13" / "status.json").exists()
+        filler.unlink()  # room again: the next look records it
+        end = wait_end(launcher, 13, wait_for)
+        assert end.outcome == "failed" and end.error == "job supervisor lost"
+    finally:
+        launcher.close()
