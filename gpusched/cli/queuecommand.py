@@ -59,8 +59,8 @@ def job_ids(text: str) -> list[int]:
     """The ids of ``--jobs``: positive integers, comma separated."""
     ids = []
     for word in (w.strip() for w in text.split(",") if w.strip()):
-        if not (word.isascii() and word.isdigit()) or int(word) <= 0:
-            raise UsageError(f"invalid --jobs {word!r}: a job id is a positive integer")
+        if not (word.isascii() and word.isdigit() and len(word) <= 18) or int(word) <= 0:
+            raise UsageError(f"invalid --jobs {word[:32]!r}: a job id is a positive integer")
         ids.append(int(word))
     if not ids:
         raise UsageError("--jobs: give at least one job id")
