@@ -34,6 +34,7 @@ from gpusched.messages.steps import StepCancel, StepLaunch
 
 log = logging.getLogger(__name__)
 REMEMBER_DONE = 10_000
+DISK_WAIT = 60.0  # seconds a launch waits for room on the node's state disk
 
 
 class NodeCommands:
@@ -62,6 +63,7 @@ class NodeCommands:
         self._done: deque[int] = deque(maxlen=REMEMBER_DONE)
         # Launches waiting for an earlier run of the same job to end here first.
         self._deferred: dict[tuple[int, int], NodeCommand] = {}
+        self._disk_waits: dict[tuple[int, int], float] = {}  # (job, run) -> first refusal
 
     @property
     def waiting(self) -> bool:
@@ -202,10 +204,18 @@ class NodeCommands:
         except Exception as exc:  # noqa: BLE001 - whatever a job holds, it fails that job
             log.warning("job %s: launch failed: %r", job_id, exc)
             refusal = f"the agent on {self.node} could not launch the job: {exc!r}"
-            if node_fault(exc):  # the node's disk: the job goes back to the queue
+            if node_fault(exc):
+                # The node's disk, not the job: the launch waits (not acknowledged, so an
+                # agent restart gets it again) and is tried at every round until the disk
+                # has room; past DISK_WAIT the run goes back to the queue, never started.
+                first = self._disk_waits.setdefault((job_id, run), time.monotonic())
+                if time.monotonic() - first < DISK_WAIT:
+                    return False
+                del self._disk_waits[(job_id, run)]
                 self._queue_end(JobEnd(job_id, "not_started", None, None, None, time.time(),
                                        f"{NOT_PREPARED} on {self.node}: {exc}", run))
                 return True
+        self._disk_waits.pop((job_id, run), None)
         if refusal is not None:
             self._queue_end(JobEnd(job_id, "launch_failed", None, None, None, time.time(),
                                    refusal, run))
