@@ -178,8 +178,9 @@ class ThrottledLog:
     """Logs a failure of each kind at most once per LOG_EVERY seconds, saying how many
     were not logged since."""
 
-    def __init__(self, every: float = LOG_EVERY) -> None:
+    def __init__(self, every: float = LOG_EVERY, logger: logging.Logger = log) -> None:
         self.every = every
+        self.log = logger
         self._last: dict[str, float] = {}
         self._quiet: dict[str, int] = {}
 
@@ -192,7 +193,7 @@ class ThrottledLog:
             return False
         quiet = self._quiet.pop(kind, 0)
         self._last[kind] = now
-        log.warning("%s%s", message, f" ({quiet} more like it not logged)" if quiet else "")
+        self.log.warning("%s%s", message, f" ({quiet} more like it not logged)" if quiet else "")
         return True
 
 

@@ -27,7 +27,7 @@ from gpusched.controller.http import (
     TcpHttpServer,
     UnixHttpServer,
 )
-from gpusched.controller.mail import MailJob
+from gpusched.controller.mail import MailJob, ThrottledLog
 from gpusched.controller.metrics import ControllerMetrics
 from gpusched.controller.metrics_http import MetricsServer
 from gpusched.controller.retention import ArchiveShelf, RetentionJob
@@ -49,13 +49,13 @@ GC_THRESHOLD = 50_000  # allocations between young-generation collections (defau
 class DatabaseDownLog:
     """The periodic jobs' failures to reach the database (PostgreSQL down or
     restarting, the pool exhausted): one WARNING line per job at most every EVERY
-    seconds, with no traceback; the job simply runs again at its next interval."""
+    seconds (mail's ThrottledLog), with no traceback; the job simply runs again at its
+    next interval."""
 
     EVERY = 60.0
 
     def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._lock = threading.Lock()
+        self.throttle = ThrottledLog(self.EVERY, log)
 
     def around(self, job: Callable[[], None]) -> Callable[[], None]:
         """``job``, its database failures logged here instead of raised."""
@@ -65,14 +65,9 @@ class DatabaseDownLog:
             try:
                 job()
             except (SqlTimeoutError, OperationalError) as exc:
-                now = time.monotonic()
-                with self._lock:
-                    if now - self._last.get(name, -self.EVERY) < self.EVERY:
-                        return
-                    self._last[name] = now
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                log.warning("%s: the database cannot be reached (%s); trying again at its "
-                            "next run", name, first[:200])
+                self.throttle.warning(name, f"{name}: the database cannot be reached "
+                                            f"({first[:200]}); trying again at its next run")
 
         run.__name__ = name
         return run

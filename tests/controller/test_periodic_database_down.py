@@ -32,7 +32,7 @@ def test_a_job_that_cannot_reach_the_database_logs_one_line_per_interval(
 
     down.around(accrue_usage)()  # another job: its own line
     assert len([r for r in caplog.records if r.name == "gpusched.controller.main"]) == 2
-    down.EVERY = 0.0
+    down.throttle.every = 0.0
     check_nodes()  # the interval passed: logged again
     assert len([r for r in caplog.records if r.name == "gpusched.controller.main"]) == 3
 
