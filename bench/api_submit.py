@@ -16,7 +16,10 @@ must be 201 on a connection the server keeps open:
   request to its answer being ready, its stage log), the rest being the client, the
   socket and the encoding;
 - ``*_reconnects``: connections opened again during the timed submissions (0: the
-  controller kept the first one open throughout).
+  controller kept the first one open throughout);
+- ``*_controller_cpu_s_per_1000``, ``*_postgres_cpu_s_per_1000``: CPU time (user and
+  system) of the controller process, and of the PostgreSQL server's processes, per
+  1,000 timed submissions: steadier than the rate on a busy machine.
 """
 
 from __future__ import annotations
@@ -63,10 +66,40 @@ class UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User and system CPU time of these processes so far (those gone count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_pids(url: str) -> list[int]:
+    """The PostgreSQL server of ``url`` (a scratch one, its socket beside its data
+    directory) and every process it has started."""
+    socket_dir = Path(re.search(r"host=([^&]+)", url).group(1))  # type: ignore[union-attr]
+    server = int((socket_dir.parent / "data" / "postmaster.pid").read_text().split()[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == server:
+                children.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return [server, *children]
+
+
 def submits_per_s(conn: http.client.HTTPConnection, work: Path, count: int,
-                  authorization: Callable[[], str] | None = None) -> tuple[float, int]:
-    """Sequential held submissions on ``conn``; the rate, and how many times the
-    connection was opened again while timed (0: kept alive throughout)."""
+                  authorization: Callable[[], str] | None = None,
+                  watched: Callable[[], dict[str, list[int]]] = dict
+                  ) -> tuple[float, int, dict[str, float]]:
+    """Sequential held submissions on ``conn``; the rate, how many times the
+    connection was opened again while timed (0: kept alive throughout), and the CPU
+    seconds of each group of ``watched`` processes per 1,000 timed submissions."""
     opened = 0
     body = {"script": "#!/bin/sh\ntrue\n", "work_dir": str(work), "hold": True, "gpus": 1}
 
@@ -89,10 +122,14 @@ def submits_per_s(conn: http.client.HTTPConnection, work: Path, count: int,
     for _ in range(20):  # warm up: the connection, caches, the first queries
         one()
     opened = 0
+    groups = watched()
+    cpu = {name: cpu_seconds(pids) for name, pids in groups.items()}
     began = time.perf_counter()
     for _ in range(count):
         one()
-    return count / (time.perf_counter() - began), opened
+    rate = count / (time.perf_counter() - began)
+    return rate, opened, {name: (cpu_seconds(pids) - cpu[name]) * 1000 / count
+                          for name, pids in groups.items()}
 
 
 def server_ms(log: Path, skip: int) -> float:
@@ -118,24 +155,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     auth = f'[auth]\nmethod = "key"\nkey_file = "{site / "master.key"}"\nreplay_cache = 10000000\n'
     signer = KeySigner(derive_host_key(master, "login1"))
     try:
-        with scratch_cluster(listen=[f"127.0.0.1:{port}"], auth_toml=auth) as (cluster, _):
+        with scratch_cluster(listen=[f"127.0.0.1:{port}"], auth_toml=auth) as (cluster, url):
             log = cluster.root / "controller.log"
+            controller = cluster.procs["controller"].pid
+
+            def watched() -> dict[str, list[int]]:
+                return {"controller": [controller], "postgres": postgres_pids(url)}
+
             seen = 0
             for run in range(args.runs):
                 conn = UnixConnection(cluster.socket)
-                rate, opened = submits_per_s(conn, cluster.work, args.submits)
+                rate, opened, cpu = submits_per_s(conn, cluster.work, args.submits,
+                                                  watched=watched)
                 conn.close()
                 print(f"api_keepalive_submits_per_s: {rate:.0f}")
                 print(f"api_keepalive_reconnects: {opened}")
                 print(f"api_keepalive_server_ms_median: {server_ms(log, seen + 20):.2f}")
+                for name, seconds in cpu.items():
+                    print(f"api_keepalive_{name}_cpu_s_per_1000: {seconds:.3f}")
                 seen += 20 + args.submits
                 tcp = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                rate, opened = submits_per_s(tcp, cluster.work, args.submits,
-                                             signer.authorization)
+                rate, opened, cpu = submits_per_s(tcp, cluster.work, args.submits,
+                                                  signer.authorization, watched)
                 tcp.close()
                 print(f"api_keepalive_tcp_key_submits_per_s: {rate:.0f}")
                 print(f"api_keepalive_tcp_key_reconnects: {opened}")
                 print(f"api_keepalive_tcp_key_server_ms_median: {server_ms(log, seen + 20):.2f}")
+                for name, seconds in cpu.items():
+                    print(f"api_keepalive_tcp_key_{name}_cpu_s_per_1000: {seconds:.3f}")
                 seen += 20 + args.submits
     finally:
         for path in site.iterdir():
