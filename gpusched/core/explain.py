@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gpusched.core.budgets import BudgetState
-from gpusched.core.dependency import dependency_clauses
+from gpusched.core.dependency import Key, dependency_clauses
 from gpusched.core.licenses import license_detail
 from gpusched.core.model import (
     JobState,
@@ -55,7 +55,7 @@ def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _dependency_detail(moment: Moment, states: dict[int, JobState] | None,
+def _dependency_detail(moment: Moment, states: dict[Key, JobState] | None,
                        never: bool) -> str:
     job = moment.job
     parts: list[str] = []
@@ -64,12 +64,14 @@ def _dependency_detail(moment: Moment, states: dict[int, JobState] | None,
             parts.append(f"singleton: another job named {job.name!r} of {job.user} is running"
                          if not never else "")
             continue
-        for job_id in clause.job_ids:
-            state = (states or {}).get(job_id)
+        for key, _ in clause.targets():
+            state = (states or {}).get(key)
+            job_id = key if isinstance(key, int) else f"{key[0]}_{key[1]}"
             if state is None or not state.terminal:
                 if not never:
                     parts.append(f"{clause.kind}:{job_id} waits for job {job_id} "
-                                 f"({state.value if state else 'unknown'}) to end")
+                                 f"({state.value if state else 'unknown'}) to "
+                                 + ("begin" if clause.kind == "after" else "end"))
             elif clause.kind == "afterok" and state is not JobState.COMPLETED:
                 parts.append(f"afterok:{job_id} can never be met: job {job_id} ended {state.value}")
             elif clause.kind == "afternotok" and state is JobState.COMPLETED:

@@ -247,7 +247,10 @@ class Snapshot:
     usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
     qos_priority: Mapping[str, int] = field(default_factory=dict)
     qos_limits: Mapping[str, QosLimits] = field(default_factory=dict)
-    job_states: Mapping[int, JobState] = field(default_factory=dict)  # jobs named by dependencies
+    # Jobs (by id) and array tasks (array id, task id) named by dependencies: their
+    # states, and when they began (or ended without beginning), for after:ID+MIN.
+    job_states: Mapping[int | tuple[int, int], JobState] = field(default_factory=dict)
+    job_began: Mapping[int | tuple[int, int], float] = field(default_factory=dict)
     qos_preempt: Mapping[str, frozenset[str]] = field(default_factory=dict)  # QOS -> QOS it may preempt
     running_names: frozenset[tuple[str, str]] = frozenset()  # (user, job name) of running jobs
     budgets: tuple[Budget, ...] = ()  # GPU-hour budgets, with what their periods used

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.budgets import BudgetBook, BudgetState
 from gpusched.core.capacity import Capacity
-from gpusched.core.dependency import dependency_clauses, dependency_reason
+from gpusched.core.dependency import task_reason, waiting_reason
 from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
     PartitionView,
@@ -167,9 +167,8 @@ class SchedulingPass(ShareStartsMixin):
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
         if job.partition not in self.open_partitions:
             yield from _partition_waits(job, self.partitions.get(job.partition))
-        deps = (dependency_reason(dependency_clauses(job.dependency), self.snapshot.job_states,
-                                  (job.user, job.name) in self.busy_names)
-                if job.dependency else None)
+        deps = (waiting_reason(job, self.snapshot, (job.user, job.name) in self.busy_names,
+                               self.now) if job.dependency else None)
         if deps is Reason.DEPENDENCY_NEVER_SATISFIED:
             yield deps
         if job.hold == "admin":
@@ -379,7 +378,8 @@ class SchedulingPass(ShareStartsMixin):
         elif reason is None and job.array_tasks is not None:
             left = task_count(job.array_tasks)
             for task in iter_tasks(job.array_tasks):
-                reason = self._try_start(job, task)
+                reason = (task_reason(job, task, self.snapshot, self.now)
+                          or self._try_start(job, task))
                 if reason is not None:
                     break
                 left -= 1

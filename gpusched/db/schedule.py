@@ -11,8 +11,8 @@ from sqlalchemy import case as sql_case
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from gpusched.core.arrays import drop_first
-from gpusched.core.dependency import dependency_clauses
+from gpusched.core.arrays import drop_first, iter_tasks
+from gpusched.core.dependency import Key, dependency_clauses
 from gpusched.core.licenses import stored_licenses
 from gpusched.core.model import (
     GpuView,
@@ -63,7 +63,10 @@ _SNAPSHOT = text(
     # From the jobs table, not the allocations: a job without GPUs counts toward job limits.
     "(SELECT " + _columns("j.id", "n.name", "j.user_name", "j.account", "j.qos", "j.name",
                           "j.array_job_id", "extract(epoch FROM j.start_time)",
-                          "j.time_limit", "j.cpus", "j.mem_mb", "j.node_names",
+                          # gcontrol suspend: the time suspended is not counted.
+                          "(j.time_limit + ceil(j.suspended_seconds + coalesce(extract(epoch "
+                          "FROM now() - j.suspended_at), 0)))::integer",
+                          "j.cpus", "j.mem_mb", "j.node_names",
                           "extract(epoch FROM j.preempted_at)", "j.exclusive", "j.licenses")
     + " FROM jobs AS j JOIN nodes AS n ON n.id = j.node_id WHERE j.state = 'RUNNING'), "
     "(SELECT " + _columns("user_name", "account", "usage") + " FROM fairshare_usage), "
@@ -130,24 +133,42 @@ def _running(allocated: list[tuple[Any, ...]], rows: list[tuple[Any, ...]], grac
     return tuple(running), frozenset((row[2], row[5]) for row in rows)
 
 
-# The states of the jobs a dependency names, and of the tasks of those that are arrays.
+# The states of the jobs a dependency names, and of the tasks of those that are arrays,
+# with when each began (or ended without beginning: cancelled while pending).
 _DEPENDENCY_STATES = text(
-    "SELECT id, array_job_id, state FROM jobs "
+    "SELECT id, array_job_id, array_task_id, array_tasks, state, "
+    "extract(epoch FROM coalesce(start_time, end_time)) FROM jobs "
     "WHERE id = ANY(CAST(:named AS bigint[])) OR array_job_id = ANY(CAST(:named AS bigint[]))")
 
 
-def _dependency_states(session: Session, pending: tuple[PendingJob, ...]) -> dict[int, JobState]:
-    """The state of each job a dependency names; for an array, of all its tasks together."""
+def _dependency_states(session: Session, pending: tuple[PendingJob, ...]
+                       ) -> tuple[dict[Key, JobState], dict[Key, float]]:
+    """The state of each job a dependency names (for an array, of all its tasks
+    together) and of each of its tasks, and when each began (an array: its last task)."""
     named = {j for job in pending if job.dependency for c in dependency_clauses(job.dependency)
              for j in c.job_ids}
     if not named:
-        return {}
+        return {}, {}
     states: dict[int, list[JobState]] = {}
-    for job_id, array_job, state in session.connection().execute(
+    tasks: dict[Key, JobState] = {}
+    began: dict[Key, float] = {}
+    for job_id, array_job, task, pending_tasks, state, start in session.connection().execute(
             _DEPENDENCY_STATES, {"named": list(named)}):
         key = array_job if array_job in named else job_id
         states.setdefault(key, []).append(JobState(state))
-    return {job_id: array_state(found) for job_id, found in states.items()}
+        if start is not None:
+            began[key] = max(float(start), began.get(key, 0.0))
+        if array_job in named and task is not None:
+            tasks[(array_job, task)] = JobState(state)
+            if start is not None:
+                began[(array_job, task)] = float(start)
+        if array_job in named and pending_tasks is not None:  # the tasks not split off yet
+            tasks.update(((array_job, t), JobState(state)) for t in iter_tasks(pending_tasks))
+    for key, found_states in states.items():  # an array begins once all its tasks have
+        if JobState.PENDING in found_states:
+            began.pop(key, None)
+    found: dict[Key, JobState] = {job_id: array_state(s) for job_id, s in states.items()}
+    return {**tasks, **found}, began
 
 
 def array_state(states: list[JobState]) -> JobState:
@@ -178,6 +199,7 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
     pending = queue.take(pending_answer)
     running, running_names = _running(_rows(allocated), _rows(running_rows), preempt_grace)
     tables = admin.tables(session) if admin is not None else load_admin_tables(session)
+    job_states, job_began = _dependency_states(session, pending)
     partitions = tables.partitions_over(tuple(node_ids))
     snapshot = Snapshot(
         nodes=share_nodes(nodes, partitions), partitions=partitions, pending=pending,
@@ -185,7 +207,7 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
         usage={(u, a): float(value) for u, a, value in _rows(usage_rows)},
         qos_priority=tables.qos_priority, qos_limits=tables.qos_limits,
         qos_preempt=tables.qos_preempt,
-        job_states=_dependency_states(session, pending),
+        job_states=job_states, job_began=job_began,
         running_names=running_names,
         budgets=usage_of(session, list(tables.budgets), tables.accounts, time.time()),
         licenses=tables.licenses,

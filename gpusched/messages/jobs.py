@@ -16,7 +16,12 @@ from typing import Any
 
 from gpusched.core import bounds, outputs
 from gpusched.core.arrays import ArrayError, ArraySpec, parse_array
-from gpusched.core.dependency import Dependency, DependencyError, parse_dependency
+from gpusched.core.dependency import (
+    Dependency,
+    DependencyError,
+    format_dependency,
+    parse_dependency,
+)
 from gpusched.core.licenses import (
     MAX_LICENSES_TEXT,
     LicenseError,
@@ -214,7 +219,7 @@ class JobRequest:
         """The dependency as stored: ``afterok:12:13,singleton``; None without one."""
         if not self.dependency:
             return None
-        return ",".join(c.kind + "".join(f":{j}" for j in c.job_ids) for c in self.dependency)
+        return format_dependency(self.dependency)
 
     @property
     def dependency_job_ids(self) -> set[int]:

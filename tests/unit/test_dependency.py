@@ -30,7 +30,7 @@ C, F, R, P, CA = (JobState.COMPLETED, JobState.FAILED, JobState.RUNNING, JobStat
 def test_parse() -> None:
     assert parse_dependency("afterok:12:13,singleton") == (
         Dependency("afterok", (12, 13)), Dependency("singleton"))
-    for bad in ("after:1", "afterok", "afterok:x", "afterok:0", "singleton:3", ""):
+    for bad in ("before:1", "afterok", "afterok:x", "afterok:0", "singleton:3", ""):
         with pytest.raises(DependencyError):
             parse_dependency(bad)
 
