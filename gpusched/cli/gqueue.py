@@ -55,6 +55,34 @@ def gqueue(
     iterate: Annotated[int | None, typer.Option(
         "--iterate", "-i", metavar="SECONDS", min=1, show_default=False,
         help="Print again every SECONDS until interrupted.")] = None,
+    array: Annotated[bool, typer.Option(
+        "--array", "-r", help="One pending array task a line (12_4, 12_5, ...).")] = False,
+    clusters: Annotated[str | None, typer.Option(
+        "--clusters", "-M", metavar="NAME", show_default=False,
+        help="This cluster's name (or 'all'); any other is refused.")] = None,
+    long_format: Annotated[str | None, typer.Option(
+        "--Format", "-O", metavar="FIELDS", show_default=False,
+        help="squeue's -O field names, e.g. 'JobID:.10,Name,State,Dependency' "
+        "(see docs/cli.md).")] = None,
+    licenses: Annotated[str | None, typer.Option(
+        "--licenses", "-L", metavar="LIST", show_default=False,
+        help="Only jobs asking for these licenses.")] = None,
+    long: Annotated[bool, typer.Option(
+        "--long", "-l", help="squeue's long format (STATE, TIME_LIMIT, NODES).")] = False,
+    qos: Annotated[str | None, typer.Option(
+        "--qos", "-q", metavar="LIST", show_default=False,
+        help="Only jobs of these QOS.")] = None,
+    sort: Annotated[str | None, typer.Option(
+        "--sort", "-S", metavar="KEYS", show_default=False,
+        help="Sort by these field codes, comma separated, '-' for descending "
+        "(e.g. '-t,P,i'); default: job id.")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Say on stderr what is asked of the controller.")] = False,
+    nodelist: Annotated[str | None, typer.Option(
+        "--nodelist", "-w", metavar="NODES", show_default=False,
+        help="Only jobs running on these nodes (node[01-04],gpu7).")] = None,
+    steps: Annotated[bool, typer.Option(
+        "--steps", "-s", help="The running steps of running jobs instead.")] = False,
 ) -> None:
     """Show pending and running jobs (with --all, ended ones too).
 
@@ -62,11 +90,24 @@ def gqueue(
     """
     run_gqueue(as_json=as_json, user=user, states=states, show_all=show_all,
                noheader=noheader, start=start, explain=explain, me=me, partition=partition,
-               job_list=job_list, account=account, name=name, fmt=fmt, iterate=iterate)
+               job_list=job_list, account=account, name=name, fmt=fmt, iterate=iterate,
+               array=array, clusters=clusters, long_format=long_format, licenses=licenses,
+               long=long, qos=qos, sort=sort, verbose=verbose, nodelist=nodelist, steps=steps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gqueue`` console script."""
-    return run_cli(app, PROG, argv)
+    import sys
+
+    from gpusched.cli.output import print_error
+    from gpusched.cli.slurmflags import check_argv
+    from gpusched.errors import UsageError
+
+    try:
+        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv))
+    except UsageError as err:
+        print_error(PROG, err.message)
+        return err.exit_code
+    return 0 if args is None else run_cli(app, PROG, args)
 
 

@@ -10,7 +10,6 @@ import sys
 
 from gpusched.cli.output import print_columns, print_table
 from gpusched.client import ApiClient, jsontext
-from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import format_duration
 from gpusched.errors import GpuschedError, UsageError
 
@@ -19,9 +18,11 @@ from gpusched.errors import GpuschedError, UsageError
 # forms (--format, --start, a multi-node job's host list) load what they need.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from datetime import datetime
     from typing import Any
+
+    from gpusched.cli.queueformat import Field
 
 HEADERS = ("JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
 RIGHT_ALIGNED = frozenset({0, 5, 6})
@@ -40,6 +41,12 @@ STATE_CODES = {
 _BY_CODE = {code: name for name, code in STATE_CODES.items()}
 NEVER_RAN = format_duration(0)
 LAUNCH_FAILED = "LaunchFailed"  # gpusched.db.agents.LAUNCH_FAILED_REASON
+# The JOB fields the plain table and --start show.
+TABLE_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
+                "gpus", "start_time", "end_time", "node", "node_names", "share_mode", "share",
+                "gpu_mem_mb", "idle_warned_at", "idle_action")
+START_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
+                "expected_start", "nodes", "node", "node_names")
 
 
 def show(path: str, as_json: bool = False, start: bool = False, noheader: bool = False,
@@ -56,6 +63,8 @@ def show(path: str, as_json: bool = False, start: bool = False, noheader: bool =
         return
     jobs = job_objects(answer)
     if fields is not None and not as_json:
+        from gpusched.cli.queueformat import render_format
+
         now = _now()
         if not noheader:
             print(render_format(fields, None, now))
@@ -321,88 +330,17 @@ def _parse_time(value: object) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-# -- -o/--format ---------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    """squeue's -o/--format lives in gpusched.cli.queueformat (loaded only for a
+    format); its names stay reachable here."""
+    if name in _FORMAT_NAMES:
+        from gpusched.cli import queueformat
 
-class Field:
-    """One piece of a format: literal text, or a field code with its width."""
-
-    __slots__ = ("code", "width", "right", "text")
-
-    def __init__(self, code: str, width: int | None, right: bool, text: str = "") -> None:
-        self.code = code  # "" for literal text
-        self.width = width
-        self.right = right
-        self.text = text
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Field) and (self.code, self.width, self.right, self.text) == (
-            other.code, other.width, other.right, other.text)
-
-    def __repr__(self) -> str:
-        return f"Field({self.code!r}, {self.width!r}, {self.right!r}, {self.text!r})"
+        return getattr(queueformat, name)
+    raise AttributeError(name)
 
 
-# The JOB fields the plain table and --start show.
-TABLE_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
-                "gpus", "start_time", "end_time", "node", "node_names", "share_mode", "share",
-                "gpu_mem_mb", "idle_warned_at", "idle_action")
-START_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
-                "expected_start", "nodes", "node", "node_names")
-# The JOB fields each format code reads (beyond state, which every line's code may use).
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "i": ("job_id", "display_id"), "A": ("job_id",), "P": ("partition",), "j": ("name",),
-    "u": ("user",), "a": ("account",), "q": ("qos",), "t": (), "T": (),
-    "M": ("start_time", "end_time"), "l": ("time_limit",), "D": ("nodes",),
-    "b": ("gpus", "nodes", "gpu_types", "share_mode", "share", "gpu_mem_mb"),
-    "C": ("cpus",), "m": ("mem_mb",),
-    "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
-    "S": ("start_time", "expected_start"), "V": ("submit_time",), "e": ("end_time",), "Q": (),
-    "W": ("licenses",),
-}
-_FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
-    "i": ("JOBID", lambda j, now: job_label(j, width=10**6)),
-    "A": ("JOBID", lambda j, now: str(j.get("job_id", ""))),
-    "P": ("PARTITION", lambda j, now: str(j.get("partition") or "")),
-    "j": ("NAME", lambda j, now: str(j.get("name") or "")),
-    "u": ("USER", lambda j, now: str(j.get("user") or "")),
-    "a": ("ACCOUNT", lambda j, now: str(j.get("account") or "")),
-    "q": ("QOS", lambda j, now: str(j.get("qos") or "")),
-    "t": ("ST", lambda j, now: short_state(str(j.get("state", "")))),
-    "T": ("STATE", lambda j, now: str(j.get("state", ""))),
-    "M": ("TIME", lambda j, now: format_duration(elapsed_seconds(j, now))),
-    "l": ("TIME_LIMIT", lambda j, now: format_duration(j["time_limit"])
-          if j.get("time_limit") else "UNLIMITED"),
-    "D": ("NODES", lambda j, now: str(j.get("nodes") or 1)),
-    "b": ("TRES_PER_NODE", lambda j, now: _gres(j)),
-    "C": ("CPUS", lambda j, now: str(j.get("cpus") or 0)),
-    "m": ("MIN_MEMORY", lambda j, now: f"{j.get('mem_mb') or 0}M"),
-    "R": ("NODELIST(REASON)", lambda j, now: node_or_reason(j)),
-    "r": ("REASON", lambda j, now: str(j.get("reason") or "None")),
-    "N": ("NODELIST", lambda j, now: "" if j.get("state") == "PENDING"
-          else _node_list(j.get("node"), j.get("node_names"))),
-    "S": ("START_TIME", lambda j, now: _local(j.get("start_time") or j.get("expected_start"))),
-    "V": ("SUBMIT_TIME", lambda j, now: _local(j.get("submit_time"))),
-    "e": ("END_TIME", lambda j, now: _local(j.get("end_time"))),
-    "Q": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
-    "W": ("LICENSES", lambda j, now: str(j.get("licenses") or "(null)")),
-}
-_CODE = r"%(\.?)(\d*)([A-Za-z%])"
-
-
-def _gres(job: Mapping[str, Any]) -> str:
-    """squeue's TRES_PER_NODE: ``gres/gpu:a100:2``, a share ``gres/mps:50``, GPU memory
-    ``gres/gpumem:20G`` (after the share or the GPU it is of)."""
-    gpus = int(job.get("gpus") or 0) // max(1, int(job.get("nodes") or 1))
-    if not gpus:
-        return "N/A"
-    kinds = job.get("gpu_types") or []
-    mode, memory = job.get("share_mode"), job.get("gpu_mem_mb")
-    head = (f"gres/{mode}:{job.get('share')}" if mode is not None
-            else f"gres/gpu:{kinds[0]}:{gpus}" if len(kinds) == 1 else f"gres/gpu:{gpus}")
-    if memory is None:
-        return head
-    memory_item = f"gres/gpumem:{memory_size(int(memory))}"
-    return memory_item if mode is None and not kinds else f"{head},{memory_item}"
+_FORMAT_NAMES = frozenset({"Field", "_NEEDS", "_FIELDS", "parse_format", "format_fields", "render_format", "_gres", "_local"})
 
 
 def gpu_share(mode: str | None, units: int | None, memory: int | None) -> str:
@@ -420,56 +358,3 @@ def memory_size(mib: int) -> str:
         if mib % size == 0:
             return f"{mib // size}{unit}"
     return f"{mib}M"
-
-
-def _local(value: object) -> str:
-    when = _parse_time(value)
-    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if when else "N/A"
-
-
-def parse_format(text: str) -> list[Field]:
-    """squeue's ``-o`` format: ``%[.][width]code`` pieces and literal text; ``.`` right-
-    justifies. An unknown code is a usage error naming it."""
-    import re
-
-    fields: list[Field] = []
-    at = 0
-    for match in re.finditer(_CODE, text):
-        if match.start() > at:
-            fields.append(Field("", None, False, text[at:match.start()]))
-        dot, width, code = match.groups()
-        if code == "%":
-            fields.append(Field("", None, False, "%"))
-        elif code not in _FIELDS:
-            known = "".join(sorted(_FIELDS))
-            raise UsageError(f"invalid --format: unknown field %{code} (known: {known})")
-        else:
-            fields.append(Field(code, int(width) if width else None, bool(dot)))
-        at = match.end()
-    if at < len(text):
-        fields.append(Field("", None, False, text[at:]))
-    if not any(f.code for f in fields):
-        raise UsageError(f"invalid --format {text!r}: no field codes such as %i or %j")
-    return fields
-
-
-def format_fields(fields: list[Field]) -> tuple[str, ...]:
-    """The JOB fields a parsed format reads."""
-    return tuple(dict.fromkeys(["state"] + [n for f in fields if f.code for n in _NEEDS[f.code]]))
-
-
-def render_format(fields: list[Field], job: Mapping[str, Any] | None, now: datetime) -> str:
-    """One line: the header (``job`` None) or a job's fields, escaped (see
-    ``gpusched.core.terminal``), cut and padded as asked."""
-    out = []
-    for field in fields:
-        if not field.code:
-            out.append(field.text)
-            continue
-        header, value_of = _FIELDS[field.code]
-        value = header if job is None else terminal_safe(value_of(job, now))
-        if field.width is not None:
-            value = value[:field.width]
-            value = value.rjust(field.width) if field.right else value.ljust(field.width)
-        out.append(value)
-    return "".join(out).rstrip()

@@ -10,19 +10,34 @@ import time
 from gpusched.cli.listing import (
     START_FIELDS,
     TABLE_FIELDS,
-    format_fields,
     jobs_path,
-    parse_format,
     parse_states,
     show,
 )
 from gpusched.errors import UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# The input variables: parameter -> GQUEUE_NAME (else SQUEUE_NAME), as squeue reads its
+# SQUEUE_* variables; the command line wins.
+INPUT_VARIABLES = {
+    "": "GQUEUE SQUEUE", "fmt": "FORMAT", "long_format": "FORMAT2", "sort": "SORT",
+    "account": "ACCOUNT", "name": "NAMES", "partition": "PARTITION", "qos": "QOS",
+    "states": "STATES", "user": "USERS", "licenses": "LICENSES",
+}
+
 
 def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all: bool,
                noheader: bool, start: bool, explain: int | None, me: bool,
                partition: str | None, job_list: str | None, account: str | None,
-               name: str | None, fmt: str | None, iterate: int | None) -> None:
+               name: str | None, fmt: str | None, iterate: int | None,
+               array: bool = False, clusters: str | None = None,
+               long_format: str | None = None, licenses: str | None = None,
+               long: bool = False, qos: str | None = None, sort: str | None = None,
+               verbose: bool = False, nodelist: str | None = None,
+               steps: bool = False) -> None:
     """List the queue as gqueue's options say (the parameters are its typer ones)."""
     if explain is not None:
         from gpusched.client import ApiClient
@@ -35,19 +50,77 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
 
         print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
         return
+    from gpusched.cli.slurmflags import check_clusters, from_environment
+
+    given = {"user": user, "states": states, "partition": partition, "account": account,
+             "name": name, "fmt": fmt, "long_format": long_format, "sort": sort, "qos": qos,
+             "licenses": licenses}
+    if fmt is not None or long_format is not None or long or as_json or start:
+        given["fmt"] = given["long_format"] = ""  # a format given: the variables' stay unread
+    found = from_environment(given, INPUT_VARIABLES)
+    if found:
+        user, states = found.get("user", user), found.get("states", states)
+        partition, account = found.get("partition", partition), found.get("account", account)
+        name, fmt = found.get("name", name), found.get("fmt", fmt)
+        long_format, sort = found.get("long_format", long_format), found.get("sort", sort)
+        qos, licenses = found.get("qos", qos), found.get("licenses", licenses)
+    array = array or bool(_variable("ARRAY"))
+    check_clusters(clusters if clusters is not None else _variable("CLUSTERS", "SLURM"))
     if me:
         from gpusched.cli.output import only_me
 
         user = only_me(user)
-    fields = parse_format(fmt) if fmt is not None else None
     ids = job_ids(job_list) if job_list is not None else None
-    wanted = None if as_json else (
-        format_fields(fields) if fields is not None else START_FIELDS if start else TABLE_FIELDS)
-    path = jobs_path(user=user, states=["PENDING"] if start else parse_states(states),
-                     show_all=show_all, ids=ids, partition=partition, account=account,
-                     name=name, fields=wanted)
+    wanted_states = ["PENDING"] if start else parse_states(states)
+    if steps:
+        from gpusched.cli.queueviews import show_steps
+
+        show_steps(jobs_path(user=user, states=["RUNNING"], show_all=False, ids=ids,
+                             partition=partition, account=account, name=name),
+                   noheader, verbose)
+        return
+    if sum(x is not None for x in (fmt, long_format)) + long > 1:
+        raise UsageError("choose one of -o/--format, -O/--Format and -l/--long")
+    if array or long_format is not None or long or qos or sort or nodelist or licenses \
+            or verbose or (fmt is not None and "E" in fmt):
+        from gpusched.cli.queueviews import View, show_view
+
+        view = View(as_json=as_json, start=start, noheader=noheader, fmt=fmt,
+                    long_format=long_format, long=long, sort=sort, array=array, qos=qos,
+                    nodelist=nodelist, licenses=licenses, verbose=verbose)
+        path_of = view.path_maker(user=user, states=wanted_states, show_all=show_all, ids=ids,
+                                  partition=partition, account=account, name=name)
+        _repeat(lambda: show_view(view, path_of), iterate)
+        return
+    fields: list[Any] | None = None  # queueformat.Field
+    if fmt is not None:
+        from gpusched.cli.queueformat import parse_format
+
+        fields = parse_format(fmt)
+    wanted = None
+    if not as_json:
+        from gpusched.cli import listing
+
+        wanted = (listing.format_fields(fields) if fields is not None
+                  else START_FIELDS if start else TABLE_FIELDS)
+    path = jobs_path(user=user, states=wanted_states, show_all=show_all, ids=ids,
+                     partition=partition, account=account, name=name, fields=wanted)
+    _repeat(lambda: show(path, as_json, start, noheader, fields), iterate)
+
+
+def _variable(suffix: str, slurm: str = "SQUEUE") -> str | None:
+    """``GQUEUE_SUFFIX``, else ``SQUEUE_SUFFIX`` (``slurm``'s prefix), when set and not
+    empty."""
+    import os
+
+    value = os.environ.get(f"GQUEUE_{suffix}") or os.environ.get(f"{slurm}_{suffix}")
+    return value if value and value.strip() else None
+
+
+def _repeat(once: Any, iterate: int | None) -> None:
+    """Run ``once``, and with --iterate again every ``iterate`` seconds."""
     while True:
-        show(path, as_json, start, noheader, fields)
+        once()
         if iterate is None:
             return
         sys.stdout.flush()

@@ -420,8 +420,8 @@ def test_gqueue_format_codes_widths_and_literal_text() -> None:
     now = datetime.now(timezone.utc)
     assert render_format(fields, None, now) == "JOBID|NAME ST TRES_PER_NODE TIME_LIMIT ACCOUNT NODELIST(REASON) 100%"
     assert render_format(fields, job, now) == "    7|trai PD gres/gpu:a100:2 1:00:00 bio (Resources) 100%"
-    with pytest.raises(UsageError, match=r"unknown field %Z"):
-        parse_format("%i %Z")
+    with pytest.raises(UsageError, match=r"%g is not supported: jobs carry no group"):
+        parse_format("%i %g")
     with pytest.raises(UsageError, match="no field codes"):
         parse_format("just text")
 

@@ -25,8 +25,8 @@ def test_filters_format_and_iterate(cluster: Cluster) -> None:
     assert ids(cluster.run("gqueue", "-A", "nobody").stdout) == []
     shown = cluster.run("gqueue", "-j", str(b), "-o", "%.6i %9P %j %r").stdout.splitlines()
     assert shown == [" JOBID PARTITION NAME REASON", f"{b:>6} debug     beta JobHeldUser"]
-    bad = cluster.run("gqueue", "-o", "%i %Z")
-    assert bad.returncode == 2 and "unknown field %Z" in bad.stderr
+    bad = cluster.run("gqueue", "-o", "%i %g")
+    assert bad.returncode == 2 and "%g is not supported" in bad.stderr
     looping = subprocess.Popen([str(BIN / "gqueue"), "-i", "1", "-j", str(a)], env=cluster.env,
                                stdout=subprocess.PIPE, text=True)
     try:

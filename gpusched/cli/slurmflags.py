@@ -1,0 +1,139 @@
+"""The Slurm options of squeue, scancel, sinfo and sacct that gqueue, gcancel, ginfo and
+gacct do not declare: refused with a message naming the option and why, accepted as
+doing what they already do, or handled before the command-line framework parses
+(``--usage``, ``-V/--version``). docs/cli.md keeps the table; tests/data/slurm/*.options
+list every option of the man pages, and tests/cli/test_slurm_options.py holds each
+command to them.
+
+Also the input variables (``GQUEUE_FORMAT``, ``SQUEUE_FORMAT``, ...) that set an option
+the command line leaves out.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpusched.errors import UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+_FEDERATION = "there is no federation: this cluster runs every job itself"
+_YAML = "YAML output is not offered: use --json"
+
+# Option spelling -> why it is refused.
+REFUSED: dict[str, dict[str, str]] = {
+    "gqueue": {
+        "--federation": _FEDERATION, "--sibling": _FEDERATION, "--yaml": _YAML,
+    },
+    "gcancel": {
+        "--sibling": _FEDERATION,
+        "-c": "there are no crontab jobs (scrontab) here",
+        "--cron": "there are no crontab jobs (scrontab) here",
+        "--wckey": "jobs carry no workload characterisation key (WCKey) here",
+    },
+    "ginfo": {
+        "--federation": _FEDERATION, "--yaml": _YAML,
+    },
+    "gacct": {
+        "-c": "there is no job completion log here: gacct reads the database",
+        "--completion": "there is no job completion log here: gacct reads the database",
+        "-f": "there is no job completion file here: gacct reads the database",
+        "--file": "there is no job completion file here: gacct reads the database",
+        "-F": "the scheduler does not record which of its passes started a job",
+        "--flags": "the scheduler does not record which of its passes started a job",
+        "-g": "jobs carry no group here (their user and uid only)",
+        "--gid": "jobs carry no group here (their user and uid only)",
+        "--group": "jobs carry no group here (their user and uid only)",
+        "-W": "jobs carry no workload characterisation key (WCKey) here",
+        "--wckeys": "jobs carry no workload characterisation key (WCKey) here",
+        "--whole-hetjob": "there are no heterogeneous jobs here",
+        "--yaml": _YAML,
+    },
+}
+
+# Option spellings accepted as they are: what Slurm means by them is already what the
+# command does here (no hidden partitions, one cluster, memory in MiB), dropped before
+# parsing.
+ALREADY: dict[str, frozenset[str]] = {
+    "gqueue": frozenset({"--hide", "--local", "--noconvert", "-P", "--priority", "-a"}),
+    "gcancel": frozenset({"--ctld", "-H", "--hurry", "-f", "--full"}),
+    "ginfo": frozenset({"--hide", "--local", "--noconvert", "-a", "--all"}),
+    "gacct": frozenset({"--local", "-L", "--allclusters", "--use-local-uid", "--array"}),
+}
+
+# Spellings read as another: --usage is --help; sacct's -h is its --help.
+ALIASES: dict[str, dict[str, str]] = {
+    "gqueue": {"--usage": "--help", "--array-unique": "--array"},
+    "gcancel": {"--usage": "--help", "--jobname": "--name"},
+    "ginfo": {"--usage": "--help"},
+    "gacct": {"--usage": "--help", "-h": "--help", "--uid": "--user"},
+}
+VERSION = ("-V", "--version")
+
+
+def handled(prog: str) -> frozenset[str]:
+    """Every spelling this module answers for ``prog`` (refused, accepted or read as
+    another)."""
+    return frozenset({*REFUSED.get(prog, {}), *ALREADY.get(prog, ()), *ALIASES.get(prog, {}),
+                      *VERSION})
+
+
+def check_argv(prog: str, argv: Sequence[str]) -> list[str] | None:
+    """``argv`` with the accepted spellings dropped and aliases read; a usage error
+    naming a refused one. None: ``-V/--version`` was asked for and is printed."""
+    refused = REFUSED.get(prog, {})
+    already = ALREADY.get(prog, frozenset())
+    aliases = ALIASES.get(prog, {})
+    out: list[str] = []
+    for at, word in enumerate(argv):
+        if word == "--":
+            return out + list(argv[at:])
+        name, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        if name in refused:
+            raise UsageError(f"{name}: not supported: {refused[name]}")
+        if name in VERSION:
+            from gpusched import __version__
+
+            print(f"gpusched {__version__}")
+            return None
+        if name in already:
+            continue
+        out.append(aliases[name] + eq + value if name in aliases else word)
+    return out
+
+
+def from_environment(given: Mapping[str, object], names: Mapping[str, str],
+                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The options the input variables set: for each parameter of ``names`` (parameter
+    -> variable suffix, such as ``"fmt": "FORMAT"``) the command line left at None,
+    ``GQUEUE_FORMAT`` (the command's own) else ``SQUEUE_FORMAT`` (Slurm's), by the
+    prefixes ``names`` carries as ``"GQUEUE SQUEUE"`` under the key ``""``."""
+    env = os.environ if environ is None else environ
+    ours, slurms = names[""].split()
+    found: dict[str, str] = {}
+    for param, suffix in names.items():
+        if not param or given.get(param) is not None:
+            continue
+        value = env.get(f"{ours}_{suffix}")
+        if value is None:
+            value = env.get(f"{slurms}_{suffix}")
+        if value is not None and value.strip():
+            found[param] = value
+    return found
+
+
+def check_clusters(text: str | None) -> None:
+    """``-M/--clusters``: every name must be this cluster's (``all`` too); a usage error
+    naming any other."""
+    if text is None:
+        return
+    from gpusched.cli.submission import local_cluster_name
+
+    local = local_cluster_name()
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names or [""]:
+        if name != local and name.lower() != "all":
+            raise UsageError(f"-M/--clusters: no cluster {name[:64]!r} here: this cluster "
+                             f"is {local!r}")

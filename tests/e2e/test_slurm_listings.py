@@ -1,0 +1,86 @@
+"""squeue's, scancel's, sinfo's and sacct's options on gqueue, gcancel, ginfo and gacct,
+on one live cluster shared by the module's tests (docs/cli.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.cluster import Cluster, wait_for
+from tests.pg import ScratchPostgres
+
+
+@pytest.fixture(scope="module")
+def cluster(postgres: ScratchPostgres) -> Iterator[Cluster]:
+    c = Cluster(postgres.fresh_database(), schedule_interval=0.5)
+    try:
+        yield c.up()
+    finally:
+        c.close()
+
+
+def lines(cluster: Cluster, *args: str, env: dict[str, str] | None = None) -> list[str]:
+    done = cluster.run(*args) if env is None else _run_env(cluster, args, env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def _run_env(cluster: Cluster, args: tuple[str, ...], env: dict[str, str]):  # type: ignore[no-untyped-def]
+    import subprocess
+
+    from tests.e2e.cluster import BIN
+
+    return subprocess.run([str(BIN / args[0]), *args[1:]], env={**cluster.env, **env},
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_gqueue_sort_format_array_and_filters(cluster: Cluster) -> None:
+    a = cluster.submit("-J", "zeta", "--hold", "-t", "5:00", "--wrap", "true")
+    b = cluster.submit("-J", "alpha", "--hold", "-t", "1:00", "--wrap", "true")
+    arr = cluster.submit("-J", "arr", "--hold", "-a", "1-3", "--wrap", "true")
+    dep = cluster.submit("-J", "dep", "-d", f"afterok:{a}", "--wrap", "true")
+    mine = ["-j", f"{a},{b},{arr},{dep}"]
+    # -S: by name; by time limit descending (numbers sort as numbers)
+    assert lines(cluster, "gqueue", *mine, "-h", "-S", "j", "-o", "%j") == [
+        "alpha", "arr", "dep", "zeta"]
+    assert lines(cluster, "gqueue", "-j", f"{a},{b}", "-h", "-S", "-l", "-o", "%A")[0] == str(a)
+    # -r: one pending task a line; without it, one folded line
+    assert lines(cluster, "gqueue", "-j", str(arr), "-h", "-o", "%i") == [f"{arr}_[1-3]"]
+    assert lines(cluster, "gqueue", "-j", str(arr), "-h", "-r", "-o", "%i %K") == [
+        f"{arr}_1 1", f"{arr}_2 2", f"{arr}_3 3"]
+    # %E: the dependency left, with its state
+    assert lines(cluster, "gqueue", "-j", str(dep), "-h", "-o", "%E") == [
+        f"afterok:{a}(unfulfilled)"]
+    # -O names; -l's columns
+    assert lines(cluster, "gqueue", "-j", str(b), "-O", "JobID:8,Name:6,TimeLimit")[1].split() \
+        == [str(b), "alpha", "1:00"]
+    assert lines(cluster, "gqueue", "-j", str(b), "-l")[0].split() == [
+        "JOBID", "PARTITION", "NAME", "USER", "STATE", "TIME", "TIME_LIMI", "NODES",
+        "NODELIST(REASON)"]
+    # -q and -w filter on this side; -M names this cluster only
+    assert lines(cluster, "gqueue", *mine, "-h", "-q", "nosuchqos") == []
+    assert lines(cluster, "gqueue", *mine, "-h", "-w", "node01") == []  # none running
+    assert lines(cluster, "gqueue", *mine, "-h", "-M", "gpusched", "-o", "%A") == [
+        str(a), str(b), str(arr), str(dep)]
+    other = cluster.run("gqueue", "-M", "elsewhere")
+    assert other.returncode == 2 and "no cluster 'elsewhere'" in other.stderr
+    # the input variables, Slurm's and ours (ours wins; the command line over both)
+    env = {"SQUEUE_FORMAT": "%j", "SQUEUE_SORT": "-j", "GQUEUE_SORT": "j"}
+    assert lines(cluster, "gqueue", *mine, "-h", env=env) == ["alpha", "arr", "dep", "zeta"]
+    assert lines(cluster, "gqueue", *mine, "-h", "-o", "%A", "-S", "A", env=env) == [
+        str(a), str(b), str(arr), str(dep)]
+    refused = cluster.run("gqueue", "--federation")
+    assert refused.returncode == 2 and "--federation: not supported" in refused.stderr
+    cluster.run("gcancel", str(a), str(b), str(arr), str(dep))
+
+
+def test_gqueue_steps(cluster: Cluster) -> None:
+    from tests.e2e.cluster import BIN
+
+    job = cluster.submit("-J", "stepper", "--wrap", f"{BIN}/gsrun -J inner sleep 30")
+    wait_for(lambda: any(".0" in line for line in lines(cluster, "gqueue", "-s", "-h")),
+             what="the step listed")
+    row = [line for line in lines(cluster, "gqueue", "-s", "-h") if line.startswith(f"{job}.0")]
+    assert row and row[0].split()[1] == "inner"
+    cluster.run("gcancel", str(job))
