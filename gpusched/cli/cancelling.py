@@ -3,6 +3,8 @@ what the common ``gcancel ID...`` needs, without the command-line framework."""
 
 from __future__ import annotations
 
+import sys
+
 from gpusched.cli.output import print_error
 from gpusched.client import ApiClient
 from gpusched.errors import GpuschedError, Unavailable, UsageError
@@ -14,20 +16,27 @@ if TYPE_CHECKING:
 
 
 def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: str,
-                  body: dict[str, Any] | None = None) -> int:
+                  body: dict[str, Any] | None = None, *, quiet: bool = False,
+                  verbose: bool = False) -> int:
     """POST /v1/jobs/{id}/ACTION with ``body`` for each (job, tasks) (adding ``{"tasks":
     ...}`` for array tasks); report failures and go on; the worst exit code. Ids are parsed
-    (and checked) before the first request is sent."""
+    (and checked) before the first request is sent. ``quiet`` (scancel -Q): a job that
+    cannot be acted on (ended, unknown, not yours) is neither reported nor counted, only
+    a request refused as invalid; ``verbose``: each request said on stderr first."""
     worst = 0
     with ApiClient() as client:
         for job_id, tasks in targets:
+            label = f"{job_id}_{tasks}" if tasks is not None else str(job_id)
+            if verbose:
+                print(f"{prog}: {action} job {label}", file=sys.stderr)
             try:
                 sent = {**(body or {}), **({"tasks": tasks} if tasks is not None else {})}
                 client.request("POST", f"/v1/jobs/{job_id}/{action}", sent or None)
             except Unavailable:
                 raise  # the next ids would fail the same way; one line is enough
             except GpuschedError as err:
-                label = f"{job_id}_{tasks}" if tasks is not None else str(job_id)
+                if quiet and err.exit_code == 1:
+                    continue
                 print_error(prog, describe_failure(label, err.message))
                 worst = max(worst, err.exit_code)
     return worst

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -42,6 +42,19 @@ def gcancel(
     signal_name: Annotated[Optional[str], typer.Option(
         "--signal", "-s", metavar="SIG",
         help="Send SIG (USR1, SIGUSR1 or 10) to running jobs instead of cancelling them.")] = None,
+    account: Annotated[Optional[str], typer.Option(
+        "--account", "-A", help="Only jobs charging this account.")] = None,
+    qos: Annotated[Optional[str], typer.Option("--qos", "-q", help="Only jobs of this QOS.")] = None,
+    nodelist: Annotated[Optional[str], typer.Option(
+        "--nodelist", "-w", help="Only jobs running on these nodes (node[01-04],gpu7).")] = None,
+    clusters: Annotated[Optional[str], typer.Option(
+        "--clusters", "-M", help="This cluster's name; any other is refused.")] = None,
+    interactive: Annotated[bool, typer.Option(
+        "--interactive", "-i", help="Ask (y/n) before each job.")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-Q", help="Say nothing of jobs that have ended or do not exist.")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Say each job acted on, on stderr.")] = False,
 ) -> int:
     """Cancel jobs, array tasks, or every job the filters select, as scancel does.
 
@@ -52,6 +65,9 @@ def gcancel(
     gcancel --me -t PD; gcancel -n sweep -u alice; gcancel --signal USR1 17 (the job goes on
     running)
     """
+    from gpusched.cli.slurmflags import check_clusters
+
+    check_clusters(clusters)
     step_ids, job_texts = split_step_ids(job_ids or [])
     targets = parse_targets(job_texts)
     signum = parse_signal(signal_name) if signal_name is not None else None
@@ -60,24 +76,44 @@ def gcancel(
     action, body = ("cancel", None) if signum is None else ("signal", {"signal": signum})
     wanted_states = parse_states(states, "--state", ("PENDING", "RUNNING"),
                                  "only PENDING (PD) and RUNNING (R) jobs can be cancelled")
-    filtered = bool(user or me or partition or wanted_states or name)
+    nodes = _nodes(nodelist)
+    filtered = bool(user or me or partition or wanted_states or name or account or qos
+                    or nodes)
     if step_ids and filtered:
         raise UsageError("a step id (JOB.STEP) takes no filters: give steps alone")
     if not targets and not filtered and not step_ids:
         raise UsageError("nothing to cancel: give job ids, or filters such as --me or -u USER")
     if me:
         user = only_me(user)
+    def send(chosen: list[tuple[int, str | None]]) -> int:
+        if interactive:
+            shown = listed
+            if not shown and chosen:
+                from gpusched.cli.listing import jobs_path
+
+                with ApiClient() as client:
+                    shown = client.request("GET", jobs_path(
+                        user=None, states=None, show_all=True, ids=[i for i, _ in chosen],
+                        fields=("job_id", "name", "partition")))["rows"]
+                shown = [dict(zip(("job_id", "name", "partition"), row)) for row in shown]
+            chosen = confirmed(chosen, shown)
+        return post_for_each(PROG, chosen, action, body, quiet=quiet, verbose=verbose)
+
+    listed: list[dict[str, Any]] = []
     if step_ids:
         worst = cancel_steps(step_ids, signum)
-        return max(worst, post_for_each(PROG, targets, action, body)) if targets else worst
+        return max(worst, send(targets)) if targets else worst
     if not filtered:
-        return post_for_each(PROG, targets, action, body)
+        return send(targets)
     with ApiClient() as client:
         listed = client.request("GET", "/v1/jobs" + (f"?user={user}" if user else ""))["jobs"]
     chosen = {job["job_id"] for job in listed
               if (partition is None or job["partition"] == partition)
               and (wanted_states is None or job["state"] in wanted_states)
-              and (name is None or job["name"] == name)}
+              and (name is None or job["name"] == name)
+              and (account is None or job.get("account") == account)
+              and (qos is None or job.get("qos") == qos)
+              and (nodes is None or bool(nodes & set(job.get("node_names") or [job.get("node")])))}
     if targets:
         # Ids name jobs (or arrays); keep those the filters select, as scancel does.
         by_array = {job["job_id"]: job.get("array_job_id") for job in listed}
@@ -85,7 +121,39 @@ def gcancel(
                    if job_id in chosen or by_array.get(job_id) in chosen]
     else:
         targets = [(job_id, None) for job_id in sorted(chosen)]
-    return post_for_each(PROG, targets, action, body)
+    return send(targets)
+
+
+def _nodes(text: str | None) -> set[str] | None:
+    """``-w``'s nodes, expanded; a usage error for a bad host list."""
+    if text is None:
+        return None
+    from gpusched.core.hostlist import HostlistError, expand_hostlist
+
+    try:
+        return set(expand_hostlist(text))
+    except HostlistError as err:
+        raise UsageError(f"invalid --nodelist {text[:64]!r}: {err}") from None
+
+
+def confirmed(targets: Sequence[tuple[int, str | None]], listed: Sequence[dict[str, Any]]
+              ) -> list[tuple[int, str | None]]:
+    """scancel -i: the targets the user answers y (or yes) for, asked one by one on
+    stderr, answers read from stdin (end of input: no)."""
+    import sys
+
+    known = {job["job_id"]: job for job in listed}
+    kept = []
+    for job_id, tasks in targets:
+        job = known.get(job_id, {})
+        label = f"{job_id}_{tasks}" if tasks is not None else str(job_id)
+        print(f"Cancel job_id={label} name={job.get('name', '?')} "
+              f"partition={job.get('partition', '?')} [y/n]? ", end="", file=sys.stderr,
+              flush=True)
+        answer = sys.stdin.readline().strip().lower()
+        if answer in ("y", "yes"):
+            kept.append((job_id, tasks))
+    return kept
 
 
 def split_step_ids(texts: Sequence[str]) -> tuple[list[tuple[int, int]], list[str]]:
@@ -125,7 +193,16 @@ def cancel_steps(steps: Sequence[tuple[int, int]], signum: int | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gcancel`` console script."""
-    return run_cli(app, PROG, argv)
+    import sys
+
+    from gpusched.cli.slurmflags import check_argv
+
+    try:
+        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv))
+    except UsageError as err:
+        print_error(PROG, err.message)
+        return err.exit_code
+    return 0 if args is None else run_cli(app, PROG, args)
 
 
 def parse_signal(text: str) -> int:

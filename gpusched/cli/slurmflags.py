@@ -21,17 +21,22 @@ if TYPE_CHECKING:
 
 _FEDERATION = "there is no federation: this cluster runs every job itself"
 _YAML = "YAML output is not offered: use --json"
+_RESERVATIONS = "jobs are not listed by reservation here"
+_BATCH = ("--signal goes to the job's whole process group here; the batch shell alone "
+          "cannot be signalled")
 
 # Option spelling -> why it is refused.
 REFUSED: dict[str, dict[str, str]] = {
     "gqueue": {
         "--federation": _FEDERATION, "--sibling": _FEDERATION, "--yaml": _YAML,
+        "-R": _RESERVATIONS, "--reservation": _RESERVATIONS,
     },
     "gcancel": {
         "--sibling": _FEDERATION,
         "-c": "there are no crontab jobs (scrontab) here",
         "--cron": "there are no crontab jobs (scrontab) here",
         "--wckey": "jobs carry no workload characterisation key (WCKey) here",
+        "-b": _BATCH, "--batch": _BATCH, "-R": _RESERVATIONS, "--reservation": _RESERVATIONS,
     },
     "ginfo": {
         "--federation": _FEDERATION, "--yaml": _YAML,

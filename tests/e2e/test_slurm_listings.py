@@ -84,3 +84,36 @@ def test_gqueue_steps(cluster: Cluster) -> None:
     row = [line for line in lines(cluster, "gqueue", "-s", "-h") if line.startswith(f"{job}.0")]
     assert row and row[0].split()[1] == "inner"
     cluster.run("gcancel", str(job))
+
+
+def test_gcancel_filters_quiet_interactive(cluster: Cluster) -> None:
+    import subprocess
+
+    from tests.e2e.cluster import BIN
+
+    a = cluster.submit("-J", "c1", "--hold", "--wrap", "true")
+    b = cluster.submit("-J", "c2", "--hold", "--wrap", "true")
+    c = cluster.submit("-J", "c3", "--hold", "--wrap", "true")
+    # -q with a QOS no job has: nothing cancelled
+    assert cluster.run("gcancel", "-q", "nosuchqos", "-n", "c1").returncode == 0
+    assert cluster.job(a)["state"] == "PENDING"
+    # -i: only the job answered y
+    asked = subprocess.run([str(BIN / "gcancel"), "-i", str(a), str(b)], env=cluster.env,
+                           input="n\ny\n", capture_output=True, text=True, timeout=30)
+    assert asked.returncode == 0, asked.stderr
+    assert f"Cancel job_id={a} name=c1 partition=gpu [y/n]?" in asked.stderr
+    assert cluster.job(a)["state"] == "PENDING" and cluster.job(b)["state"] == "CANCELLED"
+    # -Q: a job already ended says nothing and is no failure; without it, it is
+    assert cluster.run("gcancel", str(b)).returncode == 1
+    quiet = cluster.run("gcancel", "-Q", "-v", str(b), str(c))
+    assert quiet.returncode == 0 and "error" not in quiet.stderr
+    assert f"gcancel: cancel job {c}" in quiet.stderr
+    assert cluster.job(c)["state"] == "CANCELLED"
+    # -A chooses by account (no job here charges one); -b is refused naming it
+    assert cluster.run("gcancel", "-A", "nobody", "-n", "c1").returncode == 0
+    assert cluster.job(a)["state"] == "PENDING"
+    assert cluster.run("gcancel", "-w", "node01", "-t", "PD").returncode == 0  # runs nowhere
+    assert cluster.job(a)["state"] == "PENDING"
+    refused = cluster.run("gcancel", "-b", "-s", "USR1", str(a))
+    assert refused.returncode == 2 and "-b: not supported" in refused.stderr
+    cluster.run("gcancel", str(a))
