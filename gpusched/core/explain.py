@@ -161,6 +161,9 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
         return _qos_detail(reason, moment, snapshot.qos_limits.get(job.qos or "", QosLimits()))
     if reason is Reason.ASSOC_GRP_GRES_MINUTES:
         return _budget_detail(moment)
+    if reason is Reason.BAD_CONSTRAINTS:
+        return (f"no {job.nodes} node(s) of partition {job.partition} satisfy its constraint "
+                f"({job.constraint}): it waits until nodes with those features join")
     if reason is Reason.LICENSES:
         return license_detail(job.licenses, snapshot.licenses, snapshot.running)
     if reason is Reason.JOB_ARRAY_TASK_LIMIT:
@@ -216,7 +219,7 @@ def _node_choice(job: PendingJob) -> str:
         return f" among the nodes it named ({', '.join(job.nodelist)})"
     if job.exclude:
         return f" outside the nodes it excluded ({', '.join(job.exclude)})"
-    return ""
+    return f" whose features satisfy {job.constraint}" if job.constraint else ""
 
 
 def _fits(moment: Moment) -> bool:

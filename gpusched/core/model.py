@@ -81,6 +81,7 @@ class Reason(StrEnum):
     PARTITION_CONFIG = "PartitionConfig"
     ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
     LICENSES = "Licenses"  # the licenses it asks for (-L) are not free (core/licenses.py)
+    BAD_CONSTRAINTS = "BadConstraints"  # no node set could satisfy its -C (core/features.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,7 @@ class NodeView:
     # How well two GPUs (by index, lower first) are connected: higher is better
     # (gpusched.core.topology). Pairs not listed are the worst link.
     links: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    features: frozenset[str] = frozenset()  # its admin's and its GPUs' (core/features.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +191,7 @@ class PendingJob:
     share_mode: str | None = None
     gpu_mem_mb: int = 0
     licenses: tuple[tuple[str, int], ...] = ()  # -L: (name, count), sorted by name
+    constraint: str | None = None  # -C/--constraint, canonical (core/features.py)
 
     @property
     def total_gpus(self) -> int:

@@ -10,6 +10,7 @@ from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.budgets import BudgetBook, BudgetState
 from gpusched.core.capacity import Capacity
 from gpusched.core.dependency import task_reason, waiting_reason
+from gpusched.core.feature_starts import FeatureHooks
 from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
     PartitionView,
@@ -106,6 +107,7 @@ class SchedulingPass(ShareStartsMixin):
         if self.book is not None and occupancy is None and self.book.gpus:
             running = (*running, *self.book.carriers())
         self.capacity = Capacity(snapshot.nodes, running, now, occupancy)
+        self.features = FeatureHooks(self)  # -C/--constraint (core/feature_starts.py)
         self.shared = cluster_shares(snapshot.nodes)
         self._init_shares()
         # Conservative backfill counts the units of interchangeable nodes (core/pools.py).
@@ -159,7 +161,7 @@ class SchedulingPass(ShareStartsMixin):
         return (job.partition in self.open_partitions and not job.dependency
                 and job.hold is None and job.begin_time is None
                 and (job.qos is None or job.qos not in self.limited_qos)
-                and job.array_max_running is None and not job.licenses
+                and job.array_max_running is None and not job.licenses and not job.constraint
                 and (self.budgets is None or job.account not in self.budgeted
                      or self.budgets.fits(job)))
 
@@ -167,6 +169,8 @@ class SchedulingPass(ShareStartsMixin):
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
         if job.partition not in self.open_partitions:
             yield from _partition_waits(job, self.partitions.get(job.partition))
+        if job.constraint and not self.features.possible(job):
+            yield Reason.BAD_CONSTRAINTS
         deps = (waiting_reason(job, self.snapshot, (job.user, job.name) in self.busy_names,
                                self.now) if job.dependency else None)
         if deps is Reason.DEPENDENCY_NEVER_SATISFIED:
@@ -186,6 +190,11 @@ class SchedulingPass(ShareStartsMixin):
             yield Reason.JOB_ARRAY_TASK_LIMIT
 
     def where(self, job: PendingJob) -> tuple[frozenset[int], object]:
+        """``_named_where``, narrowed to the nodes its constraint allows (-C)."""
+        found = self._named_where(job)
+        return self.features.where(job, *found) if job.constraint else found
+
+    def _named_where(self, job: PendingJob) -> tuple[frozenset[int], object]:
         """The nodes ``job`` may run on, and the group whose failures it shares: its
         partition's, or for a job that names or excludes nodes, those of the partition
         it may use (a group of its own)."""
@@ -247,6 +256,8 @@ class SchedulingPass(ShareStartsMixin):
                 self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
         members, group = self.where(job)
+        if job.constraint and self.features.counted(job):
+            return self.features.try_counted(job, task, members, group)
         if wants_share(job):
             return self._try_share(job, task, members)
         if by_memory(job):

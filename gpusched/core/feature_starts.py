@@ -1,0 +1,120 @@
+"""What a pass does with a job's constraint (-C/--constraint, core/features.py): the
+nodes it may use, whether any node set of its partition could ever satisfy it
+(BadConstraints when not), and the starts of a job whose constraint counts nodes.
+
+- A constraint without counts narrows the job's nodes to the eligible ones. A job on
+  several nodes with a matching OR (``[a|b]``) takes all of them from one alternative:
+  the one where it could start soonest (the first written among equals).
+- A job on several nodes whose constraint counts nodes (``a*2``, ``[a*2&b*4]``) starts
+  only when, at once, each count finds its nodes (distinct, fewest candidates first)
+  and its other nodes are found among the eligible rest. Such a job gets no reservation
+  and no expected start: the pass does not plan counts over time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpusched.core.features import Constraint, options, parse_constraint, possible
+from gpusched.core.model import PendingJob, Reason
+from gpusched.core.units import Shape
+
+if TYPE_CHECKING:
+    from gpusched.core.plan import SchedulingPass
+
+
+class FeatureHooks:
+    """A pass's view of node features, made once per pass; every answer is cached by
+    the node set and the constraint's text."""
+
+    def __init__(self, sched: SchedulingPass) -> None:
+        self.sched = sched
+        self._parsed: dict[str, Constraint] = {}
+        self._options: dict[tuple[object, str], list[frozenset[int]]] = {}
+        self._possible: dict[tuple[object, str, int], bool] = {}
+
+    def constraint(self, job: PendingJob) -> Constraint:
+        """The job's parsed constraint (stored texts were checked at submit)."""
+        text = job.constraint or ""
+        found = self._parsed.get(text)
+        if found is None:
+            found = self._parsed[text] = parse_constraint(text)
+        return found
+
+    def _features(self, members: frozenset[int]) -> dict[int, frozenset[str]]:
+        nodes = self.sched.capacity.nodes
+        return {i: nodes[i].view.features for i in members}
+
+    def _node_sets(self, job: PendingJob, members: frozenset[int], group: object
+                   ) -> list[frozenset[int]]:
+        key = (group, job.constraint or "")
+        found = self._options.get(key)
+        if found is None:
+            constraint = self.constraint(job)
+            features = self._features(members)
+            found = options(constraint, features)
+            if constraint.counts and constraint.counted >= job.nodes:
+                # Every node fills a count: only nodes some count takes.
+                found = [frozenset(i for i in option if any(
+                    expr.holds(features[i]) for expr, _ in constraint.counts))
+                    for option in found]
+            self._options[key] = found
+        return found
+
+    def possible(self, job: PendingJob) -> bool:
+        """Whether some nodes of those the job may use could satisfy its constraint."""
+        members, group = self.sched._named_where(job)
+        key = (group, job.constraint or "", job.nodes)
+        found = self._possible.get(key)
+        if found is None:
+            found = self._possible[key] = possible(
+                self.constraint(job), self._features(members), max(1, job.nodes))
+        return found
+
+    def where(self, job: PendingJob, members: frozenset[int], group: object
+              ) -> tuple[frozenset[int], object]:
+        """The nodes ``job`` may take now under its constraint, and the group whose
+        failures they share."""
+        sets = self._node_sets(job, members, group)
+        key = (group, job.constraint)
+        if len(sets) == 1:
+            return sets[0], key
+        if job.nodes <= 1:  # one node: any alternative
+            return frozenset().union(*sets), key
+        shape = Shape.of(job)
+        earliest = self.sched.capacity.earliest
+        best = min(range(len(sets)), key=lambda k: (earliest(shape, sets[k])[0], k))
+        return sets[best], (group, job.constraint, best)
+
+    def counted(self, job: PendingJob) -> bool:
+        """Whether ``job`` starts by ``try_counted``: several nodes, counts among them."""
+        return job.nodes > 1 and bool(self.constraint(job).counts)
+
+    def try_counted(self, job: PendingJob, task: int | None, members: frozenset[int],
+                    group: object) -> Reason | None:
+        """Start ``job`` now with each count on its own nodes; else the reason it waits."""
+        constraint = self.constraint(job)
+        capacity = self.sched.capacity
+        features = self._features(members)
+        shape = Shape.of(job)
+        fits = sorted(((frozenset(i for i in members if expr.holds(features[i])), count, k)
+                       for k, (expr, count) in enumerate(constraint.counts)),
+                      key=lambda item: (len(item[0]), item[2]))
+        used: set[int] = set()
+        placed: list[tuple[int, str]] = []
+        rest = job.nodes - constraint.counted
+        parts = [(nodes, count, ("count", k)) for nodes, count, k in fits]
+        if rest > 0:
+            parts.append((members, rest, ("rest", 0)))
+        for nodes, count, part in parts:
+            found = capacity.place_now(shape._replace(nodes=count),
+                                       nodes - used,
+                                       (group, job.constraint, *part, frozenset(used)))
+            if found is None:
+                first = job.partition not in self.sched.blocked
+                self.sched.blocked.setdefault(job.partition, job)
+                return Reason.RESOURCES if first else Reason.PRIORITY
+            used.update(index for index, _ in found)
+            placed.extend(found)
+        self.sched._start_placed(job, task, placed, shape)
+        return None

@@ -1,0 +1,121 @@
+"""The pass with -C/--constraint (core/feature_starts.py): a constrained job starts only
+on nodes that satisfy its constraint, waits with BadConstraints when no node set could,
+takes a matching OR's nodes from one alternative and a count's from distinct nodes; a
+property test holds every start to the rule (core.features.satisfied) and every
+BadConstraints to a brute-force search of the partition's nodes."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.core.features import parse_constraint, satisfied
+from gpusched.core.model import (
+    GpuView,
+    NodeState,
+    NodeView,
+    PartitionView,
+    PendingJob,
+    Plan,
+    Policy,
+    Reason,
+    Snapshot,
+)
+from gpusched.core.plan import plan
+
+NOW = 1_000.0
+
+
+def node(name: str, *features: str, gpus: int = 2) -> NodeView:
+    return NodeView(name, NodeState.UP,
+                    tuple(GpuView(f"{name}-g{i}", i) for i in range(gpus)),
+                    features=frozenset(features))
+
+
+def job(job_id: int, constraint: str | None, gpus: int = 1, nodes: int = 1) -> PendingJob:
+    return PendingJob(job_id, "p", gpus, 1000, NOW - 100 + job_id, 3600, nodes=nodes,
+                      priority=1000.0 - job_id,  # taken in the order of their ids
+                      constraint=constraint and parse_constraint(constraint).text())
+
+
+def run(nodes: list[NodeView], jobs: list[PendingJob]) -> Plan:
+    snapshot = Snapshot(tuple(nodes), (PartitionView("p", tuple(n.name for n in nodes)),),
+                        tuple(jobs))
+    return plan(snapshot, NOW, Policy())
+
+
+def placed(result: Plan) -> dict[int, tuple[str, ...]]:
+    return {s.job_id: s.nodes or (s.node,) for s in result.starts}
+
+
+def reasons(result: Plan) -> dict[int, Reason]:
+    return {p.job_id: p.reason for p in result.pending}
+
+
+def test_a_constrained_job_starts_only_on_a_matching_node() -> None:
+    nodes = [node("n1", "a100"), node("n2", "h100", "nvlink"), node("n3", "h100")]
+    result = run(nodes, [job(1, "h100&nvlink"), job(2, "a100|l4"), job(3, "h100&nvlink", gpus=2)])
+    assert placed(result) == {1: ("n2",), 2: ("n1",)}
+    assert reasons(result) == {3: Reason.RESOURCES}  # n2's other GPU is taken
+
+
+def test_nothing_can_match_is_bad_constraints_and_blocks_nobody() -> None:
+    nodes = [node("n1", "a100"), node("n2", "h100")]
+    result = run(nodes, [job(1, "v100"), job(2, "a100&h100"), job(3, "[a100*1&h100*2]", nodes=3),
+                         job(4, None)])
+    assert reasons(result) == {1: Reason.BAD_CONSTRAINTS, 2: Reason.BAD_CONSTRAINTS,
+                               3: Reason.BAD_CONSTRAINTS}
+    assert placed(result) == {4: ("n1",)}
+
+
+def test_matching_or_takes_every_node_from_one_alternative() -> None:
+    nodes = [node("r1a", "rack1"), node("r2a", "rack2"), node("r2b", "rack2"),
+             node("r1b", "rack1", gpus=0)]
+    result = run(nodes, [job(1, "[rack1|rack2]", gpus=2, nodes=2)])
+    assert placed(result) == {1: ("r2a", "r2b")}  # rack1 has one node with GPUs
+    plain = run(nodes, [job(1, "rack1|rack2", gpus=2, nodes=2)])
+    assert len(placed(plain)[1]) == 2
+
+
+def test_counts_take_distinct_nodes_of_each_feature() -> None:
+    nodes = [node("a1", "a"), node("ab", "a", "b"), node("b1", "b"), node("c1", "c")]
+    result = run(nodes, [job(1, "[a*1&b*2]", nodes=3)])
+    assert sorted(placed(result)[1]) == ["a1", "ab", "b1"]
+    spare = run(nodes, [job(1, "c*1", nodes=2)])
+    assert "c1" in placed(spare)[1]
+    busy = run(nodes, [job(1, "c", gpus=2), job(2, "c*1", nodes=2)])
+    assert placed(busy) == {1: ("c1",)} and reasons(busy) == {2: Reason.RESOURCES}
+
+
+FEATURES = ("a", "b", "c")
+feature_sets_st = st.frozensets(st.sampled_from(FEATURES), max_size=2)
+constraints_st = st.sampled_from(
+    ("a", "b", "a&b", "a|c", "(a|b)&c", "[a|b]", "c&[a|b]", "a*1", "[a*1&b*1]", "[a*2]",
+     "b|a&c"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(feature_sets_st, st.integers(0, 2)), min_size=1, max_size=5),
+       st.lists(st.tuples(st.none() | constraints_st, st.integers(0, 2), st.integers(1, 2)),
+                min_size=1, max_size=5))
+def test_starts_satisfy_constraints_and_bad_ones_are_truly_impossible(
+        shapes: list[tuple[frozenset[str], int]],
+        asks: list[tuple[str | None, int, int]]) -> None:
+    nodes = [node(f"n{i}", *features, gpus=gpus) for i, (features, gpus) in enumerate(shapes)]
+    jobs = [job(i + 1, text, gpus, count) for i, (text, gpus, count) in enumerate(asks)]
+    result = run(nodes, jobs)
+    features = {n.name: n.features for n in nodes}
+    for start in result.starts:
+        wanted = jobs[start.job_id - 1]
+        names = start.nodes or (start.node,)
+        assert len(set(names)) == wanted.nodes
+        if wanted.constraint:
+            assert satisfied(parse_constraint(wanted.constraint), [features[n] for n in names])
+    for pending in result.pending:
+        wanted = jobs[pending.job_id - 1]
+        could = wanted.constraint is None or any(
+            satisfied(parse_constraint(wanted.constraint), [n.features for n in subset])
+            for subset in combinations(nodes, wanted.nodes))
+        assert (pending.reason is Reason.BAD_CONSTRAINTS) == (not could)
