@@ -23,6 +23,8 @@ from gpusched.core.model import (
     Start,
 )
 from gpusched.core.plan import Moment, SchedulingPass, job_priorities, ordered
+from gpusched.core.resvholds import reservation_detail
+from gpusched.core.resvpass import plan_with_reservations
 from gpusched.core.timefmt import format_duration
 
 
@@ -132,6 +134,8 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
             priority: dict[int, float]) -> str:
     job = moment.job
     part = next((p for p in snapshot.partitions if p.name == job.partition), None)
+    if reason in (Reason.RESERVATION, Reason.REQ_NODE_NOT_AVAIL):
+        return reservation_detail(reason, job, moment.in_the_way, snapshot, now)
     if reason is Reason.PARTITION_DOWN:
         if part is None:
             return f"partition {job.partition} no longer exists: cancel the job and resubmit"
@@ -235,17 +239,22 @@ def explain(snapshot: Snapshot, now: float, policy: Policy, job_id: int) -> Expl
     if job_id not in priority:
         raise NotPending(job_id)
     order = ordered(snapshot, ranked)
-    runner = SchedulingPass(snapshot, now, policy, watch=job_id)
-    decided = runner.run(order)
-    moment = runner.moment
+    if snapshot.advance_reservations:  # core/resvpass.py: the pass that plan runs then
+        decided, moment = plan_with_reservations(snapshot, now, policy, watch=job_id)
+    else:
+        runner = SchedulingPass(snapshot, now, policy, watch=job_id)
+        decided, moment = runner.run(order), runner.moment
     assert moment is not None
     reason = next((p.reason for p in decided.pending if p.job_id == job_id), Reason.NONE)
     reasons = list(moment.waits)
+    if reason in (Reason.RESERVATION, Reason.REQ_NODE_NOT_AVAIL) and reason not in reasons:
+        reasons.append(reason)
     if moment.blocked_by is not None or reason is Reason.PRIORITY:  # or max_starts_per_pass
         reasons.append(Reason.PRIORITY)
     # An exclusive job may find GPUs free and still wait: it needs idle nodes.
     idle_wanted = moment.job.exclusive and reason is Reason.RESOURCES
-    if (not _fits(moment) or idle_wanted) and Reason.PARTITION_DOWN not in reasons:
+    if (not _fits(moment) or idle_wanted) and not {Reason.PARTITION_DOWN,
+                                                   Reason.RESERVATION} & set(reasons):
         reasons.append(Reason.RESOURCES)
     starts = tuple(start for start in decided.starts if start.job_id == job_id)
     blockers = [Blocker(r, _detail(r, moment, snapshot, now, priority)) for r in reasons]

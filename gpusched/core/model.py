@@ -14,6 +14,7 @@ from typing import NamedTuple
 from gpusched.core.budgets import Budget
 from gpusched.core.fairshare import Account, UserShare
 from gpusched.core.priority import PriorityWeights
+from gpusched.core.reservations import AdvanceReservation
 
 
 class JobState(StrEnum):
@@ -82,6 +83,8 @@ class Reason(StrEnum):
     ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
     LICENSES = "Licenses"  # the licenses it asks for (-L) are not free (core/licenses.py)
     BAD_CONSTRAINTS = "BadConstraints"  # no node set could satisfy its -C (core/features.py)
+    RESERVATION = "Reservation"  # waits for its advance reservation (core/resvpass.py)
+    REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"  # room now, but it would run into a reservation
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,7 @@ class PendingJob:
     share_mode: str | None = None
     gpu_mem_mb: int = 0
     licenses: tuple[tuple[str, int], ...] = ()  # -L: (name, count), sorted by name
+    reservation: str | None = None  # --reservation: the advance reservation it runs in
     constraint: str | None = None  # -C/--constraint, canonical (core/features.py)
 
     @property
@@ -226,6 +230,7 @@ class RunningJob:
     # in ``gpu_uuids``, which lists the GPUs it holds whole.
     shares: tuple[tuple[str, int, int], ...] = ()
     licenses: tuple[tuple[str, int], ...] = ()  # -L: what it holds until it ends
+    reservation: str | None = None  # the advance reservation it runs in
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +263,7 @@ class Snapshot:
     running_names: frozenset[tuple[str, str]] = frozenset()  # (user, job name) of running jobs
     budgets: tuple[Budget, ...] = ()  # GPU-hour budgets, with what their periods used
     licenses: Mapping[str, int] = field(default_factory=dict)  # the cluster's, by name
+    advance_reservations: tuple[AdvanceReservation, ...] = ()  # core/reservations.py
 
 
 @dataclass(frozen=True, slots=True)

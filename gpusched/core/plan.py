@@ -33,6 +33,7 @@ from gpusched.core.ordering import (
     queue_order,
 )
 from gpusched.core.pools import UnitPools
+from gpusched.core.resvholds import ReservationHooksMixin
 from gpusched.core.share_starts import ShareStartsMixin
 from gpusched.core.sharing import ShareBook, by_memory, cluster_shares, wants_share
 from gpusched.core.units import INF, Shape
@@ -86,7 +87,7 @@ def _partition_open(part: PartitionView) -> bool:
             and not part.deny_accounts and part.max_gpus_per_job is None)
 
 
-class SchedulingPass(ShareStartsMixin):
+class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
     """The state of one pass as it walks the queue; ``plan`` runs one to the end.
 
     ``watch`` names a job whose ``Moment`` is recorded when the pass reaches it.
@@ -107,6 +108,7 @@ class SchedulingPass(ShareStartsMixin):
         if self.book is not None and occupancy is None and self.book.gpus:
             running = (*running, *self.book.carriers())
         self.capacity = Capacity(snapshot.nodes, running, now, occupancy)
+        self._hold_reservations()  # advance reservations' windows (core/resvholds.py)
         self.features = FeatureHooks(self)  # -C/--constraint (core/feature_starts.py)
         self.shared = cluster_shares(snapshot.nodes)
         self._init_shares()
@@ -309,7 +311,8 @@ class SchedulingPass(ShareStartsMixin):
                 self.expected[job.job_id] = (
                     pool.earliest(Shape.of(job), check=False) if pool is not None
                     else self.capacity.estimate(shape or whole or Shape.of(job), members, group))
-            return Reason.RESOURCES if first else Reason.PRIORITY
+            return self._resources_reason(job, shape or whole or Shape.of(job), members) \
+                if first else Reason.PRIORITY
         assert shape is not None  # a job is placed only once it has its shape
         self._start_placed(job, task, placed, shape)
         return None
@@ -506,5 +509,8 @@ def plan(snapshot: Snapshot, now: float, policy: Policy, resume_after: int | Non
     Jobs are taken in priority order (``queue_order``) and placed best fit; see
     ``SchedulingPass`` for backfill, reservations and who waits and why.
     """
+    if snapshot.advance_reservations:  # jobs in one run in a pass of their own
+        from gpusched.core.resvpass import plan_with_reservations
+        return plan_with_reservations(snapshot, now, policy, resume_after, spent)[0]
     return SchedulingPass(snapshot, now, policy).run(queue_order(snapshot, now, policy),
                                                      resume_after, spent)

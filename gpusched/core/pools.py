@@ -183,9 +183,10 @@ class UnitPools:
     def __init__(self, capacity: Capacity) -> None:
         self.capacity = capacity
         by_kind: dict[str, list[int]] = {}
-        for node in capacity.nodes:
+        for node in capacity.nodes:  # an advance reservation's node: planned per node
             if node.view.run_uid is None and len(node.total) == 1 \
-                    and next(iter(node.total.values())) == 1:
+                    and next(iter(node.total.values())) == 1 \
+                    and node.index not in capacity.reserved_nodes:
                 by_kind.setdefault(next(iter(node.total)), []).append(node.index)
         self.pools = [UnitPool(capacity, kind, nodes) for kind, nodes in sorted(by_kind.items())]
         self.of_node = {index: pool for pool in self.pools for index in pool.nodes}
