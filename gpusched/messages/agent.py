@@ -19,6 +19,7 @@ from gpusched.core import bounds
 from gpusched.core.arrays import MAX_TASK_ID, MAX_TASKS, ArrayError, runs
 from gpusched.core.signals import MAX_WARN_SECONDS
 from gpusched.errors import UsageError
+from gpusched.messages.containers import ContainerRequest
 from gpusched.messages.fields import (
     MAX_UID,
     Body,
@@ -71,7 +72,7 @@ LAUNCH_FIELDS = frozenset({
     "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
     "environment", "output", "error", "umask", "time_limit", "warn_signal", "warn_seconds",
     "warn_batch_only", "gpu_uuids", "node_names", "array_job_id", "array_task_id",
-    "array_spec", "cpus", "mem_mb", "gres_flags", "share", "job"})
+    "array_spec", "cpus", "mem_mb", "gres_flags", "share", "job", "container"})
 SHARE_FIELDS = frozenset({"mode", "gpu_uuid", "units", "of", "mem_mb"})
 COMMAND_FIELDS = frozenset({"kind", "node", "job_id", "run", "seq", "payload"})
 
@@ -153,6 +154,7 @@ class LaunchOrder:
     gres_flags: str | None = None
     share: ShareGrant | None = None
     job: JobFacts | None = None  # what the job's Slurm variables show (messages.jobfacts)
+    container: ContainerRequest | None = None  # --container-image and the rest (pyxis's)
 
     @classmethod
     def parse(cls, raw: object) -> LaunchOrder:
@@ -202,7 +204,9 @@ class LaunchOrder:
             mem_mb=integer(body, "mem_mb", 0, 0, bounds.MAX_MEM_MB, "MiB on this node"),
             gres_flags=None if body.get("gres_flags") is None
             else one_of(body, "gres_flags", GRES_FLAGS), share=share,
-            job=None if body.get("job") is None else JobFacts.parse(body["job"]))
+            job=None if body.get("job") is None else JobFacts.parse(body["job"]),
+            container=None if body.get("container") is None
+            else ContainerRequest.parse(body["container"]))
 
     def to_json(self) -> dict[str, Any]:
         """The order as ``GET /agent/v1/work`` carries it (``share`` only when there is
@@ -223,6 +227,8 @@ class LaunchOrder:
             body["share"] = self.share.to_json()
         if self.job is not None:
             body["job"] = self.job.to_json()
+        if self.container is not None:
+            body["container"] = self.container.to_json()
         return body
 
 

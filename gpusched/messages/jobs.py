@@ -39,6 +39,7 @@ from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS, WarnSignal
 from gpusched.errors import UsageError
 from gpusched.messages.agent import GRES_FLAGS
+from gpusched.messages.containers import ContainerRequest
 from gpusched.messages.fields import (
     Body,
     as_object,
@@ -71,7 +72,7 @@ SUBMIT_FIELDS = frozenset({
     "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
     "error", "umask", "submit_key", "interactive",
-    "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses"})
+    "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses", "container"})
 SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
 MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
@@ -134,6 +135,8 @@ class JobRequest:
     mail_user: str | None = None
     # sbatch's -L: (license, count) pairs sorted by name (gpusched.core.licenses).
     licenses: Licenses = ()
+    # pyxis's --container-* options (gpusched.messages.containers); None: no container.
+    container: ContainerRequest | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobRequest:
@@ -183,7 +186,8 @@ class JobRequest:
             submit_key=_submit_key(body.get("submit_key")),
             gres_flags=None if body.get("gres_flags") is None
             else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
-            mail_types=mail_types, mail_user=mail_user, licenses=_licenses(body))
+            mail_types=mail_types, mail_user=mail_user, licenses=_licenses(body),
+            container=_container(body, interactive))
 
     def to_json(self) -> dict[str, Any]:
         """The request as ``POST /v1/jobs`` takes it."""
@@ -207,6 +211,7 @@ class JobRequest:
             "share": self.share, "gpu_mem_mb": self.gpu_mem_mb,
             "mail_type": list(self.mail_types), "mail_user": self.mail_user,
             "licenses": format_licenses(self.licenses) or None,
+            "container": None if self.container is None else self.container.to_json(),
         }
 
     @cached_property
@@ -470,3 +475,12 @@ def _dependency(text: str | None) -> tuple[Dependency, ...]:
         return parse_dependency(text)
     except DependencyError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _container(body: Body, interactive: bool) -> ContainerRequest | None:
+    """``container``: the job's container (None: none); an allocation runs nothing in one."""
+    if body.get("container") is None:
+        return None
+    if interactive:
+        raise UsageError("container: an interactive allocation runs nothing in a container")
+    return ContainerRequest.parse(body["container"])
