@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -13,6 +14,7 @@ from gpusched.cli.common import new_app, run_cli
 from gpusched.cli.output import print_table, print_warning
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.timefmt import format_duration
+from gpusched.errors import UsageError
 
 PROG = "ginfo"
 app = new_app("Show partitions and nodes with their GPUs by state, like sinfo.")
@@ -198,6 +200,32 @@ def ginfo(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     reasons: Annotated[bool, typer.Option(
         "-R", "--list-reasons", help="Why nodes are drained or down, like sinfo -R.")] = False,
+    dead: Annotated[bool, typer.Option("-d", "--dead", help="Only nodes that are down.")] = False,
+    responding: Annotated[bool, typer.Option(
+        "-r", "--responding", help="Only nodes that are not down.")] = False,
+    iterate: Annotated[Optional[int], typer.Option(
+        "-i", "--iterate", min=1, metavar="SECONDS", help="Print again every SECONDS.")] = None,
+    long: Annotated[bool, typer.Option("-l", "--long", help="sinfo's long format.")] = False,
+    clusters: Annotated[Optional[str], typer.Option(
+        "-M", "--clusters", help="This cluster's name; any other is refused.")] = None,
+    node_names: Annotated[Optional[str], typer.Option(
+        "-n", "--nodes", help="Only these nodes (node[01-04],gpu7).")] = None,
+    noheader: Annotated[bool, typer.Option("-h", "--noheader", help="No header line.")] = False,
+    fmt: Annotated[Optional[str], typer.Option(
+        "-o", "--format", help="sinfo's field codes, e.g. '%P %.6D %t %G %N' (docs/cli.md).")] = None,
+    long_format: Annotated[Optional[str], typer.Option(
+        "-O", "--Format", help="sinfo's field names, e.g. 'Partition,Nodes:.6,StateLong'.")] = None,
+    partition: Annotated[Optional[str], typer.Option(
+        "-p", "--partition", help="Only these partitions (comma separated).")] = None,
+    summarize: Annotated[bool, typer.Option(
+        "-s", "--summarize", help="One line per partition: NODES(A/I/O/T).")] = False,
+    sort: Annotated[Optional[str], typer.Option(
+        "-S", "--sort", help="Sort by these field codes, '-' for descending (e.g. 'P,-D').")] = None,
+    states: Annotated[Optional[str], typer.Option(
+        "-t", "--states", help="Only nodes in these states: idle, mix, alloc, drain, down, "
+        "unhealthy (or 'all').")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "-v", "--verbose", help="Say on stderr what is asked of the controller.")] = False,
 ) -> None:
     """Partitions and nodes with GPUs allocated/idle/out of service/total (A/I/O/T), GPU
     types, MIG slices free/used, and, where some partition shares its GPUs, how: SHARING,
@@ -210,15 +238,85 @@ def ginfo(
     "unenforced" where the node's agent does not confine jobs (GPU devices, memory and
     CPUs are then not enforced).
 
-    Examples: ginfo; ginfo -N; ginfo -R; ginfo --json
+    Examples: ginfo; ginfo -N; ginfo -R; ginfo --json; ginfo -p gpu -t idle,mix;
+    ginfo -o '%P %.6D %t %G %N'; ginfo -s
     """
+    import os
+    import time
+
+    from gpusched.cli import infoformat
+    from gpusched.cli.slurmflags import check_clusters
+
+    check_clusters(clusters if clusters is not None else os.environ.get("SLURM_CLUSTERS"))
+    fmt = fmt or (None if long_format or long or summarize or as_json else
+                  os.environ.get("GINFO_FORMAT") or os.environ.get("SINFO_FORMAT") or None)
+    partition = partition or os.environ.get("GINFO_PARTITION") or os.environ.get(
+        "SINFO_PARTITION") or None
+    sort = sort or os.environ.get("GINFO_SORT") or os.environ.get("SINFO_SORT") or None
+    if sum(x is not None for x in (fmt, long_format)) + long + summarize > 1:
+        raise UsageError("choose one of -o/--format, -O/--Format, -l/--long and -s/--summarize")
+    pieces = (infoformat.parse_long_format(long_format) if long_format is not None
+              else infoformat.parse_format(fmt) if fmt is not None
+              else infoformat.parse_format(
+                  infoformat.SUMMARY_FORMAT if summarize
+                  else (infoformat.LONG_NODE_FORMAT if per_node else infoformat.LONG_FORMAT)
+                  if long else (infoformat.NODE_FORMAT if per_node else infoformat.DEFAULT_FORMAT)
+                  if sort is not None else "%P"))
+    formatted = fmt is not None or long_format is not None or long or summarize or sort is not None
+    keys = infoformat.parse_sort(sort) if sort is not None else []
+    wanted_parts = ({w.strip() for w in partition.split(",") if w.strip()}
+                    if partition is not None else None)
+    names = infoformat.parse_nodes(node_names)
+    wanted_states = infoformat.parse_node_states(states)
+    filtered = bool(names is not None or wanted_states is not None or dead or responding)
+    while True:
+        nodes, parts = _fetch(verbose)
+        if wanted_parts is not None:
+            parts = [p for p in parts if p["name"] in wanted_parts]
+        nodes = {name: n for name, n in nodes.items()
+                 if infoformat.keep_node(n, names, wanted_states, dead, responding)}
+        if filtered:
+            parts = [p for p in parts if any(n in nodes for n in p["nodes"])]
+        if formatted and not as_json and not reasons:
+            from gpusched.cli.submission import local_cluster_name
+
+            cluster = local_cluster_name() if any(p[0] == "V" for p in pieces) else ""
+            rows = (infoformat.summary_rows(parts, nodes, cluster) if summarize
+                    else infoformat.info_rows(parts, nodes, per_node, cluster))
+            lines = [] if noheader else [infoformat.render(pieces, None)]
+            lines += [infoformat.render(pieces, row) for row in infoformat.sort_rows(rows, keys)]
+            if lines:
+                typer.echo("\n".join(lines))
+        else:
+            _show(nodes, parts, per_node, as_json, reasons, noheader,
+                  listed=None if wanted_parts is None and not filtered else set(nodes))
+        if iterate is None:
+            return
+        sys.stdout.flush()
+        time.sleep(iterate)
+        typer.echo()
+
+
+def _fetch(verbose: bool) -> tuple[dict[str, NodeSummary], list[dict[str, Any]]]:
+    """The nodes (summed up, by name) and partitions, from the controller."""
     from gpusched.client import ApiClient
 
     with ApiClient() as client:
+        if verbose:
+            print(f"{PROG}: GET /v1/nodes, GET /v1/partitions", file=sys.stderr)
         nodes_answer = client.request("GET", "/v1/nodes")
         parts = client.request("GET", "/v1/partitions")["partitions"]
     shared = node_sharing(parts)
-    nodes = {n["name"]: summarize_node(n, shared.get(n["name"])) for n in nodes_answer["nodes"]}
+    return ({n["name"]: summarize_node(n, shared.get(n["name"])) for n in nodes_answer["nodes"]},
+            parts)
+
+
+def _show(nodes: dict[str, NodeSummary], parts: list[dict[str, Any]], per_node: bool,
+          as_json: bool, reasons: bool, noheader: bool, listed: set[str] | None) -> None:
+    """ginfo's own views: JSON, -R, -N or the partition table (``listed``: the nodes
+    the filters kept, None when none was given)."""
+    if listed is not None:
+        parts = [{**p, "nodes": [n for n in p["nodes"] if n in listed]} for p in parts]
     member_of: dict[str, list[str]] = {}
     for part in parts:
         for name in part["nodes"]:
@@ -229,13 +327,14 @@ def ginfo(
             "nodes": [{**asdict(n), "total": n.total, "partitions": member_of.get(n.name, [])}
                       for n in nodes.values()]}, indent=2))
         return
+    header = not noheader
     loose = [n.name for n in nodes.values() if unenforced(n)]
     if loose:
         print_warning(PROG, f"jobs are not confined on {compress_hostlist(loose)} "
                       "(unenforced: see ginfo -N)")
     if reasons:
         print_table(["REASON", "STATE", "NODELIST"], reason_rows(list(nodes.values())),
-                    shrinkable=frozenset({0, 2}))
+                    shrinkable=frozenset({0, 2}), show_header=header)
         return
     # The sharing columns only where some partition shares its GPUs.
     sharing = any(part.get("sharing") for part in parts)
@@ -245,16 +344,26 @@ def ginfo(
                  node_reason_cell(n)] for n in nodes.values()]
         print_table(["NODELIST", "PARTITION", "STATE", "GPUS(A/I/O/T)", "GPU_TYPES", "MIG(F/U)",
                      *(["SHARES"] if sharing else []), "REASON"], rows,
-                    shrinkable=frozenset({1, 4, 7 if sharing else 6}))
+                    shrinkable=frozenset({1, 4, 7 if sharing else 6}), show_header=header)
         return
     table = [[r["partition"], r["avail"], r["timelimit"], str(r["nodes"]), r["state"], r["gpus"],
               r["gpu_types"], r["mig"], *([sharing_cell(r)] if sharing else []), r["nodelist"]]
              for r in partition_rows(parts, nodes)]
     print_table(["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "GPUS(A/I/O/T)",
                  "GPU_TYPES", "MIG(F/U)", *(["SHARING"] if sharing else []), "NODELIST"], table,
-                right_aligned=frozenset({3}), shrinkable=frozenset({6, 9 if sharing else 8}))
+                right_aligned=frozenset({3}), shrinkable=frozenset({6, 9 if sharing else 8}),
+                show_header=header)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ginfo`` console script."""
-    return run_cli(app, PROG, argv)
+    from gpusched.cli.output import print_error
+    from gpusched.cli.slurmflags import check_argv, declared_options
+
+    try:
+        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv),
+                          declared_options(app))
+    except UsageError as err:
+        print_error(PROG, err.message)
+        return err.exit_code
+    return 0 if args is None else run_cli(app, PROG, args)

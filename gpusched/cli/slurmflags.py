@@ -17,7 +17,8 @@ from gpusched.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
 
 _FEDERATION = "there is no federation: this cluster runs every job itself"
 _YAML = "YAML output is not offered: use --json"
@@ -40,6 +41,10 @@ REFUSED: dict[str, dict[str, str]] = {
     },
     "ginfo": {
         "--federation": _FEDERATION, "--yaml": _YAML,
+        "-e": "ginfo groups nodes by partition and state only",
+        "--exact": "ginfo groups nodes by partition and state only",
+        "-T": "reservations are not listed by ginfo here",
+        "--reservation": "reservations are not listed by ginfo here",
     },
     "gacct": {
         "-c": "there is no job completion log here: gacct reads the database",
@@ -85,10 +90,12 @@ def handled(prog: str) -> frozenset[str]:
                       *VERSION})
 
 
-def check_argv(prog: str, argv: Sequence[str]) -> list[str] | None:
+def check_argv(prog: str, argv: Sequence[str], declared: Iterable[str] = ()
+               ) -> list[str] | None:
     """``argv`` with the accepted spellings dropped and aliases read; a usage error
-    naming a refused one. None: ``-V/--version`` was asked for and is printed."""
-    refused = REFUSED.get(prog, {})
+    naming a refused one (unless the command ``declared`` it). None: ``-V/--version``
+    was asked for and is printed."""
+    refused = {k: v for k, v in REFUSED.get(prog, {}).items() if k not in set(declared)}
     already = ALREADY.get(prog, frozenset())
     aliases = ALIASES.get(prog, {})
     out: list[str] = []
@@ -142,3 +149,11 @@ def check_clusters(text: str | None) -> None:
         if name != local and name.lower() != "all":
             raise UsageError(f"-M/--clusters: no cluster {name[:64]!r} here: this cluster "
                              f"is {local!r}")
+
+
+def declared_options(app: Any) -> frozenset[str]:
+    """Every option spelling a typer app's command declares."""
+    from typer.main import get_command
+
+    return frozenset(name for param in get_command(app).params
+                     for name in [*param.opts, *param.secondary_opts])

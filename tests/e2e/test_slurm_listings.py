@@ -117,3 +117,23 @@ def test_gcancel_filters_quiet_interactive(cluster: Cluster) -> None:
     refused = cluster.run("gcancel", "-b", "-s", "USR1", str(a))
     assert refused.returncode == 2 and "-b: not supported" in refused.stderr
     cluster.run("gcancel", str(a))
+
+
+def test_ginfo_formats_and_filters(cluster: Cluster) -> None:
+    assert lines(cluster, "ginfo", "-h", "-o", "%R|%D|%t|%G|%N", "-S", "R") == [
+        "debug|1|idle|gpu:4|node01", "gpu|1|idle|gpu:4|node01"]
+    assert lines(cluster, "ginfo", "-s", "-p", "gpu")[1].split() == [
+        "gpu*", "up", "1-00:00:00", "0/1/0/1", "node01"]
+    assert lines(cluster, "ginfo", "-N", "-h", "-O", "NodeList:8,Partition:6,StateLong") == [
+        "node01   debug  idle", "node01   gpu*   idle"]
+    assert lines(cluster, "ginfo", "-h", "-t", "down", "-o", "%N") == []
+    assert lines(cluster, "ginfo", "-h", "-d", "-o", "%N") == []
+    assert lines(cluster, "ginfo", "-h", "-r", "-n", "node01", "-p", "debug", "-o", "%N") == [
+        "node01"]
+    assert lines(cluster, "ginfo", "-h", "-p", "nosuch") == []
+    assert lines(cluster, "ginfo", env={"SINFO_FORMAT": "%P"}) == ["PARTITION", "debug", "gpu*"]
+    for bad, says in ((["-o", "%c"], "%c is not supported"), (["-e"], "-e: not supported"),
+                      (["-t", "weird"], "invalid --states 'weird'"),
+                      (["-M", "far"], "no cluster 'far'")):
+        done = cluster.run("ginfo", *bad)
+        assert done.returncode == 2 and says in done.stderr, (bad, done.stderr)
