@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +17,7 @@ from gpusched.cli.listing import parse_states
 from gpusched.cli.output import print_table
 from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import TimeFormatError, format_duration, parse_when
-from gpusched.core.usage import format_max_rss, format_total_cpu
+from gpusched.core.usage import format_total_cpu
 from gpusched.errors import UsageError
 
 PROG = "gacct"
@@ -70,6 +71,47 @@ def gacct(
         "and each GPU-hour budget's use in its periods.")] = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="With --report: write a bar chart of GPU-hours to this PNG.")] = None,
+    allusers: Annotated[bool, typer.Option(
+        "--allusers", "-a", help="Every user's jobs (the default for root).")] = False,
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", "-o", help="sacct's field names, comma separated, NAME%WIDTH "
+        "(gacct --helpformat lists them).")] = None,
+    brief: Annotated[bool, typer.Option("--brief", "-b", help="JobID, State, ExitCode.")] = False,
+    long: Annotated[bool, typer.Option("--long", "-l", help="Many more fields.")] = False,
+    helpformat: Annotated[bool, typer.Option(
+        "--helpformat", "-e", help="List the field names of --format.")] = False,
+    noheader: Annotated[bool, typer.Option("--noheader", "-n", help="No header line.")] = False,
+    delimiter: Annotated[Optional[str], typer.Option(
+        "--delimiter", help="With -p or -P: this instead of |.")] = None,
+    duplicates: Annotated[bool, typer.Option(
+        "--duplicates", "-D", help="Each earlier run of a requeued job on a row of its own "
+        "(REQUEUED).")] = False,
+    names: Annotated[Optional[str], typer.Option("--name", help="Only jobs with these names.")] = None,
+    partitions: Annotated[Optional[str], typer.Option(
+        "--partition", "-r", help="Only jobs of these partitions.")] = None,
+    qos: Annotated[Optional[str], typer.Option("--qos", "-q", help="Only jobs of these QOS.")] = None,
+    nodelist: Annotated[Optional[str], typer.Option(
+        "--nodelist", "-N", help="Only jobs that ran on these nodes.")] = None,
+    reason: Annotated[Optional[str], typer.Option(
+        "--reason", "-R", help="Only jobs with these reasons (comma separated).")] = None,
+    nnodes: Annotated[Optional[str], typer.Option(
+        "--nnodes", "-i", help="Only jobs on MIN[-MAX] nodes.")] = None,
+    ncpus: Annotated[Optional[str], typer.Option(
+        "--ncpus", "-I", help="Only jobs with MIN[-MAX] CPUs.")] = None,
+    limit_min: Annotated[Optional[str], typer.Option(
+        "--timelimit-min", "-k", help="Only jobs with a time limit of at least this.")] = None,
+    limit_max: Annotated[Optional[str], typer.Option(
+        "--timelimit-max", "-K", help="Only jobs with a time limit of at most this.")] = None,
+    clusters: Annotated[Optional[str], typer.Option(
+        "--clusters", "-M", help="This cluster's name (or all); any other is refused.")] = None,
+    batch_script: Annotated[bool, typer.Option(
+        "--batch-script", "-B", help="With -j: print each job's batch script.")] = False,
+    env_vars: Annotated[bool, typer.Option(
+        "--env-vars", help="With -j: print each job's environment.")] = False,
+    noconvert: Annotated[bool, typer.Option(
+        "--noconvert", help="MaxRSS in K, not converted to a larger unit.")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Say on stderr what is asked of the controller.")] = False,
 ) -> None:
     """Finished and running jobs with elapsed time, state, exit code, GPUs, what they
     held (ALLOCTRES: gres/gpu=2, a MIG slice gres/gpu:1g.10gb=1, a share gres/mps=25 or
@@ -82,8 +124,37 @@ def gacct(
     Examples: gacct; gacct -j 12.3; gacct -S now-7days -u alice; gacct -P -X;
     gacct --report -S 2026-11-01 -E 2026-12-01 --plot usage.png
     """
+    from gpusched.cli import acctformat
+    from gpusched.cli.slurmflags import check_clusters
     from gpusched.client import ApiClient
 
+    if helpformat:
+        typer.echo(acctformat.help_format())
+        return
+    check_clusters(clusters)
+    if batch_script or env_vars:
+        _print_job_texts(jobs, batch_script)
+        return
+    env_format = os.environ.get("GACCT_FORMAT") or os.environ.get("SACCT_FORMAT")
+    if sum(x is not None for x in (fmt,)) + brief + long > 1:
+        raise UsageError("choose one of -o/--format, -b/--brief and -l/--long")
+    fmt = (acctformat.BRIEF if brief else acctformat.LONG if long else fmt
+           or (env_format if not as_json and not report and env_format else None))
+    fields = acctformat.parse_format(fmt) if fmt is not None else None
+    if delimiter is not None and not (parsable or parsable2):
+        raise UsageError("--delimiter goes with -p/--parsable or -P/--parsable2")
+    if delimiter is not None and not 1 <= len(delimiter) <= 8:
+        raise UsageError("--delimiter: give 1 to 8 characters")
+    filters = dict(
+        names=_set(names), partitions=_set(partitions), qos=_set(qos),
+        nodes=_hosts(nodelist), reasons={r.lower() for r in _set(reason) or ()} or None,
+        node_range=acctformat.in_range(nnodes, "--nnodes"),
+        cpu_range=acctformat.in_range(ncpus, "--ncpus"),
+        limit_min=_limit(limit_min, "--timelimit-min"), limit_max=_limit(limit_max, "--timelimit-max"))
+    if user is None and not allusers and jobs is None and os.getuid() != 0:
+        import pwd
+
+        user = pwd.getpwuid(os.getuid()).pw_name  # sacct: your own jobs, unless -a
     now = datetime.now(timezone.utc).astimezone()
     start = _when(starttime, "--starttime", now)
     end = _when(endtime, "--endtime", now)
@@ -128,13 +199,35 @@ def gacct(
         query["start"] = str(start.timestamp())
     if end is not None:
         query["end"] = str(end.timestamp())
+    path = f"/v1/accounting?{urlencode(query, safe=',')}"
+    if verbose:
+        typer.echo(f"{PROG}: GET {path}", err=True)
     with ApiClient() as client:
-        answer = client.request("GET", f"/v1/accounting?{urlencode(query, safe=',')}")
-    records = answer["jobs"]
+        answer = client.request("GET", path)
+    records = [r for r in answer["jobs"] if acctformat.keep(r, **filters)]  # type: ignore[arg-type]
     _warn_archive_errors(answer)
     if as_json:
         typer.echo(json.dumps({"jobs": records}, indent=2))
         return
+    if noconvert:
+        for r in records:
+            for one in [r, *(r.get("steps") or ())]:
+                if one.get("max_rss_bytes") is not None:
+                    one["max_rss_raw"] = True
+    if fields is not None:
+        rows_of = acctformat.rows_of(records, allocations, duplicates, only_steps)
+        headers, cells = acctformat.render_rows(fields, rows_of)
+        if parsable or parsable2:
+            _print_parsable(headers, cells, trailing=parsable, header=not noheader,
+                            delimiter=delimiter or "|")
+        elif fields is not None and any(width is not None for _, width in fields):
+            typer.echo("\n".join(acctformat.fixed_width_lines(fields, headers, cells,
+                                                              not noheader)))
+        else:
+            print_table(headers, cells, show_header=not noheader)
+        return
+    if duplicates:
+        records = [one for r in records for one in (*acctformat.earlier_runs(r), r)]
     rows = []
     for r in records:
         chosen = only_steps.get(r["job_id"])
@@ -145,21 +238,22 @@ def gacct(
                 _exit(r), format_duration(r["elapsed_s"]), str(r["gpus"]),
                 r.get("alloc_tres") or "-", _hours(r["gpu_hours"]), _hours(r["billed_gpu_hours"]),
                 _util(r["gpu_util_avg"]), _util(r["gpu_util_peak"]),
-                format_max_rss(r.get("max_rss_bytes")) or "-",
+                acctformat.max_rss(r) or "-",
                 format_total_cpu(r.get("cpu_usec")) or "-"])
         if allocations and chosen is None:
             continue
         rows.extend([f"{_label(r)}.{step['step']}", step["name"], "", r["account"] or "",
                      r["user"], step["state"], _exit(step), format_duration(step["elapsed_s"]),
-                     "", "", "", "", "", "", format_max_rss(step.get("max_rss_bytes")) or "-",
+                     "", "", "", "", "", "", acctformat.max_rss(step) or "-",
                      format_total_cpu(step.get("cpu_usec")) or "-"]
                     for step in r.get("steps") or ()
                     if chosen is None or step["step"] in chosen)
     if parsable or parsable2:
-        _print_parsable(COLUMNS, rows, trailing=parsable)
+        _print_parsable(COLUMNS, rows, trailing=parsable, header=not noheader,
+                        delimiter=delimiter or "|")
         return
     print_table(COLUMNS, rows, right_aligned=frozenset({0, 7, 8, 10, 11, 12, 13, 14, 15}),
-                shrinkable=frozenset({1, 2, 3, 4}))
+                shrinkable=frozenset({1, 2, 3, 4}), show_header=not noheader)
     for r in records:  # the idle-GPU policy's reasons, under the table
         if r.get("idle_action") and r.get("idle_reason"):
             typer.echo(f"{_label(r)}: {r['idle_action']}: {r['idle_reason']}")
@@ -171,14 +265,70 @@ def _warn_archive_errors(answer: dict[str, Any]) -> None:
         typer.echo(f"{PROG}: warning: {terminal_safe(str(problem))}", err=True)
 
 
-def _print_parsable(headers: Sequence[str], rows: list[list[str]], trailing: bool) -> None:
-    """sacct -p and -P: a header line and one line a row, fields separated by ``|``
-    (never cut), with one more at the end of each line for -p; the field's ``|`` is
-    escaped as ``\\|``."""
-    end = "|" if trailing else ""
-    lines = ["|".join(terminal_safe(cell).replace("|", "\\|") for cell in row) + end
-             for row in [list(headers), *rows]]
-    typer.echo("\n".join(lines))
+def _print_parsable(headers: Sequence[str], rows: list[list[str]], trailing: bool,
+                    header: bool = True, delimiter: str = "|") -> None:
+    """sacct -p and -P: a header line (unless -n) and one line a row, fields separated
+    by ``|`` (or --delimiter; never cut), with one more at the end of each line for -p;
+    the delimiter inside a field is escaped with a backslash."""
+    end = delimiter if trailing else ""
+    lines = [delimiter.join(terminal_safe(cell).replace(delimiter, "\\" + delimiter)
+                            for cell in row) + end
+             for row in ([list(headers)] if header else []) + rows]
+    if lines:
+        typer.echo("\n".join(lines))
+
+
+def _set(text: str | None) -> set[str] | None:
+    return {w.strip() for w in text.split(",") if w.strip()} or None if text else None
+
+
+def _hosts(text: str | None) -> set[str] | None:
+    if text is None:
+        return None
+    from gpusched.core.hostlist import HostlistError, expand_hostlist
+
+    try:
+        return set(expand_hostlist(text))
+    except HostlistError as err:
+        raise UsageError(f"invalid --nodelist {text[:64]!r}: {err}") from None
+
+
+def _limit(text: str | None, flag: str) -> int | None:
+    """A time limit bound (``--time``'s forms), in seconds."""
+    if text is None:
+        return None
+    from gpusched.core.timefmt import parse_time_limit
+
+    try:
+        limit = parse_time_limit(text)
+    except (TimeFormatError, ValueError) as err:
+        raise UsageError(f"invalid {flag} {text[:24]!r}: {err}") from None
+    if limit is None:
+        raise UsageError(f"invalid {flag} {text[:24]!r}: give a time such as 1:00:00")
+    return int(limit)
+
+
+def _print_job_texts(jobs: str | None, script: bool) -> None:
+    """-B / --env-vars: each -j job's batch script, or its environment (NAME=value
+    lines), as sacct prints them."""
+    from gpusched.cli.gcancel import parse_job_ids
+    from gpusched.client import ApiClient
+
+    if jobs is None:
+        raise UsageError("-B/--batch-script and --env-vars need -j JOB")
+    ids = parse_job_ids([j for j in jobs.split(",") if j.strip()])
+    with ApiClient() as client:
+        for job_id in ids:
+            job = client.request("GET", f"/v1/jobs/{job_id}")
+            what = "Batch Script" if script else "Environment"
+            typer.echo(f"{what} for {job_id}\n" + "-" * 80)
+            if script:
+                text = job.get("script")
+                typer.echo("\n".join(terminal_safe(line) for line in text.splitlines())
+                           if text is not None else "NONE")
+            else:
+                for name, value in sorted((job.get("environment") or {}).items()):
+                    typer.echo(terminal_safe(f"{name}={value}"))
 
 
 def _exit(record: dict[str, Any]) -> str:
@@ -273,4 +423,15 @@ def _bar_chart(rows: list[dict[str, Any]], path: Path, start: str, end: str) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gacct`` console script."""
-    return run_cli(app, PROG, argv)
+    import sys
+
+    from gpusched.cli.output import print_error
+    from gpusched.cli.slurmflags import check_argv, declared_options
+
+    try:
+        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv),
+                          declared_options(app))
+    except UsageError as err:
+        print_error(PROG, err.message)
+        return err.exit_code
+    return 0 if args is None else run_cli(app, PROG, args)

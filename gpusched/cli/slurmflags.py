@@ -43,8 +43,6 @@ REFUSED: dict[str, dict[str, str]] = {
         "--federation": _FEDERATION, "--yaml": _YAML,
         "-e": "ginfo groups nodes by partition and state only",
         "--exact": "ginfo groups nodes by partition and state only",
-        "-T": "reservations are not listed by ginfo here",
-        "--reservation": "reservations are not listed by ginfo here",
     },
     "gacct": {
         "-c": "there is no job completion log here: gacct reads the database",
@@ -59,6 +57,11 @@ REFUSED: dict[str, dict[str, str]] = {
         "-W": "jobs carry no workload characterisation key (WCKey) here",
         "--wckeys": "jobs carry no workload characterisation key (WCKey) here",
         "--whole-hetjob": "there are no heterogeneous jobs here",
+        "-T": "each job shows its own start and end, not cut to the window",
+        "--truncate": "each job shows its own start and end, not cut to the window",
+        "--units": "MaxRSS is shown in the largest exact unit, or in K with --noconvert",
+        "-x": "associations are a user and an account here: use -u and -A",
+        "--associations": "associations are a user and an account here: use -u and -A",
         "--yaml": _YAML,
     },
 }

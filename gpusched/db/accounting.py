@@ -19,7 +19,7 @@ from gpusched.db.usage import ShareOffers
 STEP_FIELDS = ("step_id", "name", "state", "exit_code", "signal", "node_names", "ntasks",
                "start_time", "end_time", "elapsed_s", "max_rss_bytes", "cpu_usec", "error")
 SHOWN_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                "OUT_OF_MEMORY")
+                "OUT_OF_MEMORY", "DEADLINE")
 
 
 class Held(NamedTuple):
@@ -29,6 +29,7 @@ class Held(NamedTuple):
     gpu_s: float
     billed_s: float
     latest: list[dict[str, Any]]
+    runs: list[dict[str, Any]] = []  # each run: start, end, node_names, gpus (sacct -D)
 
 
 def _held(session: Session, jobs: list[Job], start: datetime | None, end: datetime | None,
@@ -49,6 +50,7 @@ def _held(session: Session, jobs: list[Job], start: datetime | None, end: dateti
         .where(Allocation.job_id.in_(list(job_of))))
     used: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     runs: dict[int, tuple[datetime, list[dict[str, Any]]]] = {}
+    every: dict[int, dict[datetime, dict[str, Any]]] = defaultdict(dict)
     for (job_id, held_from, held_to, weight, node_id, units, mem, index, uuid, gpu_type,
          profile) in rows:
         job, node = job_of[job_id], node_names.get(node_id, "")
@@ -61,6 +63,11 @@ def _held(session: Session, jobs: list[Job], start: datetime | None, end: dateti
         used[job_id][1] += seconds * float(weight)
         if not latest:
             continue
+        one = every[job_id].setdefault(held_from, {"start": held_from, "end": held_to,
+                                                   "node_names": set(), "gpus": 0})
+        one["end"] = None if held_to is None or one["end"] is None else max(one["end"], held_to)
+        one["node_names"].add(node)
+        one["gpus"] += 1
         run = runs.get(job_id)
         if run is None or held_from > run[0]:  # a run's GPUs are allocated at one time
             run = runs[job_id] = (held_from, [])
@@ -69,8 +76,10 @@ def _held(session: Session, jobs: list[Job], start: datetime | None, end: dateti
                                    units, of, mem, fraction))
     for _, holdings in runs.values():
         holdings.sort(key=lambda h: (h["node"], h["gpu_index"]))
-    return {job_id: Held(a, b, runs[job_id][1] if latest else [])
-            for job_id, (a, b) in used.items()}
+    return {job_id: Held(a, b, runs[job_id][1] if latest else [], [
+        {"start": r["start"].isoformat(), "end": r["end"].isoformat() if r["end"] else None,
+         "node_names": sorted(r["node_names"]), "gpus": r["gpus"]}
+        for _, r in sorted(every[job_id].items())]) for job_id, (a, b) in used.items()}
 
 
 def _holding(node: str, index: int, uuid: str, gpu_type: str | None, profile: str | None,
@@ -141,7 +150,7 @@ def job_records(session: Session, users: list[str] | None = None,
         .all()) if job_steps else {}
     records = []
     for job in found:
-        gpu_s, billed_s, latest = held.get(job.id) or Held(0.0, 0.0, [])
+        gpu_s, billed_s, latest, job_runs = held.get(job.id) or Held(0.0, 0.0, [])
         elapsed = ((job.end_time or now) - job.start_time).total_seconds() if job.start_time else 0.0
         records.append({
             "job_id": job.id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
@@ -159,6 +168,9 @@ def job_records(session: Session, users: list[str] | None = None,
             "max_rss_bytes": job.max_rss_bytes, "cpu_usec": job.cpu_usec,
             "error_message": job.error_message,
             "idle_action": job.idle_action, "idle_reason": job.idle_reason,
+            "qos": job.qos, "uid": job.uid, "nodes": job.nodes, "cpus": job.cpus,
+            "mem_mb": job.mem_mb, "time_limit": job.time_limit, "work_dir": job.work_dir,
+            "runs": job_runs,
             "steps": _step_records(job, job_steps.get(job.id, []), batch_nodes, now)})
     return records
 
@@ -192,7 +204,7 @@ def usage_report(session: Session, start: datetime, end: datetime) -> list[dict[
     held = _held(session, found, start, end, now, latest=False)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for job in found:
-        gpu_s, billed_s, _ = held.get(job.id) or Held(0.0, 0.0, [])
+        gpu_s, billed_s, _, _ = held.get(job.id) or Held(0.0, 0.0, [])
         if gpu_s <= 0:
             continue
         row = totals[(job.account or "", job.user_name)]

@@ -137,3 +137,39 @@ def test_ginfo_formats_and_filters(cluster: Cluster) -> None:
                       (["-M", "far"], "no cluster 'far'")):
         done = cluster.run("ginfo", *bad)
         assert done.returncode == 2 and says in done.stderr, (bad, done.stderr)
+
+
+def test_gacct_formats_filters_and_runs(cluster: Cluster) -> None:
+    done = cluster.submit("-J", "acct1", "-G", "1", "-t", "10:00", "--wrap", "true")
+    twice = cluster.submit("-J", "acct2", "-G", "1", "--wrap", "sleep 3")
+    cluster.wait_state(done, "COMPLETED")
+    cluster.wait_state(twice, "RUNNING")
+    assert cluster.run("gcontrol", "requeue", str(twice)).returncode == 0
+    cluster.wait_state(twice, "COMPLETED", timeout=30)
+    ids = f"{done},{twice}"
+    assert lines(cluster, "gacct", "-j", ids, "-X", "-n", "-P", "-o", "JobID,JobName,State,Timelimit",
+                 "--delimiter", ";") == [f"{done};acct1;COMPLETED;10:00", f"{twice};acct2;COMPLETED;1-00:00:00"]
+    # -D: the first run of the requeued job on a row of its own, REQUEUED
+    runs = lines(cluster, "gacct", "-j", str(twice), "-X", "-D", "-n", "-P", "-b")
+    assert runs == [f"{twice}|REQUEUED|0:0", f"{twice}|COMPLETED|0:0"]
+    assert lines(cluster, "gacct", "-j", str(twice), "-X", "-n", "-P", "-b") == [
+        f"{twice}|COMPLETED|0:0"]
+    # client-side filters
+    assert lines(cluster, "gacct", "-j", ids, "-X", "-n", "-P", "-o", "jobid", "--name", "acct2"
+                 ) == [str(twice)]
+    assert lines(cluster, "gacct", "-j", ids, "-X", "-n", "-P", "-o", "jobid", "-K", "30:00"
+                 ) == [str(done)]
+    assert lines(cluster, "gacct", "-j", ids, "-X", "-n", "-P", "-o", "NodeList", "-N", "node01"
+                 ) == ["node01", "node01"]
+    assert lines(cluster, "gacct", "-j", ids, "-X", "-n", "-P", "-o", "jobid", "-q", "nosuch") == []
+    assert lines(cluster, "gacct", "-j", str(done), "-X", "-n", "-o", "JobID%4,State%6") == [
+        f"{done:>4} COMPL+"]  # fixed widths, cut with a +
+    assert lines(cluster, "gacct", "-j", str(done), "-X", "-n", "-P",
+                 env={"SACCT_FORMAT": "JobName,ExitCode"}) == ["acct1|0:0"]
+    script = lines(cluster, "gacct", "-B", "-j", str(done))
+    assert script[0] == f"Batch Script for {done}" and "true" in script
+    assert "JobID" in lines(cluster, "gacct", "-e")[0]
+    for bad, says in ((["-o", "Group"], "no field 'Group'"), (["-g", "x"], "-g: not supported"),
+                      (["-M", "far"], "no cluster 'far'"), (["-i", "x"], "invalid --nnodes")):
+        failed = cluster.run("gacct", *bad)
+        assert failed.returncode == 2 and says in failed.stderr, (bad, failed.stderr)
