@@ -25,7 +25,7 @@ from gpusched.adminpolicy import (
 from gpusched.config import TableReader, read_toml
 from gpusched.core.hostlist import HostlistError, expand_hostlist
 from gpusched.core.timefmt import TimeFormatError, parse_time_limit
-from gpusched.errors import ConfigError
+from gpusched.errors import ConfigError, UsageError
 
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
 # How a partition's GPUs may be shared between jobs ("exclusive": not at all, stored as
@@ -125,6 +125,7 @@ class AdminConfig:
     qos: tuple[QosSpec, ...] | None = None
     billing: dict[str, float] | None = None
     licenses: dict[str, int] | None = None  # [licenses]: cluster-wide counts (sbatch's -L)
+    nodes: tuple[NodeSpec, ...] | None = None  # [[node]]: features by node (-C)
     sources: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -296,7 +297,34 @@ def _billing(r: TableReader) -> dict[str, float]:
     return weights
 
 
-_TABLES = {"partition": _partition, "account": _account, "user": _user, "qos": _qos}
+@dataclass(frozen=True)
+class NodeSpec:
+    """``[[node]]``: features the admin gives nodes, by name or host list."""
+
+    names: tuple[str, ...]
+    features: tuple[str, ...]
+
+
+def _node(r: TableReader) -> NodeSpec:
+    from gpusched.core.features import check_features
+
+    r.check_keys({"name", "features"})
+    name = r.get("name", str, None, "a node name or host list such as 'gpu[01-16]'")
+    try:
+        names = tuple(dict.fromkeys(expand_hostlist(name or "")))
+    except HostlistError as exc:
+        raise r.fail("name", f"a node name or host list ({exc})") from None
+    if not names:
+        raise r.fail("name", "a node name or host list such as 'gpu[01-16]'")
+    try:
+        features = check_features(r.table.get("features", []), "features")
+    except UsageError as exc:
+        raise r.fail("features", exc.message.removeprefix("features: ")) from None
+    return NodeSpec(names, features)
+
+
+_TABLES = {"partition": _partition, "account": _account, "user": _user, "qos": _qos,
+           "node": _node}
 
 
 def _entries(source: str, data: dict[str, Any], kind: str) -> list[Any] | None:
@@ -352,6 +380,7 @@ def parse_admin_config(files: Iterable[tuple[str, dict[str, Any]]]) -> AdminConf
         users=tuple(found["user"]) if "user" in found else None,
         qos=tuple(found["qos"]) if "qos" in found else None,
         billing=billing, licenses=licenses, sources=tuple(sources),
+        nodes=tuple(found["node"]) if "node" in found else None,
     )
     _check_whole(where, config)
     return config
@@ -363,6 +392,7 @@ def _check_whole(where: str, config: AdminConfig) -> None:
                         ("user", config.users), ("qos", config.qos)):
         if items:
             _unique(where, kind, (i.name for i in items))
+    _unique(where, "node", (name for spec in config.nodes or () for name in spec.names))
     if config.partitions is not None and sum(p.default for p in config.partitions) > 1:
         raise ConfigError(f"{where}: partition: at most one may have default = true")
     _check_sharing(where, config.partitions or ())

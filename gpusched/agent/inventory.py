@@ -10,6 +10,7 @@ from typing import Any
 
 from gpusched.agent.nvml import Discovered, NvmlUnavailable, discover
 from gpusched.agent.settings import AgentConfig
+from gpusched.core.features import gpu_features
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +34,41 @@ def gpu_inventory(config: AgentConfig) -> tuple[str, Discovered]:
 def node_inventory(config: AgentConfig) -> dict[str, Any]:
     """The registration body: see docs/admin.md, "Node inventory"."""
     source, found = gpu_inventory(config)
+    gpus = [asdict(gpu) for gpu in found.gpus]
     return {
         "node": config.node_name,
         "uid": os.geteuid(),
         "source": source,
         "driver": found.driver,
-        "gpus": [asdict(gpu) for gpu in found.gpus],
+        "gpus": gpus,
         "links": [{"a": a, "b": b, "kind": kind, "nvlinks": n} for a, b, kind, n in found.links],
         "cpus": os.cpu_count() or 0,
         "memory_mb": memory_mb(),
         "block": config.block,
+        "features": gpu_features(gpus, any(kind == "NVLINK" for *_, kind, _ in found.links),
+                                 compute_capabilities() if source == "nvml" else ()),
     }
+
+
+def compute_capabilities() -> list[tuple[int, int]]:
+    """The CUDA compute capability of each GPU NVML reports (``sm_80`` features)."""
+    from gpusched.agent.nvml import call_or, load
+
+    try:
+        nvml = load()
+    except NvmlUnavailable:
+        return []
+    try:
+        found = []
+        for position in range(call_or(nvml, nvml.nvmlDeviceGetCount, default=0)):
+            handle = call_or(nvml, nvml.nvmlDeviceGetHandleByIndex, position)
+            pair = None if handle is None else call_or(
+                nvml, nvml.nvmlDeviceGetCudaComputeCapability, handle)
+            if isinstance(pair, tuple | list) and len(pair) == 2:
+                found.append((int(pair[0]), int(pair[1])))
+        return found
+    finally:
+        call_or(nvml, nvml.nvmlShutdown)
 
 
 def memory_mb() -> int:

@@ -42,6 +42,7 @@ class NodeSummary:
     shares: int | None = None  # the units each of its shared GPUs offers
     # Each GPU shares hold units of now: {"gpu": index, "units": units held}.
     shares_in_use: list[dict[str, int]] = field(default_factory=list)
+    features: list[str] = field(default_factory=list)  # its features (-C/--constraint)
 
     @property
     def total(self) -> int:
@@ -67,7 +68,7 @@ def summarize_node(node: dict[str, Any], sharing: tuple[str, int] | None = None
     (``node_sharing``)."""
     gpus = node["gpus"]
     parents = {g["parent"] for g in gpus if g.get("parent") is not None}
-    summary = NodeSummary(node["name"], "")
+    summary = NodeSummary(node["name"], "", features=list(node.get("features") or []))
     if sharing is not None:
         summary.sharing, summary.shares = sharing
     summary.shares_in_use = [{"gpu": g["index"], "units": g["share_units"]} for g in gpus

@@ -46,6 +46,11 @@ def _gres(nodes: Sequence[NodeSummary]) -> str:
                     for k, c in sorted(most.items())) or "(null)"
 
 
+def _features(nodes: Sequence[NodeSummary]) -> str:
+    """sinfo's %f: the features of the group's nodes, sorted; ``(null)`` for none."""
+    return ",".join(sorted({f for node in nodes for f in node.features})) or "(null)"
+
+
 def _time(seconds: object, none: str) -> str:
     return format_duration(int(seconds)) if isinstance(seconds, int) and seconds else none
 
@@ -68,10 +73,13 @@ _FIELDS: dict[str, tuple[str, Callable[[InfoRow], str]]] = {
     "G": ("GRES", lambda r: _gres(r.nodes)),
     "E": ("REASON", lambda r: "; ".join(sorted({n.reason for n in r.nodes if n.reason})) or "none"),
     "V": ("CLUSTER", lambda r: r.cluster),
+    # Node features (-C/--constraint): all of them are always active here.
+    "f": ("AVAIL_FEATURES", lambda r: _features(r.nodes)),
+    "b": ("ACTIVE_FEATURES", lambda r: _features(r.nodes)),
 }
 _NOT_KEPT = "nodes report their GPUs only here"
 REFUSED_CODES = {
-    **{code: _NOT_KEPT for code in "bBcCdefmOXYZz"},
+    **{code: _NOT_KEPT for code in "BcCdemOXYZz"},
     "g": "partitions are not limited to groups here", "h": "partitions do not oversubscribe "
     "nodes here (GPUs are shared only by MPS or shards)",
     "H": "the time a node's reason was set is not kept", "I": _NOT_KEPT,
@@ -83,7 +91,8 @@ REFUSED_CODES = {
     "v": "agents report no version here", "w": "nodes have no scheduling weight here",
 }
 LONG_NAMES = {
-    "available": "a", "cluster": "V", "defaulttime": "L", "gres": "G", "nodeai": "A",
+    "available": "a", "cluster": "V", "defaulttime": "L", "features": "f",
+    "featuresact": "b", "gres": "G", "nodeai": "A",
     "nodeaiot": "F", "nodehost": "n", "nodelist": "N", "nodes": "D", "partition": "P",
     "partitionname": "R", "reason": "E", "statecompact": "t", "statelong": "T", "time": "l",
 }

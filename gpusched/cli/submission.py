@@ -46,8 +46,7 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_
                      "mincpus", "no_kill", "get_user_env")
 # Options that matter only on other sites, or whose effect this cluster has anyway or
 # lacks harmlessly: accepted, ignored, and said so.
-IGNORED = {"constraint": "--constraint: this cluster has no node features",
-           "comment": "--comment: comments are not stored",
+IGNORED = {"comment": "--comment: comments are not stored",
            "hint": "--hint: CPU binding is left to the job",
            "gpu_bind": "--gpu-bind: the job sees exactly its GPUs in CUDA_VISIBLE_DEVICES",
            "gpu_freq": "--gpu-freq: GPU clocks are not changed",
@@ -74,6 +73,13 @@ INPUT_VARIABLES = {"partition": "GPUSCHED_PARTITION", "account": "GPUSCHED_ACCOU
                    "dependency": "GPUSCHED_DEPENDENCY", "array": "GPUSCHED_ARRAY"}
 
 
+def _constraint_value(text: str) -> str:
+    """A -C/--constraint value, checked and canonical (loaded only when given)."""
+    from gpusched.core.features import canonical_constraint
+
+    return canonical_constraint(text)
+
+
 if TYPE_CHECKING:
     class ParsedArgs(Protocol):
         """A parsed argument list: the part of a click context that merging reads."""
@@ -97,7 +103,8 @@ class Submission:
                  "dependency", "array", "requeue", "chdir", "ntasks", "ntasks_per_node",
                  "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
                  "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags", "share_mode",
-                 "share", "gpu_mem_mb", "mail_types", "mail_user", "licenses")
+                 "share", "gpu_mem_mb", "mail_types", "mail_user", "licenses",
+                 "constraint")
 
     def __init__(
         self, *, script: str, args: tuple[str, ...], name: str, gpus: int,
@@ -128,6 +135,7 @@ class Submission:
         mail_types: tuple[str, ...] | None = None,  # --mail-type, ALL expanded; (): NONE
         mail_user: str | None = None,  # --mail-user (None: the submitting user)
         licenses: str | None = None,  # -L, canonical (gpusched.core.licenses)
+        constraint: str | None = None,  # -C, canonical (gpusched.core.features)
     ) -> None:
         self.script, self.args, self.name, self.gpus = script, args, name, gpus
         self.time_limit, self.partition, self.output, self.error = (
@@ -142,7 +150,7 @@ class Submission:
         self.warn_signal, self.exclude, self.gres_flags = warn_signal, exclude, gres_flags
         self.share_mode, self.share, self.gpu_mem_mb = share_mode, share, gpu_mem_mb
         self.mail_types, self.mail_user = mail_types, mail_user
-        self.licenses = licenses
+        self.licenses, self.constraint = licenses, constraint
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Submission) and all(
@@ -256,6 +264,7 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         mail_types=option("mail_type", submitvalues.mail_type_value, "--mail-type"),
         mail_user=option("mail_user", submitvalues.mail_user_value, "--mail-user"),
         licenses=option("licenses", submitvalues.licenses_value, "--licenses"),
+        constraint=option("constraint", _constraint_value),
         export=option("export", submitvalues.checked_export),
         begin_time=option("begin", submitvalues.begin_value),
         dependency=option("dependency", submitvalues.checked_dependency, "--dependency"),
@@ -333,6 +342,7 @@ def submission_body(
         **({} if submission.mail_types is None else {"mail_type": list(submission.mail_types)}),
         **({} if submission.mail_user is None else {"mail_user": submission.mail_user}),
         **({} if submission.licenses is None else {"licenses": submission.licenses}),
+        **({} if submission.constraint is None else {"constraint": submission.constraint}),
     }
 
 

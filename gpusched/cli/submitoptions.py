@@ -145,7 +145,9 @@ LicensesOpt = Annotated[str | None, _text_option(
     help_text="Licenses the job holds while it runs (N defaults to 1); it waits (reason "
               "Licenses) until they are free.")]
 ConstraintOpt = Annotated[str | None, _text_option(
-    "--constraint", "-C", metavar="LIST", help_text="Accepted and ignored: no node features.")]
+    "--constraint", "-C", metavar="LIST",
+    help_text="Node features the job's nodes need: a&b, a|b, [a|b] (all nodes alike), [a*2&b*1] "
+              "(counts); see ginfo -o %f.")]
 CommentOpt = Annotated[str | None, _text_option(
     "--comment", metavar="TEXT", help_text="Accepted and ignored.")]
 

@@ -427,3 +427,8 @@ def check_features(names: object, what: str) -> tuple[str, ...]:
             raise UsageError(f"{what}: {name[:80]!r} is not a feature name (letters, digits, "
                              f"'_', '.', '+', '-'; at most {MAX_FEATURE_NAME})")
     return tuple(sorted(set(names)))
+
+
+def canonical_constraint(text: str) -> str:
+    """A -C value checked and in its canonical text (ConstraintError naming why not)."""
+    return parse_constraint(text).text()

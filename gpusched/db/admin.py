@@ -21,7 +21,15 @@ from gpusched.adminconfig import (
     PartitionSpec,
 )
 from gpusched.core.timefmt import format_duration
-from gpusched.db.models import Account, AccountUser, GpuBilling, License, Partition, Qos
+from gpusched.db.models import (
+    Account,
+    AccountUser,
+    GpuBilling,
+    License,
+    NodeFeatures,
+    Partition,
+    Qos,
+)
 from gpusched.errors import ConfigError
 
 Row = dict[str, Any]
@@ -118,6 +126,9 @@ def desired_state(config: AdminConfig) -> dict[str, dict[str, Row]]:
         state["billing"] = {t: {"weight": w} for t, w in config.billing.items()}
     if config.licenses is not None:
         state["license"] = {n: {"count": c} for n, c in config.licenses.items()}
+    if config.nodes is not None:
+        state["node"] = {name: {"features": list(spec.features)}
+                         for spec in config.nodes for name in spec.names}
     return state
 
 
@@ -139,6 +150,9 @@ def current_state(session: Session, kinds: set[str]) -> dict[str, dict[str, Row]
         state["billing"] = {b.gpu_type: {"weight": b.weight} for b in session.scalars(select(GpuBilling))}
     if "license" in kinds:
         state["license"] = {lic.name: {"count": lic.count} for lic in session.scalars(select(License))}
+    if "node" in kinds:
+        state["node"] = {n.node: {"features": list(n.features)}
+                         for n in session.scalars(select(NodeFeatures))}
     return state
 
 
@@ -205,6 +219,9 @@ def apply_config(session: Session, config: AdminConfig) -> list[str]:
     if "license" in desired:
         session.execute(delete(License))
         session.add_all(License(name=n, **row) for n, row in desired["license"].items())
+    if "node" in desired:
+        session.execute(delete(NodeFeatures))
+        session.add_all(NodeFeatures(node=n, **row) for n, row in desired["node"].items())
     session.flush()
     return changes
 

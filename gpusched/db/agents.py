@@ -11,6 +11,7 @@ from sqlalchemy import case, delete, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from gpusched.core.features import check_features
 from gpusched.core.topology import LINK_KINDS
 from gpusched.db import commands, mig_changes, node_drain, steps
 from gpusched.db.engine import driver, rowcount
@@ -75,7 +76,10 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
                               "memory_mb": memory_mb, "block": block, "lost_at": None,
                               "address": address,
                               "enforced": enforced, "enforcement": enforcement,
-                              "drained_by": None}
+                              "drained_by": None,
+                              # From its GPUs (absent: none); its admin's are kept apart.
+                              "features": list(check_features(body.get("features", []),
+                                                               "features"))}
     stmt = insert(Node).values(name=name, **values)
     # A drained node stays drained, whatever its agent does, until an admin resumes it
     # (or, for a drain its health check made, until a check passes).

@@ -103,6 +103,7 @@ JOB_FIELDS: dict[str, Field] = {
     "cpu_usec": _same("cpu_usec"), "interactive": _same("interactive"),
     "share_mode": _same("share_mode"), "share": _same("share_units"),
     "gpu_mem_mb": _same("gpu_mem_mb"), "licenses": _same("licenses"),
+    "constraint": _same("constraints"),
     "mail_type": _same("mail_types"), "mail_user": _same("mail_user"),
     "display_id": (("id", "array_job_id", "array_task_id", "array_tasks", "array_max_running"),
                    display_id),

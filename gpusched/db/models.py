@@ -117,6 +117,17 @@ class Node(Base):
     drained_by: Mapped[str | None] = mapped_column(Text)
     # Where other nodes and clients reach it (MASTER_ADDR of a step); None: its name.
     address: Mapped[str | None] = mapped_column(Text)
+    # The features its agent reports from its GPUs (gpusched.core.features.gpu_features).
+    features: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+
+
+class NodeFeatures(Base):
+    """The features the admin configuration gives a node, by name (``[[node]]``)."""
+
+    __tablename__ = "node_features"
+
+    node: Mapped[str] = mapped_column(Text, primary_key=True)
+    features: Mapped[list[str]] = mapped_column(ARRAY(Text))
 
 
 class Gpu(Base):
@@ -214,6 +225,7 @@ class Job(Base):
         Index("ix_jobs_mail_watch", "id",
               postgresql_where=text("mail_types IS NOT NULL AND mail_done_at IS NULL")),
         CheckConstraint("char_length(licenses) <= 4096", name="licenses"),
+        CheckConstraint("char_length(constraints) <= 1024", name="constraints"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -324,6 +336,8 @@ class Job(Base):
     mail_done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # -L: the licenses it asks for, canonical (gpusched.core.licenses); None: none.
     licenses: Mapped[str | None] = mapped_column(Text)
+    # -C/--constraint, canonical (gpusched.core.features); None: none.
+    constraints: Mapped[str | None] = mapped_column(Text)
 
 
 class MailEvent(Base):

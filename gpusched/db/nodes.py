@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpusched.db.models import Allocation, Gpu, Node
+from gpusched.db.models import Allocation, Gpu, Node, NodeFeatures
 from gpusched.errors import NotFound
 
 
@@ -46,8 +46,11 @@ def node_listing(session: Session) -> list[dict[str, Any]]:
             "util": g.util, "mem_used_mb": g.mem_used_mb, "temperature": g.temperature,
             "power_mw": g.power_mw,
             "job_id": holders.get(g.id), "share_units": shared.get(g.id, 0)})
+    admin = {f.node: f.features for f in session.scalars(select(NodeFeatures))}
     return [{"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
              "drained_by": n.drained_by, "enforced": n.enforced, "enforcement": n.enforcement,
              "last_seen": n.last_seen.isoformat() if n.last_seen else None,
+             # Its GPUs' and its admin's (-C/--constraint, docs/user-guide.md).
+             "features": sorted({*n.features, *admin.get(n.name, ())}),
              "gpus": gpus.get(n.id, [])}
             for n in session.scalars(select(Node).order_by(Node.name))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +43,9 @@ def _columns(*fields: str, order: str = "") -> str:
     return "json_build_array(" + ", ".join(f"json_agg({f}{order})" for f in fields) + ")"
 
 
+# A node's features: its GPUs' (as its agent reported them) and its admin's.
+_FEATURES = ("features || coalesce((SELECT f.features FROM node_features AS f "
+             "WHERE f.node = nodes.name), '{}')")
 # Everything a pass reads but the admin tables and the states of jobs named in
 # dependencies, in one statement (one round trip, and all of one moment), each part as
 # _columns: nodes by name; present GPUs; the links between present GPUs; the GPUs of
@@ -49,7 +53,7 @@ def _columns(*fields: str, order: str = "") -> str:
 # (pending_rows.PENDING_SQL). Times are in seconds since the epoch.
 _SNAPSHOT = text(
     "SELECT (SELECT "
-    + _columns("id", "name", "state", "run_uid", "cpus", "memory_mb", "block",
+    + _columns("id", "name", "state", "run_uid", "cpus", "memory_mb", "block", _FEATURES,
                order=" ORDER BY name") + " FROM nodes), "
     "(SELECT " + _columns("id", "node_id", '"index"', "uuid", "healthy", "gpu_type",
                           "mig_profile", "parent_id", "memory_mb") + " FROM gpus WHERE present), "
@@ -70,6 +74,8 @@ _SNAPSHOT = text(
                           "extract(epoch FROM j.preempted_at)", "j.exclusive", "j.licenses")
     + " FROM jobs AS j JOIN nodes AS n ON n.id = j.node_id WHERE j.state = 'RUNNING'), "
     "(SELECT " + _columns("user_name", "account", "usage") + " FROM fairshare_usage), "
+    "(SELECT " + _columns("id", "constraints") + " FROM jobs WHERE state = 'PENDING' "
+    "AND constraints IS NOT NULL), "
     + PENDING_SQL
 )
 
@@ -95,8 +101,8 @@ def _nodes(node_rows: list[tuple[Any, ...]], gpu_rows: list[tuple[Any, ...]],
         links.setdefault(node_id, {})[(a, b) if a <= b else (b, a)] = link_rank(kind, nvlinks)
     nodes = tuple(
         NodeView(name, NodeState(state), tuple(sorted(gpus.get(nid, []), key=lambda g: g.index)),
-                 run_uid, cpus, memory_mb, block, links.get(nid, {}))
-        for nid, name, state, run_uid, cpus, memory_mb, block in node_rows
+                 run_uid, cpus, memory_mb, block, links.get(nid, {}), frozenset(features))
+        for nid, name, state, run_uid, cpus, memory_mb, block, features in node_rows
     )
     return nodes, {name: nid for nid, name, *_ in node_rows}
 
@@ -180,6 +186,16 @@ def array_state(states: list[JobState]) -> JobState:
     return next((s for s in states if s is not JobState.COMPLETED), JobState.COMPLETED)
 
 
+def with_constraints(pending: tuple[PendingJob, ...], rows: list[tuple[Any, ...]]
+                     ) -> tuple[PendingJob, ...]:
+    """The pending jobs with their -C constraints (``rows``: id, canonical text)."""
+    if not rows:
+        return pending
+    found = dict(rows)
+    return tuple(replace(job, constraint=found[job.job_id]) if job.job_id in found else job
+                 for job in pending)
+
+
 def load_snapshot(session: Session, preempt_grace: float = 30.0,
                   admin: AdminCache | None = None,
                   pending_rows: PendingRows | None = None) -> tuple[Snapshot, dict[str, int]]:
@@ -193,10 +209,10 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
     ``pending_rows`` when given (only rows changed since its last read are read in full).
     """
     queue = pending_rows if pending_rows is not None else PendingRows()
-    (node_rows, gpu_rows, link_rows, allocated, running_rows, usage_rows,
+    (node_rows, gpu_rows, link_rows, allocated, running_rows, usage_rows, constrained,
      pending_answer) = session.connection().execute(_SNAPSHOT, queue.params()).one()
     nodes, node_ids = _nodes(_rows(node_rows), _rows(gpu_rows), _rows(link_rows))
-    pending = queue.take(pending_answer)
+    pending = with_constraints(queue.take(pending_answer), _rows(constrained))
     running, running_names = _running(_rows(allocated), _rows(running_rows), preempt_grace)
     tables = admin.tables(session) if admin is not None else load_admin_tables(session)
     job_states, job_began = _dependency_states(session, pending)
@@ -222,7 +238,7 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
                 "admin_priority", "exclusive", "umask", "gres_flags", "requeue",
-                "share_mode", "share_units", "gpu_mem_mb", "licenses")
+                "share_mode", "share_units", "gpu_mem_mb", "licenses", "constraints")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
     f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "

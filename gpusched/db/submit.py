@@ -36,6 +36,7 @@ from gpusched.db.associations import (
     qos_row,
 )
 from gpusched.db.engine import rowcount
+from gpusched.db.features import check_constraint_nodes
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.licenses import check_licenses
 from gpusched.db.mail import store_mail
@@ -290,6 +291,9 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         _check_fits(part, chosen.members, gpus // nodes, request.gpu_types, nodes,
                     request.cpus, request.mem_mb, request.nodelist, request.exclude,
                     request.gpu_mem_mb)
+        if request.constraint is not None:  # sbatch: Invalid feature specification
+            check_constraint_nodes(session, part.name, chosen.members, request.nodelist,
+                                   request.exclude, request.constraint, nodes)
         return part, time_limit, _choose_account(facts.mine, facts.any_association, user,
                                                  request.account, part)
 
@@ -330,6 +334,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "array_tasks": None if array is None else array.tasks,
         "array_spec": None if array is None else array.tasks,
         "array_max_running": None if array is None else array.max_running,
+        "constraints": request.constraint,
         "licenses": format_licenses(request.licenses) or None},
         "sched" if notify and needs_pass(stored) else None)
     if request.mail_types:  # the submitting user unless another is named

@@ -22,6 +22,7 @@ from gpusched.core.dependency import (
     format_dependency,
     parse_dependency,
 )
+from gpusched.core.features import ConstraintError, check_request, parse_constraint
 from gpusched.core.licenses import (
     MAX_LICENSES_TEXT,
     LicenseError,
@@ -72,7 +73,7 @@ SUBMIT_FIELDS = frozenset({
     "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
     "error", "umask", "submit_key", "interactive",
-    "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses", "container"})
+    "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses", "constraint", "container"})
 SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
 MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
@@ -135,6 +136,8 @@ class JobRequest:
     mail_user: str | None = None
     # sbatch's -L: (license, count) pairs sorted by name (gpusched.core.licenses).
     licenses: Licenses = ()
+    # sbatch's -C/--constraint in its canonical text (gpusched.core.features); None: none.
+    constraint: str | None = None
     # pyxis's --container-* options (gpusched.messages.containers); None: no container.
     container: ContainerRequest | None = None
 
@@ -187,6 +190,8 @@ class JobRequest:
             gres_flags=None if body.get("gres_flags") is None
             else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
             mail_types=mail_types, mail_user=mail_user, licenses=_licenses(body),
+            constraint=_constraint(body, nodes, exclusive or share_mode is not None
+                                   or gpu_mem_mb is not None),
             container=_container(body, interactive))
 
     def to_json(self) -> dict[str, Any]:
@@ -211,6 +216,7 @@ class JobRequest:
             "share": self.share, "gpu_mem_mb": self.gpu_mem_mb,
             "mail_type": list(self.mail_types), "mail_user": self.mail_user,
             "licenses": format_licenses(self.licenses) or None,
+            "constraint": self.constraint,
             "container": None if self.container is None else self.container.to_json(),
         }
 
@@ -423,6 +429,23 @@ def _share(body: Body, gpus: int, nodes: int,
     if exclusive:
         raise UsageError(f"exclusive: {what} cannot take whole nodes")
     return mode, share, memory
+
+
+def _constraint(body: Body, nodes: int, whole_or_shared: bool) -> str | None:
+    """``constraint``: sbatch's -C text, canonical (null or absent: none); counts may
+    not name more nodes than the job has, nor go with --exclusive or a GPU share."""
+    value = typed(body, "constraint", str, None, "node features such as \"a100&nvlink\"")
+    if value is None:
+        return None
+    try:
+        parsed = parse_constraint(value)
+        check_request(parsed, nodes)
+    except ConstraintError as err:
+        raise UsageError(f"constraint: {err.message.removeprefix('--constraint: ')}") from None
+    if parsed.counts and nodes > 1 and whole_or_shared:
+        raise UsageError("constraint: node counts (a*N) are not taken with --exclusive, "
+                         "--gpu-mem or a GPU share")
+    return parsed.text()
 
 
 def _licenses(body: Body) -> Licenses:

@@ -500,8 +500,10 @@ def test_slurm_aliases_and_more_ignored_options(in_tmp: Path) -> None:
 
 
 def test_site_only_options_are_accepted_with_a_warning(in_tmp: Path) -> None:
-    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --mail-type=END,FAIL\n#SBATCH -C a100\ntrue\n")
+    (in_tmp / "job.sh").write_text("#!/bin/sh\n#SBATCH --mail-type=END,FAIL\n#SBATCH --comment=x\n"
+                                   "#SBATCH -C 'a100 | h100'\ntrue\n")
     sub = parse_submit(["--mail-user", "me@lab", "job.sh"])
-    assert sub.ignored == ("line 3: #SBATCH: --constraint: this cluster has no node features",)
+    assert sub.ignored == ("line 3: #SBATCH: --comment: comments are not stored",)
+    assert sub.constraint == "a100|h100"  # -C is taken, canonical
     assert (sub.mail_types, sub.mail_user) == (("END", "FAIL"), "me@lab")  # mail is sent
     assert parse_submit(["--wrap", "true"]).ignored == ()
