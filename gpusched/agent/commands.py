@@ -1,5 +1,5 @@
 """The node commands an agent claims from the controller: launch, cancel, kill, signal,
-limit, steps, a MIG layout for an idle GPU. Done in order, launches deferred while an earlier run of the same job is
+limit, suspend, steps, a MIG layout for an idle GPU. Done in order, launches deferred while an earlier run of the same job is
 still alive here, and acknowledged in batches."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from gpusched.agent.launcher import Launcher, build_spec
 from gpusched.agent.migconfig import apply_command, held_gpus
 from gpusched.agent.settings import AgentConfig
 from gpusched.agent.stepagent import NodeSteps
+from gpusched.agent.suspend import Suspender
 from gpusched.client import ApiClient
 from gpusched.core.bounds import MAX_COMMANDS_ACKED
 from gpusched.errors import UsageError
@@ -29,6 +30,7 @@ from gpusched.messages import (
     launch_job_of,
 )
 from gpusched.messages.agent import JobNotice
+from gpusched.messages.jobcontrol import SuspendJob
 from gpusched.messages.mig import MIG_KIND, MigCommand
 from gpusched.messages.steps import StepCancel, StepLaunch
 
@@ -64,6 +66,7 @@ class NodeCommands:
         # Launches waiting for an earlier run of the same job to end here first.
         self._deferred: dict[tuple[int, int], NodeCommand] = {}
         self._disk_waits: dict[tuple[int, int], float] = {}  # (job, run) -> first refusal
+        self.suspender = Suspender(launcher, steps)  # gcontrol suspend and resume
 
     @property
     def waiting(self) -> bool:
@@ -141,6 +144,7 @@ class NodeCommands:
                 self._deferred[(job_id, run)] = command
                 return False
         elif command.kind in ("cancel", "kill"):
+            self.suspender.release(job_id)  # a frozen job must see its SIGTERM
             if command.kind == "kill":
                 self.kill_run(job_id, run)
             elif ours:
@@ -161,6 +165,8 @@ class NodeCommands:
         elif command.kind == "notice" and isinstance(command.payload, JobNotice):
             if not (ours and self.launcher.notice(job_id, command.seq, command.payload.text)):
                 log.info("job %d: notice not written: job not running here", job_id)
+        elif command.kind == "suspend" and isinstance(command.payload, SuspendJob):
+            self.suspender.apply(job_id, run, command.payload)
         elif command.kind == "limit" and isinstance(command.payload, LimitJob):
             if ours and self.launcher.set_limit(job_id, command.payload.time_limit):
                 log.info("job %d: time limit now %s s", job_id, command.payload.time_limit)

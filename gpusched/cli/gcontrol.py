@@ -9,15 +9,24 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gpusched.cli.common import new_app, run_cli
-from gpusched.cli.gcancel import parse_job_ids, post_for_each
+from gpusched.cli.jobcontrol import (
+    job_refs,
+    one_job,
+    post_each,
+    resume_argv,
+    update_argv,
+    update_body,
+)
+from gpusched.cli.reservations import name_argv, register
 from gpusched.core.terminal import terminal_safe
 from gpusched.errors import NotFound, UsageError
 
 PROG = "gcontrol"
 
 app = new_app("Show and change gpusched jobs, nodes and GPUs, like scontrol.")
-JobIds = Annotated[list[str], typer.Argument(metavar="JOB...", show_default=False,
-                                             help="Job ids.")]
+JobIds = Annotated[list[str], typer.Argument(
+    metavar="JOB...", show_default=False,
+    help="Job ids: 17, an array task 12_3, or lists such as 17,18.")]
 GpuTarget = Annotated[str, typer.Argument(
     metavar="NODE:INDEX", help="A GPU (or MIG slice) by node and index, as 'gpusched agent "
     "inventory' and 'ginfo -N' show it.")]
@@ -28,9 +37,9 @@ Reason = Annotated[Optional[str], typer.Option("--reason", help="Why (required t
 def hold(job_ids: JobIds) -> int:
     """Keep pending jobs from starting (an administrator's hold needs an administrator to release).
 
-    Examples: gcontrol hold 17; gcontrol hold 17 18 19
+    Examples: gcontrol hold 17; gcontrol hold 17 18 19; gcontrol hold 12_3
     """
-    return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "hold")
+    return post_each(PROG, job_refs(job_ids), "hold")
 
 
 @app.command()
@@ -39,7 +48,7 @@ def release(job_ids: JobIds) -> int:
 
     Example: gcontrol release 17 18
     """
-    return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "release")
+    return post_each(PROG, job_refs(job_ids), "release")
 
 
 @app.command()
@@ -48,71 +57,64 @@ def requeue(job_ids: JobIds) -> int:
 
     Example: gcontrol requeue 17
     """
-    return post_for_each(PROG, [(i, None) for i in parse_job_ids(job_ids)], "requeue")
+    return post_each(PROG, job_refs(job_ids), "requeue")
+
+
+@app.command()
+def suspend(job_ids: JobIds) -> int:
+    """Stop running jobs, every process on every node, keeping their GPUs (administrators;
+    their time limit and run time stop counting).
+
+    Examples: gcontrol suspend 17; gcontrol suspend 12_3
+    """
+    return post_each(PROG, job_refs(job_ids), "suspend")
+
+
+@app.command()
+def top(job_ids: JobIds) -> int:
+    """Move your pending jobs ahead of your other pending jobs of the same partition,
+    account and QOS, the first named first (other users' jobs keep their places).
+
+    Examples: gcontrol top 17; gcontrol top 19,18
+    """
+    # Each job sent goes ahead of those sent before it: the first named is sent last.
+    return post_each(PROG, list(reversed(job_refs(job_ids))), "top")
 
 
 update_app = new_app("Change a job, like scontrol update.")
 app.add_typer(update_app, name="update")
-_UPDATE_KEYS = {"timelimit": "time_limit", "partition": "partition", "qos": "qos",
-                "priority": "priority"}
 
 
 @update_app.command("job")
 def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
                settings: Annotated[list[str], typer.Argument(
-                   metavar="KEY=VALUE...", help="TimeLimit=, Partition=, QOS=, Priority=")]
+                   metavar="KEY=VALUE...", help="TimeLimit=, Partition=, QOS=, NumNodes=, "
+                   "Gres=gpu:N, Dependency=, JobName=, Priority=")]
                ) -> None:
-    """Change a job: its owner may lower TimeLimit (of a running job too); an
-    administrator may change TimeLimit, and of a pending job Partition, QOS and Priority
-    (a number that replaces the computed one; Priority=none goes back to it).
+    """Change a job, as scontrol update does. Of a pending job its owner may change
+    Partition, QOS, NumNodes (MinNodes), Gres=gpu:N (GPUs per node; also TresPerNode=
+    gres/gpu:N), Dependency (empty: none), JobName and lower TimeLimit; of a running job
+    lower TimeLimit and JobName. An administrator may also raise TimeLimit and set
+    Priority (a number that replaces the computed one; Priority=none goes back to it).
 
-    Examples: gcontrol update job 17 TimeLimit=2:00:00; gcontrol update job 18 Priority=2
+    Examples: gcontrol update job 17 TimeLimit=2:00:00; gcontrol update JobId=18
+    Partition=big NumNodes=2 Gres=gpu:4; gcontrol update job 12_3 Dependency=afterok:11
     """
-    from gpusched.core.timefmt import TimeFormatError, parse_time_limit
-
-    job_id = parse_job_ids([job])[0]
-    body: dict[str, Any] = {}
-    for setting in settings:
-        key, sep, value = setting.partition("=")
-        name = _UPDATE_KEYS.get(key.strip().lower())
-        if not sep or name is None or not value.strip():
-            raise UsageError(f"invalid setting {setting!r}: expected TimeLimit=, Partition=, "
-                             "QOS= or Priority= with a value")
-        if name == "time_limit":
-            try:
-                seconds = parse_time_limit(value)
-            except TimeFormatError as exc:
-                raise UsageError(f"TimeLimit: {exc}") from None
-            body[name] = "UNLIMITED" if seconds is None else seconds
-        elif name == "priority":
-            body[name] = _priority(value)
-        else:
-            body[name] = value.strip()
-    answer = _request("POST", f"/v1/jobs/{job_id}/update", body)
+    ref = one_job(job)
+    body = update_body(settings)
+    answer = _request("POST", f"/v1/jobs/{ref.text()}/update", body)
     fixed = answer.get("admin_priority")
     limit = answer["time_limit"]
-    _echo(f"job {job_id}: partition {answer['partition']}, QOS {answer['qos'] or '-'}, "
-          f"time limit {limit if limit is not None else 'UNLIMITED'} s"
+    _echo(f"job {ref.text()}: partition {answer['partition']}, QOS {answer['qos'] or '-'}, "
+          f"time limit {limit if limit is not None else 'UNLIMITED'} s, "
+          f"{answer['nodes']} node(s), {answer['gpus']} GPU(s), name {answer['name']}"
+          + (f", dependency {answer['dependency']}" if answer.get("dependency") else "")
           + (f", priority {fixed:g}" if fixed is not None else ""))
 
 
 def _echo(line: str) -> None:
     """Print a line that holds stored values, escaped (see gpusched.core.terminal)."""
     typer.echo(terminal_safe(line))
-
-
-def _priority(text: str) -> float | None:
-    """Priority=N (a number >= 0) or Priority=none."""
-    word = text.strip()
-    if word.lower() == "none":
-        return None
-    try:
-        value = float(word)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise UsageError(f"invalid Priority={word!r}: expected a number of 0 or more, or none")
-    return value
 
 
 # -- show ------------------------------------------------------------------------------
@@ -165,10 +167,9 @@ def _request(method: str, path: str, body: dict[str, Any] | None = None) -> dict
 def show_job(job: Annotated[str, typer.Argument(metavar="JOB")], as_json: AsJson = False) -> None:
     """One job: state, reason, resources, times, GPUs, utilisation.
 
-    Examples: gcontrol show job 17; gcontrol show job 17 --json
+    Examples: gcontrol show job 17; gcontrol show job 12_3; gcontrol show job 17 --json
     """
-    job_id = parse_job_ids([job])[0]
-    record = _request("GET", f"/v1/jobs/{job_id}")
+    record = _request("GET", f"/v1/jobs/{one_job(job).text()}")
     for private in ("script", "environment", "args"):
         record.pop(private, None)
     _print(record, as_json)
@@ -245,8 +246,18 @@ def show_gpu(target: GpuTarget, as_json: AsJson = False) -> None:
 
 drain_app = new_app("Take a node or GPU out of service (administrators only).")
 app.add_typer(drain_app, name="drain")
-resume_app = new_app("Return a node or GPU to service (administrators only).")
+resume_app = new_app("Resume suspended jobs (gcontrol resume 17), or return a node or GPU "
+                     "to service (administrators only).")
 app.add_typer(resume_app, name="resume")
+
+
+@resume_app.command("job")
+def resume_job(job_ids: JobIds) -> int:
+    """Let suspended jobs run again (administrators); 'gcontrol resume 17' says the same.
+
+    Examples: gcontrol resume 17; gcontrol resume job 12_3
+    """
+    return post_each(PROG, job_refs(job_ids), "resume")
 
 
 def _gpu_target(target: str) -> tuple[str, int]:
@@ -302,6 +313,13 @@ def resume_gpu(target: GpuTarget) -> None:
     _echo(f"GPU {node}:{index} ({answer['uuid']}) is back in service")
 
 
+register(app, update_app, show_app)  # create|update|delete|show reservation
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``gcontrol`` console script."""
-    return run_cli(app, PROG, argv)
+    """Entry point of the ``gcontrol`` console script. scontrol's own forms are taken
+    too: ``update JobId=17 KEY=VALUE...`` and ``resume 17`` (a job, not a node)."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run_cli(app, PROG, resume_argv(update_argv(name_argv(args))))

@@ -28,6 +28,7 @@ class JobState(StrEnum):
     TIMEOUT = "TIMEOUT"
     NODE_FAIL = "NODE_FAIL"  # its node died under it (and it was not requeued)
     OUT_OF_MEMORY = "OUT_OF_MEMORY"  # the kernel's OOM killer ended it (its memory limit)
+    SUSPENDED = "SUSPENDED"  # a running job stopped by gcontrol suspend (stored RUNNING)
 
     @property
     def short(self) -> str:
@@ -37,7 +38,7 @@ class JobState(StrEnum):
     @property
     def terminal(self) -> bool:
         """True once the job has ended and holds no resources."""
-        return self not in (JobState.PENDING, JobState.RUNNING)
+        return self not in (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED)
 
 
 _SHORT = {
@@ -49,6 +50,7 @@ _SHORT = {
     JobState.TIMEOUT: "TO",
     JobState.NODE_FAIL: "NF",
     JobState.OUT_OF_MEMORY: "OOM",
+    JobState.SUSPENDED: "S",
 }
 
 
@@ -196,6 +198,7 @@ class PendingJob:
     licenses: tuple[tuple[str, int], ...] = ()  # -L: (name, count), sorted by name
     reservation: str | None = None  # --reservation: the advance reservation it runs in
     constraint: str | None = None  # -C/--constraint, canonical (core/features.py)
+    top: int | None = None  # gcontrol top: ahead of its owner's other jobs, higher first
 
     @property
     def total_gpus(self) -> int:

@@ -8,6 +8,7 @@ from itertools import compress, islice
 from operator import attrgetter, eq, ge
 
 from gpusched.core.fairshare import FairShareTree
+from gpusched.core.jobcontrol import moved_to_top
 from gpusched.core.model import PendingJob, Policy, Snapshot
 from gpusched.core.priority import PriorityBreakdown, PriorityScale, ranked_fields
 
@@ -55,7 +56,8 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
     if not (w.age or w.fairshare or w.job_size or w.partition or w.qos) and all(
             job.priority is None for job in snapshot.pending):
         # Every priority is 0: submit order, without working each one out.
-        return sorted(snapshot.pending, key=lambda job: (job.submit_time, job.job_id))
+        return moved_to_top(sorted(snapshot.pending,
+                                   key=lambda job: (job.submit_time, job.job_id)))
     return ordered(snapshot, job_priorities(snapshot, now, policy))
 
 
@@ -79,9 +81,9 @@ def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[Pen
             while end < len(totals) and totals[end] == totals[i]:
                 end += 1
             jobs[i:end] = sorted(jobs[i:end], key=attrgetter("submit_time", "job_id"))
-        return jobs
+        return moved_to_top(jobs)
     # Stable sorts, least significant key first: job id, submit time, then total
     # (highest first; ``reverse`` keeps equal totals in the order already made).
     jobs = sorted(snapshot.pending, key=attrgetter("submit_time", "job_id"))
     jobs.sort(key=lambda job: total[job.job_id], reverse=True)
-    return jobs
+    return moved_to_top(jobs)

@@ -120,8 +120,9 @@ def check_allocations(session: Session, grace: float, now: datetime, silent_too:
     silent = (func.coalesce(Job.client_seen, Job.submit_time) < silent_since) if silent_too \
         else false()
     running = Job.state == "RUNNING"
-    past_limit = running & Job.time_limit.is_not(None) & (
-        Job.start_time + func.make_interval(0, 0, 0, 0, 0, 0, Job.time_limit) <= now)
+    past_limit = running & Job.time_limit.is_not(None) & Job.suspended_at.is_(None) & (
+        Job.start_time + func.make_interval(0, 0, 0, 0, 0, 0, Job.time_limit
+                                            + Job.suspended_seconds) <= now)
     stopping = running & Job.cancel_requested_at.is_not(None)
     lost = f"{CLIENT_LOST}: no word from its galloc or gsrun for {grace:g} s"
     for job in session.scalars(
@@ -147,7 +148,8 @@ def _why_it_ends(job: Job, now: datetime, silent_since: datetime, lost: str
                  ) -> tuple[str, str | None]:
     """The state and error a running allocation the check picked ends with."""
     assert job.start_time is not None
-    if job.time_limit is not None and job.start_time + timedelta(seconds=job.time_limit) <= now:
+    if job.time_limit is not None and job.suspended_at is None and job.start_time + timedelta(
+            seconds=job.time_limit + job.suspended_seconds) <= now:
         return "TIMEOUT", None
     if job.cancel_requested_at is not None:
         return "CANCELLED", (f"preempted by job {job.preempted_by}"

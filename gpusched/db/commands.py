@@ -31,6 +31,7 @@ from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
 from gpusched.messages.agent import JobNotice, LimitJob, ShareGrant, SignalJob
+from gpusched.messages.jobcontrol import SuspendJob
 from gpusched.messages.jobfacts import JobFacts
 from gpusched.messages.mig import MigLayout
 from gpusched.messages.steps import StepCancel, StepLaunch
@@ -184,7 +185,7 @@ def _is_current(job: Any, run: int, node_id: int, node_name: str, kind: str) -> 
     first node; its steps, whose deadline a ``limit`` moves, on any of its nodes)."""
     if job is None or job.state != "RUNNING" or job.restarts != run:
         return False
-    if kind in ("step", "step_cancel", "limit"):
+    if kind in ("step", "step_cancel", "limit", "suspend"):
         return bool(job.node_id == node_id or node_name in (job.node_names or ()))
     return bool(job.node_id == node_id)
 
@@ -202,6 +203,8 @@ def _payload(kind: str, stored: dict[str, Any], node_name: str, job: Any) -> Pay
         return StepLaunch.parse(stored)
     if kind == "step_cancel":
         return StepCancel.parse(stored)
+    if kind == "suspend":  # stop or continue the job here (db/jobcontrol.py)
+        return SuspendJob.parse(stored)
     if kind == "notice":  # a line for the job's output (db/idle_policy.py)
         return JobNotice(str(stored["text"]))
     if kind == "mig":  # a MIG layout for one GPU (db/mig_changes.py): no job

@@ -11,13 +11,13 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     Float,
+    Integer,
     Text,
     case,
     cast,
     func,
     literal,
     null,
-    or_,
     select,
     text,
     true,
@@ -26,7 +26,14 @@ from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.elements import ColumnElement
 
-from gpusched.core.bounds import BoundError, parse_id_list
+from gpusched.core.bounds import MAX_LIST
+from gpusched.core.jobcontrol import JobRefError, parse_job_refs
+from gpusched.db.jobcontrol import (
+    STATE_SQL,
+    ref_condition,
+    shown_state,
+    state_condition,
+)
 from gpusched.db.jobs import Identity
 from gpusched.db.models import Allocation, Gpu, Job, Node
 from gpusched.db.placements import job_placements
@@ -74,7 +81,8 @@ def _when(column: str) -> Field:
 JOB_FIELDS: dict[str, Field] = {
     "job_id": _same("id"), "name": _same("name"), "user": _same("user_name"),
     "uid": _same("uid"), "partition": _same("partition"), "account": _same("account"),
-    "qos": _same("qos"), "state": _same("state"), "reason": _same("reason"),
+    "qos": _same("qos"), "state": (("state", "suspended_at"), shown_state),
+    "reason": _same("reason"),
     "gpus": _same("gpus"), "time_limit": _same("time_limit"), "hold": _same("hold"),
     "begin_time": _when("begin_time"), "dependency": _same("dependency"),
     "submit_time": _when("submit_time"), "start_time": _when("start_time"),
@@ -105,6 +113,8 @@ JOB_FIELDS: dict[str, Field] = {
     "gpu_mem_mb": _same("gpu_mem_mb"), "licenses": _same("licenses"),
     "constraint": _same("constraints"),
     "mail_type": _same("mail_types"), "mail_user": _same("mail_user"),
+    "suspended_at": _when("suspended_at"),
+    "suspended_seconds": (("suspended_seconds",), round), "top_rank": _same("top_rank"),
     "display_id": (("id", "array_job_id", "array_task_id", "array_tasks", "array_max_running"),
                    display_id),
 }
@@ -160,6 +170,7 @@ SQL_FIELDS: dict[str, Any] = {  # column expressions
     **{field: _iso_sql(getattr(Job, columns[0])) for field, (columns, make) in JOB_FIELDS.items()
        if make is _iso},
     "gpu_types": Job.gpu_types,
+    "state": STATE_SQL, "suspended_seconds": cast(func.round(Job.suspended_seconds), Integer),
     "display_id": case(
         (Job.array_job_id.is_(None), _text(Job.id)),
         (Job.array_tasks.is_not(None),
@@ -174,7 +185,7 @@ def _list_filters(query: dict[str, str]) -> list[ColumnElement[bool]]:
     """The WHERE conditions of ``GET /v1/jobs``'s query parameters."""
     where: list[ColumnElement[bool]] = []
     if query.get("state"):
-        where.append(Job.state.in_([s.strip().upper() for s in query["state"].split(",")]))
+        where.append(state_condition([s.strip().upper() for s in query["state"].split(",")]))
     elif query.get("all") not in ("1", "true", "yes"):
         where.append(Job.state.in_(["PENDING", "RUNNING"]))
     for key, column in (("user", Job.user_name), ("partition", Job.partition),
@@ -183,10 +194,10 @@ def _list_filters(query: dict[str, str]) -> list[ColumnElement[bool]]:
             where.append(column.in_([w.strip() for w in query[key].split(",")]))
     if query.get("ids"):
         try:
-            ids = parse_id_list("ids", query["ids"])
-        except BoundError as exc:
-            raise UsageError(str(exc)) from None
-        where.append(or_(Job.id.in_(ids), Job.array_job_id.in_(ids)))
+            refs = parse_job_refs([query["ids"]], MAX_LIST)
+        except JobRefError as exc:
+            raise UsageError(f"ids: {exc}") from None
+        where.append(ref_condition(refs))
     return where
 
 

@@ -39,7 +39,7 @@ JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT
               "OUT_OF_MEMORY")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
 NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel",
-                      "mig", "notice")
+                      "mig", "notice", "suspend")
 STEP_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                "NODE_FAIL")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
@@ -225,6 +225,7 @@ class Job(Base):
         Index("ix_jobs_mail_watch", "id",
               postgresql_where=text("mail_types IS NOT NULL AND mail_done_at IS NULL")),
         CheckConstraint("char_length(licenses) <= 4096", name="licenses"),
+        CheckConstraint("suspended_seconds >= 0", name="suspended_seconds"),
         CheckConstraint("char_length(constraints) <= 1024", name="constraints"),
     )
 
@@ -336,6 +337,12 @@ class Job(Base):
     mail_done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # -L: the licenses it asks for, canonical (gpusched.core.licenses); None: none.
     licenses: Mapped[str | None] = mapped_column(Text)
+    # gcontrol suspend: since when the running job is suspended (None: it is not), and
+    # the seconds its current run was suspended before (not counted as run time).
+    suspended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    suspended_seconds: Mapped[float] = mapped_column(Float, server_default=text("0"))
+    # gcontrol top: ahead of the owner's other pending jobs, higher first; None: not moved.
+    top_rank: Mapped[int | None] = mapped_column(BigInteger)
     # -C/--constraint, canonical (gpusched.core.features); None: none.
     constraints: Mapped[str | None] = mapped_column(Text)
 

@@ -32,7 +32,7 @@ _FIELDS = (
     "j.array_tasks", "j.array_max_running", "j.gpu_types", "j.nodes", "j.cpus", "j.mem_mb",
     "extract(epoch FROM j.expected_start)", "j.nodelist", "j.exclude_nodes",
     "j.admin_priority", "j.exclusive", "j.share_units", "j.share_mode", "j.gpu_mem_mb",
-    "j.licenses",
+    "j.licenses", "j.top_rank",
 )
 # The pending jobs, for the snapshot query: a JSON array of columns (one JSON array
 # each, a row's values at the same place in each): the id and version of every pending
@@ -56,7 +56,7 @@ _COLUMNS = (
     Job.cpus, Job.mem_mb, Job.expected_start,
     type_coerce(Job.nodelist, NullType()), type_coerce(Job.exclude_nodes, NullType()),
     Job.admin_priority, Job.exclusive, Job.share_units, Job.share_mode, Job.gpu_mem_mb,
-    Job.licenses,
+    Job.licenses, Job.top_rank,
 )
 
 
@@ -69,7 +69,7 @@ def _job(row: Sequence[Any]) -> PendingJob:
                       dependency, name, array_job, array_tasks, array_cap, tuple(types), nodes,
                       cpus, mem, expected.timestamp() if expected else None, tuple(nodelist),
                       tuple(exclude), fixed, exclusive, share or 0, share_mode, gpu_mem or 0,
-                      stored_licenses(licenses))
+                      stored_licenses(licenses), top=row[30])
 
 
 def _float(value: float | None) -> float | None:
@@ -81,12 +81,12 @@ def _json_job(row: Sequence[Any]) -> PendingJob:
     """A pending job from its _FIELDS as PENDING_SQL gives them."""
     (jid, part, n, uid, submitted, limit, reason, user, account, qos, hold, begin,
      dependency, name, array_job, array_tasks, array_cap, types, nodes, cpus, mem, expected,
-     nodelist, exclude, fixed, exclusive, share, share_mode, gpu_mem, licenses) = row
+     nodelist, exclude, fixed, exclusive, share, share_mode, gpu_mem, licenses) = row[:30]
     return PendingJob(jid, part, n // nodes, uid, float(submitted), limit, Reason(reason),
                       user, account, qos, hold, _float(begin), dependency, name, array_job,
                       array_tasks, array_cap, tuple(types), nodes, cpus, mem, _float(expected),
                       tuple(nodelist), tuple(exclude), _float(fixed), exclusive, share or 0,
-                      share_mode, gpu_mem or 0, stored_licenses(licenses))
+                      share_mode, gpu_mem or 0, stored_licenses(licenses), top=row[30])
 
 
 def read_pending(session: Session) -> tuple[PendingJob, ...]:

@@ -253,6 +253,7 @@ def _started(start: Start, node_ids: dict[str, int], now: datetime) -> dict[str,
     return {"state": "RUNNING", "reason": "None", "start_time": now,
             "node_id": node_ids[start.node], "start_kind": start.kind.value,
             "expected_start": None, "node_names": list(start.nodes) if start.nodes else None,
+            "suspended_at": None, "suspended_seconds": 0,  # of a run before
             # An allocation's client has the grace from its start to say it is there.
             "client_seen": sql_case((Job.interactive, now), else_=Job.client_seen)}
 
@@ -276,6 +277,7 @@ _ALLOCATE_TASKS = text(f"WITH placed AS ({_ALLOCATE.format(where='')}) "
 _START_JOBS = text(
     "WITH started AS (UPDATE jobs SET state = 'RUNNING', reason = 'None', start_time = :now, "
     "node_id = t.node, start_kind = t.kind, expected_start = NULL, "
+    "suspended_at = NULL, suspended_seconds = 0, "
     "node_names = CASE WHEN t.names IS NULL THEN NULL "
     "ELSE ARRAY(SELECT jsonb_array_elements_text(t.names)) END, "
     # An allocation's client has the grace from its start to say it is there.

@@ -58,7 +58,7 @@ from gpusched.messages.reports import kept_error as kept_error
 MAX_ARRAY_SPEC = 8 * MAX_TASKS  # characters of a canonical task list ("0-9,12,15-99:3")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
 COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel",
-                 "notice")
+                 "notice", "suspend")
 MAX_NOTICE = 1000  # characters of a notice's line
 SHARE_MODES = ("mps", "shard")
 MAX_SHARE_UNITS = 10_000  # units one shared GPU may offer (an MPS count of 100: percents)
@@ -311,10 +311,11 @@ class LimitJob:
 if TYPE_CHECKING:  # the step messages import this module
     from typing import TypeAlias
 
+    from gpusched.messages.jobcontrol import SuspendJob
     from gpusched.messages.steps import StepCancel, StepLaunch
 
     Payload: TypeAlias = (LaunchOrder | SignalJob | LimitJob | JobNotice | StepLaunch
-                          | StepCancel | None)
+                          | StepCancel | SuspendJob | None)
 
 
 @dataclass(frozen=True)
@@ -390,6 +391,9 @@ def _payload(kind: str, body: Body) -> Payload:
     if kind == "signal":
         refuse_unknown(body, ("signal",), "a signal command")
         return SignalJob(required_integer(body, "signal", 1, MAX_SIGNAL, "a signal number"))
+    if kind == "suspend":
+        from gpusched.messages.jobcontrol import SuspendJob
+        return SuspendJob.parse(body)
     refuse_unknown(body, ("time_limit", "deadline"), "a limit command")
     return LimitJob(optional_integer(body, "time_limit", 0, bounds.MAX_TIME_LIMIT, "seconds"),
                     epoch_seconds(body.get("deadline"), "deadline"))

@@ -77,7 +77,8 @@ SUBMIT_FIELDS = frozenset({
 SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
 MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
-UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority"})
+UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority", "name", "dependency",
+                           "nodes", "gpus_per_node"})
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,10 @@ class JobUpdate:
     partition: str | None = None
     qos: str | None = None
     priority: float | None = None
+    name: str | None = None
+    dependency: tuple[Dependency, ...] = ()  # none: no dependency any more
+    nodes: int | None = None
+    gpus_per_node: int | None = None
 
     @classmethod
     def parse(cls, raw: object) -> JobUpdate:
@@ -265,12 +270,19 @@ class JobUpdate:
             time_limit=parse_time_limit(body.get("time_limit")),
             partition=text(body, "partition", bounds.MAX_WORD, "a partition name"),
             qos=text(body, "qos", bounds.MAX_WORD, "a QOS name"),
-            priority=_priority(body.get("priority")))
+            priority=_priority(body.get("priority")),
+            name=text(body, "name", bounds.MAX_NAME, "a job name"),
+            dependency=_dependency(typed(body, "dependency", str, None, "a dependency")),
+            nodes=optional_integer(body, "nodes", 1, bounds.MAX_NODES, "a number of nodes"),
+            gpus_per_node=optional_integer(body, "gpus_per_node", 0, bounds.MAX_GPUS,
+                                           "GPUs per node"))
 
     def to_json(self) -> dict[str, Any]:
         """The change as the endpoint takes it: the fields given, and only those."""
         values = {"time_limit": self.time_limit, "partition": self.partition,
-                  "qos": self.qos, "priority": self.priority}
+                  "qos": self.qos, "priority": self.priority, "name": self.name,
+                  "dependency": format_dependency(self.dependency) if self.dependency else None,
+                  "nodes": self.nodes, "gpus_per_node": self.gpus_per_node}
         return {key: values[key] for key in sorted(self.changes)}
 
 

@@ -353,7 +353,8 @@ def test_an_update_keeps_which_fields_were_given() -> None:
 
 
 @pytest.mark.parametrize(("body", "message"), [
-    ({}, "update: expected some of partition, priority, qos, time_limit"),
+    ({}, "update: expected some of dependency, gpus_per_node, name, nodes, partition, "
+         "priority, qos, time_limit"),
     ({"nice": 5}, "; unknown: nice"),
     ({"a\nb": 5}, "; unknown: 'a\\nb'"),
     ({"priority": -1}, "priority: expected a number of 0 or more, or null, got -1"),
@@ -501,7 +502,7 @@ def test_each_kind_of_command_carries_its_payload() -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"kind": "reboot"}, "kind: expected one of ['cancel', 'kill', 'launch', 'limit', "
-                         "'notice', 'signal', 'step', 'step_cancel']"),
+                         "'notice', 'signal', 'step', 'step_cancel', 'suspend']"),
     ({"kind": "notice", "payload": {}}, "text: expected a line of text, got nothing"),
     ({"kind": "notice", "payload": {"text": "a\nb"}}, "text: "),
     ({"kind": "notice", "payload": {"text": "x" * 1001}}, "text: "),

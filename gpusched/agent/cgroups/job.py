@@ -251,6 +251,16 @@ class JobCgroup:
                     pass
             time.sleep(0.002)
 
+    def can_freeze(self) -> bool:
+        """Whether the cgroup exists and has a freezer (v2 cgroup.freeze, v1 freezer)."""
+        if self.tree.version == 2:
+            return "" in self.paths and (self._v2() / "cgroup.freeze").exists()
+        return "freezer" in self.paths
+
+    def set_frozen(self, frozen: bool) -> None:
+        """Freeze every process of the job (gcontrol suspend), or thaw them."""
+        self._freeze(frozen)
+
     def _freeze(self, frozen: bool) -> None:
         """Freeze (v1 freezer, v2 cgroup.freeze) so no process forks while being killed."""
         deadline = time.monotonic() + 2.0

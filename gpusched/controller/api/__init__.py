@@ -17,6 +17,7 @@ from gpusched.controller.api.agent import AgentRoutes
 from gpusched.controller.api.allocations import AllocationRoutes
 from gpusched.controller.api.balance import BalanceRoutes
 from gpusched.controller.api.common import ApiContext, CheckedRouter, Routes
+from gpusched.controller.api.jobcontrol import JobControlRoutes, task_path_resolver
 from gpusched.controller.api.jobs import JobRoutes
 from gpusched.controller.api.nodes import NodeRoutes
 from gpusched.controller.api.steps import StepRoutes
@@ -46,6 +47,7 @@ class Api:
             max_submit_jobs=max_submit_jobs, own_uid=os.geteuid(),
             admins=AdminPolicy(admin_group))
         self.resources: tuple[Routes, ...] = (JobRoutes(self.context), NodeRoutes(self.context),
+                          JobControlRoutes(self.context),
                           AccountingRoutes(self.context, archives), AdminRoutes(self.context),
                           AgentRoutes(self.context), StepRoutes(self.context),
                           AllocationRoutes(self.context, allocation_grace),
@@ -54,7 +56,7 @@ class Api:
 
     def router(self) -> Router:
         """All routes of docs/api.md."""
-        r = CheckedRouter()
+        r = CheckedRouter(task_path_resolver(self.context))
         r.add("GET", "/v1/ping", self.ping)
         r.add("GET", "/v1/openapi.json", OpenApi(r).serve)
         for resource in self.resources:

@@ -87,12 +87,19 @@ class Routes(Protocol):
 
 class CheckedRouter(Router):
     """Refuses a path or query value with a NUL before any handler sees it: no text the
-    database stores or compares may hold one."""
+    database stores or compares may hold one. ``rewrite`` (array task ids in job paths:
+    gpusched.controller.api.jobcontrol) may change the path before routing."""
+
+    def __init__(self, rewrite: Callable[[Request], None] | None = None) -> None:
+        super().__init__()
+        self.rewrite = rewrite
 
     def dispatch(self, request: Request) -> Answer:
         for key, value in (*request.query.items(), ("path", request.path)):
             if "\0" in key or "\0" in value:
                 raise UsageError(f"{key[:40]!r}: contains a NUL character")
+        if self.rewrite is not None:
+            self.rewrite(request)
         return super().dispatch(request)
 
 

@@ -14,7 +14,7 @@ from gpusched.controller.api.common import ApiContext, path_job_id
 from gpusched.controller.http import Answer, EncodedJson, Request, Router
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.plan import plan
-from gpusched.db import job_views, jobs, submit
+from gpusched.db import job_views, jobs, jobupdate, submit
 from gpusched.db.notify import notify_in
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import UsageError
@@ -183,10 +183,11 @@ class JobRoutes:
             return 200, job_views.get_job(session, job_id, self.context.identity(request))
 
     def update_job(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Change a pending job's time limit (its owner may lower it), partition, QOS or
-        priority, or a running job's time limit (its agent applies it)."""
+        """Change a pending job's partition, QOS, time limit, nodes, GPUs, dependency,
+        name or priority, or a running job's time limit (its agents apply it) or name
+        (gpusched.db.jobupdate has who may change what)."""
         job_id, who = path_job_id(request), self.context.identity(request)
-        return self._change_job(request, job_id, True, lambda session: submit.update_job(
+        return self._change_job(request, job_id, True, lambda session: jobupdate.update_job(
             session, job_id, who, request.body)[1])
 
     def requeue(self, request: Request) -> tuple[int, dict[str, Any]]:
