@@ -13,6 +13,7 @@ from typing import Any
 
 from gpusched import stages
 from gpusched.agent.confine import Confinement, LaunchRefused, job_cgroup_spec
+from gpusched.agent.containers import ContainerError
 from gpusched.agent.jobends import NOT_PREPARED, JobEnd, node_fault
 from gpusched.agent.launcher import Launcher, build_spec
 from gpusched.agent.migconfig import apply_command, held_gpus
@@ -207,6 +208,8 @@ class NodeCommands:
                     log.info("launched job %d (run %d) for %s", job_id, run, order.user)
         except LaunchRefused as exc:
             refusal = f"the agent on {self.node} cannot confine the job: {exc.message}"
+        except ContainerError as exc:
+            refusal = f"the agent on {self.node} cannot run the job's container: {exc}"
         except Exception as exc:  # noqa: BLE001 - whatever a job holds, it fails that job
             log.warning("job %s: launch failed: %r", job_id, exc)
             refusal = f"the agent on {self.node} could not launch the job: {exc!r}"

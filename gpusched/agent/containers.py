@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import pwd
 import shutil
 import tarfile
 from collections.abc import Callable, Iterable, Mapping
@@ -291,17 +292,26 @@ def _arg_list(r: TableReader, key: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def node_runtime(config: Any, which: Callable[[str], str | None] = shutil.which
-                 ) -> ContainerRuntime | None:
-    """The runtime of an agent's settings (AgentConfig), or None: none on this node."""
-    kind = detect_runtime(config.container_runtime, config.container_program, which)
+def node_runtime(settings: Mapping[str, Any],
+                 which: Callable[[str], str | None] = shutil.which) -> ContainerRuntime | None:
+    """The runtime of an agent's settings (AgentConfig's fields as a mapping), or None:
+    none on this node."""
+    kind = detect_runtime(settings.get("container_runtime"), settings.get("container_program"),
+                          which)
     if kind is None:
         return None
-    program = config.container_program or which(kind)
+    program = settings.get("container_program") or which(kind)
     if program is None:
         return None
-    return ContainerRuntime(kind, program, tuple(config.container_runtime_args),
-                            tuple(config.container_run_args), config.container_gpus)
+    return ContainerRuntime(kind, program, tuple(settings.get("container_runtime_args", ())),
+                            tuple(settings.get("container_run_args", ())),
+                            settings.get("container_gpus", "devices"))
+
+
+def container_kind(config: Any) -> str | None:
+    """What an agent registers as its node's runtime (AgentConfig; None: none)."""
+    runtime = node_runtime(vars(config))
+    return None if runtime is None else runtime.kind
 
 
 def host_ipc_shared(exists: Callable[[str], bool] = os.path.isdir) -> bool:
@@ -321,3 +331,26 @@ def spec_entry(runtime: ContainerRuntime | None, request: ContainerRequest,
     return {"argv": argv, "env": extra,
             "check_paths": mount_sources(request, job.work_dir)
             + ([job.home] if request.mount_home else [])}
+
+
+def job_container(order: Any, settings: Mapping[str, Any],
+                  inventory: Mapping[str, Mapping[str, Any]] | None,
+                  env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The spec entry of a launch order's container (None: the job has none); the
+    script is where the launcher writes it (``state_dir``/jobs/ID/script)."""
+    request: ContainerRequest | None = order.container
+    if request is None:
+        return None
+    try:
+        home = pwd.getpwuid(order.uid).pw_dir
+    except KeyError:
+        home = env.get("HOME", "/")
+    state_dir = str(settings.get("state_dir", "/var/lib/gpusched/agent"))
+    minors = [(inventory or {}).get(u, {}).get("minor") for u in order.gpu_uuids]
+    job = ContainerJob(
+        uid=order.uid, home=home, work_dir=order.work_dir,
+        script=os.path.join(state_dir, "jobs", str(order.job_id), "script"),
+        args=tuple(order.args), env=env, gpu_uuids=tuple(order.gpu_uuids),
+        gpu_devices=gpu_device_paths(minors) if order.gpu_uuids else (),
+        name=f"gpusched-{order.job_id}-{order.run}", host_ipc=host_ipc_shared())
+    return spec_entry(node_runtime(settings), request, job)

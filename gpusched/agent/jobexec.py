@@ -82,11 +82,25 @@ def _exec_job(spec: dict[str, Any]) -> None:
     except OSError as exc:
         _fail_in_output(f"cannot change to working directory {spec['cwd']}: {exc.strerror}")
     default_signals()
-    argv = spec["argv"]
+    argv, env = spec["argv"], spec["env"]
+    container = spec.get("container")
+    if container:  # its runtime runs the script, as the user, after their own checks
+        _check_readable(container["check_paths"])
+        argv, env = container["argv"], {**env, **container["env"]}
     try:
-        os.execve(argv[0], argv, spec["env"])
+        os.execve(argv[0], argv, env) if "/" in argv[0] else os.execvpe(argv[0], argv, env)
     except OSError as exc:
         _fail_in_output(f"cannot execute {argv[0]}: {exc.strerror}")
+
+
+def _check_readable(paths: list[str]) -> None:
+    """A container's bind sources, as the job's user: each must exist and be readable
+    (a directory also searchable), or the job fails before its runtime starts."""
+    for path in paths:
+        mode = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)
+        if not os.path.exists(path) or not os.access(path, mode):
+            _fail_in_output(f"--container-mounts: {path}: not found or not readable by "
+                            f"the job's user")
 
 
 def _fail_in_output(message: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent import mps
+from gpusched.agent.containers import job_container
 from gpusched.agent.slurmenv import mirrored, owned_names, slurm_variables
 from gpusched.core.outputs import DEFAULT_OUTPUT_PATTERN, expand_output_pattern
 from gpusched.messages import LaunchOrder
@@ -75,6 +76,8 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
         "mps": mps.spec_entry(order.share, str(site.get("mps_control", DEFAULT_MPS_CONTROL))),
         **site_programs(site),
         "job_vars": job_vars,
+        # The runtime's command that runs the script in the job's container (None: none).
+        "container": job_container(order, site, inventory, env),
     }
 
 

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 from gpusched import stages
 from gpusched.agent.commands import NodeCommands
 from gpusched.agent.confine import open_confinement, release
+from gpusched.agent.containers import container_kind
 from gpusched.agent.health import Fault, HealthMonitor
 from gpusched.agent.healthcheck import HealthCheck
 from gpusched.agent.inventory import node_inventory
@@ -98,7 +99,7 @@ class Agent:
         if self._address is None:
             self._address = node_address(self.config.address, self.controllers)
         return {**node_inventory(self.config), **self.confinement.registration(),
-                "address": self._address}
+                "address": self._address, "container_runtime": container_kind(self.config)}
 
     def run(self) -> None:
         """Adopt surviving jobs, register, then serve launches and cancels until stopped."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpusched.agent.containers import container_settings
 from gpusched.configfile import TableReader
 from gpusched.core.shapes import is_gpu_kind, is_mig_profile
 from gpusched.core.topology import LINK_KINDS
@@ -100,6 +101,14 @@ class AgentConfig:
     # The MPS control program run for GPUs shared by MPS (gpusched.agent.mps): an
     # absolute path, or a name looked up on the agent's PATH when a job needs it.
     mps_control: str = "nvidia-cuda-mps-control"
+    # Containers (gpusched.agent.containers): the runtime ("podman", "enroot",
+    # "apptainer", "none"; None: the first found on PATH), its program (None: found on
+    # PATH), options before and after its run subcommand, and how GPUs reach a container.
+    container_runtime: str | None = None
+    container_program: str | None = None
+    container_runtime_args: tuple[str, ...] = ()
+    container_run_args: tuple[str, ...] = ()
+    container_gpus: str = "devices"
 
 
 def demo_gpus(node_name: str, count: int) -> tuple[StaticGpu, ...]:
@@ -219,7 +228,7 @@ def parse_agent(r: TableReader) -> AgentConfig:
     """The [agent] table (with its gpus, health, cgroups and site-program tables)."""
     r.check_keys({"node_name", "address", "state_dir", "poll_wait", "kill_grace", "gpus", "block", "health",
                   "min_job_uid", "controller_user", "cgroups", "prolog", "epilog",
-                  "health_check", "mps_control"})
+                  "health_check", "mps_control", "container_runtime", "container"})
     defaults = AgentConfig()
     min_job_uid = r.get("min_job_uid", int, defaults.min_job_uid, "a uid from 0 to 4294967294")
     if isinstance(min_job_uid, bool) or not 0 <= min_job_uid <= 4294967294:
@@ -252,6 +261,7 @@ def parse_agent(r: TableReader) -> AgentConfig:
         **_health(r.sub("health"), defaults),
         **_cgroups(r.sub("cgroups"), defaults),
         **_site_programs(r, defaults),
+        **container_settings(r, defaults),
     )
 
 

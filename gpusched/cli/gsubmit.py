@@ -8,6 +8,19 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.containeropts import (
+    ContainerEntrypointLogOpt,
+    ContainerEntrypointOpt,
+    ContainerEnvOpt,
+    ContainerImageOpt,
+    ContainerMountHomeOpt,
+    ContainerMountsOpt,
+    ContainerNameOpt,
+    ContainerRemapRootOpt,
+    ContainerSaveOpt,
+    ContainerWorkdirOpt,
+    ContainerWritableOpt,
+)
 from gpusched.cli.directives import sbatch_spellings
 from gpusched.cli.submission import (
     DIRECTIVE_OPTIONS,
@@ -160,6 +173,17 @@ def gsubmit(
     mincpus: MinCpusOpt = None,
     no_kill: NoKillOpt = False,
     get_user_env: GetUserEnvOpt = None,
+    container_image: ContainerImageOpt = None,
+    container_mounts: ContainerMountsOpt = None,
+    container_workdir: ContainerWorkdirOpt = None,
+    container_name: ContainerNameOpt = None,
+    container_save: ContainerSaveOpt = None,
+    container_mount_home: ContainerMountHomeOpt = None,
+    container_remap_root: ContainerRemapRootOpt = None,
+    container_entrypoint: ContainerEntrypointOpt = None,
+    container_entrypoint_log: ContainerEntrypointLogOpt = False,
+    container_writable: ContainerWritableOpt = None,
+    container_env: ContainerEnvOpt = None,
     wrap: WrapOpt = None,
 ) -> None:
     """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured.

@@ -10,6 +10,7 @@ import sys
 
 from gpusched.cli import submitvalues
 from gpusched.cli.batchscript import WRAP_TEMPLATE, read_batch_script
+from gpusched.cli.containerrequest import CONTAINER_OPTIONS, container_request
 from gpusched.cli.directives import Directive, read_directive_lines
 from gpusched.cli.jobshape import (
     job_shape,
@@ -43,7 +44,7 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_
                      "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
                      "tmp", "open_mode", "kill_on_invalid_dep", "oversubscribe", "profile",
                      "acctg_freq", "exclusive", "gres_flags", "nice", "clusters", "overcommit",
-                     "mincpus", "no_kill", "get_user_env")
+                     "mincpus", "no_kill", "get_user_env", *CONTAINER_OPTIONS)
 # Options that matter only on other sites, or whose effect this cluster has anyway or
 # lacks harmlessly: accepted, ignored, and said so.
 IGNORED = {"comment": "--comment: comments are not stored",
@@ -104,7 +105,7 @@ class Submission:
                  "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
                  "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags", "share_mode",
                  "share", "gpu_mem_mb", "mail_types", "mail_user", "licenses",
-                 "constraint")
+                 "constraint", "container")
 
     def __init__(
         self, *, script: str, args: tuple[str, ...], name: str, gpus: int,
@@ -136,6 +137,7 @@ class Submission:
         mail_user: str | None = None,  # --mail-user (None: the submitting user)
         licenses: str | None = None,  # -L, canonical (gpusched.core.licenses)
         constraint: str | None = None,  # -C, canonical (gpusched.core.features)
+        container: dict[str, Any] | None = None,  # --container-image and the rest
     ) -> None:
         self.script, self.args, self.name, self.gpus = script, args, name, gpus
         self.time_limit, self.partition, self.output, self.error = (
@@ -151,6 +153,7 @@ class Submission:
         self.share_mode, self.share, self.gpu_mem_mb = share_mode, share, gpu_mem_mb
         self.mail_types, self.mail_user = mail_types, mail_user
         self.licenses, self.constraint = licenses, constraint
+        self.container = container
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Submission) and all(
@@ -264,6 +267,7 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         mail_types=option("mail_type", submitvalues.mail_type_value, "--mail-type"),
         mail_user=option("mail_user", submitvalues.mail_user_value, "--mail-user"),
         licenses=option("licenses", submitvalues.licenses_value, "--licenses"),
+        container=container_request(values, origins),
         constraint=option("constraint", _constraint_value),
         export=option("export", submitvalues.checked_export),
         begin_time=option("begin", submitvalues.begin_value),
@@ -342,6 +346,7 @@ def submission_body(
         **({} if submission.mail_types is None else {"mail_type": list(submission.mail_types)}),
         **({} if submission.mail_user is None else {"mail_user": submission.mail_user}),
         **({} if submission.licenses is None else {"licenses": submission.licenses}),
+        **({} if submission.container is None else {"container": submission.container}),
         **({} if submission.constraint is None else {"constraint": submission.constraint}),
     }
 

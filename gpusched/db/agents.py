@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from gpusched.core.features import check_features
 from gpusched.core.topology import LINK_KINDS
 from gpusched.db import commands, mig_changes, node_drain, steps
+from gpusched.db.containers import registered_runtime
 from gpusched.db.engine import driver, rowcount
 from gpusched.db.health import may_requeue
 from gpusched.db.models import Gpu, GpuLink, Job, Node
@@ -74,7 +75,7 @@ def register_node(session: Session, body: dict[str, Any]) -> Node:
     values: dict[str, Any] = {"state": "UP", "reason": None, "run_uid": None if uid == 0 else uid,
                               "registered_at": now, "last_seen": now, "cpus": cpus,
                               "memory_mb": memory_mb, "block": block, "lost_at": None,
-                              "address": address,
+                              "address": address, "container_runtime": registered_runtime(body),
                               "enforced": enforced, "enforcement": enforcement,
                               "drained_by": None,
                               # From its GPUs (absent: none); its admin's are kept apart.

@@ -31,6 +31,7 @@ from gpusched.errors import NotFound
 from gpusched.messages import LaunchOrder
 from gpusched.messages import NodeCommand as CommandMessage
 from gpusched.messages.agent import JobNotice, LimitJob, ShareGrant, SignalJob
+from gpusched.messages.containers import ContainerRequest
 from gpusched.messages.jobcontrol import SuspendJob
 from gpusched.messages.jobfacts import JobFacts
 from gpusched.messages.mig import MigLayout
@@ -96,7 +97,7 @@ _JOBS = text(
     "SELECT j.id, j.state, j.restarts, j.node_id, j.node_names, j.name, j.user_name,"
     " j.uid, j.gid, j.work_dir, j.output, j.error, j.umask, j.time_limit, j.warn_signal,"
     " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
-    " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment,"
+    " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment, j.container,"
     " j.partition, j.account, j.qos, j.dependency, j.gpus, j.start_time,"
     " CASE WHEN s.id IS NULL THEN NULL ELSE "
     + latest_gpus_sql("j.id", "j.node_id") + " END AS gpu_uuids,"
@@ -225,7 +226,8 @@ def _launch_order(j: Any, node_name: str) -> LaunchOrder:
         mem_mb=j.mem_mb, gres_flags=j.gres_flags, share=_share(j), job=JobFacts(
             partition=j.partition, account=j.account, qos=j.qos, dependency=j.dependency,
             gpus=j.gpus, start_time=None if j.start_time is None
-            else int(j.start_time.timestamp())))
+            else int(j.start_time.timestamp())),
+        container=None if j.container is None else ContainerRequest.parse(j.container))
 
 
 def _share(j: Any) -> ShareGrant | None:

@@ -43,6 +43,7 @@ NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "st
 STEP_STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                "NODE_FAIL")
 NODE_STATES = ("UP", "DOWN", "DRAIN")
+CONTAINER_RUNTIMES = ("podman", "enroot", "apptainer")  # gpusched.messages.containers
 SHARE_MODES = ("mps", "shard")  # how a GPU may be shared between jobs (None: it is not)
 MAX_SHARES = 10_000  # units one shared GPU may offer
 # Seconds a dynamic-MIG partition keeps between two layout changes of one GPU.
@@ -94,7 +95,9 @@ class Node(Base):
     """A compute node, as registered by its agent."""
 
     __tablename__ = "nodes"
-    __table_args__ = (CheckConstraint(_in("state", NODE_STATES), name="state"),)
+    __table_args__ = (CheckConstraint(_in("state", NODE_STATES), name="state"),
+                      CheckConstraint(_in("container_runtime", CONTAINER_RUNTIMES),
+                                      name="container_runtime"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(Text, unique=True)
@@ -117,6 +120,8 @@ class Node(Base):
     drained_by: Mapped[str | None] = mapped_column(Text)
     # Where other nodes and clients reach it (MASTER_ADDR of a step); None: its name.
     address: Mapped[str | None] = mapped_column(Text)
+    # The container runtime its agent registered (podman, enroot, apptainer); None: none.
+    container_runtime: Mapped[str | None] = mapped_column(Text)
     # The features its agent reports from its GPUs (gpusched.core.features.gpu_features).
     features: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
 
@@ -225,6 +230,7 @@ class Job(Base):
         Index("ix_jobs_mail_watch", "id",
               postgresql_where=text("mail_types IS NOT NULL AND mail_done_at IS NULL")),
         CheckConstraint("char_length(licenses) <= 4096", name="licenses"),
+        CheckConstraint("octet_length(container::text) <= 1048576", name="container"),
         CheckConstraint("suspended_seconds >= 0", name="suspended_seconds"),
         CheckConstraint("char_length(constraints) <= 1024", name="constraints"),
     )
@@ -337,6 +343,8 @@ class Job(Base):
     mail_done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # -L: the licenses it asks for, canonical (gpusched.core.licenses); None: none.
     licenses: Mapped[str | None] = mapped_column(Text)
+    # --container-image and pyxis's other options (gpusched.messages.containers); None: none.
+    container: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     # gcontrol suspend: since when the running job is suspended (None: it is not), and
     # the seconds its current run was suspended before (not counted as run time).
     suspended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

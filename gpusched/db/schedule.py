@@ -238,7 +238,7 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
                 "admin_priority", "exclusive", "umask", "gres_flags", "requeue",
-                "share_mode", "share_units", "gpu_mem_mb", "licenses", "constraints")
+                "share_mode", "share_units", "gpu_mem_mb", "licenses", "container", "constraints")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "
     f"reason, start_time) SELECT {', '.join('j.' + c for c in _TASK_COPIES)}, t.task, t.node, "

@@ -35,6 +35,7 @@ from gpusched.db.associations import (
     qos_access,
     qos_row,
 )
+from gpusched.db.containers import check_container_nodes, stored_container
 from gpusched.db.engine import rowcount
 from gpusched.db.features import check_constraint_nodes
 from gpusched.db.jobs import Identity, _owned_job
@@ -291,6 +292,9 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         _check_fits(part, chosen.members, gpus // nodes, request.gpu_types, nodes,
                     request.cpus, request.mem_mb, request.nodelist, request.exclude,
                     request.gpu_mem_mb)
+        if request.container is not None:
+            check_container_nodes(session, part.name, chosen.members, request.nodelist,
+                                  request.exclude, request.container)
         if request.constraint is not None:  # sbatch: Invalid feature specification
             check_constraint_nodes(session, part.name, chosen.members, request.nodelist,
                                    request.exclude, request.constraint, nodes)
@@ -335,7 +339,8 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "array_spec": None if array is None else array.tasks,
         "array_max_running": None if array is None else array.max_running,
         "constraints": request.constraint,
-        "licenses": format_licenses(request.licenses) or None},
+        "licenses": format_licenses(request.licenses) or None,
+        "container": stored_container(request.container)},
         "sched" if notify and needs_pass(stored) else None)
     if request.mail_types:  # the submitting user unless another is named
         store_mail(session, job_id, request.mail_types, request.mail_user or user)

@@ -163,7 +163,7 @@ _STORE = (
     " script_id, gpu_types, nodes, cpus, mem_mb, nodelist, requeue, interactive,"
     " client_seen, exclude_nodes, warn_signal, warn_seconds, warn_batch_only, exclusive,"
     " submit_key, gres_flags, array_tasks, array_spec, array_max_running, array_job_id,"
-    " share_mode, share_units, gpu_mem_mb, constraints, licenses)"
+    " share_mode, share_units, gpu_mem_mb, constraints, licenses, container)"
     " VALUES ((SELECT id FROM new), %(name)s, %(uid)s, %(gid)s, %(user_name)s,"
     " %(partition)s, %(account)s, %(qos)s, %(hold)s, %(begin_time)s, %(reason)s,"
     " %(dependency)s, %(gpus)s, %(time_limit)s, %(work_dir)s, %(output)s, %(error)s,"
@@ -173,7 +173,8 @@ _STORE = (
     " %(warn_signal)s, %(warn_seconds)s, %(warn_batch_only)s, %(exclusive)s,"
     " %(submit_key)s, %(gres_flags)s, %(array_tasks)s, %(array_spec)s,"
     " %(array_max_running)s, CASE WHEN %(array)s THEN (SELECT id FROM new) END,"
-    " %(share_mode)s, %(share_units)s, %(gpu_mem_mb)s, %(constraints)s, %(licenses)s)"
+    " %(share_mode)s, %(share_units)s, %(gpu_mem_mb)s, %(constraints)s, %(licenses)s,"
+    " CAST(%(container)s AS jsonb))"
     " RETURNING id, CASE WHEN CAST(%(wake)s AS text) IS NOT NULL"
     " THEN pg_notify(%(channel)s, %(wake)s) END")
 
