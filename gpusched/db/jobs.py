@@ -91,19 +91,26 @@ def cancel_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[s
     return job, names
 
 
-def requeue_job(session: Session, job_id: int, who: Identity) -> tuple[Job, set[str]]:
-    """Stop a running job and put it back in the queue with its submit time (scontrol
-    requeue); returns the job and the nodes to wake."""
+def requeue_job(session: Session, job_id: int, who: Identity, hold: bool = False
+                ) -> tuple[Job, set[str]]:
+    """Stop a running job and put it back in the queue with its submit time, or put an
+    ended one back (scontrol requeue; ``hold``: requeuehold, gpusched.db.requeue);
+    returns the job and the nodes to wake."""
+    from gpusched.db import requeue
+
     job = _owned_job(session, job_id, who, "requeue")
     if job.interactive:
         raise Conflict(f"job {job_id} is an allocation (galloc, gsrun): only batch jobs are "
                        "requeued")
     now = datetime.now(UTC)
     ids = Job.array_job_id == job_id if job.array_job_id == job.id else Job.id == job_id
+    if hold:
+        requeue.hold_running(session, ids, who)
     nodes = stop_running(session, ids, cancel_requested_at=now, preempted_at=now,
                          preempt_mode="requeue")
     if not nodes:
-        raise Conflict(f"job {job_id} is not running ({job.state}): only running jobs are requeued")
+        requeue.requeue_ended(session, job, ids, who, hold)
+        return job, set()
     return job, set(session.scalars(select(Node.name).where(Node.id.in_(nodes))))
 
 

@@ -44,7 +44,7 @@ def test_requeue_puts_a_running_job_back(cluster: Cluster) -> None:
     assert again["submit_time"] == cluster.job(job)["submit_time"]
     pending = cluster.submit("--hold", "--wrap", "true")
     refused = cluster.run("gcontrol", "requeue", str(pending))
-    assert refused.returncode == 1 and "only running jobs are requeued" in refused.stderr
+    assert refused.returncode == 1 and "only running and ended batch jobs are requeued" in refused.stderr
     cluster.run("gcancel", str(job), str(pending))
 
 
