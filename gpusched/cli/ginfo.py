@@ -227,6 +227,9 @@ def ginfo(
         "unhealthy (or 'all').")] = None,
     verbose: Annotated[bool, typer.Option(
         "-v", "--verbose", help="Say on stderr what is asked of the controller.")] = False,
+    reservation: Annotated[bool, typer.Option(
+        "-T", "--reservation", help="Advance reservations: name, state, start, end, duration "
+        "and nodes.")] = False,
 ) -> None:
     """Partitions and nodes with GPUs allocated/idle/out of service/total (A/I/O/T), GPU
     types, MIG slices free/used, and, where some partition shares its GPUs, how: SHARING,
@@ -249,6 +252,9 @@ def ginfo(
     from gpusched.cli.slurmflags import check_clusters
 
     check_clusters(clusters if clusters is not None else os.environ.get("SLURM_CLUSTERS"))
+    if reservation:  # sinfo -T (gpusched/cli/reservations.py)
+        from gpusched.cli.reservations import print_reservations
+        return print_reservations(as_json)
     fmt = fmt or (None if long_format or long or summarize or as_json else
                   os.environ.get("GINFO_FORMAT") or os.environ.get("SINFO_FORMAT") or None)
     partition = partition or os.environ.get("GINFO_PARTITION") or os.environ.get(

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 PROG = "gsubmit"
 # What a directive may set. SCRIPT, its ARGS and --wrap only make sense on the command line.
 DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_per_gpu", "mem",
+                     "reservation",
                      "mem_per_gpu", "time_limit", "partition", "account", "qos", "job_name", "output",
                      "error", "parsable", "hold", "begin", "dependency", "array", "requeue",
                      "chdir", "export", "ntasks", "cpus_per_task", "mail_type", "mail_user", "licenses",
@@ -100,6 +101,7 @@ class Submission:
 
     # A plain class rather than a NamedTuple: typing is not loaded on gsubmit's path.
     __slots__ = ("script", "args", "name", "gpus", "time_limit", "partition", "output",
+                 "reservation",
                  "error", "parsable", "account", "qos", "hold", "exclusive", "begin_time",
                  "dependency", "array", "requeue", "chdir", "ntasks", "ntasks_per_node",
                  "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
@@ -136,6 +138,7 @@ class Submission:
         mail_types: tuple[str, ...] | None = None,  # --mail-type, ALL expanded; (): NONE
         mail_user: str | None = None,  # --mail-user (None: the submitting user)
         licenses: str | None = None,  # -L, canonical (gpusched.core.licenses)
+        reservation: str | None = None,  # --reservation: an advance reservation's name
         constraint: str | None = None,  # -C, canonical (gpusched.core.features)
         container: dict[str, Any] | None = None,  # --container-image and the rest
     ) -> None:
@@ -152,6 +155,7 @@ class Submission:
         self.warn_signal, self.exclude, self.gres_flags = warn_signal, exclude, gres_flags
         self.share_mode, self.share, self.gpu_mem_mb = share_mode, share, gpu_mem_mb
         self.mail_types, self.mail_user = mail_types, mail_user
+        self.reservation = reservation
         self.licenses, self.constraint = licenses, constraint
         self.container = container
 
@@ -225,6 +229,16 @@ def mig_warning(submission: Submission) -> str | None:
     return None
 
 
+def _reservation_value(text: str) -> str:
+    """A --reservation name, checked (loaded only when given)."""
+    from gpusched.core.reservations import ReservationError, check_name
+
+    try:
+        return check_name(text.strip())
+    except ReservationError as exc:
+        raise UsageError(f"--reservation: {exc}") from None
+
+
 def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submission:
     """Validate the parsed command line, read the script and merge its directives."""
     script_path: str | None = parsed.params["script"]
@@ -267,6 +281,7 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         mail_types=option("mail_type", submitvalues.mail_type_value, "--mail-type"),
         mail_user=option("mail_user", submitvalues.mail_user_value, "--mail-user"),
         licenses=option("licenses", submitvalues.licenses_value, "--licenses"),
+        reservation=option("reservation", _reservation_value),
         container=container_request(values, origins),
         constraint=option("constraint", _constraint_value),
         export=option("export", submitvalues.checked_export),
@@ -346,6 +361,7 @@ def submission_body(
         **({} if submission.mail_types is None else {"mail_type": list(submission.mail_types)}),
         **({} if submission.mail_user is None else {"mail_user": submission.mail_user}),
         **({} if submission.licenses is None else {"licenses": submission.licenses}),
+        **({} if submission.reservation is None else {"reservation": submission.reservation}),
         **({} if submission.container is None else {"container": submission.container}),
         **({} if submission.constraint is None else {"constraint": submission.constraint}),
     }

@@ -144,6 +144,10 @@ LicensesOpt = Annotated[str | None, _text_option(
     "--licenses", "-L", metavar="NAME[:N][,NAME[:N]...]",
     help_text="Licenses the job holds while it runs (N defaults to 1); it waits (reason "
               "Licenses) until they are free.")]
+ReservationOpt = Annotated[str | None, _text_option(
+    "--reservation", metavar="NAME",
+    help_text="Run in this advance reservation (gcontrol show reservation): only on what it "
+              "holds, while it lasts; it waits (reason Reservation) until then.")]
 ConstraintOpt = Annotated[str | None, _text_option(
     "--constraint", "-C", metavar="LIST",
     help_text="Node features the job's nodes need: a&b, a|b, [a|b] (all nodes alike), [a*2&b*1] "

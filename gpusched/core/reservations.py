@@ -247,3 +247,34 @@ def pick_holds(free_at_start: Mapping[str, int], whole: Mapping[str, bool],
 def state_of(resv: AdvanceReservation, now: float) -> str:
     """ACTIVE while an occurrence goes on, else INACTIVE (as scontrol shows)."""
     return "ACTIVE" if active(resv, now) is not None else "INACTIVE"
+
+
+def free_during(totals: Mapping[str, int], running: Iterable[tuple[str, int, float]],
+                others: Iterable[AdvanceReservation], new: AdvanceReservation, now: float,
+                ignore_jobs: bool = False) -> tuple[dict[str, int], dict[str, bool]]:
+    """For a reservation being made (``new``, its holds not yet chosen): the GPUs of each
+    node free for all of it, and whether the node is wholly free then.
+
+    ``totals`` gives each node's GPUs; ``running`` each running job's (node, GPUs, end:
+    INF without a time limit), in the way when it ends after ``new`` starts (unless
+    ``ignore_jobs``); ``others`` the reservations it may not overlap on a node.
+    """
+    first = next_occurrence(new, now)
+    begins = INF if first is None else first[0]
+    free = dict(totals)
+    whole = {node: True for node in totals}
+    if not ignore_jobs:
+        for node, gpus, end in running:
+            if node in free and end > begins:
+                free[node] -= gpus
+                whole[node] = False
+    probe = AdvanceReservation(new.name, new.start, new.end, tuple((n, 0) for n in totals),
+                               new.users, new.accounts, new.flags)
+    for other in others:
+        if may_overlap(other, new) or not overlapping(probe, other, now):
+            continue
+        for node, gpus in other.holds:
+            if node in free:
+                free[node] -= totals[node] if gpus == 0 else gpus
+                whole[node] = False
+    return {node: max(0, count) for node, count in free.items()}, whole

@@ -26,7 +26,9 @@ from gpusched.adminconfig import ROOT_ACCOUNT
 from gpusched.core.fairshare import Account as CoreAccount
 from gpusched.core.fairshare import UserShare
 from gpusched.core.model import PartitionView, QosLimits
+from gpusched.core.reservations import AdvanceReservation
 from gpusched.db.models import Account, AccountUser, License, Partition, Qos
+from gpusched.db.reservations import read_reservations
 
 EVERY_NODE = "*"  # a partition's node list that means every node, as they come and go
 
@@ -75,6 +77,7 @@ class AdminTables:
     budgets: tuple[tuple[str, str | None, float, str], ...] = ()
     # Licenses (sbatch's -L): the cluster's count of each, by name.
     licenses: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    reservations: tuple[AdvanceReservation, ...] = ()  # advance reservations, by name
 
     def partitions_over(self, node_names: tuple[str, ...]) -> tuple[PartitionView, ...]:
         """The partitions, those of every node given ``node_names``."""
@@ -123,6 +126,7 @@ def load_admin_tables(session: Session) -> AdminTables:
         budgets=tuple(read_budgets(session)),
         licenses=MappingProxyType({name: count for name, count in
                                    session.execute(select(License.name, License.count))}),
+        reservations=read_reservations(session),
     )
 
 

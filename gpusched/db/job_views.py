@@ -111,6 +111,7 @@ JOB_FIELDS: dict[str, Field] = {
     "cpu_usec": _same("cpu_usec"), "interactive": _same("interactive"),
     "share_mode": _same("share_mode"), "share": _same("share_units"),
     "gpu_mem_mb": _same("gpu_mem_mb"), "licenses": _same("licenses"),
+    "reservation": _same("reservation"),
     "container": _same("container"),
     "constraint": _same("constraints"),
     "mail_type": _same("mail_types"), "mail_user": _same("mail_user"),

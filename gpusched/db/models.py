@@ -34,6 +34,7 @@ from gpusched.db.modelbase import NAMING as NAMING
 from gpusched.db.modelbase import Base as Base
 from gpusched.db.modelbase import idle_checks
 from gpusched.db.modelbase import in_values as _in
+from gpusched.db.reservations import AdvanceReservationRow as AdvanceReservationRow
 
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
               "OUT_OF_MEMORY")
@@ -222,6 +223,9 @@ class Job(Base):
         CheckConstraint(f"mail_types <@ ARRAY[{', '.join(map(repr, MAIL_TYPES))}]",
                         name="mail_types"),
         CheckConstraint(f"char_length(mail_user) <= {MAX_MAIL_USER}", name="mail_user"),
+        CheckConstraint("char_length(reservation) <= 64", name="reservation"),
+        Index("ix_jobs_reservation", "reservation", postgresql_where=text(
+            "reservation IS NOT NULL AND state IN ('PENDING', 'RUNNING')")),
         # The jobs whose mail events the mail job still watches (gpusched.db.mail).
         # Deleting a script looks for jobs naming it; retention finds finished jobs by age.
         Index("ix_jobs_script_id", "script_id"),
@@ -343,6 +347,8 @@ class Job(Base):
     mail_done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # -L: the licenses it asks for, canonical (gpusched.core.licenses); None: none.
     licenses: Mapped[str | None] = mapped_column(Text)
+    # --reservation: the advance reservation it runs in (db/reservations.py); None: none.
+    reservation: Mapped[str | None] = mapped_column(Text)
     # --container-image and pyxis's other options (gpusched.messages.containers); None: none.
     container: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     # gcontrol suspend: since when the running job is suspended (None: it is not), and

@@ -35,6 +35,7 @@ from gpusched.db.engine import rowcount
 from gpusched.db.leadership import check_epoch
 from gpusched.db.models import Job, Partition
 from gpusched.db.pending_rows import PENDING_SQL, PendingRows
+from gpusched.db.reservations import with_reservations
 
 
 def _columns(*fields: str, order: str = "") -> str:
@@ -228,6 +229,8 @@ def load_snapshot(session: Session, preempt_grace: float = 30.0,
         budgets=usage_of(session, list(tables.budgets), tables.accounts, time.time()),
         licenses=tables.licenses,
     )
+    if tables.reservations:  # advance reservations and the jobs asking for them
+        snapshot = with_reservations(session, snapshot, tables.reservations)
     return snapshot, node_ids
 
 
@@ -237,7 +240,7 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "output", "error", "array_job_id", "array_spec",
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
-                "admin_priority", "exclusive", "umask", "gres_flags", "requeue",
+                "admin_priority", "exclusive", "umask", "gres_flags", "requeue", "reservation",
                 "share_mode", "share_units", "gpu_mem_mb", "licenses", "container", "constraints")
 _SPLIT_TASKS = text(
     f"INSERT INTO jobs ({', '.join(_TASK_COPIES)}, array_task_id, node_id, start_kind, state, "

@@ -42,6 +42,7 @@ from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.licenses import check_licenses
 from gpusched.db.mail import store_mail
 from gpusched.db.models import Job
+from gpusched.db.reservations import check_reservation
 from gpusched.db.submit_facts import (
     MIG_PARENT,
     Facts,
@@ -303,6 +304,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
 
     part, time_limit, account = _first_partition(request.partition, in_partition)
     _check_dependency_jobs(request, facts.known_jobs)
+    check_reservation(session, request.reservation, user, account)
     assoc = _association(session, facts, user, account)
     qos = choose_qos(request.qos, access_of(account, assoc, who.is_admin),
                      lambda name: facts.qos[1] if name == facts.qos[0] else qos_row(session, name))
@@ -338,6 +340,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "array_tasks": None if array is None else array.tasks,
         "array_spec": None if array is None else array.tasks,
         "array_max_running": None if array is None else array.max_running,
+        "reservation": request.reservation,
         "constraints": request.constraint,
         "licenses": format_licenses(request.licenses) or None,
         "container": stored_container(request.container)},

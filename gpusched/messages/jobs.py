@@ -36,6 +36,7 @@ from gpusched.core.mail import (
     check_mail_user,
     parse_mail_types,
 )
+from gpusched.core.reservations import MAX_NAME, ReservationError, check_name
 from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS, WarnSignal
 from gpusched.errors import UsageError
@@ -72,7 +73,7 @@ SUBMIT_FIELDS = frozenset({
     "script", "args", "name", "gpus", "gpu_types", "nodes", "cpus", "mem_mb", "gres_flags",
     "nodelist", "exclude", "warn_signal", "time_limit", "partition", "account", "qos", "hold", "exclusive",
     "requeue", "begin_time", "dependency", "array", "work_dir", "environment", "output",
-    "error", "umask", "submit_key", "interactive",
+    "error", "umask", "submit_key", "interactive", "reservation",
     "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses", "constraint", "container"})
 SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
 MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
@@ -137,6 +138,7 @@ class JobRequest:
     mail_user: str | None = None
     # sbatch's -L: (license, count) pairs sorted by name (gpusched.core.licenses).
     licenses: Licenses = ()
+    reservation: str | None = None  # --reservation: an advance reservation's name
     # sbatch's -C/--constraint in its canonical text (gpusched.core.features); None: none.
     constraint: str | None = None
     # pyxis's --container-* options (gpusched.messages.containers); None: no container.
@@ -190,6 +192,7 @@ class JobRequest:
             submit_key=_submit_key(body.get("submit_key")),
             gres_flags=None if body.get("gres_flags") is None
             else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
+            reservation=_reservation(body),
             mail_types=mail_types, mail_user=mail_user, licenses=_licenses(body),
             constraint=_constraint(body, nodes, exclusive or share_mode is not None
                                    or gpu_mem_mb is not None),
@@ -216,6 +219,7 @@ class JobRequest:
             "interactive": self.interactive, "share_mode": self.share_mode,
             "share": self.share, "gpu_mem_mb": self.gpu_mem_mb,
             "mail_type": list(self.mail_types), "mail_user": self.mail_user,
+            "reservation": self.reservation,
             "licenses": format_licenses(self.licenses) or None,
             "constraint": self.constraint,
             "container": None if self.container is None else self.container.to_json(),
@@ -458,6 +462,17 @@ def _constraint(body: Body, nodes: int, whole_or_shared: bool) -> str | None:
         raise UsageError("constraint: node counts (a*N) are not taken with --exclusive, "
                          "--gpu-mem or a GPU share")
     return parsed.text()
+
+
+def _reservation(body: Body) -> str | None:
+    """``reservation``: the name of the advance reservation it runs in (null: none)."""
+    value = text(body, "reservation", MAX_NAME, "a reservation name")
+    if value is not None:
+        try:
+            check_name(value)
+        except ReservationError as err:
+            raise UsageError(f"reservation: {err}") from None
+    return value
 
 
 def _licenses(body: Body) -> Licenses:

@@ -26,7 +26,9 @@ from sqlalchemy import select
 
 from gpusched.controller.api import Api
 from gpusched.controller.events import Events
-from gpusched.db.models import NodeCommand
+from gpusched.db.models import AdvanceReservationRow, NodeCommand
+from gpusched.db.reservations import create_reservation
+from gpusched.messages.reservations import ReservationRequest
 from tests.pg import ScratchPostgres
 from tests.security.authz_world import (
     BACKENDS,
@@ -47,6 +49,10 @@ OWNER_MAKES = ("403 403 201 403 201 201", "401 403 201 403 201 201")
 ADMIN = ("403 403 403 200 200 200", "401 403 403 200 200 200")
 AGENT = ("403 403 403 403 200 200", "401 403 403 403 200 403")
 SUBMIT = ("201 201 201 201 201 201", "401 201 201 201 201 201")
+ADMIN_MAKES = ("403 403 403 201 201 201", "401 403 403 201 201 201")
+# An advance reservation far ahead, of node01 (named as the node: the path's {name}).
+RESERVATION = {"name": "$resv", "start": "2099-01-01T00:00:00+00:00", "duration": 60,
+               "nodes": [NODE], "users": ["root"], "flags": ["OVERLAP", "IGNORE_JOBS"]}
 
 ENDED = {"node": NODE, "outcome": "completed", "exit_code": 0, "run": 0}
 
@@ -112,6 +118,11 @@ MATRIX = (
     Row("GET /v1/nodes", "-", ANYONE),
     Row("GET /v1/partitions", "-", ANYONE),
     Row("GET /v1/licenses", "-", ANYONE),
+    Row("GET /v1/reservations", "-", ANYONE),
+    Row("GET /v1/reservations/{name}", "reservation", ANYONE),
+    Row("POST /v1/reservations", "new-reservation", ADMIN_MAKES, RESERVATION),
+    Row("PATCH /v1/reservations/{name}", "reservation", ADMIN, {"duration": 120}),
+    Row("DELETE /v1/reservations/{name}", "reservation", ADMIN, {}),
     Row("GET /v1/accounting", "-", ANYONE),
     Row("GET /v1/accounting/report", "-", ANYONE, query="start=0&end=4102444800"),
     Row("GET /v1/balance", "-", ANYONE),
@@ -197,6 +208,14 @@ def _prepare(world: World, target: str) -> dict[str, Any]:
     if target == "step":
         job_id, step_id = world.stepping()
         return {"job": job_id, "step": step_id}
+    if target in ("reservation", "new-reservation"):
+        name = NODE if target == "reservation" else "r" + os.urandom(6).hex()
+        if target == "reservation":
+            with world.sessions() as s, s.begin():
+                if s.get(AdvanceReservationRow, NODE) is None:
+                    create_reservation(s, ReservationRequest.parse({**RESERVATION,
+                                                                   "name": NODE}))
+        return {"job": None, "resv": name}
     return {"job": None}
 
 

@@ -20,6 +20,7 @@ from gpusched.controller.api.common import ApiContext, CheckedRouter, Routes
 from gpusched.controller.api.jobcontrol import JobControlRoutes, task_path_resolver
 from gpusched.controller.api.jobs import JobRoutes
 from gpusched.controller.api.nodes import NodeRoutes
+from gpusched.controller.api.reservations import ReservationRoutes
 from gpusched.controller.api.steps import StepRoutes
 from gpusched.controller.diag import DiagRoutes
 from gpusched.controller.events import Events
@@ -51,7 +52,7 @@ class Api:
                           AccountingRoutes(self.context, archives), AdminRoutes(self.context),
                           AgentRoutes(self.context), StepRoutes(self.context),
                           AllocationRoutes(self.context, allocation_grace),
-                          BalanceRoutes(self.context),
+                          BalanceRoutes(self.context), ReservationRoutes(self.context),
                           DiagRoutes(metrics or ControllerMetrics(sessions, None, is_leader)))
 
     def router(self) -> Router:
