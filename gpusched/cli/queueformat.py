@@ -56,7 +56,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "C": ("cpus",), "m": ("mem_mb",),
     "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
     "S": ("start_time", "expected_start"), "V": ("submit_time",), "e": ("end_time",), "Q": (),
-    "W": ("licenses",), "B": ("node", "node_names"), "c": ("cpus", "nodes"),
+    "W": ("licenses",), "f": ("constraint",), "B": ("node", "node_names"), "c": ("cpus", "nodes"),
     "E": ("dependency",), "F": ("job_id", "array_job_id"),
     "K": ("array_task_id", "array_tasks", "array_max_running"), "h": ("exclusive",),
     "L": ("start_time", "end_time", "time_limit"), "n": ("nodelist",), "U": ("uid",),
@@ -127,6 +127,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "Q": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
     "p": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
     "W": ("LICENSES", lambda j, now: str(j.get("licenses") or "(null)")),
+    "f": ("FEATURES", lambda j, now: str(j.get("constraint") or "(null)")),  # -C
     "B": ("EXEC_HOST", lambda j, now: "n/a" if j.get("state") == "PENDING"
           else str((j.get("node_names") or [j.get("node") or "n/a"])[0])),
     "c": ("MIN_CPUS", lambda j, now: str(int(j.get("cpus") or 0) // max(1, int(j.get("nodes") or 1)))),
@@ -153,7 +154,7 @@ _LONG_ONLY: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] 
 # squeue's codes with no meaning here, each with why.
 _NO_GROUP = "jobs carry no group here"
 REFUSED_CODES = {
-    "d": "jobs ask for no temporary disk here", "f": "nodes have no features here",
+    "d": "jobs ask for no temporary disk here",
     "g": _NO_GROUP, "G": _NO_GROUP, "H": "jobs ask for no sockets here",
     "I": "jobs ask for no cores per socket here", "J": "jobs ask for no threads per core here",
     "k": "a job's comment is not kept here", "O": "there is no contiguous placement here",
@@ -167,7 +168,7 @@ REFUSED_CODES = {
 # squeue's -O names, lower case -> the code that shows it.
 LONG_NAMES = {
     "account": "a", "arrayjobid": "F", "arraytaskid": "K", "batchhost": "B",
-    "dependency": "E", "endtime": "e", "jobarrayid": "i", "jobid": "A", "licenses": "W",
+    "dependency": "E", "endtime": "e", "jobarrayid": "i", "jobid": "A", "licenses": "W", "feature": "f",
     "mincpus": "c", "minmemory": "m", "name": "j", "nodelist": "N", "numnodes": "D",
     "nodes": "D", "numcpus": "C", "oversubscribe": "h", "partition": "P", "priority": "Q",
     "prioritylong": "Q", "qos": "q", "reason": "r", "reasonlist": "R", "reqnodes": "n",
