@@ -40,9 +40,12 @@ def _podman() -> str:
     return found
 
 
-def _build_image(podman: str) -> None:
-    """A root filesystem of one static busybox and its applets, imported as IMAGE."""
+def _build_image(podman: str, user: str | None = None, env: dict[str, str] | None = None
+                 ) -> None:
+    """A root filesystem of one static busybox and its applets, imported as IMAGE (into
+    ``user``'s own storage, with ``env``, when given)."""
     with tempfile.TemporaryDirectory() as root:
+        os.chmod(root, 0o755)
         tar_path = Path(root) / "rootfs.tar"
         with tarfile.open(tar_path, "w") as tar:
             for name in ("bin", "etc", "tmp", "data"):
@@ -61,8 +64,10 @@ def _build_image(podman: str) -> None:
                 f.write(release)
                 f.seek(0)
                 tar.addfile(info, f)
+        os.chmod(tar_path, 0o644)
         subprocess.run([podman, "import", "--change", "WORKDIR=/tmp", str(tar_path), IMAGE],
-                       check=True, capture_output=True, timeout=120)
+                       check=True, capture_output=True, timeout=120, user=user, env=env,
+                       cwd=root)
 
 
 def _working_setup(podman: str) -> tuple[list[str], list[str]]:
@@ -199,10 +204,65 @@ def test_a_node_without_a_runtime_refuses_container_jobs(cluster: Cluster) -> No
         cluster.kill("agent")
         cluster.config.write_text(config)
         cluster.start("agent")
-        cluster.wait_node_up()
+        wait_for(lambda: not _runtime_gone(cluster), what="the node registered with podman")
 
 
 def _runtime_gone(cluster: Cluster) -> bool:
     refused = cluster.run("gsubmit", "--test-only", f"--container-image={IMAGE}", "--wrap",
                           "true")
     return refused.returncode != 0
+
+
+def test_a_user_s_job_runs_rootless_as_that_user(cluster: Cluster) -> None:
+    """A job of a user other than root runs its runtime as that user (rootless podman,
+    its storage under the job's HOME): remapped to root inside, files it makes in a
+    mount are the user's on the node, and a mount of a directory the user cannot read
+    fails the job before its runtime starts."""
+    user = "cloudsdk" if _uid_of("cloudsdk") is not None else "nobody"
+    uid = _uid_of(user)
+    assert uid is not None and uid != 0
+    home, runtime_dir, out = (cluster.root / f"{name}-{uid}" for name in ("home", "xdg", "out"))
+    for path in (home, runtime_dir, out):
+        path.mkdir(mode=0o700)
+        os.chown(path, uid, uid)
+    env = {**cluster.env, "HOME": str(home), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    podman = _podman()
+    _build_image(podman, user, env)
+    # Submitted as the user through the API (this venv is not theirs to run).
+    def submit(script: str, mounts: list[str]) -> int:
+        answer = cluster.api_as(uid, uid, "POST", "/v1/jobs", {
+            "script": f"#!/bin/sh\n{script}\n", "work_dir": str(cluster.work),
+            "environment": {"HOME": str(home), "XDG_RUNTIME_DIR": str(runtime_dir),
+                            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            "container": {"image": IMAGE, "remap_root": True, "mounts": mounts}})
+        assert "job_id" in answer, answer
+        return int(answer["job_id"])
+
+    try:
+        job_id = submit("id -u; touch /out/made-inside && echo made; cat /etc/os-release",
+                        [f"{out}:/out"])
+        done = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=120)
+        text = _output(cluster, job_id)
+        assert done["state"] == "COMPLETED" and done["user"] == user, (done, text)
+        lines = text.splitlines()
+        assert lines[0] == "0" and "made" in lines and f'NAME="{MARK}"' in lines, text
+        assert (out / "made-inside").stat().st_uid == uid  # no privilege on the node
+        secret = cluster.root / "secret"
+        secret.mkdir(mode=0o700)  # root's alone
+        refused = submit("ls /s", [f"{secret}:/s"])
+        failed = cluster.wait_state(refused, "FAILED", "COMPLETED", timeout=60)
+        assert failed["state"] == "FAILED"
+        assert (f"--container-mounts: {secret}: not found or not readable by the job's user"
+                in wait_for(lambda: _output(cluster, refused), what="output"))
+    finally:
+        subprocess.run([podman, "system", "reset", "-f"], capture_output=True, user=user,
+                       env=env, timeout=120)
+
+
+def _uid_of(user: str) -> int | None:
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
