@@ -22,6 +22,7 @@ rule; ``eligible``, ``options`` and ``possible`` are what the pass asks of it.
 from __future__ import annotations
 
 import re
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -305,31 +306,53 @@ def options(constraint: Constraint, nodes: Mapping[int, frozenset[str]]) -> list
     return [frozenset(i for i in base if alt.holds(nodes[i])) for alt in constraint.choice]
 
 
-def assign_counts(counts: Sequence[tuple[Expr, int]], nodes: Mapping[int, frozenset[str]]
-                  ) -> dict[int, int] | None:
-    """Nodes for each count: node -> the index of the count it fills, with every count
-    filled by distinct nodes; None when ``nodes`` cannot fill them (a bipartite
-    matching of count slots to nodes, by augmenting paths)."""
-    owner: dict[int, int] = {}  # node -> count index
-    fits = [[i for i, f in nodes.items() if expr.holds(f)] for expr, _ in counts]
-
-    def place(group: int, seen: set[int]) -> bool:
-        for node in fits[group]:
-            if node in seen:
-                continue
-            seen.add(node)
-            if node not in owner or place(owner[node], seen):
-                owner[node] = group
-                return True
+def counts_fit(counts: Sequence[tuple[Expr, int]], nodes: Mapping[int, frozenset[str]]
+               ) -> bool:
+    """Whether distinct ``nodes`` can fill every count (each node at most one). A
+    maximum flow from the counts to the kinds of node (which counts a node may fill, as
+    a bit mask), each kind as many times as it has nodes; augmenting paths found breadth
+    first, so a large count takes few rounds and no recursion."""
+    needed = sum(count for _, count in counts)
+    kinds: Counter[int] = Counter()
+    for features in nodes.values():
+        mask = sum(1 << k for k, (expr, _) in enumerate(counts) if expr.holds(features))
+        if mask:
+            kinds[mask] += 1
+    if sum(kinds.values()) < needed:
         return False
-
-    for group, (_, count) in enumerate(counts):
-        if len(fits[group]) < count:
-            return None
-        for _ in range(count):
-            if not place(group, set()):
-                return None
-    return owner
+    # Vertices: "s", ("count", k), ("kind", mask), "t"; residual capacities.
+    room: dict[object, dict[object, int]] = {"s": {}, "t": {}}
+    for k, (_, count) in enumerate(counts):
+        room["s"][("count", k)] = count
+        room[("count", k)] = {"s": 0}
+    for mask, have in kinds.items():
+        room[("kind", mask)] = {"t": have}
+        room["t"][("kind", mask)] = 0
+        for k in range(len(counts)):
+            if mask >> k & 1:
+                room[("count", k)][("kind", mask)] = needed
+                room[("kind", mask)][("count", k)] = 0
+    flow = 0
+    while flow < needed:
+        came: dict[object, object] = {"s": "s"}
+        queue: deque[object] = deque(["s"])
+        while queue and "t" not in came:
+            at = queue.popleft()
+            for to, left in room[at].items():
+                if left > 0 and to not in came:
+                    came[to] = at
+                    queue.append(to)
+        if "t" not in came:
+            return False
+        path: list[object] = ["t"]
+        while path[-1] != "s":
+            path.append(came[path[-1]])
+        push = min(room[b][a] for a, b in zip(path, path[1:]))
+        for a, b in zip(path, path[1:]):
+            room[b][a] -= push
+            room[a][b] += push
+        flow += push
+    return True
 
 
 def satisfied(constraint: Constraint, allocation: Sequence[frozenset[str]]) -> bool:
@@ -341,8 +364,7 @@ def satisfied(constraint: Constraint, allocation: Sequence[frozenset[str]]) -> b
     if constraint.choice and not any(all(alt.holds(f) for f in allocation)
                                      for alt in constraint.choice):
         return False
-    return not constraint.counts or assign_counts(
-        constraint.counts, dict(enumerate(allocation))) is not None
+    return not constraint.counts or counts_fit(constraint.counts, dict(enumerate(allocation)))
 
 
 def possible(constraint: Constraint, nodes: Mapping[int, frozenset[str]], wanted: int) -> bool:
@@ -351,8 +373,8 @@ def possible(constraint: Constraint, nodes: Mapping[int, frozenset[str]], wanted
     if constraint.counted > wanted:
         return False
     for option in options(constraint, nodes):
-        if len(option) >= wanted and (not constraint.counts or assign_counts(
-                constraint.counts, {i: nodes[i] for i in option}) is not None):
+        if len(option) >= wanted and (not constraint.counts or counts_fit(
+                constraint.counts, {i: nodes[i] for i in option})):
             return True
     return False
 

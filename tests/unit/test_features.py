@@ -122,3 +122,10 @@ def test_check_features() -> None:
                       ([1], "expected a list"), ([f"x{i}" for i in range(200)], "at most")):
         with pytest.raises(UsageError, match=says):
             check_features(bad, "features")
+
+
+def test_large_counts_are_checked_without_recursion() -> None:
+    c = parse_constraint("[a*3000&b*3000]")
+    both = {i: f("a", "b") for i in range(6000)}
+    assert possible(c, both, 6000) and not possible(c, both, 5999)
+    assert not possible(c, {**both, 0: f("a")} | {i: f("a") for i in range(3001)}, 6000)
