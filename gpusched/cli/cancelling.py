@@ -42,6 +42,22 @@ def post_for_each(prog: str, targets: Sequence[tuple[int, str | None]], action: 
     return worst
 
 
+def post_refs(prog: str, refs: Sequence[str], action: str, body: dict[str, Any]) -> int:
+    """POST /v1/jobs/{ref}/ACTION with ``body`` for each job reference (``17``,
+    ``12_3``); report failures and go on; the worst exit code."""
+    worst = 0
+    with ApiClient() as client:
+        for ref in refs:
+            try:
+                client.request("POST", f"/v1/jobs/{ref}/{action}", body)
+            except Unavailable:
+                raise
+            except GpuschedError as err:
+                print_error(prog, describe_failure(ref, err.message))
+                worst = max(worst, err.exit_code)
+    return worst
+
+
 def parse_job_ids(texts: Sequence[str]) -> list[int]:
     """Job ids as positive integers, duplicates dropped; any bad one is a usage error."""
     ids: list[int] = []

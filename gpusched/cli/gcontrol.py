@@ -53,11 +53,26 @@ def release(job_ids: JobIds) -> int:
 
 @app.command()
 def requeue(job_ids: JobIds) -> int:
-    """Stop running jobs and put them back in the queue, keeping their submit time.
+    """Stop running jobs (or take ended batch jobs) and put them back in the queue,
+    keeping their submit time.
 
     Example: gcontrol requeue 17
     """
     return post_each(PROG, job_refs(job_ids), "requeue")
+
+
+@app.command()
+def requeuehold(job_ids: JobIds) -> int:
+    """Put running or ended jobs back in the queue as requeue does, held until 'gcontrol
+    release' (scontrol requeuehold; State=SpecialExit is refused).
+
+    Example: gcontrol requeuehold 17
+    """
+    from gpusched.cli.cancelling import post_refs
+
+    if any(word.lower().startswith("state=") for word in job_ids):
+        raise UsageError("State=SpecialExit: not supported: there is no SPECIAL_EXIT state here")
+    return post_refs(PROG, [ref.text() for ref in job_refs(job_ids)], "requeue", {"hold": True})
 
 
 @app.command()

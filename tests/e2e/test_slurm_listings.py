@@ -11,13 +11,9 @@ from tests.e2e.cluster import Cluster, wait_for
 from tests.pg import ScratchPostgres
 
 
-URLS: dict[str, str] = {}
-
-
 @pytest.fixture(scope="module")
 def cluster(postgres: ScratchPostgres) -> Iterator[Cluster]:
-    URLS["db"] = postgres.fresh_database()
-    c = Cluster(URLS["db"], schedule_interval=0.5)
+    c = Cluster(postgres.fresh_database(), schedule_interval=0.5)
     try:
         yield c.up()
     finally:
@@ -180,9 +176,6 @@ def test_gacct_formats_filters_and_runs(cluster: Cluster) -> None:
 
 
 def test_requeue_of_a_finished_job_and_requeuehold(cluster: Cluster) -> None:
-    from gpusched.db.engine import make_engine, make_sessionmaker
-    from gpusched.db.jobs import Identity, requeue_job
-
     job = cluster.submit("-J", "again", "-G", "1", "--wrap", "true")
     cluster.wait_state(job, "COMPLETED")
     done = cluster.run("gcontrol", "requeue", str(job))
@@ -193,21 +186,23 @@ def test_requeue_of_a_finished_job_and_requeuehold(cluster: Cluster) -> None:
     assert again["exit_code"] == 0 and again["end_time"] is not None
     assert lines(cluster, "gacct", "-j", str(job), "-X", "-D", "-n", "-P", "-o", "State") == [
         "REQUEUED", "COMPLETED"]
-    # requeuehold: back in the queue, held (the user's hold; root's is an admin's)
-    engine = make_engine(URLS["db"], pool_size=1)
-    try:
-        with make_sessionmaker(engine)() as session, session.begin():
-            requeue_job(session, job, Identity(0, 0, "root", admin=False), hold=True)
-    finally:
-        engine.dispose()
+    # requeuehold: back in the queue, held (root's hold is an administrator's)
+    assert cluster.run("gcontrol", "requeuehold", str(job)).returncode == 0
     held = cluster.job(job)
     assert (held["state"], held["hold"], held["restarts"], held["exit_code"]) == (
-        "PENDING", "user", 2, None)
-    wait_for(lambda: cluster.job(job)["reason"] == "JobHeldUser", what="the hold seen")
+        "PENDING", "admin", 2, None)
+    wait_for(lambda: cluster.job(job)["reason"] == "JobHeldAdmin", what="the hold seen")
     assert cluster.run("gcontrol", "release", str(job)).returncode == 0
     wait_for(lambda: (lambda j: j["restarts"] == 2 and j["state"] == "COMPLETED")(
         cluster.job(job)), what="the released job run a third time")
+    running = cluster.submit("--wrap", "sleep 30")
+    cluster.wait_state(running, "RUNNING")
+    assert cluster.run("gcontrol", "requeuehold", str(running)).returncode == 0
+    wait_for(lambda: (lambda j: j["state"] == "PENDING" and j["hold"] == "admin")(
+        cluster.job(running)), what="the running job back in the queue, held")
     pending = cluster.submit("--hold", "--wrap", "true")
     refused = cluster.run("gcontrol", "requeue", str(pending))
     assert refused.returncode == 1 and "only running and ended batch jobs" in refused.stderr
-    cluster.run("gcancel", str(pending))
+    special = cluster.run("gcontrol", "requeuehold", "State=SpecialExit", str(pending))
+    assert special.returncode == 2 and "State=SpecialExit: not supported" in special.stderr
+    cluster.run("gcancel", str(pending), str(running))

@@ -18,6 +18,7 @@ from gpusched.db import job_views, jobs, jobupdate, submit
 from gpusched.db.notify import notify_in
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import UsageError
+from gpusched.messages import fields
 from gpusched.stages import stamp
 
 
@@ -191,7 +192,9 @@ class JobRoutes:
             session, job_id, who, request.body)[1])
 
     def requeue(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Stop a running job and put it back in the queue (its owner or an admin)."""
+        """Stop a running job, or take an ended one, and put it back in the queue (its
+        owner or an admin); with ``hold``, held (scontrol requeuehold)."""
         job_id, who = path_job_id(request), self.context.identity(request)
-        return self._change_job(request, job_id, False,
-                                lambda session: jobs.requeue_job(session, job_id, who)[1])
+        hold = fields.flag(request.body, "hold")
+        return self._change_job(request, job_id, True,
+                                lambda session: jobs.requeue_job(session, job_id, who, hold)[1])
