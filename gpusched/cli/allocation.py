@@ -81,10 +81,20 @@ def allocation_body(options: Mapping[str, Any], name: str, work_dir: str,
         "partition": options.get("partition"), "account": options.get("account"),
         "qos": options.get("qos"), "exclusive": bool(options.get("exclusive")),
         "begin_time": begin, "umask": current_umask(),
+        "constraint": _constraint(given),
         **share_fields(shape["share_mode"], shape["share"], shape["gpu_mem_mb"]),
         # One key per invocation: a submission sent again after a lost answer is one job.
         "submit_key": os.urandom(16).hex(),
     }
+
+
+def _constraint(given: dict[str, Any]) -> str | None:
+    """-C/--constraint, checked and canonical (None: not given)."""
+    if given.get("constraint") is None:
+        return None
+    from gpusched.core.features import canonical_constraint
+
+    return option_value(given, {}, "constraint", canonical_constraint)  # type: ignore[no-any-return]
 
 
 def shape_environment(options: Mapping[str, Any]) -> dict[str, str]:

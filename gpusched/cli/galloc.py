@@ -60,6 +60,7 @@ Options:
       --exclusive            Whole nodes, shared with no other job.
   -w, --nodelist NODES       Exactly these nodes.
   -x, --exclude NODES        Never these nodes.
+  -C, --constraint LIST      Node features the nodes need (a&b, a|b, [a|b], [a*2&b*1]).
       --begin TIME           Not before TIME (now+1hour, 16:00, 2026-12-24T18:30).
   -D, --chdir DIR            The job's working directory (default: the current one).
   -v, --verbose              Say more.
@@ -84,6 +85,7 @@ _LONG: dict[str, tuple[str, str]] = {
     "--exclusive": ("exclusive", "flag"),
     "--nodelist": ("nodelist", "str"),
     "--exclude": ("exclude", "str"),
+    "--constraint": ("constraint", "str"),
     "--begin": ("begin", "str"),
     "--chdir": ("chdir", "str"),
     "--verbose": ("verbose", "flag"),
@@ -91,7 +93,7 @@ _LONG: dict[str, tuple[str, str]] = {
 }
 _SHORT = {"-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task", "-G": "--gpus",
           "-t": "--time", "-p": "--partition", "-A": "--account", "-q": "--qos",
-          "-J": "--job-name", "-w": "--nodelist", "-x": "--exclude", "-D": "--chdir",
+          "-J": "--job-name", "-w": "--nodelist", "-x": "--exclude", "-C": "--constraint", "-D": "--chdir",
           "-v": "--verbose", "-h": "--help"}
 
 
