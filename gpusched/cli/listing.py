@@ -44,7 +44,7 @@ LAUNCH_FAILED = "LaunchFailed"  # gpusched.db.agents.LAUNCH_FAILED_REASON
 # The JOB fields the plain table and --start show.
 TABLE_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
                 "gpus", "start_time", "end_time", "node", "node_names", "share_mode", "share",
-                "gpu_mem_mb", "idle_warned_at", "idle_action")
+                "gpu_mem_mb", "idle_warned_at", "idle_action", "suspended_seconds", "suspended_at")
 START_FIELDS = ("job_id", "display_id", "partition", "name", "user", "state", "reason",
                 "expected_start", "nodes", "node", "node_names")
 
@@ -139,7 +139,7 @@ def parse_states(text: str | None, flag: str = "--states",
 
 
 def jobs_path(*, user: str | None, states: Iterable[str] | None, show_all: bool,
-              ids: Iterable[int] | None = None, partition: str | None = None,
+              ids: Iterable[int | str] | None = None, partition: str | None = None,
               account: str | None = None, name: str | None = None,
               fields: Iterable[str] | None = None) -> str:
     """The ``GET /v1/jobs`` path for these filters (comma lists), asking for only
@@ -207,7 +207,8 @@ def queue_columns(values: Mapping[str, Sequence[Any]], now: datetime | None = No
         [str(text or "") for text in values["name"]],
         [str(text or "") for text in values["user"]],
         [short_state(str(state or "")) for state in states],
-        _run_times(values["start_time"], values["end_time"], now),
+        _run_times(values["start_time"], values["end_time"], now,
+                   zip(values["suspended_seconds"], values["suspended_at"])),
         _gpu_cells(values),
         [_node_or_reason(*cells) + _idle_flag(state, warned, action) for state, *cells, warned,
          action in zip(states, states, values["reason"], values["node"], values["node_names"],
@@ -234,14 +235,15 @@ def _gpu_cells(values: Mapping[str, Sequence[Any]]) -> list[str]:
                                                  memories)]
 
 
-def _run_times(starts: Sequence[Any], ends: Sequence[Any], now: datetime | None) -> list[str]:
-    """The TIME column. Most of a long queue never started: no clock or time arithmetic
-    for those."""
+def _run_times(starts: Sequence[Any], ends: Sequence[Any], now: datetime | None,
+               suspended: Iterable[tuple[Any, Any]]) -> list[str]:
+    """The TIME column (the time suspended not counted). Most of a long queue never
+    started: no clock or time arithmetic for those."""
     if not any(starts):
         return [NEVER_RAN] * len(starts)
     clock = now or _now()
-    return [format_duration(_elapsed(start, end, clock)) if start else NEVER_RAN
-            for start, end in zip(starts, ends)]
+    return [format_duration(_elapsed(start, end, clock, *held)) if start else NEVER_RAN
+            for start, end, held in zip(starts, ends, suspended)]
 
 
 def job_row(job: Mapping[str, Any], now: datetime) -> list[str]:
@@ -278,16 +280,23 @@ def short_state(state: str) -> str:
 
 
 def elapsed_seconds(job: Mapping[str, Any], now: datetime) -> float:
-    """Run time so far (running) or in all (ended); 0 for a job that never started."""
-    return _elapsed(job.get("start_time"), job.get("end_time"), now)
+    """Run time so far (running) or in all (ended), less the time it was suspended; 0 for
+    a job that never started."""
+    return _elapsed(job.get("start_time"), job.get("end_time"), now,
+                    job.get("suspended_seconds"), job.get("suspended_at"))
 
 
-def _elapsed(start_time: object, end_time: object, now: datetime) -> float:
+def _elapsed(start_time: object, end_time: object, now: datetime,
+             suspended_seconds: object = None, suspended_at: object = None) -> float:
     start = _parse_time(start_time)
     if start is None:
         return 0.0
     end = _parse_time(end_time) or now
-    return max(0.0, (end - start).total_seconds())
+    held = float(suspended_seconds) if isinstance(suspended_seconds, int | float) else 0.0
+    since = _parse_time(suspended_at)  # suspended still (or when it ended)
+    if since is not None:
+        held += max(0.0, (end - since).total_seconds())
+    return max(0.0, (end - start).total_seconds() - held)
 
 
 def node_or_reason(job: Mapping[str, Any]) -> str:

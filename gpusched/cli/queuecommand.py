@@ -128,13 +128,16 @@ def _repeat(once: Any, iterate: int | None) -> None:
         print()
 
 
-def job_ids(text: str) -> list[int]:
-    """The ids of ``--jobs``: positive integers, comma separated."""
+def job_ids(text: str) -> list[str]:
+    """The ids of ``--jobs``, comma separated: job ids and array task ids (``12_3``)."""
+    from gpusched.core.bounds import parse_job_ref
+
     ids = []
     for word in (w.strip() for w in text.split(",") if w.strip()):
-        if not (word.isascii() and word.isdigit() and len(word) <= 18) or int(word) <= 0:
-            raise UsageError(f"invalid --jobs {word[:32]!r}: a job id is a positive integer")
-        ids.append(int(word))
+        if len(word) > 26 or parse_job_ref(word) is None:
+            raise UsageError(f"invalid --jobs {word[:32]!r}: a job id is a positive integer, "
+                             "an array task id such as 12_3")
+        ids.append(word)
     if not ids:
         raise UsageError("--jobs: give at least one job id")
     return ids

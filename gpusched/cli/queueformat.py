@@ -51,7 +51,7 @@ LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 _NEEDS: dict[str, tuple[str, ...]] = {
     "i": ("job_id", "display_id"), "A": ("job_id",), "P": ("partition",), "j": ("name",),
     "u": ("user",), "a": ("account",), "q": ("qos",), "t": (), "T": (),
-    "M": ("start_time", "end_time"), "l": ("time_limit",), "D": ("nodes",),
+    "M": ("start_time", "end_time", "suspended_seconds", "suspended_at"), "l": ("time_limit",), "D": ("nodes",),
     "b": ("gpus", "nodes", "gpu_types", "share_mode", "share", "gpu_mem_mb"),
     "C": ("cpus",), "m": ("mem_mb",),
     "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
@@ -59,7 +59,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "W": ("licenses",), "f": ("constraint",), "B": ("node", "node_names"), "c": ("cpus", "nodes"),
     "E": ("dependency",), "F": ("job_id", "array_job_id"),
     "K": ("array_task_id", "array_tasks", "array_max_running"), "h": ("exclusive",),
-    "L": ("start_time", "end_time", "time_limit"), "n": ("nodelist",), "U": ("uid",),
+    "L": ("start_time", "end_time", "time_limit", "suspended_seconds", "suspended_at"), "n": ("nodelist",), "U": ("uid",),
     "x": ("exclude",), "Z": ("work_dir",), "p": (),
 }
 # The same for the -O names with no code of their own.

@@ -158,6 +158,23 @@ def parse_id_list(field: str, text: str, limit: int = MAX_LIST) -> list[int]:
     return list(ids)
 
 
+MAX_ARRAY_TASK_ID = 999_999  # gpusched.core.arrays.MAX_TASK_ID (a test holds them equal)
+
+
+def parse_job_ref(text: str) -> tuple[int, int | None] | None:
+    """A job id (``12``) or an array task id (``12_3``) as (job id, task id or None),
+    or None when it can name neither; the one parser of job references, light enough
+    for every command line (gpusched.core.jobcontrol builds on it)."""
+    job, sep, task = text.strip().partition("_")
+    job_id = parse_job_id(job)
+    if job_id is None or not sep:
+        return None if job_id is None else (job_id, None)
+    if not (task.isascii() and task.isdigit()) or len(task) > 6 \
+            or int(task) > MAX_ARRAY_TASK_ID:
+        return None
+    return job_id, int(task)
+
+
 def parse_job_id(text: str) -> int | None:
     """A job id of a URL path (``12``), or None when it cannot name a job."""
     if not (text.isascii() and text.isdigit()) or len(text) > 19:

@@ -20,7 +20,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from gpusched.core.arrays import MAX_TASK_ID, runs
-from gpusched.core.bounds import MAX_JOB_ID
+from gpusched.core.bounds import parse_job_ref as bounds_job_ref
 
 T = TypeVar("T")
 MAX_TOP_JOBS = 1000  # jobs one ``gcontrol top`` may name
@@ -42,24 +42,15 @@ class JobRef:
         return str(self.job_id) if self.task is None else f"{self.job_id}_{self.task}"
 
 
-def _whole(text: str, high: int) -> int | None:
-    """A plain decimal number from 0 to ``high`` (ASCII digits only), or None."""
-    if not text.isascii() or not text.isdigit() or len(text) > len(str(high)):
-        return None
-    value = int(text)
-    return value if value <= high else None
-
-
 def parse_job_ref(text: str) -> JobRef:
-    """``12`` or ``12_3`` (an array task); anything else is a JobRefError naming it."""
-    job, sep, task = text.strip().partition("_")
-    job_id = _whole(job, MAX_JOB_ID)
-    task_id = _whole(task, MAX_TASK_ID) if sep else None
-    if job_id is None or job_id < 1 or (sep and task_id is None):
+    """``12`` or ``12_3`` (an array task); anything else is a JobRefError naming it
+    (gpusched.core.bounds.parse_job_ref reads it)."""
+    found = bounds_job_ref(text)
+    if found is None:
         shown = text if len(text) <= 40 else text[:40] + "..."
         raise JobRefError(f"invalid job id {shown!r}: expected a job id such as 12, or an "
                           f"array task such as 12_3 (task ids 0 to {MAX_TASK_ID})")
-    return JobRef(job_id, task_id)
+    return JobRef(*found)
 
 
 def parse_job_refs(texts: Sequence[str], limit: int = 10_000) -> list[JobRef]:

@@ -224,7 +224,8 @@ class World:
             job = s.get(Job, job_id) if job_id is not None else None
             fields = None if job is None else (
                 job.state, job.hold, job.time_limit, job.cancel_requested_at, job.restarts,
-                job.admin_priority, job.end_time, job.client_seen)
+                job.admin_priority, job.end_time, job.client_seen, job.name, job.nodes,
+                job.suspended_at, job.top_rank)
             step_states = tuple(s.execute(select(JobStep.step_id, JobStep.state).where(
                 JobStep.job_id == job_id).order_by(JobStep.step_id)).all())
             nodes = tuple(s.execute(select(Node.name, Node.state, Node.reason)

@@ -26,6 +26,8 @@ from sqlalchemy import select
 
 from gpusched.controller.api import Api
 from gpusched.controller.events import Events
+from gpusched.db.jobcontrol import suspend_job
+from gpusched.db.jobs import Identity
 from gpusched.db.models import AdvanceReservationRow, NodeCommand
 from gpusched.db.reservations import create_reservation
 from gpusched.messages.reservations import ReservationRequest
@@ -107,6 +109,11 @@ MATRIX = (
         case="a longer time limit"),
     Row("POST /v1/jobs/{job_id}/update", "pending", ADMIN, {"priority": 10},
         case="its priority"),
+    Row("POST /v1/jobs/{job_id}/update", "pending", OWNER, {"name": "renamed", "nodes": 1},
+        case="its name and nodes"),
+    Row("POST /v1/jobs/{job_id}/suspend", "running", ADMIN, {}),
+    Row("POST /v1/jobs/{job_id}/resume", "suspended", ADMIN, {}),
+    Row("POST /v1/jobs/{job_id}/top", "pending", OWNER, {}),
     Row("POST /v1/jobs/{job_id}/steps", "running", OWNER_MAKES,
         {"argv": ["true"], "work_dir": "/tmp",
          "io": {"host": "127.0.0.1", "port": 45_000, "token": "0f" * 32}}),
@@ -203,6 +210,11 @@ def _prepare(world: World, target: str) -> dict[str, Any]:
         return {"job": world.job(submit_key=key), "key": key}
     if target == "running":
         return {"job": world.running()}
+    if target == "suspended":
+        job_id = world.running()
+        with world.sessions() as s, s.begin():
+            suspend_job(s, job_id, Identity(0, 0), True)
+        return {"job": job_id}
     if target == "allocation":
         return {"job": world.running(interactive=True)}
     if target == "step":

@@ -48,6 +48,14 @@ def test_parse_job_ref_refuses(text: str) -> None:
         parse_job_ref(text)
 
 
+def test_the_light_parser_knows_the_array_bound() -> None:
+    from gpusched.core import bounds
+
+    assert bounds.MAX_ARRAY_TASK_ID == MAX_TASK_ID
+    assert bounds.parse_job_ref("12_3") == (12, 3) and bounds.parse_job_ref("12") == (12, None)
+    assert bounds.parse_job_ref("12_1234567") is None and bounds.parse_job_ref("x_1") is None
+
+
 def test_parse_job_refs_lists_and_dedups() -> None:
     assert parse_job_refs(["12,13_1", "12", "13_1,14"]) == [JobRef(12), JobRef(13, 1), JobRef(14)]
     with pytest.raises(JobRefError, match="at least one"):
@@ -166,3 +174,20 @@ def test_scontrol_forms() -> None:
     assert resume_argv(["resume", "17", "18"]) == ["resume", "job", "17", "18"]
     for kept in (["resume", "node", "n1"], ["resume", "gpu", "n1:0"], ["resume", "--help"]):
         assert resume_argv(kept) == kept
+
+
+def test_run_time_leaves_out_the_time_suspended() -> None:
+    from datetime import UTC, datetime
+
+    from gpusched.cli import listing
+
+    now = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+    start, at = "2026-11-28T11:00:00+00:00", "2026-11-28T11:50:00+00:00"
+    suspended = {"start_time": start, "suspended_seconds": 600, "suspended_at": at}
+    assert listing.elapsed_seconds(suspended, now) == 3600 - 600 - 600
+    ended = {**suspended, "end_time": "2026-11-28T11:55:00+00:00"}
+    assert listing.elapsed_seconds(ended, now) == 3300 - 600 - 300
+    resumed = {"start_time": start, "suspended_seconds": 600, "suspended_at": None}
+    assert listing.elapsed_seconds(resumed, now) == 3000
+    assert listing._run_times([start, None], [None, None], now,
+                              [(600, at), (0, None)]) == ["40:00", "0:00"]
