@@ -21,6 +21,7 @@ from gpusched.core.model import (
     PendingJob,
     Plan,
     Policy,
+    Preemption,
     Reason,
     Reservation,
     RunningJob,
@@ -54,6 +55,7 @@ def plan_with_reservations(snapshot: Snapshot, now: float, policy: Policy,
     starts: list[Start] = []
     pending: list[Pending] = []
     reservations: list[Reservation] = []
+    preemptions: list[Preemption] = []
     moment: Moment | None = None
     added: list[RunningJob] = []
     names: set[tuple[str, str]] = set()
@@ -61,9 +63,10 @@ def plan_with_reservations(snapshot: Snapshot, now: float, policy: Policy,
         resv = by_name.get(name)
         window = None if resv is None else active(resv, now)
         allowed = [j for j in jobs if resv is not None and may_use(resv, j.user, j.account)]
+        let_in = {j.job_id for j in allowed}
         if resv is None or window is None or not allowed:
             for job in jobs:
-                if resv is not None and resv.flex and job in allowed:
+                if resv is not None and resv.flex and job.job_id in let_in:
                     others.append(job)  # FLEX: it may start outside the reservation
                     continue
                 pending.append(_waits_for(job, resv, now))
@@ -71,7 +74,7 @@ def plan_with_reservations(snapshot: Snapshot, now: float, policy: Policy,
                     moment = _still(job)
             continue
         for job in jobs:
-            if job not in allowed:
+            if job.job_id not in let_in:
                 pending.append(_waits_for(job, resv, now))
                 if job.job_id == watch:
                     moment = _still(job)
@@ -82,6 +85,7 @@ def plan_with_reservations(snapshot: Snapshot, now: float, policy: Policy,
             moment = runner.moment
         starts.extend(decided.starts)
         reservations.extend(decided.reservations)
+        preemptions.extend(decided.preemptions)
         started = {s.job_id for s in decided.starts}
         jobs_by_id = {j.job_id: j for j in allowed}
         for start in decided.starts:
@@ -103,7 +107,7 @@ def plan_with_reservations(snapshot: Snapshot, now: float, policy: Policy,
         moment = runner.moment
     return Plan(starts=(*starts, *decided.starts), pending=(*pending, *decided.pending),
                 reservations=(*reservations, *decided.reservations),
-                preemptions=decided.preemptions, resume_after=decided.resume_after), moment
+                preemptions=(*preemptions, *decided.preemptions), resume_after=decided.resume_after), moment
 
 
 def _waits_for(job: PendingJob, resv: AdvanceReservation | None, now: float) -> Pending:

@@ -1,0 +1,101 @@
+"""What advance reservations cost a scheduling pass; prints ``name: value`` lines.
+
+    .venv/bin/python bench/advance_reservations.py [--nodes 1000] [--pending 20000]
+                                                   [--running 5000] [--repeat 5]
+                                                   [--maint 10] [--inside 500]
+
+bench/sched_pass.py's cluster and queue, planned three ways on the same snapshot:
+without reservations (``plain_ms``); with ``--maint`` whole-node maintenance
+reservations of 2% of the nodes each, starting in one to ten hours (``maint_ms``); and
+with those plus one active GPU-count reservation of 64 GPUs whose ``--inside`` pending
+jobs (taken from the queue) run in it (``inside_ms``). Each is the median of
+``--repeat`` passes of ``core.plan.plan`` (EASY backfill, 100 reservations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.priority import build  # noqa: E402
+from bench.sched_pass import NOW, cluster, queue, running_jobs  # noqa: E402
+from gpusched.core.model import PartitionView, Policy, Reason, Snapshot  # noqa: E402
+from gpusched.core.plan import plan  # noqa: E402
+from gpusched.core.reservations import AdvanceReservation  # noqa: E402
+
+HOUR = 3600.0
+
+
+def timed(snapshot: Snapshot, policy: Policy, repeat: int) -> tuple[float, object]:
+    """The median milliseconds of ``repeat`` passes, and the last plan."""
+    times, result = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = plan(snapshot, NOW, policy)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000, result
+
+
+def main() -> None:
+    """Build the cluster and queue, then time passes without and with reservations."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pending", type=int, default=20_000)
+    parser.add_argument("--running", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--maint", type=int, default=10)
+    parser.add_argument("--inside", type=int, default=500)
+    opts = parser.parse_args()
+    rng = random.Random(11)
+    tree, usage, sample = build(opts.pending, 500)
+    users = sorted({(m.user, m.account) for _, m, _, _ in sample})
+    nodes = cluster(opts.nodes, rng)
+    pending = queue(opts.pending, rng, users, [w for _, _, _, w in sample])
+    running = running_jobs(nodes, opts.running, rng)
+    names = [n.name for n in nodes]
+    snapshot = Snapshot(
+        nodes=tuple(nodes), partitions=(PartitionView("gpu", tuple(names)),),
+        pending=tuple(pending), running=tuple(running),
+        accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
+        user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100},
+    )
+    policy = Policy(backfill="easy", reservations=100)
+    share = max(1, len(names) // 50)
+    maint = tuple(
+        AdvanceReservation(f"maint{i}", NOW + (1 + i % 10) * HOUR, NOW + (3 + i % 10) * HOUR,
+                           tuple((n, 0) for n in rng.sample(names, share)), ("root",), (),
+                           frozenset({"MAINT"}))
+        for i in range(opts.maint))
+    team = AdvanceReservation("team", NOW - HOUR, NOW + 8 * HOUR,
+                              tuple((n, 8) for n in rng.sample(names, 8)),
+                              tuple(sorted({u for u, _ in users})))
+    inside = {j.job_id for j in rng.sample(pending, opts.inside)}
+    with_team = replace(snapshot, pending=tuple(
+        replace(j, reservation="team") if j.job_id in inside else j for j in pending),
+        advance_reservations=(*maint, team))
+    plain_ms, _ = timed(snapshot, policy, opts.repeat)
+    maint_ms, held = timed(replace(snapshot, advance_reservations=maint), policy, opts.repeat)
+    inside_ms, mixed = timed(with_team, policy, opts.repeat)
+    print(f"nodes: {opts.nodes}")
+    print(f"pending_jobs: {opts.pending}")
+    print(f"running_jobs: {opts.running}")
+    print(f"maint_reservations: {opts.maint}")
+    print(f"jobs_in_reservation: {opts.inside}")
+    print(f"plain_ms: {plain_ms:.1f}")
+    print(f"maint_ms: {maint_ms:.1f}")
+    print(f"inside_ms: {inside_ms:.1f}")
+    print(f"maint_req_node_not_avail: "
+          f"{sum(p.reason is Reason.REQ_NODE_NOT_AVAIL for p in held.pending)}")  # type: ignore[attr-defined]
+    print(f"inside_starts: "
+          f"{sum(s.job_id in inside for s in mixed.starts)}")  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    main()
