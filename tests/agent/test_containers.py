@@ -143,8 +143,10 @@ def test_podman_switches_and_images() -> None:
                 if a.startswith("--device")]
     with pytest.raises(ContainerError, match="squashfs image needs enroot"):
         container_command(PODMAN, ContainerRequest("/i/pt.sqsh"), JOB)
-    with pytest.raises(ContainerError, match="cannot read the image archive"):
-        container_command(PODMAN, ContainerRequest("/nonexistent/image.tar"), JOB)
+    assert container_command(PODMAN, ContainerRequest("/i/pt.tar"), JOB)[0][-3] == \
+        "docker-archive:/i/pt.tar"
+    assert container_command(PODMAN, ContainerRequest("./pt.oci.tar"), JOB)[0][-3] == \
+        "oci-archive:./pt.oci.tar"
 
 
 def test_apptainer_and_enroot_commands() -> None:
@@ -186,6 +188,8 @@ def test_detection_devices_and_spec_entry() -> None:
     assert mount_sources(request, "/w") == ["/w/in"]
     entry = spec_entry(PODMAN, request, JOB)
     assert entry["check_paths"] == ["/home/ann/run/in", "/home/ann"]
+    archive = spec_entry(PODMAN, ContainerRequest("./img.tar"), JOB)
+    assert archive["check_paths"] == ["/home/ann/run/img.tar"]  # read as the user, first
     with pytest.raises(ContainerError, match="no container runtime"):
         spec_entry(None, request, JOB)
 

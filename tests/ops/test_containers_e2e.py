@@ -53,7 +53,8 @@ def _build_image(podman: str, user: str | None = None, env: dict[str, str] | Non
                 info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
                 tar.addfile(info)
             tar.add(BUSYBOX, "bin/busybox")
-            for applet in ("sh", "cat", "echo", "ls", "pwd", "touch", "id", "sleep", "env", "true"):
+            for applet in ("sh", "cat", "echo", "ls", "pwd", "touch", "id", "sleep", "env",
+                           "true", "grep"):
                 info = tarfile.TarInfo(f"bin/{applet}")
                 info.type, info.linkname = tarfile.SYMTYPE, "busybox"
                 tar.addfile(info)
@@ -265,3 +266,28 @@ def _uid_of(user: str) -> int | None:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
         return None
+
+
+def test_an_array_of_an_image_archive(cluster: Cluster) -> None:
+    """Each task of an array runs in the container, here of an image archive (``podman
+    save``) named by a path relative to the working directory."""
+    podman = _podman()
+    runtime_args, _ = cluster.container_setup  # type: ignore[attr-defined]
+    saved = subprocess.run([podman, *runtime_args, "save", "-o", str(cluster.work / "img.tar"),
+                            IMAGE], capture_output=True, text=True, timeout=120)
+    assert saved.returncode == 0, saved.stderr
+    script = cluster.work / "array.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --array=0-1\n#SBATCH --container-image=./img.tar\n"
+                      "grep NAME /etc/os-release; echo task=$SLURM_ARRAY_TASK_ID\n")
+    array = cluster.submit(str(script))
+
+    def tasks() -> list[dict[str, object]]:
+        return [j for j in cluster.jobs() if j.get("array_job_id") == array
+                and j["state"] not in ("PENDING", "RUNNING")]
+
+    ended = wait_for(lambda: len(tasks()) == 2 and tasks(), timeout=120, what="both tasks")
+    for task in ended:
+        text = (cluster.work / f"gpusched-{task['job_id']}.out").read_text()
+        assert task["state"] == "COMPLETED", (task, text)
+        assert f'NAME="{MARK}"' in text and f"task={task['array_task_id']}" in text, text
+        assert task["container"]["image"] == "./img.tar"
