@@ -237,6 +237,9 @@ class Job(Base):
         CheckConstraint("octet_length(container::text) <= 1048576", name="container"),
         CheckConstraint("suspended_seconds >= 0", name="suspended_seconds"),
         CheckConstraint("char_length(constraints) <= 1024", name="constraints"),
+        # The pending jobs with a -C, which every pass's snapshot reads.
+        Index("ix_jobs_constrained", "id", postgresql_where=text(
+            "constraints IS NOT NULL AND state = 'PENDING'")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)

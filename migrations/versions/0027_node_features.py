@@ -6,7 +6,8 @@ and model, memory, NVLink, compute capability: gpusched.core.features.gpu_featur
 (``[[node]] features``), kept apart since a node may be configured before its agent
 first registers (it sends the ``admin`` NOTIFY on every write, as the other admin
 tables do since 0017). ``jobs.constraints`` holds a job's -C in its canonical text
-(gpusched.core.features; NULL: none).
+(gpusched.core.features; NULL: none), with a partial index of the pending ones, which
+every pass reads.
 
 Revision ID: 0027
 Revises: 0026
@@ -15,7 +16,6 @@ Create Date: 2026-11-28 06:40:00
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -23,10 +23,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import ARRAY
 
 revision: str = "0027"
-# 0026 (advance reservations) comes before this one; in a tree that does not have it
-# yet, 0025.
-down_revision: str | None = "0026" if any(
-    name.startswith("0026_") for name in os.listdir(os.path.dirname(__file__))) else "0025"
+down_revision: str | None = "0026"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -46,10 +43,13 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("constraints", sa.Text(), nullable=True))
     op.create_check_constraint(op.f("ck_jobs_constraints"), "jobs",
                                "char_length(constraints) <= 1024")
+    op.create_index("ix_jobs_constrained", "jobs", ["id"], postgresql_where=sa.text(
+        "constraints IS NOT NULL AND state = 'PENDING'"))
 
 
 def downgrade() -> None:
     """Revert this revision."""
+    op.drop_index("ix_jobs_constrained", table_name="jobs")
     op.drop_constraint(op.f("ck_jobs_constraints"), "jobs", type_="check")
     op.drop_column("jobs", "constraints")
     op.drop_table("node_features")
