@@ -74,7 +74,7 @@ def _duration(value: str) -> int:
     try:
         seconds = parse_time_limit(value)
     except TimeFormatError as exc:
-        raise UsageError(str(exc).replace("--time", "Duration")) from None
+        raise UsageError(str(exc).replace("invalid time", "invalid Duration")) from None
     if seconds is None or seconds < 1:
         raise UsageError(f"invalid Duration {_shown(value)!r}: expected minutes, "
                          "[D-]HH:MM[:SS] or UNLIMITED")
@@ -105,7 +105,8 @@ def _value(name: str, key: str, value: str) -> Any:
     if name == "gpus":
         return _gpus(key, value)
     if name in _LISTS:
-        return [v.strip() for v in value.split(",") if v.strip()]
+        listed = [v.strip() for v in value.split(",") if v.strip()]
+        return [v.upper() for v in listed] if name == "flags" else listed
     return value
 
 
@@ -135,8 +136,6 @@ def parse_settings(settings: Sequence[str], current: dict[str, Any] | None = Non
             given = (had + [v for v in given if v not in had] if change == "+"
                      else [v for v in had if v not in given])
         body[name] = given
-    if "flags" in body:
-        body["flags"] = [f.upper() for f in body["flags"]]
     return body
 
 
@@ -147,8 +146,9 @@ def name_argv(args: list[str]) -> list[str]:
         key = args[1].partition("=")[0].strip().lower()
         if key in NAME_KEYS and "=" in args[1]:
             return [args[0], "reservation", *args[1:]]
-    if len(args) >= 2 and args[0] == "show" and args[1].lower() in ("reservations", "res"):
-        return ["show", "reservation", *args[2:]]
+    if len(args) >= 2 and args[0] in ("create", "update", "delete", "show") \
+            and args[1].lower() in ("res", "reservations", "reservation"):
+        return [args[0], "reservation", *args[2:]]  # scontrol takes these abbreviations
     return args
 
 
