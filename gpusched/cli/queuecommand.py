@@ -50,22 +50,27 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
 
         print(json.dumps(answer, indent=2) if as_json else "\n".join(explain_lines(answer)))
         return
-    from gpusched.cli.slurmflags import check_clusters, from_environment
+    import os
 
-    given = {"user": user, "states": states, "partition": partition, "account": account,
-             "name": name, "fmt": fmt, "long_format": long_format, "sort": sort, "qos": qos,
-             "licenses": licenses}
-    if fmt is not None or long_format is not None or long or as_json or start:
-        given["fmt"] = given["long_format"] = ""  # a format given: the variables' stay unread
-    found = from_environment(given, INPUT_VARIABLES)
-    if found:
+    # The input variables are read only when some is set (a bare gqueue loads nothing
+    # more for them).
+    if any(key.startswith(("GQUEUE_", "SQUEUE_")) or key == "SLURM_CLUSTERS"
+           for key in os.environ) or clusters is not None:
+        from gpusched.cli.slurmflags import check_clusters, from_environment
+
+        given = {"user": user, "states": states, "partition": partition, "account": account,
+                 "name": name, "fmt": fmt, "long_format": long_format, "sort": sort,
+                 "qos": qos, "licenses": licenses}
+        if fmt is not None or long_format is not None or long or as_json or start:
+            given["fmt"] = given["long_format"] = ""  # a format given: the variables' unread
+        found = from_environment(given, INPUT_VARIABLES)
         user, states = found.get("user", user), found.get("states", states)
         partition, account = found.get("partition", partition), found.get("account", account)
         name, fmt = found.get("name", name), found.get("fmt", fmt)
         long_format, sort = found.get("long_format", long_format), found.get("sort", sort)
         qos, licenses = found.get("qos", qos), found.get("licenses", licenses)
-    array = array or bool(_variable("ARRAY"))
-    check_clusters(clusters if clusters is not None else _variable("CLUSTERS", "SLURM"))
+        array = array or bool(_variable("ARRAY"))
+        check_clusters(clusters if clusters is not None else _variable("CLUSTERS", "SLURM"))
     if me:
         from gpusched.cli.output import only_me
 
