@@ -82,8 +82,9 @@ class FeatureHooks:
         if job.nodes <= 1:  # one node: any alternative
             return frozenset().union(*sets), key
         shape = Shape.of(job)
-        earliest = self.sched.capacity.earliest
-        best = min(range(len(sets)), key=lambda k: (earliest(shape, sets[k])[0], k))
+        estimate = self.sched.capacity.estimate  # remembered per set and shape
+        best = min(range(len(sets)), key=lambda k: (
+            estimate(shape, sets[k], (group, job.constraint, k)), k))
         return sets[best], (group, job.constraint, best)
 
     def counted(self, job: PendingJob) -> bool:
