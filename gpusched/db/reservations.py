@@ -76,14 +76,15 @@ _NODE_GPUS = text(
     "SELECT n.name, count(g.id) FILTER (WHERE g.parent_id IS NULL AND g.present) "
     "FROM nodes AS n LEFT JOIN gpus AS g ON g.node_id = n.id GROUP BY n.name ORDER BY n.name")
 # Each running job's GPUs on each of its nodes (0 for a job holding none there), and
-# when its time limit ends it (NULL: never).
+# when its time limit ends it (NULL: never); not the jobs of the reservation itself.
 _RUNNING = text(
     "SELECT j.id, n.name, count(a.gpu_id), "
     "extract(epoch FROM j.start_time) + j.time_limit FROM jobs AS j "
     "JOIN nodes AS n ON n.name = ANY(coalesce(j.node_names, ARRAY[]::text[])) "
     "OR n.id = j.node_id "
     "LEFT JOIN allocations AS a ON a.job_id = j.id AND a.node_id = n.id "
-    "AND a.released_at IS NULL WHERE j.state = 'RUNNING' GROUP BY j.id, n.name")
+    "AND a.released_at IS NULL WHERE j.state = 'RUNNING' "
+    "AND j.reservation IS DISTINCT FROM :name GROUP BY j.id, n.name")
 _USING = text("SELECT count(*) FROM jobs WHERE reservation = :name "
               "AND state IN ('PENDING', 'RUNNING')")
 _PARTITION_NODES = text("SELECT nodes FROM partitions WHERE name = :name")
@@ -161,7 +162,7 @@ def _holds(session: Session, request: ReservationRequest, draft: AdvanceReservat
     conn = session.connection()
     totals = {name: count for name, count in conn.execute(_NODE_GPUS)}
     running = [(node, gpus, INF if end is None else float(end))
-               for _, node, gpus, end in conn.execute(_RUNNING)]
+               for _, node, gpus, end in conn.execute(_RUNNING, {"name": draft.name})]
     named = request.nodes
     if named is not None and [n.upper() for n in named] == ["ALL"]:
         named = tuple(totals)

@@ -36,7 +36,6 @@ from gpusched.core.mail import (
     check_mail_user,
     parse_mail_types,
 )
-from gpusched.core.reservations import MAX_NAME, ReservationError, check_name
 from gpusched.core.shapes import ShapeError, parse_kinds
 from gpusched.core.signals import DEFAULT_WARN_SECONDS, MAX_WARN_SECONDS, WarnSignal
 from gpusched.errors import UsageError
@@ -58,6 +57,7 @@ from gpusched.messages.fields import (
     typed,
     words,
 )
+from gpusched.messages.reservations import reservation_name
 
 UNLIMITED = "UNLIMITED"  # a time limit: none at all (where the partition allows it)
 MAX_ARRAY_TEXT = 10_000  # characters of an --array value
@@ -192,7 +192,7 @@ class JobRequest:
             submit_key=_submit_key(body.get("submit_key")),
             gres_flags=None if body.get("gres_flags") is None
             else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
-            reservation=_reservation(body),
+            reservation=reservation_name(body),
             mail_types=mail_types, mail_user=mail_user, licenses=_licenses(body),
             constraint=_constraint(body, nodes, exclusive or share_mode is not None
                                    or gpu_mem_mb is not None),
@@ -462,17 +462,6 @@ def _constraint(body: Body, nodes: int, whole_or_shared: bool) -> str | None:
         raise UsageError("constraint: node counts (a*N) are not taken with --exclusive, "
                          "--gpu-mem or a GPU share")
     return parsed.text()
-
-
-def _reservation(body: Body) -> str | None:
-    """``reservation``: the name of the advance reservation it runs in (null: none)."""
-    value = text(body, "reservation", MAX_NAME, "a reservation name")
-    if value is not None:
-        try:
-            check_name(value)
-        except ReservationError as err:
-            raise UsageError(f"reservation: {err}") from None
-    return value
 
 
 def _licenses(body: Body) -> Licenses:

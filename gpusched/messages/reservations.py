@@ -15,6 +15,7 @@ from typing import Any
 
 from gpusched.core.reservations import (
     FLAGS,
+    MAX_NAME,
     MAX_NAMES,
     MAX_NODES,
     MAX_SPAN,
@@ -129,3 +130,14 @@ class ReservationRequest:
 
 def _iso(seconds: float | None) -> str | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
+def reservation_name(body: dict[str, Any]) -> str | None:
+    """A submission's ``reservation``: the advance reservation it runs in (null: none)."""
+    value = text(body, "reservation", MAX_NAME, "a reservation name")
+    if value is not None:
+        try:
+            check_name(value)
+        except ReservationError as err:
+            raise UsageError(f"reservation: {err}") from None
+    return value
