@@ -77,6 +77,22 @@ def _stop_groups(pids: list[int], starts: list[Any], sig: int) -> int:
     return sent
 
 
+def freeze_part(spec: dict[str, Any], info: dict[str, Any], frozen: bool) -> bool:
+    """Freeze or thaw one part of a job (its spec.json; ``info``: the pids of its
+    process groups and their start times): its cgroup, else SIGSTOP or SIGCONT to its
+    groups; whether anything was acted on."""
+    cgroup = _cgroup(spec)
+    if cgroup is not None:
+        try:
+            cgroup.set_frozen(frozen)
+            return True
+        except OSError as exc:
+            log.warning("cannot %s cgroup %s (%s): signalling its processes instead",
+                        "freeze" if frozen else "thaw", cgroup.name, exc)
+    sig = signal.SIGSTOP if frozen else signal.SIGCONT
+    return _stop_groups(info["pids"], info["starts"], sig) > 0
+
+
 class Suspender:
     """Stops and continues the runs and steps of jobs on one node."""
 
@@ -89,9 +105,9 @@ class Suspender:
         (the batch run, each step) were acted on."""
         if order.suspend:
             self._set_clocks(job_id, run, None, None)
-            acted = sum(self._freeze(spec, info, True) for spec, info in self._parts(job_id, run))
+            acted = sum(freeze_part(spec, info, True) for spec, info in self._parts(job_id, run))
         else:
-            acted = sum(self._freeze(spec, info, False) for spec, info in self._parts(job_id, run))
+            acted = sum(freeze_part(spec, info, False) for spec, info in self._parts(job_id, run))
             self._set_clocks(job_id, run, order.time_limit, order.deadline)
         log.info("job %d: %s (%d part(s) here)", job_id,
                  "suspended" if order.suspend else "resumed", acted)
@@ -139,16 +155,3 @@ class Suspender:
             if info:
                 yield step, {"pids": list(info.get("task_pids") or []),
                              "starts": list(info.get("task_starttimes") or [])}
-
-    def _freeze(self, spec: dict[str, Any], info: dict[str, Any], frozen: bool) -> bool:
-        """Freeze or thaw one part: its cgroup, else SIGSTOP or SIGCONT to its groups."""
-        cgroup = _cgroup(spec)
-        if cgroup is not None:
-            try:
-                cgroup.set_frozen(frozen)
-                return True
-            except OSError as exc:
-                log.warning("cannot %s cgroup %s (%s): signalling its processes instead",
-                            "freeze" if frozen else "thaw", cgroup.name, exc)
-        sig = signal.SIGSTOP if frozen else signal.SIGCONT
-        return _stop_groups(info["pids"], info["starts"], sig) > 0

@@ -190,12 +190,6 @@ def _payload(job: Job, suspend: bool) -> SuspendJob:
     return SuspendJob(False, limit, deadline)
 
 
-def running_limit(job: Job) -> SuspendJob | None:
-    """The limit a running job's agents must apply after its time limit changed: None
-    while it is suspended (resume tells them), else its limit with the time suspended."""
-    return None if job.suspended_at is not None else _payload(job, False)
-
-
 # -- top --------------------------------------------------------------------------------
 
 

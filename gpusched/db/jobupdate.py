@@ -17,10 +17,9 @@ from sqlalchemy.orm import Session
 
 from gpusched.core.dependency import format_dependency
 from gpusched.core.timefmt import format_duration
-from gpusched.db import commands
+from gpusched.db import steps
 from gpusched.db.associations import QosRow, choose_qos, qos_access, qos_row
 from gpusched.db.engine import rowcount
-from gpusched.db.jobcontrol import job_nodes, running_limit
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.models import Job
 from gpusched.db.submit import (
@@ -33,7 +32,6 @@ from gpusched.db.submit import (
 from gpusched.db.submit_facts import PartitionFacts, PartitionRow, read_partition
 from gpusched.errors import Conflict, PermissionDenied, UsageError
 from gpusched.messages import JobUpdate
-from gpusched.messages.agent import LimitJob
 
 RUNNING_CHANGES = frozenset({"time_limit", "name"})  # what a running job may change
 SHAPE = frozenset({"nodes", "gpus_per_node"})
@@ -167,12 +165,9 @@ def _new_dependency(session: Session, job: Job, change: JobUpdate) -> str | None
 
 
 def _tell_limit(session: Session, job: Job) -> set[str]:
-    """A ``limit`` command with the running job's new limit (the time it was suspended
-    added) to every node of it; none while it is suspended (resume tells them)."""
-    told = running_limit(job)
-    if told is None:
+    """The running job's agents get its new limit (the time it was suspended added: a
+    ``limit`` command to its batch node and its running steps' nodes); none while it is
+    suspended (resume tells them)."""
+    if job.suspended_at is not None:
         return set()
-    nodes = job_nodes(session, job)
-    commands.issue(session, "limit", [(job.id, job.restarts, nodes[n]) for n in sorted(nodes)],
-                   LimitJob(told.time_limit, told.deadline).to_json())
-    return set(nodes)
+    return steps.tell_new_limit(session, job)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from gpusched.core import bounds
 from gpusched.core import steps as layout_rules
+from gpusched.core.jobcontrol import effective_limit
 from gpusched.db import commands
 from gpusched.db.engine import driver
 from gpusched.db.jobs import Identity
@@ -131,11 +132,12 @@ def _step_name(request: StepRequest) -> str:
 
 
 def _deadline(job: Job) -> float | None:
-    """When the job's time limit ends it (epoch seconds); None: no limit."""
+    """When the job's time limit ends it (epoch seconds; the time it was suspended not
+    counted); None: no limit."""
     began = job.launched_at or job.start_time
     if job.time_limit is None or began is None:
         return None
-    return began.timestamp() + job.time_limit
+    return began.timestamp() + job.time_limit + job.suspended_seconds
 
 
 def tell_new_limit(session: Session, job: Job) -> set[str]:
@@ -151,7 +153,8 @@ def tell_new_limit(session: Session, job: Job) -> set[str]:
         (Node.id == job.node_id) | Node.name.in_(sorted(step_nodes)))).all())
     commands.issue(session, "limit",
                    [(job.id, job.restarts, node_ids[n]) for n in sorted(node_ids)],
-                   LimitJob(job.time_limit, _deadline(job)).to_json())
+                   LimitJob(effective_limit(job.time_limit, job.suspended_seconds),
+                            _deadline(job)).to_json())
     return set(node_ids)
 
 
@@ -179,6 +182,8 @@ def create_step(session: Session, job_id: int, request: StepRequest,
         raise Conflict(f"job {job_id} is {job.state}: steps run only inside a running job")
     if job.cancel_requested_at is not None:
         raise Conflict(f"job {job_id} is being stopped: no new steps")
+    if job.suspended_at is not None:
+        raise Conflict(f"job {job_id} is suspended: no new steps until it is resumed")
     job_nodes, addresses = _job_nodes(session, job)
     ask = layout_rules.StepAsk(
         nodes=request.nodes, ntasks=request.ntasks, ntasks_per_node=request.ntasks_per_node,

@@ -1,8 +1,8 @@
-"""A job's request, checked against the cluster: at submit (``submit_job``) and when it is
-changed (``update_job``). The body is parsed first (``gpusched.messages``: every field's
-type and bounds, no database); what needs the database comes after. Nothing is stored
-unless every check passes; each refusal is one ``UsageError`` (or
-``PermissionDenied``/``Conflict``) that names the field.
+"""A job's request, checked against the cluster at submit (``submit_job``; a change to a
+job is checked with the same rules in gpusched.db.jobupdate). The body is parsed first
+(``gpusched.messages``: every field's type and bounds, no database); what needs the
+database comes after. Nothing is stored unless every check passes; each refusal is one
+``UsageError`` (or ``PermissionDenied``/``Conflict``) that names the field.
 
 A submission reads what its checks need in one statement (db/submit_facts.py), after
 the user's submissions lock when a submit key or a limit needs it, checks it in order,
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from gpusched.core.arrays import task_bounds
@@ -22,7 +21,6 @@ from gpusched.core.mig_layout import MODELS as MIG_MODELS
 from gpusched.core.model import Reason
 from gpusched.core.timefmt import format_duration
 from gpusched.core.units import kind_matches
-from gpusched.db import steps
 from gpusched.db.associations import (
     NO_ASSOCIATION,
     Association,
@@ -32,13 +30,11 @@ from gpusched.db.associations import (
     check_submit_limits,
     choose_qos,
     lock_user_submits,
-    qos_access,
     qos_row,
 )
 from gpusched.db.containers import check_container_nodes, stored_container
-from gpusched.db.engine import rowcount
 from gpusched.db.features import check_constraint_nodes
-from gpusched.db.jobs import Identity, _owned_job
+from gpusched.db.jobs import Identity
 from gpusched.db.licenses import check_licenses
 from gpusched.db.mail import store_mail
 from gpusched.db.models import Job
@@ -51,8 +47,8 @@ from gpusched.db.submit_facts import (
     read_partition,
     store_job,
 )
-from gpusched.errors import Conflict, PermissionDenied, UsageError
-from gpusched.messages import UNLIMITED, JobRequest, JobUpdate
+from gpusched.errors import UsageError
+from gpusched.messages import UNLIMITED, JobRequest
 
 
 class Submitted(NamedTuple):
@@ -389,65 +385,3 @@ def _first_partition(text: str | None, check: Callable[[str | None], T]) -> T:
         return taken[0]
     raise UsageError(f"no partition of {text} takes the job ({'; '.join(errors)})")
 
-
-def update_job(session: Session, job_id: int, who: Identity,
-               body: dict[str, Any]) -> tuple[Job, set[str]]:
-    """Change a job (scontrol update job): a pending job's time limit, partition, QOS or
-    priority, or a running job's time limit. Returns the job and, for a running job,
-    its nodes (their agents apply the new limit).
-
-    Its owner may lower its time limit; an administrator may change any of them. The
-    new values are checked as a submission's are.
-    """
-    change = JobUpdate.parse(body)
-    given = change.changes
-    job = _owned_job(session, job_id, who, "update")
-    if job.state == "RUNNING" and given != {"time_limit"}:
-        raise Conflict(f"job {job_id} is RUNNING: only its time limit can change")
-    if job.state not in ("PENDING", "RUNNING"):
-        raise Conflict(f"job {job_id} is {job.state}: only pending and running jobs can be "
-                       "updated")
-    if not who.is_admin and given != {"time_limit"}:
-        raise PermissionDenied("only an administrator may change a job's partition, QOS or "
-                               "priority; you may lower its time limit")
-    chosen = (read_partition(session, change.partition) if "partition" in given
-              else read_partition(session, job.partition, members=False))
-    part = (_check_partition(chosen.partition, change.partition) if "partition" in given
-            else chosen.partition)
-    assert part is not None
-    limit = _validate_time(part, change.time_limit) if "time_limit" in given \
-        else job.time_limit
-    if not who.is_admin and "time_limit" in given and job.time_limit is not None and (
-            limit is None or limit > job.time_limit):
-        raise PermissionDenied(f"only an administrator may raise a time limit (now "
-                               f"{format_duration(job.time_limit)})")
-    if part.max_time is not None and (limit is None or limit > part.max_time):
-        raise UsageError(f"time limit {format_duration(limit)} exceeds the MaxTime "
-                         f"{format_duration(part.max_time)} of partition {part.name}")
-    if "partition" in given:
-        _check_share(part, job.share_mode, job.share_units)
-        _check_fits(part, chosen.members, job.gpus // max(1, job.nodes),
-                    tuple(job.gpu_types), job.nodes, job.cpus, job.mem_mb, job.nodelist,
-                    job.exclude_nodes, job.gpu_mem_mb)
-    if "qos" in given:  # administrators only (above): any QOS that exists
-        kept = choose_qos(change.qos, qos_access(session, job.user_name, job.account, True),
-                          lambda name: qos_row(session, name))
-    else:
-        kept = qos_row(session, job.qos) if job.qos is not None else None
-    _check_max_wall(kept, limit)  # of the QOS it gets, or keeps
-    qos = None if kept is None else kept.name
-    priority = change.priority if "priority" in given else job.admin_priority
-    values: dict[str, Any] = {"time_limit": limit, "partition": part.name, "qos": qos,
-                              "admin_priority": priority}
-    if job.state == "RUNNING":
-        values = {"time_limit": limit}
-    changed = rowcount(session.execute(update(Job).where(Job.id == job_id, Job.state == job.state)
-                                       .values(**values)))
-    if not changed:
-        raise Conflict(f"job {job_id} changed state while it was being updated")
-    session.refresh(job)
-    if job.state != "RUNNING":
-        return job, set()
-    # Its agents apply it: the batch node's to the batch run (a launch not yet done
-    # carries it already; this is harmless), every step node's to its running steps.
-    return job, steps.tell_new_limit(session, job)

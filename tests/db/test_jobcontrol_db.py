@@ -20,12 +20,13 @@ from gpusched.core.arrays import fold
 from gpusched.core.jobcontrol import JobRef, task_in
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan, queue_order
-from gpusched.db import agents, job_views, jobcontrol, jobupdate
+from gpusched.db import agents, job_views, jobcontrol, jobupdate, steps
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Job, NodeCommand
 from gpusched.db.partitions import sync_partitions
 from gpusched.db.schedule import apply_plan, load_snapshot
 from gpusched.errors import Conflict, NotFound, PermissionDenied, UsageError
+from gpusched.messages.steps import StepRequest
 from tests.db.test_transitions import ALICE, BOB, ROOT, _submit
 
 
@@ -148,6 +149,10 @@ def test_suspend_and_resume(sessions: sessionmaker[Session]) -> None:
     with sessions() as s, s.begin():
         with pytest.raises(Conflict, match="already suspended"):
             jobcontrol.suspend_job(s, job_id, ROOT, True)
+        with pytest.raises(Conflict, match="suspended: no new steps"):
+            steps.create_step(s, job_id, StepRequest.parse(
+                {"argv": ["true"], "work_dir": "/tmp",
+                 "io": {"host": "127.0.0.1", "port": 45_000, "token": "0f" * 32}}), ALICE)
     with sessions() as s, s.begin():
         jobcontrol.suspend_job(s, job_id, ROOT, False, began + timedelta(seconds=40))
     resumed = _job(sessions, job_id)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, commands, jobs, node_failure, submit
+from gpusched.db import agents, commands, jobs, jobupdate, node_failure, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.migrate import downgrade, upgrade
 from gpusched.db.models import Allocation, Job, Node, NodeCommand
@@ -121,7 +121,7 @@ def test_commands_carry_the_run_and_close_with_it(db: sessionmaker[Session]) -> 
     _start(db, Start(job_id, "n1", ("n1-0",)))
     with db() as s, s.begin():
         assert jobs.signal_job(s, job_id, ALICE, 10)[1] == {"n1"}
-        submit.update_job(s, job_id, ALICE, {"time_limit": 300})
+        jobupdate.update_job(s, job_id, ALICE, {"time_limit": 300})
     with db() as s, s.begin():
         taken = commands.claim(s, _node(s, "n1"))
     began = _job(db, job_id).start_time

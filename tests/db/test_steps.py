@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, commands, jobs, node_failure, steps, submit
+from gpusched.db import agents, commands, jobs, jobupdate, node_failure, steps, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Job, JobStep, Node, NodeCommand
 from gpusched.db.partitions import sync_partitions
@@ -343,7 +343,7 @@ def test_a_new_time_limit_reaches_every_node_running_the_jobs_steps(
 
     def update(limit: int, who: jobs.Identity = ROOT) -> set[str]:
         with db() as s, s.begin():
-            return submit.update_job(s, job_id, who, {"time_limit": limit})[1]
+            return jobupdate.update_job(s, job_id, who, {"time_limit": limit})[1]
 
     # No steps: the batch node alone.
     assert update(5400) == {"n1"}

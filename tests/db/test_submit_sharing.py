@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpusched.db import agents, jobs, submit
+from gpusched.db import agents, jobs, jobupdate, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Job, JobScript, Partition
 from gpusched.errors import UsageError
@@ -107,15 +107,15 @@ def test_a_share_moves_only_to_a_partition_that_offers_it(
     for target, message in (("whole", "partition whole does not share GPUs by MPS"),
                             ("shard", "partition shard does not share GPUs by MPS")):
         with sessions() as s, s.begin(), pytest.raises(UsageError, match=message):
-            submit.update_job(s, job_id, ROOT, {"partition": target})
+            jobupdate.update_job(s, job_id, ROOT, {"partition": target})
     with sessions() as s, s.begin():
         s.add(Partition(name="mps2", nodes=["*"], sharing="mps", shares=50))
     with sessions() as s, s.begin(), pytest.raises(UsageError, match="more than the 50 units"):
-        submit.update_job(s, job_id, ROOT, {"partition": "mps2"})
+        jobupdate.update_job(s, job_id, ROOT, {"partition": "mps2"})
     with sessions() as s, s.begin():
         s.add(Partition(name="mps3", nodes=["*"], sharing="mps", shares=200))
     with sessions() as s, s.begin():
-        submit.update_job(s, job_id, ROOT, {"partition": "mps3"})
+        jobupdate.update_job(s, job_id, ROOT, {"partition": "mps3"})
     assert _columns(sessions, job_id) == (1, "mps", 80, None, "mps3")
 
 

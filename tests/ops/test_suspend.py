@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.cluster import BIN, Cluster, wait_for
 from tests.pg import ScratchPostgres
 
 TICKER = "#!/bin/sh\nwhile true; do echo tick >> {path}; sleep 0.05; done\n"
@@ -35,10 +35,14 @@ def _ticks(path: Path) -> int:
         return 0
 
 
-def _ticker(cluster: Cluster, name: str, *args: str) -> tuple[int, Path]:
+def _ticker(cluster: Cluster, name: str, *args: str, step: bool = False) -> tuple[int, Path]:
     path = cluster.work / f"{name}.ticks"
     script = cluster.work / f"{name}.sh"
-    script.write_text(TICKER.format(path=path))
+    text = TICKER.format(path=path)
+    if step:
+        script.with_suffix(".loop").write_text(text)
+        text = f"#!/bin/sh\n{BIN}/gsrun sh {script.with_suffix('.loop')}\n"
+    script.write_text(text)
     job_id = cluster.submit("--gpus=1", *args, str(script))
     wait_for(lambda: _ticks(path) >= 3, what=f"{name} ticking", seen=cluster.logs)
     return job_id, path
@@ -85,7 +89,8 @@ def test_suspend_stops_the_job_and_its_clock(cluster: Cluster) -> None:
 
 def test_a_suspended_job_can_be_cancelled_and_bad_requests_change_nothing(
         cluster: Cluster) -> None:
-    job_id, ticks = _ticker(cluster, "cancel")
+    # The ticking runs in a step (gsrun): its tasks, apart from the batch script, stop too.
+    job_id, ticks = _ticker(cluster, "cancel", step=True)
     for args, code, words in ((("resume", str(job_id)), 1, "not suspended"),
                               (("suspend", "0"), 2, "invalid job id"),
                               (("suspend", f"{job_id}_x"), 2, "invalid job id"),
@@ -94,8 +99,12 @@ def test_a_suspended_job_can_be_cancelled_and_bad_requests_change_nothing(
         lines = refused.stderr.strip().splitlines()
         assert refused.returncode == code and len(lines) == 1 and words in lines[0], refused
     assert cluster.job(job_id)["state"] == "RUNNING"
+    steps = cluster.api("GET", f"/v1/jobs/{job_id}/steps")["steps"]
+    assert [s["state"] for s in steps] == ["RUNNING"], steps
     assert cluster.run("gcontrol", "suspend", str(job_id)).returncode == 0
     wait_for(lambda: _still(ticks, 0.3), what="the job stopped", seen=cluster.logs)
+    # Both its parts here: the batch script and the step.
+    assert f"job {job_id}: suspended (2 part(s) here)" in cluster.logs()
     assert cluster.run("gcancel", str(job_id)).returncode == 0
     job = cluster.wait_state(job_id, "CANCELLED", timeout=15)
     assert job["suspended_at"] is not None  # it ended while suspended
