@@ -4,6 +4,10 @@ value a user sends can reach a runtime as an option of its own."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,9 +22,12 @@ from gpusched.agent.containers import (
     detect_runtime,
     gpu_device_paths,
     mount_sources,
+    node_runtime,
     spec_entry,
 )
-from gpusched.errors import UsageError
+from gpusched.agent.jobspec import build_spec
+from gpusched.config import load_config
+from gpusched.errors import ConfigError, UsageError
 from gpusched.messages import JobRequest, LaunchOrder
 from gpusched.messages.containers import (
     ContainerRequest,
@@ -226,3 +233,48 @@ def test_no_user_value_becomes_a_runtime_option(image: str, mounts: list[str], w
 
 def test_image_owned_names_are_plain() -> None:
     assert all(n.replace("_", "").isalnum() for n in IMAGE_OWNED)
+
+
+def _agent_config(tmp_path: Path, text: str) -> Any:
+    path = tmp_path / "gpusched.toml"
+    path.write_text(f"[agent]\n{text}\n")
+    return load_config(path).agent
+
+
+def test_agent_settings(tmp_path: Path) -> None:
+    default = _agent_config(tmp_path, "")
+    assert (default.container_runtime, default.container_gpus) == (None, "devices")
+    config = _agent_config(tmp_path, 'container_runtime = "podman"\n[agent.container]\n'
+                           'program = "/opt/podman"\nruntime_args = ["--runtime=runc"]\n'
+                           'run_args = ["--ulimit=nofile=64:64"]\ngpus = "cdi"')
+    runtime = node_runtime(vars(config))
+    assert runtime == ContainerRuntime("podman", "/opt/podman", ("--runtime=runc",),
+                                       ("--ulimit=nofile=64:64",), "cdi")
+    assert node_runtime(vars(_agent_config(tmp_path, 'container_runtime = "none"'))) is None
+    for text, key in (('container_runtime = "docker"', "agent.container_runtime"),
+                      ('[agent.container]\nprogram = "podman"', "agent.container.program"),
+                      ('[agent.container]\nrun_args = ["x"]', "agent.container.run_args"),
+                      ('[agent.container]\ngpus = "all"', "agent.container.gpus"),
+                      ('[agent.container]\nimage = "u"', "image")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            _agent_config(tmp_path, text)
+
+
+def test_a_launch_order_s_spec_runs_its_runtime(tmp_path: Path) -> None:
+    """build_spec: the job's container entry names the script where the launcher writes
+    it and the job's GPUs' devices; a node without a runtime refuses the job."""
+    order = LaunchOrder(job_id=42, run=1, node="n1", name="j", user="root", uid=0, gid=0,
+                        script="#!/bin/sh\n", work_dir="/w", gpu_uuids=("GPU-a",),
+                        environment={"FOO": "1"},
+                        container=ContainerRequest("ubuntu", (Mount("./in", "/in"),)))
+    site = {"state_dir": str(tmp_path), "container_runtime": "podman",
+            "container_program": "/usr/bin/podman"}
+    spec = build_spec(order, 1.0, "n1", 0, None, site, {"GPU-a": {"index": 0, "minor": 0}})
+    entry = spec["container"]
+    assert f"--volume={tmp_path}/jobs/42/script:{SCRIPT_IN_CONTAINER}:ro" in entry["argv"]
+    assert "--name=gpusched-42-1" in entry["argv"] and "--env=FOO" in entry["argv"]
+    assert entry["check_paths"] == ["/w/in"]
+    plain = build_spec(dataclasses.replace(order, container=None), 1.0, "n1", 0, None, site)
+    assert plain["container"] is None
+    with pytest.raises(ContainerError, match="no container runtime"):
+        build_spec(order, 1.0, "n1", 0, None, {**site, "container_runtime": "none"})
