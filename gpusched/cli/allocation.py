@@ -82,6 +82,7 @@ def allocation_body(options: Mapping[str, Any], name: str, work_dir: str,
         "qos": options.get("qos"), "exclusive": bool(options.get("exclusive")),
         "begin_time": begin, "umask": current_umask(),
         "constraint": _constraint(given),
+        "reservation": options.get("reservation"),  # checked by the controller
         **share_fields(shape["share_mode"], shape["share"], shape["gpu_mem_mb"]),
         # One key per invocation: a submission sent again after a lost answer is one job.
         "submit_key": os.urandom(16).hex(),

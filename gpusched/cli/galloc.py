@@ -61,6 +61,7 @@ Options:
   -w, --nodelist NODES       Exactly these nodes.
   -x, --exclude NODES        Never these nodes.
   -C, --constraint LIST      Node features the nodes need (a&b, a|b, [a|b], [a*2&b*1]).
+      --reservation NAME     Run in this advance reservation (gcontrol show reservation).
       --begin TIME           Not before TIME (now+1hour, 16:00, 2026-12-24T18:30).
   -D, --chdir DIR            The job's working directory (default: the current one).
   -v, --verbose              Say more.
@@ -86,6 +87,7 @@ _LONG: dict[str, tuple[str, str]] = {
     "--nodelist": ("nodelist", "str"),
     "--exclude": ("exclude", "str"),
     "--constraint": ("constraint", "str"),
+    "--reservation": ("reservation", "str"),
     "--begin": ("begin", "str"),
     "--chdir": ("chdir", "str"),
     "--verbose": ("verbose", "flag"),

@@ -1,7 +1,7 @@
 """Advance reservations end to end on a real local cluster (controller, agent,
 PostgreSQL; one node of four GPUs): a reservation keeps what it holds free of other jobs
-(reason ReqNodeNotAvail) while its own users' jobs (--reservation, from the command line
-or a directive) run in it; a MAINT reservation drains the node around it (a job that
+(reason ReqNodeNotAvail) while its own users' jobs (--reservation, from the command line,
+a directive or galloc) run in it; a MAINT reservation drains the node around it (a job that
 would run into it waits, one that ends before it runs) and --explain says why; the
 gcontrol and ginfo -T views; refusals are one line and store nothing."""
 
@@ -78,6 +78,11 @@ def test_a_reservation_keeps_what_it_holds_for_its_users(cluster: Cluster) -> No
     directive = cluster.submit(str(script))
     for job_id in (inside, directive):
         assert cluster.wait_state(job_id, "COMPLETED")["reservation"] == "team"
+    # galloc takes it too (salloc's --reservation): an allocation in the reservation.
+    held = cluster.run("galloc", "--reservation=team", "-G", "2", "-t", "1:00", "-J",
+                       "in-team", "sh", "-c", "echo $SLURM_JOB_ID")
+    assert held.returncode == 0, held.stderr
+    assert cluster.job(int(held.stdout.split()[-1]))["reservation"] == "team"
     # A job of its own longer than what is left of it waits (reason Reservation).
     too_long = cluster.submit("--reservation=team", "--gpus=1", "--time=2:00:00", "--wrap",
                               "true")
