@@ -127,6 +127,36 @@ def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
           + (f", priority {fixed:g}" if fixed is not None else ""))
 
 
+@update_app.command("node")
+def update_node(nodes: Annotated[str, typer.Argument(metavar="NODES")],
+                settings: Annotated[list[str], typer.Argument(
+                    metavar="KEY=VALUE...", help="State=DRAIN Reason=TEXT, or State=RESUME")]
+                ) -> int:
+    """Drain nodes (State=DRAIN Reason=TEXT) or return them to service (State=RESUME,
+    IDLE or UNDRAIN), as scontrol update NodeName=... does (administrators only).
+
+    Examples: gcontrol update node node[01-04] State=DRAIN Reason='bad fan';
+    gcontrol update NodeName=node01 State=RESUME
+    """
+    from gpusched.cli.nodecontrol import node_changes
+    from gpusched.cli.output import print_error
+    from gpusched.errors import GpuschedError, Unavailable
+
+    worst = 0
+    for path, body in node_changes(nodes, settings):  # each node; failures reported
+        try:
+            answer = _request("POST", path, body)
+        except Unavailable:
+            raise
+        except GpuschedError as err:
+            print_error(PROG, err.message)
+            worst = max(worst, err.exit_code)
+            continue
+        _echo(f"node {answer['node']} " + (f"drained: {answer['reason']}" if body
+                                           else f"is {answer['state']}"))
+    return worst
+
+
 def _echo(line: str) -> None:
     """Print a line that holds stored values, escaped (see gpusched.core.terminal)."""
     typer.echo(terminal_safe(line))
@@ -333,8 +363,22 @@ register(app, update_app, show_app)  # create|update|delete|show reservation
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gcontrol`` console script. scontrol's own forms are taken
-    too: ``update JobId=17 KEY=VALUE...`` and ``resume 17`` (a job, not a node)."""
+    too: ``update JobId=17 KEY=VALUE...``, ``update NodeName=NODES KEY=VALUE...`` and
+    ``resume 17`` (a job, not a node); scontrol's options and commands with no meaning
+    here are refused naming them (gpusched.cli.slurmflags)."""
     import sys
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    return run_cli(app, PROG, resume_argv(update_argv(name_argv(args))))
+    from gpusched.cli.nodecontrol import node_update_argv
+    from gpusched.cli.output import print_error
+    from gpusched.cli.slurmflags import check_argv, check_command
+
+    try:
+        checked = check_argv(PROG, list(sys.argv[1:] if argv is None else argv))
+        if checked is not None:
+            check_command(PROG, checked)
+    except UsageError as err:
+        print_error(PROG, err.message)
+        return err.exit_code
+    if checked is None:
+        return 0
+    return run_cli(app, PROG, resume_argv(update_argv(node_update_argv(name_argv(checked)))))

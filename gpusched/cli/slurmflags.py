@@ -64,6 +64,34 @@ REFUSED: dict[str, dict[str, str]] = {
         "--associations": "associations are a user and an account here: use -u and -A",
         "--yaml": _YAML,
     },
+    "gcontrol": {
+        "--sibling": _FEDERATION, "--yaml": _YAML,
+        "-M": "gcontrol acts on this cluster only", "--clusters": "gcontrol acts on this "
+        "cluster only",
+        "-u": "requests are made as the user who runs gcontrol",
+        "--uid": "requests are made as the user who runs gcontrol",
+        "-o": "gcontrol show prints KEY=VALUE lines; --json gives each record whole",
+        "--oneliner": "gcontrol show prints KEY=VALUE lines; --json gives each record whole",
+        "-Q": "gcontrol prints one line for each change and each failure",
+        "--quiet": "gcontrol prints one line for each change and each failure",
+        "-v": "gcontrol says each change in one line already",
+        "--verbose": "gcontrol says each change in one line already",
+    },
+}
+# scontrol's job and node commands gcontrol does not have, each with why.
+REFUSED_COMMANDS: dict[str, dict[str, str]] = {
+    "gcontrol": {
+        "holdu": "a hold placed by root is an administrator's; a job's owner holds it with "
+                 "gcontrol hold",
+        "uhold": "a hold placed by root is an administrator's; a job's owner holds it with "
+                 "gcontrol hold",
+        "listpids": "a job's processes are the agent's to know (its cgroup on the node)",
+        "pidinfo": "a job's processes are the agent's to know (its cgroup on the node)",
+        "notify": "jobs get no messages from the controller here (mail: --mail-type)",
+        "wait_job": "gsubmit -W waits for a job it submits; gqueue -j JOB -i shows one",
+        "reboot": "nodes are not rebooted by gpusched", "cancel_reboot": "nodes are not "
+        "rebooted by gpusched", "power": "nodes are not powered by gpusched",
+    },
 }
 
 # Option spellings accepted as they are: what Slurm means by them is already what the
@@ -74,6 +102,8 @@ ALREADY: dict[str, frozenset[str]] = {
     "gcancel": frozenset({"--ctld", "-H", "--hurry", "-f", "--full"}),
     "ginfo": frozenset({"--hide", "--local", "--noconvert", "-a", "--all"}),
     "gacct": frozenset({"--local", "-L", "--allclusters", "--use-local-uid", "--array"}),
+    "gcontrol": frozenset({"-a", "--all", "-d", "--details", "-F", "--future", "--hide",
+                           "--local"}),
 }
 
 # Spellings read as another: --usage is --help; sacct's -h is its --help.
@@ -82,6 +112,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "gcancel": {"--usage": "--help", "--jobname": "--name"},
     "ginfo": {"--usage": "--help"},
     "gacct": {"--usage": "--help", "-h": "--help", "--uid": "--user"},
+    "gcontrol": {"--usage": "--help", "-h": "--help"},
 }
 VERSION = ("-V", "--version")
 
@@ -117,6 +148,19 @@ def check_argv(prog: str, argv: Sequence[str], declared: Iterable[str] = ()
             continue
         out.append(aliases[name] + eq + value if name in aliases else word)
     return out
+
+
+def check_command(prog: str, argv: Sequence[str]) -> None:
+    """A usage error naming the command (the first word that is not an option) when it
+    is one of Slurm's that ``prog`` refuses."""
+    refused = REFUSED_COMMANDS.get(prog, {})
+    for word in argv:
+        if word == "--":
+            return
+        if not word.startswith("-"):
+            if word.lower() in refused:
+                raise UsageError(f"{word}: not supported: {refused[word.lower()]}")
+            return
 
 
 def from_environment(given: Mapping[str, object], names: Mapping[str, str],
@@ -155,8 +199,15 @@ def check_clusters(text: str | None) -> None:
 
 
 def declared_options(app: Any) -> frozenset[str]:
-    """Every option spelling a typer app's command declares."""
+    """Every option spelling a typer app's command (and its subcommands) declares."""
     from typer.main import get_command
 
-    return frozenset(name for param in get_command(app).params
-                     for name in [*param.opts, *param.secondary_opts])
+    found: set[str] = set()
+    commands = [get_command(app)]
+    while commands:
+        command = commands.pop()
+        found.update(name for param in command.params
+                     for name in [*param.opts, *param.secondary_opts]
+                     if param.param_type_name == "option")
+        commands.extend(getattr(command, "commands", {}).values())
+    return frozenset(found)

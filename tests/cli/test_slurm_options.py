@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpusched.cli import gacct, gcancel, ginfo, gqueue, slurmflags
+from gpusched.cli import gacct, gcancel, gcontrol, ginfo, gqueue, slurmflags
 from gpusched.errors import UsageError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 COMMANDS: dict[str, tuple[str, ModuleType]] = {
     "squeue": ("gqueue", gqueue), "scancel": ("gcancel", gcancel), "sinfo": ("ginfo", ginfo),
-    "sacct": ("gacct", gacct),
+    "sacct": ("gacct", gacct), "scontrol": ("gcontrol", gcontrol),
 }
 
 
@@ -41,7 +41,7 @@ CASES = [(slurm, spelling) for slurm in COMMANDS for line in slurm_options(slurm
 def test_data_files_list_many_options() -> None:
     counts = {slurm: len(slurm_options(slurm)) for slurm in COMMANDS}
     assert counts["squeue"] >= 35 and counts["scancel"] >= 24
-    assert counts["sinfo"] >= 28 and counts["sacct"] >= 49
+    assert counts["sinfo"] >= 28 and counts["sacct"] >= 49 and counts["scontrol"] >= 15
 
 
 @pytest.fixture
@@ -95,12 +95,12 @@ def test_each_option_is_implemented_or_refused_naming_it(
 
 
 def test_refused_and_declared_do_not_overlap() -> None:
-    """gqueue and gcancel check before building their typer command, so a spelling
+    """gqueue, gcancel and gcontrol check before building their typer command, so a spelling
     they declare must not be refused; ginfo and gacct pass what they declare, and a
     declared spelling wins over its refusal (an option added later)."""
     for prog, module in (entry for entry in COMMANDS.values()):
         ours = declared(module)
-        if prog in ("gqueue", "gcancel"):
+        if prog in ("gqueue", "gcancel", "gcontrol"):
             assert not set(slurmflags.REFUSED.get(prog, {})) & ours, prog
         else:
             for spelling in set(slurmflags.REFUSED.get(prog, {})) & ours:
@@ -142,3 +142,38 @@ def test_input_variables_ours_then_slurms_and_the_command_line_wins() -> None:
         "fmt": "%j", "sort": "-t"}
     assert slurmflags.from_environment({"fmt": "%A", "sort": None}, names, env) == {"sort": "-t"}
     assert slurmflags.from_environment({"fmt": None}, names, {"SQUEUE_FORMAT": " "}) == {}
+
+
+SCONTROL_COMMANDS = [line.strip() for line in (DATA / "scontrol.commands").read_text()
+                     .splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("command", SCONTROL_COMMANDS)
+def test_each_scontrol_job_and_node_command_is_gcontrols_or_refused(
+        command: str, listener: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
+    from typer.main import get_command
+
+    group = get_command(gcontrol.app)
+    if command in getattr(group, "commands", {}):
+        return
+    assert command in slurmflags.REFUSED_COMMANDS["gcontrol"], f"{command} is neither " \
+        "gcontrol's nor refused"
+    assert gcontrol.main([command, "17"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gcontrol: error: {command}: not supported: ")
+    assert _nothing_connected(listener)
+
+
+def test_node_updates_as_scontrol_writes_them() -> None:
+    from gpusched.cli.nodecontrol import node_changes, node_update_argv
+
+    assert node_update_argv(["update", "NodeName=n[1-2]", "State=DRAIN"]) == [
+        "update", "node", "n[1-2]", "State=DRAIN"]
+    assert node_changes("n[1-2]", ["state=drain", "Reason=bad fan"]) == [
+        ("/v1/nodes/n1/drain", {"reason": "bad fan"}), ("/v1/nodes/n2/drain", {"reason": "bad fan"})]
+    assert node_changes("n1", ["State=UNDRAIN"]) == [("/v1/nodes/n1/resume", None)]
+    for settings, says in ((["State=DRAIN"], "needs Reason"), (["State=DOWN"], "DOWN: not supp"),
+                           (["State=odd"], "invalid State=ODD"), (["Weight=3"], "Weight: not supp"),
+                           (["Reason=x"], "give State=")):
+        with pytest.raises(UsageError, match=says):
+            node_changes("n1", settings)

@@ -206,3 +206,21 @@ def test_requeue_of_a_finished_job_and_requeuehold(cluster: Cluster) -> None:
     special = cluster.run("gcontrol", "requeuehold", "State=SpecialExit", str(pending))
     assert special.returncode == 2 and "State=SpecialExit: not supported" in special.stderr
     cluster.run("gcancel", str(pending), str(running))
+
+
+def test_gcontrol_update_node_as_scontrol(cluster: Cluster) -> None:
+    drained = cluster.run("gcontrol", "update", "NodeName=node01", "State=DRAIN",
+                          "Reason=fan check")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout.strip() == "node node01 drained: fan check"
+    assert lines(cluster, "ginfo", "-h", "-N", "-o", "%N %T %E", "-p", "gpu") == [
+        "node01 drained fan check"]
+    back = cluster.run("gcontrol", "update", "node", "node01", "State=RESUME")
+    assert back.returncode == 0 and back.stdout.strip() == "node node01 is UP", back.stderr
+    missing = cluster.run("gcontrol", "update", "node", "nope", "State=RESUME")
+    assert missing.returncode == 1 and "nope" in missing.stderr
+    for bad, says in ((["listpids", "1"], "listpids: not supported"),
+                      (["-o", "show", "job", "1"], "-o: not supported"),
+                      (["update", "node", "node01", "State=DOWN"], "State=DOWN: not supported")):
+        done = cluster.run("gcontrol", *bad)
+        assert done.returncode == 2 and says in done.stderr, (bad, done.stderr)
