@@ -113,6 +113,7 @@ FIELDS: dict[str, tuple[str, Callable[[Row], str]]] = {
                      if r[0].get("time_limit") else "UNLIMITED"),
     "reason": ("Reason", lambda r: "" if r[1] else str(r[0].get("reason") or "None")),
     "workdir": ("WorkDir", lambda r: "" if r[1] else str(r[0].get("work_dir") or "")),
+    "constraints": ("Constraints", lambda r: "" if r[1] else str(r[0].get("constraint") or "")),
     "restarts": ("Restarts", lambda r: "" if r[1] else str(r[0].get("restarts") or 0)),
     # gpusched's own: GPUs, GPU-hours, billed GPU-hours, GPU utilisation
     "gpus": ("GPUs", lambda r: "" if r[1] else str(r[0].get("gpus") or 0)),

@@ -1,7 +1,7 @@
 """Node features against a real PostgreSQL: ``gpusched admin apply`` stores the
 [[node]] tables (the complete set, host lists expanded); a node registers its GPUs'
 features; the snapshot carries every node's features (both kinds) and each pending
-job's constraint (array tasks keep it); a submission whose constraint no node of its
+job's constraint (array tasks and the accounting records keep it); a submission whose constraint no node of its
 partition could satisfy is refused and stores nothing; the node listing shows them."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gpusched.adminconfig import parse_admin_config
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan
 from gpusched.db import agents, jobs, submit
+from gpusched.db.accounting import job_records
 from gpusched.db.admin import apply_config, plan_changes
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.features import node_features
@@ -121,7 +122,9 @@ def test_the_snapshot_carries_features_and_constraints(sessions: sessionmaker[Se
     with sessions() as s:
         tasks = s.execute(select(Job.array_task_id, Job.constraints)
                           .where(Job.array_job_id == array)).all()
+        records = {r["job_id"]: r for r in job_records(s)}
     assert {c for _, c in tasks} == {"l4"}
+    assert records[wanted]["constraint"] == "h100&(nvlink|ib)"  # gacct -o Constraints
 
 
 @pytest.mark.parametrize(("body", "says"), [

@@ -28,3 +28,13 @@ def test_ginfo_shows_the_features_of_a_group() -> None:
     assert infoformat.render(infoformat.parse_format("%f"), bare) == "(null)"
     assert infoformat.render(infoformat.parse_format("%f %b"), None) == "AVAIL_FEATURES ACTIVE_FEATURES"
     assert [p[0] for p in infoformat.parse_long_format("Features,FeaturesAct")][::2] == ["f", "b"]
+
+
+def test_gacct_shows_the_constraint() -> None:
+    from gpusched.cli import acctformat
+
+    header, value = acctformat.FIELDS["constraints"]
+    assert header == "Constraints"
+    assert value(({"constraint": "sm_90|sm_89"}, None)) == "sm_90|sm_89"
+    assert value(({"constraint": None}, None)) == ""
+    assert value(({"constraint": "a"}, {"step": 0})) == ""  # steps: the job's line only
