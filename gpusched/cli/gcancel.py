@@ -47,6 +47,8 @@ def gcancel(
     qos: Annotated[Optional[str], typer.Option("--qos", "-q", help="Only jobs of this QOS.")] = None,
     nodelist: Annotated[Optional[str], typer.Option(
         "--nodelist", "-w", help="Only jobs running on these nodes (node[01-04],gpu7).")] = None,
+    reservation: Annotated[Optional[str], typer.Option(
+        "--reservation", "-R", help="Only jobs of this advance reservation.")] = None,
     clusters: Annotated[Optional[str], typer.Option(
         "--clusters", "-M", help="This cluster's name; any other is refused.")] = None,
     interactive: Annotated[bool, typer.Option(
@@ -78,7 +80,7 @@ def gcancel(
                                  "only PENDING (PD) and RUNNING (R) jobs can be cancelled")
     nodes = _nodes(nodelist)
     filtered = bool(user or me or partition or wanted_states or name or account or qos
-                    or nodes)
+                    or nodes or reservation)
     if step_ids and filtered:
         raise UsageError("a step id (JOB.STEP) takes no filters: give steps alone")
     if not targets and not filtered and not step_ids:
@@ -113,6 +115,7 @@ def gcancel(
               and (name is None or job["name"] == name)
               and (account is None or job.get("account") == account)
               and (qos is None or job.get("qos") == qos)
+              and (reservation is None or job.get("reservation") == reservation)
               and (nodes is None or bool(nodes & set(job.get("node_names") or [job.get("node")])))}
     if targets:
         # Ids name jobs (or arrays); keep those the filters select, as scancel does.

@@ -61,6 +61,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "K": ("array_task_id", "array_tasks", "array_max_running"), "h": ("exclusive",),
     "L": ("start_time", "end_time", "time_limit", "suspended_seconds", "suspended_at"), "n": ("nodelist",), "U": ("uid",),
     "x": ("exclude",), "Z": ("work_dir",), "p": (),
+    "v": ("reservation",),
 }
 # The same for the -O names with no code of their own.
 _LONG_NEEDS: dict[str, tuple[str, ...]] = {
@@ -140,6 +141,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "U": ("UID", lambda j, now: str(j.get("uid", ""))),
     "x": ("EXC_NODES", lambda j, now: str(j.get("exclude") or "")),
     "Z": ("WORK_DIR", lambda j, now: str(j.get("work_dir") or "")),
+    "v": ("RESERVATION", lambda j, now: str(j.get("reservation") or "(null)")),
 }
 _LONG_ONLY: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "stdout": ("STDOUT", lambda j, now: str(j.get("output") or "")),
@@ -160,7 +162,7 @@ REFUSED_CODES = {
     "k": "a job's comment is not kept here", "O": "there is no contiguous placement here",
     "o": "a job's command is its stored script (gcontrol show job), not a path",
     "X": "no cores are reserved for the system (core specialization) here",
-    "s": "there is no node selection plugin here", "v": "there are no reservations here",
+    "s": "there is no node selection plugin here",
     "w": "jobs carry no workload characterisation key (WCKey) here",
     "y": "jobs carry no nice value here", "Y": "the nodes a pending job will use are not kept",
     "z": "jobs ask for no sockets, cores or threads here",
@@ -175,6 +177,7 @@ LONG_NAMES = {
     "excnodes": "x", "starttime": "S", "state": "T", "statecompact": "t", "stdout": "stdout",
     "stderr": "stderr", "submittime": "V", "timeleft": "L", "timelimit": "l", "timeused": "M",
     "tres-per-node": "b", "userid": "U", "username": "u", "workdir": "Z",
+    "reservation": "v",
     "exit_code": "exit_code", "restartcnt": "restarts", "requeue": "requeue",
     "eligibletime": "eligible",
 }

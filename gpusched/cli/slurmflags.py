@@ -37,7 +37,7 @@ REFUSED: dict[str, dict[str, str]] = {
         "-c": "there are no crontab jobs (scrontab) here",
         "--cron": "there are no crontab jobs (scrontab) here",
         "--wckey": "jobs carry no workload characterisation key (WCKey) here",
-        "-b": _BATCH, "--batch": _BATCH, "-R": _RESERVATIONS, "--reservation": _RESERVATIONS,
+        "-b": _BATCH, "--batch": _BATCH,
     },
     "ginfo": {
         "--federation": _FEDERATION, "--yaml": _YAML,

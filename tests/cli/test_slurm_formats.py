@@ -72,6 +72,15 @@ def test_sort_and_format_refusals_name_the_code() -> None:
         parse_long_format("JobID,Bogus")
 
 
+def test_reservation_and_features_codes() -> None:
+    from gpusched.cli.queueformat import parse_format
+
+    fields = parse_format("%v|%f")
+    assert render_format(fields, {"reservation": "maint", "constraint": "a100&nvlink"}, NOW) \
+        == "maint|a100&nvlink"
+    assert render_format(parse_long_format("Reservation:6"), {}, NOW) == "(null)"
+
+
 def test_long_format_widths_and_suffix() -> None:
     fields = parse_long_format("JobID:.6,Name:4|,State")
     assert fields[:2] == [Field("A", 6, True), Field("", None, False, " ")]

@@ -112,6 +112,8 @@ def test_gcancel_filters_quiet_interactive(cluster: Cluster) -> None:
     # -A chooses by account (no job here charges one); -b is refused naming it
     assert cluster.run("gcancel", "-A", "nobody", "-n", "c1").returncode == 0
     assert cluster.job(a)["state"] == "PENDING"
+    assert cluster.run("gcancel", "-R", "maint", "-n", "c1").returncode == 0  # not in it
+    assert cluster.job(a)["state"] == "PENDING"
     assert cluster.run("gcancel", "-w", "node01", "-t", "PD").returncode == 0  # runs nowhere
     assert cluster.job(a)["state"] == "PENDING"
     refused = cluster.run("gcancel", "-b", "-s", "USR1", str(a))
