@@ -1,11 +1,13 @@
 """The pass with -C/--constraint (core/feature_starts.py): a constrained job starts only
 on nodes that satisfy its constraint, waits with BadConstraints when no node set could,
 takes a matching OR's nodes from one alternative and a count's from distinct nodes; a
-property test holds every start to the rule (core.features.satisfied) and every
-BadConstraints to a brute-force search of the partition's nodes."""
+property test (each backfill mode, exclusive jobs too) holds every start to the rule
+(core.features.satisfied), gives no GPU twice, and holds every BadConstraints to a
+brute-force search of the partition's nodes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import combinations
 
 from hypothesis import given, settings
@@ -40,10 +42,10 @@ def job(job_id: int, constraint: str | None, gpus: int = 1, nodes: int = 1) -> P
                       constraint=constraint and parse_constraint(constraint).text())
 
 
-def run(nodes: list[NodeView], jobs: list[PendingJob]) -> Plan:
+def run(nodes: list[NodeView], jobs: list[PendingJob], backfill: str = "easy") -> Plan:
     snapshot = Snapshot(tuple(nodes), (PartitionView("p", tuple(n.name for n in nodes)),),
                         tuple(jobs))
-    return plan(snapshot, NOW, Policy())
+    return plan(snapshot, NOW, Policy(backfill=backfill))
 
 
 def placed(result: Plan) -> dict[int, tuple[str, ...]]:
@@ -99,14 +101,20 @@ constraints_st = st.sampled_from(
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(feature_sets_st, st.integers(0, 2)), min_size=1, max_size=5),
        st.lists(st.tuples(st.none() | constraints_st, st.integers(0, 2), st.integers(1, 2)),
-                min_size=1, max_size=5))
+                min_size=1, max_size=5),
+       st.sampled_from(("easy", "conservative", "none")), st.booleans())
 def test_starts_satisfy_constraints_and_bad_ones_are_truly_impossible(
         shapes: list[tuple[frozenset[str], int]],
-        asks: list[tuple[str | None, int, int]]) -> None:
+        asks: list[tuple[str | None, int, int]], backfill: str, exclusive: bool) -> None:
     nodes = [node(f"n{i}", *features, gpus=gpus) for i, (features, gpus) in enumerate(shapes)]
     jobs = [job(i + 1, text, gpus, count) for i, (text, gpus, count) in enumerate(asks)]
-    result = run(nodes, jobs)
+    if exclusive:  # whole nodes (counts are refused with --exclusive at submit)
+        jobs = [replace(j, exclusive=True) if "*" not in (j.constraint or "") else j
+                for j in jobs]
+    result = run(nodes, jobs, backfill)
     features = {n.name: n.features for n in nodes}
+    given = [uuid for start in result.starts for uuid in start.gpu_uuids]
+    assert len(given) == len(set(given))  # no GPU twice
     for start in result.starts:
         wanted = jobs[start.job_id - 1]
         names = start.nodes or (start.node,)
