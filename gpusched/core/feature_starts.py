@@ -7,17 +7,24 @@ nodes it may use, whether any node set of its partition could ever satisfy it
   the one where it could start soonest (the first written among equals).
 - A job on several nodes whose constraint counts nodes (``a*2``, ``[a*2&b*4]``) starts
   only when, at once, each count finds its nodes (distinct, fewest candidates first)
-  and its other nodes are found among the eligible rest. Such a job gets no reservation
-  and no expected start: the pass does not plan counts over time.
+  and its other nodes are found among the eligible rest. Such a job gets no reservation:
+  the pass does not plan counts over time. Its expected start is the earliest time its
+  number of nodes is free together, when those nodes satisfy its counts (else none).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpusched.core.features import Constraint, options, parse_constraint, possible
+from gpusched.core.features import (
+    Constraint,
+    options,
+    parse_constraint,
+    possible,
+    satisfied,
+)
 from gpusched.core.model import PendingJob, Reason
-from gpusched.core.units import Shape
+from gpusched.core.units import INF, Shape
 
 if TYPE_CHECKING:
     from gpusched.core.plan import SchedulingPass
@@ -114,8 +121,20 @@ class FeatureHooks:
             if found is None:
                 first = job.partition not in self.sched.blocked
                 self.sched.blocked.setdefault(job.partition, job)
+                self._estimate(job, constraint, shape, members, features)
                 return Reason.RESOURCES if first else Reason.PRIORITY
             used.update(index for index, _ in found)
             placed.extend(found)
         self.sched._start_placed(job, task, placed, shape)
         return None
+
+    def _estimate(self, job: PendingJob, constraint: Constraint, shape: Shape,
+                  members: frozenset[int], features: dict[int, frozenset[str]]) -> None:
+        """An expected start for a counted job that waits: the earliest the job's
+        nodes could be free together, when the nodes found then satisfy its counts
+        (else none: the pass does not search further)."""
+        if not (self.sched.depth and self.sched.policy.estimates):
+            return
+        at, where = self.sched.capacity.earliest(shape, members)
+        if at < INF and satisfied(constraint, [features[index] for index, _ in where]):
+            self.sched.expected[job.job_id] = at

@@ -127,3 +127,13 @@ def test_starts_satisfy_constraints_and_bad_ones_are_truly_impossible(
             satisfied(parse_constraint(wanted.constraint), [n.features for n in subset])
             for subset in combinations(nodes, wanted.nodes))
         assert (pending.reason is Reason.BAD_CONSTRAINTS) == (not could)
+
+
+def test_a_waiting_counted_job_gets_an_expected_start_but_no_reservation() -> None:
+    nodes = [node("c1", "c"), node("d1")]
+    result = run(nodes, [job(1, "c", gpus=2), job(2, "c*1", nodes=2)])
+    assert placed(result) == {1: ("c1",)}
+    waiting = next(p for p in result.pending if p.job_id == 2)
+    assert waiting.reason is Reason.RESOURCES
+    assert waiting.expected_start == NOW + 3600  # when job 1's time limit frees c1
+    assert not result.reservations
