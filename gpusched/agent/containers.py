@@ -298,6 +298,16 @@ def node_runtime(settings: Mapping[str, Any],
                             settings.get("container_gpus", "devices"))
 
 
+def cleanup_command(runtime: ContainerRuntime, job: ContainerJob) -> list[str] | None:
+    """What removes the run's container after the job, whatever became of the runtime's
+    own process (a SIGKILL at the end of the grace time leaves podman's container
+    running under its monitor); None where the container ends with its processes."""
+    if runtime.kind != "podman":
+        return None
+    return [runtime.program, *runtime.runtime_args, "rm", "--force", "--time=0", "--ignore",
+            job.name]
+
+
 def container_kind(config: Any) -> str | None:
     """What an agent registers as its node's runtime (AgentConfig; None: none)."""
     runtime = node_runtime(vars(config))
@@ -319,7 +329,7 @@ def spec_entry(runtime: ContainerRuntime | None, request: ContainerRequest,
                              f"--container-image {request.image})")
     argv, extra = container_command(runtime, request, job)
     image = request.image
-    return {"argv": argv, "env": extra,
+    return {"argv": argv, "env": extra, "cleanup": cleanup_command(runtime, job),
             "check_paths": mount_sources(request, job.work_dir)
             + ([job.home] if request.mount_home else [])
             + ([posixpath.normpath(posixpath.join(job.work_dir, image))]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 _OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
@@ -139,3 +140,31 @@ def default_signals() -> None:
             except (OSError, ValueError):
                 pass
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def run_as_job_user(spec: dict[str, Any], argv: list[str], timeout: float = 30.0) -> None:
+    """Run ``argv`` as the job's user, with its variables and no input or output, for at
+    most ``timeout`` seconds: what a container runtime keeps of the job's container is
+    removed with it after the job (gpusched.agent.containers). Failures are ignored."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid == 0:
+        try:
+            os.setsid()
+            _drop_privileges(spec)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            default_signals()
+            os.execve(argv[0], argv, {**spec["env"], **spec["container"]["env"]})
+        finally:
+            os._exit(_LAUNCH_FAILED_EXIT)
+    deadline = time.monotonic() + timeout
+    while os.waitpid(pid, os.WNOHANG)[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+        time.sleep(0.02)

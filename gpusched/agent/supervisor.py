@@ -56,7 +56,7 @@ if not __package__:  # run as a script: the job's exec is in a module of its pac
 
 # LaunchError, _drop_privileges and _note_error are re-exported (steptask, spawner).
 from gpusched.agent.jobexec import LaunchError as LaunchError  # noqa: E402
-from gpusched.agent.jobexec import _child_main  # noqa: E402
+from gpusched.agent.jobexec import _child_main, run_as_job_user  # noqa: E402
 from gpusched.agent.jobexec import _drop_privileges as _drop_privileges  # noqa: E402
 from gpusched.agent.jobexec import _note_error as _note_error  # noqa: E402
 from gpusched.agent.jobfiles import FULL_DISK_PATIENCE, write_job_file  # noqa: E402
@@ -132,6 +132,9 @@ class Supervisor:
             status = self.status("cancelled", None, None, None)
         else:
             status = self._run_job()
+        cleanup = (self.spec.get("container") or {}).get("cleanup")
+        if cleanup:  # what the runtime keeps of the run's container, as the job's user
+            run_as_job_user(self.spec, cleanup)
         if self.confine is not None and self.spec.get("epilog"):
             error = self.confine.run_epilog(self.spec)
             if error is not None:

@@ -195,6 +195,10 @@ def test_detection_devices_and_spec_entry() -> None:
     assert mount_sources(request, "/w") == ["/w/in"]
     entry = spec_entry(PODMAN, request, JOB)
     assert entry["check_paths"] == ["/home/ann/run/in", "/home/ann"]
+    assert entry["cleanup"] == ["/usr/bin/podman", "--runtime=runc", "rm", "--force",
+                                "--time=0", "--ignore", "gpusched-7-0"]
+    assert spec_entry(ContainerRuntime("apptainer", "apptainer"), ContainerRequest("u"),
+                      JOB)["cleanup"] is None
     archive = spec_entry(PODMAN, ContainerRequest("./img.tar"), JOB)
     assert archive["check_paths"] == ["/home/ann/run/img.tar"]  # read as the user, first
     with pytest.raises(ContainerError, match="no container runtime"):

@@ -166,6 +166,22 @@ def test_a_mount_the_user_cannot_read_fails_the_job(cluster: Cluster) -> None:
     assert "never" not in out
 
 
+def test_a_cancel_ends_the_whole_container(cluster: Cluster) -> None:
+    """A container deaf to SIGTERM is gone after a cancel, and the runtime keeps no
+    container of the run (root's podman runs it outside the job's cgroup)."""
+    job_id = cluster.submit(f"--container-image={IMAGE}", "--wrap",
+                            'trap "" TERM; echo started; sleep 7654321')
+    cluster.wait_state(job_id, "RUNNING")
+    wait_for(lambda: _sleepers("7654321"), what="the container's sleep")
+    assert cluster.run("gcancel", str(job_id)).returncode == 0
+    cluster.wait_state(job_id, "CANCELLED", timeout=30)
+    wait_for(lambda: not _sleepers("7654321"), timeout=30, what="no process left",
+             seen=lambda: _sleepers("7654321"))
+    kept = subprocess.run([_podman(), "ps", "-a", "--format", "{{.Names}}"],
+                          capture_output=True, text=True, timeout=60)
+    assert f"gpusched-{job_id}-0" not in kept.stdout.split(), kept
+
+
 def test_bad_options_are_refused_at_submit(cluster: Cluster) -> None:
     before = len(cluster.jobs())
     for args, words in (((f"--container-image={IMAGE}", "--container-mounts=/a:rel"),
@@ -239,14 +255,17 @@ def test_a_user_s_job_runs_rootless_as_that_user(cluster: Cluster) -> None:
         return int(answer["job_id"])
 
     try:
-        job_id = submit("id -u; touch /out/made-inside && echo made; cat /etc/os-release",
-                        [f"{out}:/out"])
+        job_id = submit("id -u; touch /out/made-inside && echo made; cat /etc/os-release;"
+                        " cat /proc/self/cgroup", [f"{out}:/out"])
         done = cluster.wait_state(job_id, "COMPLETED", "FAILED", timeout=120)
         text = _output(cluster, job_id)
         assert done["state"] == "COMPLETED" and done["user"] == user, (done, text)
         lines = text.splitlines()
         assert lines[0] == "0" and "made" in lines and f'NAME="{MARK}"' in lines, text
         assert (out / "made-inside").stat().st_uid == uid  # no privilege on the node
+        # Still confined: the container's processes are in the job's cgroup.
+        memory = next(line for line in lines if ":memory:" in line)
+        assert memory.endswith(f"/job-{job_id}-0"), text
         secret = cluster.root / "secret"
         secret.mkdir(mode=0o700)  # root's alone
         refused = submit("ls /s", [f"{secret}:/s"])
@@ -254,6 +273,16 @@ def test_a_user_s_job_runs_rootless_as_that_user(cluster: Cluster) -> None:
         assert failed["state"] == "FAILED"
         assert (f"--container-mounts: {secret}: not found or not readable by the job's user"
                 in wait_for(lambda: _output(cluster, refused), what="output"))
+        # A cancel ends every process of the container, one deaf to SIGTERM included.
+        stubborn = submit('trap "" TERM; echo started; sleep 1234567', [])
+        cluster.wait_state(stubborn, "RUNNING")
+        wait_for(lambda: "started" in _output(cluster, stubborn), what="the job started")
+        wait_for(lambda: _sleepers("1234567"), what="the container's sleep")
+        cancelled = cluster.run("gcancel", str(stubborn))
+        assert cancelled.returncode == 0, cancelled.stderr
+        cluster.wait_state(stubborn, "CANCELLED", timeout=30)
+        wait_for(lambda: not _sleepers("1234567"), timeout=30, what="no process left",
+                 seen=lambda: _sleepers("1234567"))
     finally:
         subprocess.run([podman, "system", "reset", "-f"], capture_output=True, user=user,
                        env=env, timeout=120)
@@ -291,3 +320,17 @@ def test_an_array_of_an_image_archive(cluster: Cluster) -> None:
         assert task["state"] == "COMPLETED", (task, text)
         assert f'NAME="{MARK}"' in text and f"task={task['array_task_id']}" in text, text
         assert task["container"]["image"] == "./img.tar"
+
+
+def _sleepers(mark: str) -> list[int]:
+    """The processes of this host whose command line is ``sleep MARK``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:2] == [b"sleep", mark.encode()]:
+                found.append(int(entry))
+    return found
