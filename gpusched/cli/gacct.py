@@ -175,7 +175,7 @@ def gacct(
     wanted_states = parse_states(state, "--state", STATES,
                                  "pending jobs have used nothing yet; expected R, CD, F, CA, TO, NF "
                                  "or OOM")
-    job_ids: list[int] = []
+    job_ids: list[int | str] = []
     only_steps: dict[int, set[str]] = {}
     if jobs is not None:
         job_ids, only_steps = _job_and_step_ids(jobs)
@@ -336,10 +336,12 @@ def _exit(record: dict[str, Any]) -> str:
     return f"{record['exit_code'] if record['exit_code'] is not None else 0}:{record['signal'] or 0}"
 
 
-def _job_and_step_ids(text: str) -> tuple[list[int], dict[int, set[str]]]:
-    """``-j``'s ids: jobs (``12``) and steps (``12.3``, ``12.batch``); the jobs to ask
-    for, and for a job named only by its steps, which of them to show."""
+def _job_and_step_ids(text: str) -> tuple[list[int | str], dict[int, set[str]]]:
+    """``-j``'s ids: jobs (``12``), array tasks (``12_3``) and steps (``12.3``,
+    ``12.batch``); the jobs to ask for, and for a job named only by its steps, which of
+    them to show."""
     from gpusched.cli.gcancel import parse_job_ids
+    from gpusched.cli.jobcontrol import job_refs
 
     whole: list[str] = []
     steps: dict[int, set[str]] = {}
@@ -353,9 +355,11 @@ def _job_and_step_ids(text: str) -> tuple[list[int], dict[int, set[str]]]:
                              "or 12.batch")
         steps.setdefault(parse_job_ids([job])[0], set()).add(
             step if step == "batch" else str(int(step)))
-    job_ids = parse_job_ids(whole) if whole else []
+    job_ids: list[int | str] = [r.job_id if r.task is None else r.text()
+                                for r in job_refs(whole)] if whole else []
     for job_id in job_ids:
-        steps.pop(job_id, None)  # the whole job is shown
+        if isinstance(job_id, int):
+            steps.pop(job_id, None)  # the whole job is shown
     return job_ids + [j for j in steps if j not in job_ids], steps
 
 

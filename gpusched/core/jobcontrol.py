@@ -68,6 +68,18 @@ def parse_job_refs(texts: Sequence[str], limit: int = 10_000) -> list[JobRef]:
     return list(found)
 
 
+def ref_matches(refs: Sequence[JobRef], job_id: int, array_job_id: int | None,
+                array_task_id: int | None) -> bool:
+    """Whether a job row (its id, its array's and its task's) is one ``refs`` name: a
+    job id names the job and, for an array, every task of it; ``12_3`` only task 3."""
+    for ref in refs:
+        if ref.task is None and ref.job_id in (job_id, array_job_id):
+            return True
+        if ref.task is not None and (array_job_id, array_task_id) == (ref.job_id, ref.task):
+            return True
+    return False
+
+
 def task_in(tasks: str | None, task: int) -> bool:
     """Whether an array's pending task text (canonical, gpusched.core.arrays) holds
     ``task``, without listing its tasks."""

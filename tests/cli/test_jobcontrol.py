@@ -6,6 +6,7 @@ one error line that changes nothing."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,3 +78,10 @@ def test_top_update_and_array_tasks(cluster: Cluster) -> None:
     assert missing.returncode == 1 and f"{array}_9" in missing.stderr, missing
     assert cluster.run("gcancel", str(blocker), str(array), str(first), str(second),
                        str(third)).returncode == 0
+    # gacct -j takes a task too: that task's record alone, not the array's others.
+    accounted = cluster.run("gacct", "-j", f"{array}_2", "--json")
+    assert accounted.returncode == 0, accounted
+    records = json.loads(accounted.stdout)["jobs"]
+    assert [(r["array_job_id"], r["array_task_id"]) for r in records] == [(array, 2)], records
+    whole = json.loads(cluster.run("gacct", "-j", str(array), "--json").stdout)["jobs"]
+    assert len(whole) == 2, whole  # the task split off and the array's record

@@ -239,3 +239,19 @@ def test_update_of_a_running_job(sessions: sessionmaker[Session]) -> None:
         jobcontrol.suspend_job(s, job_id, ROOT, True)
     assert _update(sessions, job_id, ROOT, time_limit=1200) == set()  # resume tells it
     assert _job(sessions, job_id)["time_limit"] == 1200
+
+
+def test_suspend_reaches_every_node_of_the_job(sessions: sessionmaker[Session]) -> None:
+    with sessions() as s, s.begin():
+        agents.register_node(s, {"node": "n2", "uid": 0, "gpus": [
+            {"index": 0, "uuid": "GPU-n2-0"}]})
+    job_id = _running(sessions, gpus=2, nodes=2)
+    assert sorted(_job(sessions, job_id)["node_names"]) == ["n1", "n2"]
+    with sessions() as s, s.begin():
+        _, nodes = jobcontrol.suspend_job(s, job_id, ROOT, True)
+    assert nodes == {"n1", "n2"}
+    with sessions() as s:
+        told = sorted(s.execute(text(
+            "SELECT n.name, c.payload->>'suspend' FROM node_commands AS c JOIN nodes AS n "
+            "ON n.id = c.node_id WHERE c.job_id = :j AND c.kind = 'suspend'"), {"j": job_id}))
+    assert told == [("n1", "true"), ("n2", "true")]

@@ -18,11 +18,21 @@ from gpusched.controller.retention import (
     with_archived,
     with_archived_usage,
 )
+from gpusched.core.bounds import MAX_LIST
 from gpusched.core.fairshare import FairShareTree
+from gpusched.core.jobcontrol import JobRef, JobRefError, parse_job_refs, ref_matches
 from gpusched.core.plan import job_priorities
 from gpusched.db import accounting, budgets, retention
 from gpusched.db.schedule import load_snapshot
 from gpusched.errors import UsageError
+
+
+def job_refs(text: str) -> list[JobRef]:
+    """``?ids=``: job ids and array task ids (``12_3``); a bad one is a usage error."""
+    try:
+        return parse_job_refs([text], MAX_LIST)
+    except JobRefError as exc:
+        raise UsageError(f"ids: {exc}") from None
 
 
 class AccountingRoutes:
@@ -44,17 +54,23 @@ class AccountingRoutes:
         archives that may hold any asked for: the caller's own, for all but an
         administrator (docs/api.md)."""
         q = request.query
+        refs = job_refs(q["ids"]) if q.get("ids") else None
         asked = ArchiveQuery(word_list(q.get("user")), word_list(q.get("account")),
                              [s.upper() for s in word_list(q.get("state")) or []] or None,
-                             sorted(id_set(q["ids"])) if q.get("ids") else None,
+                             sorted({r.job_id for r in refs}) if refs else None,
                              epoch_param(q, "start"), epoch_param(q, "end"))
         with self.context.sessions() as session:
             records = accounting.job_records(session, asked.users, asked.accounts, asked.states,
                                              asked.ids, asked.start, asked.end)
         if self.archives is None:
-            return 200, {"jobs": records}
-        viewer = None if self.context.is_admin(request.caller) else request.caller.uid
-        return 200, with_archived(self.archives, records, replace(asked, uid=viewer))
+            answer: dict[str, Any] = {"jobs": records}
+        else:
+            viewer = None if self.context.is_admin(request.caller) else request.caller.uid
+            answer = with_archived(self.archives, records, replace(asked, uid=viewer))
+        if refs and any(r.task is not None for r in refs):  # 12_3: that task alone
+            answer["jobs"] = [r for r in answer["jobs"] if ref_matches(
+                refs, r["job_id"], r.get("array_job_id"), r.get("array_task_id"))]
+        return 200, answer
 
     def accounting_report(self, request: Request) -> tuple[int, dict[str, Any]]:
         """GPU-hours per account and user within a window (``start``, ``end``: epoch s),
