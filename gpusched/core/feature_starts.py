@@ -7,9 +7,10 @@ nodes it may use, whether any node set of its partition could ever satisfy it
   the one where it could start soonest (the first written among equals).
 - A job on several nodes whose constraint counts nodes (``a*2``, ``[a*2&b*4]``) starts
   only when, at once, each count finds its nodes (distinct, fewest candidates first)
-  and its other nodes are found among the eligible rest. Such a job gets no reservation:
-  the pass does not plan counts over time. Its expected start is the earliest time its
-  number of nodes is free together, when those nodes satisfy its counts (else none).
+  and its other nodes are found among the eligible rest. When it waits, it gets a
+  reservation (or an expected start) at the earliest time its number of nodes is free
+  together, when the nodes found then satisfy its counts; else neither (the pass does
+  not search the timeline for counts).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from gpusched.core.features import (
     possible,
     satisfied,
 )
-from gpusched.core.model import PendingJob, Reason
+from gpusched.core.model import PendingJob, Reason, Reservation
 from gpusched.core.units import INF, Shape
 
 if TYPE_CHECKING:
@@ -121,20 +122,34 @@ class FeatureHooks:
             if found is None:
                 first = job.partition not in self.sched.blocked
                 self.sched.blocked.setdefault(job.partition, job)
-                self._estimate(job, constraint, shape, members, features)
-                return Reason.RESOURCES if first else Reason.PRIORITY
+                self._wait(job, constraint, shape, members, features)
+                return (self.sched._resources_reason(job, shape, members) if first
+                        else Reason.PRIORITY)
             used.update(index for index, _ in found)
             placed.extend(found)
         self.sched._start_placed(job, task, placed, shape)
         return None
 
-    def _estimate(self, job: PendingJob, constraint: Constraint, shape: Shape,
-                  members: frozenset[int], features: dict[int, frozenset[str]]) -> None:
-        """An expected start for a counted job that waits: the earliest the job's
-        nodes could be free together, when the nodes found then satisfy its counts
-        (else none: the pass does not search further)."""
-        if not (self.sched.depth and self.sched.policy.estimates):
+    def _wait(self, job: PendingJob, constraint: Constraint, shape: Shape,
+              members: frozenset[int], features: dict[int, frozenset[str]]) -> None:
+        """A counted job that waits: a reservation (while the partition has one to give)
+        or an expected start, at the earliest time its number of nodes is free together,
+        when the nodes found then satisfy its counts; else nothing (the pass does not
+        search further)."""
+        sched = self.sched
+        reserving = sched.reserving and sched.reserved_in[job.partition] < sched.depth
+        if not reserving and not (sched.depth and sched.policy.estimates):
             return
-        at, where = self.sched.capacity.earliest(shape, members)
-        if at < INF and satisfied(constraint, [features[index] for index, _ in where]):
-            self.sched.expected[job.job_id] = at
+        at, where = sched.capacity.where_to_reserve(shape, members)
+        if at == INF or not satisfied(constraint, [features[index] for index, _ in where]):
+            return
+        sched.expected[job.job_id] = at
+        if reserving:  # as SchedulingPass._try_start reserves for any job
+            sched.reserved_in[job.partition] += 1
+            sched.limits.reserved(job)
+            sched.reshaped = sched.reshaped or at <= sched.now
+            sched.capacity.reserve(at, where, shape, job.job_id)
+            if sched.pools is not None:
+                sched.pools.reserved(where, at, shape)
+            sched.reservations.append(Reservation(
+                job.job_id, at, tuple(sched.capacity.nodes[i].view.name for i, _ in where)))

@@ -2,7 +2,7 @@
 on nodes that satisfy its constraint, waits with BadConstraints when no node set could,
 takes a matching OR's nodes from one alternative and a count's from distinct nodes; a
 property test (each backfill mode, exclusive jobs too) holds every start to the rule
-(core.features.satisfied), gives no GPU twice, and holds every BadConstraints to a
+(core.features.satisfied), and every reservation too, gives no GPU twice, and holds every BadConstraints to a
 brute-force search of the partition's nodes."""
 
 from __future__ import annotations
@@ -121,6 +121,11 @@ def test_starts_satisfy_constraints_and_bad_ones_are_truly_impossible(
         assert len(set(names)) == wanted.nodes
         if wanted.constraint:
             assert satisfied(parse_constraint(wanted.constraint), [features[n] for n in names])
+    for held in result.reservations:  # a reservation holds nodes the job may take
+        wanted = jobs[held.job_id - 1]
+        if wanted.constraint and held.nodes:
+            assert satisfied(parse_constraint(wanted.constraint),
+                             [features[n] for n in held.nodes])
     for pending in result.pending:
         wanted = jobs[pending.job_id - 1]
         could = wanted.constraint is None or any(
@@ -129,11 +134,17 @@ def test_starts_satisfy_constraints_and_bad_ones_are_truly_impossible(
         assert (pending.reason is Reason.BAD_CONSTRAINTS) == (not could)
 
 
-def test_a_waiting_counted_job_gets_an_expected_start_but_no_reservation() -> None:
+def test_a_waiting_counted_job_gets_a_reservation_backfill_keeps() -> None:
     nodes = [node("c1", "c"), node("d1")]
-    result = run(nodes, [job(1, "c", gpus=2), job(2, "c*1", nodes=2)])
-    assert placed(result) == {1: ("c1",)}
-    waiting = next(p for p in result.pending if p.job_id == 2)
-    assert waiting.reason is Reason.RESOURCES
-    assert waiting.expected_start == NOW + 3600  # when job 1's time limit frees c1
-    assert not result.reservations
+    short = replace(job(3, None, gpus=2), time_limit=600)
+    long = replace(job(4, None, gpus=2), time_limit=7200)
+    result = run(nodes, [job(1, "c", gpus=2), job(2, "c*1", nodes=2), short, long])
+    assert placed(result) == {1: ("c1",), 3: ("d1",)}  # 3 ends before the reservation
+    assert [(r.job_id, r.start_time, sorted(r.nodes)) for r in result.reservations] == [
+        (2, NOW + 3600, ["c1", "d1"])]  # when job 1's time limit frees c1
+    assert reasons(result)[2] is Reason.RESOURCES
+    assert reasons(result)[4] is Reason.PRIORITY  # it would run into the reservation
+    estimated = plan(Snapshot(tuple(nodes), (PartitionView("p", ("c1", "d1")),), (
+        job(1, "c", gpus=2), job(2, "c*1", nodes=2))), NOW, Policy(reservations=0))
+    assert not estimated.reservations
+    assert next(p for p in estimated.pending if p.job_id == 2).expected_start is None
