@@ -16,13 +16,26 @@ CONTAINER_OPTIONS = ("container_image", "container_mounts", "container_workdir",
                      "container_entrypoint_log", "container_writable", "container_env")
 
 
-def container_request(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any] | None:
-    """The submission's ``container`` object from the merged option values (None: no
-    --container-image); each option given is checked, a fault is one UsageError naming
-    the option (and the directive line it came from)."""
+# pyxis's input variables: each sets its option where neither the command line nor a
+# directive does (a switch's value: 1, true, yes, y or 0, false, no, n).
+PYXIS_VARIABLES = {"PYXIS_CONTAINER_" + name[len("container_"):].upper(): name
+                   for name in CONTAINER_OPTIONS}
+PYXIS_VARIABLES["PYXIS_CONTAINER_READONLY"] = "container_readonly"
+_SWITCHES = ("container_mount_home", "container_remap_root", "container_entrypoint",
+             "container_entrypoint_log", "container_writable", "container_readonly")
+
+
+def container_request(values: dict[str, Any], origins: dict[str, str],
+                      environ: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The submission's ``container`` object from the merged option values and pyxis's
+    PYXIS_CONTAINER_* variables of ``environ`` (default: gsubmit's environment); None:
+    no --container-image. Each option given is checked, a fault is one UsageError naming
+    the option (and the directive line or variable it came from)."""
+    explicit = [name for name in CONTAINER_OPTIONS if values.get(name) not in (None, False)]
+    values, origins = _with_variables(values, origins, environ)
     given = [name for name in CONTAINER_OPTIONS if values.get(name) not in (None, False)]
-    if not given:
-        return None
+    if not explicit and values.get("container_image") is None:
+        return None  # pyxis's variables alone, without an image, do nothing (as in pyxis)
     from gpusched.errors import UsageError
     from gpusched.messages import containers as checks
 
@@ -57,3 +70,39 @@ def container_request(values: dict[str, Any], origins: dict[str, str]) -> dict[s
         "writable": values["container_writable"],
         "entrypoint": values["container_entrypoint"],
     }
+
+
+def _with_variables(values: dict[str, Any], origins: dict[str, str],
+                    environ: dict[str, str] | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """``values`` with the options the PYXIS_CONTAINER_* variables set, and where each
+    came from."""
+    if environ is None:
+        import os
+
+        environ = dict(os.environ)
+    found = {var: text for var, text in environ.items() if var.startswith("PYXIS_CONTAINER_")}
+    if not found:
+        return values, origins
+    from gpusched.errors import UsageError
+
+    values, origins = dict(values), dict(origins)
+    for var, text in sorted(found.items()):
+        name = PYXIS_VARIABLES.get(var)
+        if name is None:
+            continue  # not one of pyxis's: pyxis ignores it too
+        option = "container_writable" if name == "container_readonly" else name
+        # Set by the command line or a directive (a plain flag's False is its default).
+        current = values.get(option)
+        if current if option == "container_entrypoint_log" else current is not None:
+            continue
+        if name in _SWITCHES:
+            on = {"1": True, "true": True, "yes": True, "y": True, "0": False,
+                  "false": False, "no": False, "n": False}.get(text)
+            if on is None:
+                raise UsageError(f"{var}: expected 1, true, yes, y, 0, false, no or n, got "
+                                 f"{text[:40]!r}")
+            values[option] = (not on) if name == "container_readonly" else on
+        else:
+            values[option] = text
+        origins[option] = var
+    return values, origins
