@@ -21,6 +21,7 @@ from gpusched.core.model import (
     Policy,
     RunningJob,
     Snapshot,
+    Start,
 )
 from gpusched.core.plan import plan
 from gpusched.core.reservations import (
@@ -98,7 +99,8 @@ resv_st = st.builds(
              unique_by=lambda h: h[0]).map(lambda h: tuple(sorted(h))),
     st.sampled_from(((), ("FLEX",), ("DAILY",), ("MAINT",))))
 job_st = st.tuples(st.integers(1, GPUS), st.sampled_from((600, 3600, 3 * 3600, None)),
-                   st.sampled_from((None, None, "r1", "r2")), st.sampled_from(("alice", "bob")))
+                   st.sampled_from((None, None, "r1", "r2")), st.sampled_from(("alice", "bob")),
+                   st.sampled_from((1, 1, 1, 2)))
 run_st = st.tuples(st.sampled_from(NODES), st.integers(1, 2), st.integers(60, 6 * 3600),
                    st.sampled_from((None, "r1")))
 
@@ -112,7 +114,7 @@ def _intervals_overlap(a: float, b: float, c: float, d: float) -> bool:
 @settings(max_examples=150, deadline=None)
 def test_plans_keep_every_reservation(resvs: list[AdvanceReservation],
                                       runs: list[tuple[str, int, int, str | None]],
-                                      jobs: list[tuple[int, int | None, str | None, str]],
+                                      jobs: list[tuple[int, int | None, str | None, str, int]],
                                       backfill: str) -> None:
     nodes = tuple(NodeView(n, NodeState.UP, tuple(GpuView(f"{n}-{i}", i) for i in range(GPUS)),
                            cpus=16, memory_mb=1000) for n in NODES)
@@ -126,8 +128,8 @@ def test_plans_keep_every_reservation(resvs: list[AdvanceReservation],
                                       end_time=NOW + left, start_time=NOW - 60,
                                       reservation=in_resv))
     pending = tuple(PendingJob(i + 1, "p", gpus, 1000, NOW - 100 + i, limit, user=user,
-                               reservation=resv)
-                    for i, (gpus, limit, resv, user) in enumerate(jobs))
+                               reservation=resv, nodes=nodes)
+                    for i, (gpus, limit, resv, user, nodes) in enumerate(jobs))
     snapshot = Snapshot(nodes, (PartitionView("p", NODES),), pending, running=tuple(running),
                         advance_reservations=tuple(resvs))
     decided = plan(snapshot, NOW, Policy(backfill=backfill))
@@ -135,10 +137,10 @@ def test_plans_keep_every_reservation(resvs: list[AdvanceReservation],
     assert len(given_out) == len(set(given_out)) and not set(given_out) & set(used)
     by_id = {j.job_id: j for j in pending}
     by_name = {r.name: r for r in resvs}
-    for start in decided.starts:
-        job = by_id[start.job_id]
-        end = NOW + (job.time_limit if job.time_limit is not None else float("inf"))
-        node = start.node
+    def on(start: Start, node: str) -> int:
+        return sum(1 for u in start.gpu_uuids if u.startswith(node + "-"))
+
+    def check_node(start: Start, job: PendingJob, node: str, end: float) -> None:
         resv = by_name.get(job.reservation or "")
         inside = (resv is not None and may_use(resv, job.user, job.account)
                   and active(resv, NOW) is not None
@@ -148,13 +150,13 @@ def test_plans_keep_every_reservation(resvs: list[AdvanceReservation],
             assert inside and window is not None and end <= window[1], (start, resv)
             held = dict(resv.holds)[node]
             if held:
-                mine = sum(len(s.gpu_uuids) for s in decided.starts if s.node == node
-                           and by_id[s.job_id].reservation == resv.name) + sum(
+                mine = sum(on(s, node) for s in decided.starts
+                           if by_id[s.job_id].reservation == resv.name) + sum(
                     len(r.gpu_uuids) for r in running if r.node == node
                     and r.reservation == resv.name)
                 assert mine <= held
         if inside:
-            continue  # runs on what its reservation holds
+            return  # runs on what its reservation holds
         # Outside every reservation: never into a whole-node window, and never more GPUs
         # than a GPU-count hold leaves (counting what runs there outside it).
         for other in resvs:
@@ -166,9 +168,15 @@ def test_plans_keep_every_reservation(resvs: list[AdvanceReservation],
                     continue
                 assert held != 0, (start, other)
                 at = max(NOW, w_start)
-                outside = sum(len(s.gpu_uuids) for s in decided.starts if s.node == node
-                              and by_id[s.job_id].reservation != other.name
+                outside = sum(on(s, node) for s in decided.starts
+                              if by_id[s.job_id].reservation != other.name
                               and NOW + (by_id[s.job_id].time_limit or float("inf")) > at)
                 before = sum(len(r.gpu_uuids) for r in running if r.node == node
                              and r.reservation != other.name and (r.end_time or 0) > at)
                 assert outside + before + held <= GPUS or before + held > GPUS, (start, other)
+
+    for start in decided.starts:
+        job = by_id[start.job_id]
+        end = NOW + (job.time_limit if job.time_limit is not None else float("inf"))
+        for node in start.nodes or (start.node,):
+            check_node(start, job, node, end)
