@@ -43,9 +43,10 @@ def _open_outputs(spec: dict[str, Any]) -> tuple[int, int]:
     """Open stdout and stderr (once when they are the same file), as the job user."""
     fds: dict[str, int] = {}
     error = None
+    flags = _OUTPUT_FLAGS | (os.O_TRUNC if spec.get("open_mode") == "truncate" else 0)
     for path in dict.fromkeys([spec["stdout"], spec["stderr"]]):
         try:
-            fds[path] = os.open(path, _OUTPUT_FLAGS, 0o666)  # less the job's umask
+            fds[path] = os.open(path, flags, 0o666)  # less the job's umask
         except OSError as exc:
             error = error or f"cannot open output file {path}: {exc.strerror}"
     if error is not None:

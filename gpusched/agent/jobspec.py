@@ -67,6 +67,7 @@ def build_spec(order: LaunchOrder, kill_grace: float, node_name: str,
         "job_id": job_id, "run": order.run, "uid": order.uid, "gid": order.gid, "user": user,
         "argv": [SCRIPT_PLACEHOLDER, *order.args],
         "cwd": work_dir, "env": env, "stdout": stdout, "stderr": stderr,
+        "open_mode": order.open_mode,  # truncate: the output files are emptied first
         "time_limit": order.time_limit, "kill_grace": float(kill_grace),
         "warn_signal": order.warn_signal, "warn_seconds": order.warn_seconds,
         "warn_batch_only": order.warn_batch_only,

@@ -107,7 +107,7 @@ def run_quick(prog: str, command: Callable[[], object]) -> int:
 
     collect_rarely()
     try:
-        command()
+        code = command()  # an int chooses the exit code (gsubmit -W: the job's)
         sys.stdout.flush()
     except GpuschedError as err:
         print_error(prog, err.message)
@@ -118,7 +118,7 @@ def run_quick(prog: str, command: Callable[[], object]) -> int:
         print(file=sys.stderr)
         print_error(prog, "aborted")
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def gcancel() -> NoReturn:

@@ -108,8 +108,8 @@ _OPTIONAL_VALUES = ("--nice", "--exclusive", "--no-kill", "--get-user-env")
 
 def sbatch_spellings(args: list[str]) -> list[str]:
     """``args`` with sbatch's ``--opt=VALUE`` forms of the options whose value is
-    optional read: ``--nice=N`` is --nice (refused later, naming it), ``--no-kill=off``
-    is the default (dropped), ``--get-user-env=[TIMEOUT][S|L]`` is --get-user-env;
+    optional read: ``--nice=N`` is --nice-adjustment=N (checked where it is read),
+    ``--no-kill=off`` is the default (dropped), ``--get-user-env=[TIMEOUT][S|L]`` is --get-user-env;
     ``--exclusive=user|mcs|topo`` is refused here. Only the options before the script
     are read: what follows it is the script's."""
     from gpusched.cli.optiontables import GSUBMIT
@@ -120,6 +120,16 @@ def sbatch_spellings(args: list[str]) -> list[str]:
         token = args[index]
         index += 1
         name, equals, value = token.partition("=")
+        if token.startswith("-") and token not in ("-", "--") and (
+                name if token.startswith("--") else token[:2]) not in GSUBMIT.options:
+            # sbatch's options gsubmit does not declare: refused naming them, or read
+            from gpusched.cli.sbatchflags import sbatch_only
+
+            read = sbatch_only(token, frozenset(GSUBMIT.options))
+            if read is None:
+                continue  # what gsubmit does anyway
+            token = read
+            name, equals, value = token.partition("=")
         if name in _OPTIONAL_VALUES and equals:
             result.extend(_optional_value(name, value))
             continue
@@ -156,4 +166,6 @@ def _optional_value(name: str, value: str) -> list[str]:
                                                or not digits) or len(digits) > 6:
             raise UsageError(f"invalid --get-user-env={value[:32]!r}: expected "
                              "--get-user-env[=TIMEOUT][S|L]")
-    return [name]  # --nice=ADJ: --nice, refused with its reason
+    if name == "--nice":
+        return [f"--nice-adjustment={value}"]  # checked with the rest (nice_value)
+    return [name]

@@ -26,7 +26,7 @@ COLUMNS = ("JOBID", "JOBNAME", "PARTITION", "ACCOUNT", "USER", "STATE", "EXITCOD
            "ELAPSED", "GPUS", "ALLOCTRES", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK", "MAXRSS",
            "TOTALCPU")
 STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-          "OUT_OF_MEMORY")
+          "OUT_OF_MEMORY", "DEADLINE")
 
 
 def _when(text: str | None, flag: str, now: datetime) -> datetime | None:

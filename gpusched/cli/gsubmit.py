@@ -50,6 +50,7 @@ from gpusched.cli.submitoptions import (
     CpuFreqOpt,
     CpusPerGpuOpt,
     CpusPerTaskOpt,
+    DeadlineOpt,
     DependencyOpt,
     DistributionOpt,
     ErrorOpt,
@@ -69,7 +70,6 @@ from gpusched.cli.submitoptions import (
     HoldOpt,
     KillOnInvalidDepOpt,
     LicensesOpt,
-    ReservationOpt,
     MailTypeOpt,
     MailUserOpt,
     MemOpt,
@@ -77,11 +77,13 @@ from gpusched.cli.submitoptions import (
     MemPerGpuOpt,
     MinCpusOpt,
     NameOpt,
+    NiceAdjustmentOpt,
     NiceOpt,
     NodelistOpt,
     NodesOpt,
     NoKillOpt,
     NtasksOpt,
+    NtasksPerGpuOpt,
     NtasksPerNodeOpt,
     OpenModeOpt,
     OutputOpt,
@@ -89,15 +91,19 @@ from gpusched.cli.submitoptions import (
     OversubscribeOpt,
     ParsableOpt,
     PartitionOpt,
+    PriorityOpt,
     ProfileOpt,
     QosOpt,
     RequeueOpt,
+    ReservationOpt,
     ScriptArg,
     SwitchesOpt,
     TestOnlyOpt,
     ThreadsPerCoreOpt,
+    TimeMinOpt,
     TimeOpt,
     TmpOpt,
+    WaitOpt,
     WarnSignalOpt,
     WrapOpt,
 )
@@ -170,6 +176,12 @@ def gsubmit(
     dependency: DependencyOpt = None,
     array: ArrayOpt = None,
     nice: NiceOpt = False,
+    nice_adjustment: NiceAdjustmentOpt = None,
+    priority: PriorityOpt = None,
+    time_min: TimeMinOpt = None,
+    deadline: DeadlineOpt = None,
+    wait: WaitOpt = False,
+    ntasks_per_gpu: NtasksPerGpuOpt = None,
     clusters: ClustersOpt = None,
     overcommit: OvercommitOpt = False,
     mincpus: MinCpusOpt = None,
@@ -187,13 +199,13 @@ def gsubmit(
     container_writable: ContainerWritableOpt = None,
     container_env: ContainerEnvOpt = None,
     wrap: WrapOpt = None,
-) -> None:
+) -> int | None:
     """Submit a batch script to gpusched; #GSUB and #SBATCH directives are honoured.
 
     Examples: gsubmit train.sh; gsubmit -G a100:4 -t 2:00:00 -p gpu train.sh --epochs 3;
     gsubmit --array=0-9%2 sweep.sh; gsubmit -d afterok:17 --wrap 'python eval.py'
     """
-    submit(ctx, typer_options(ctx))
+    return submit(ctx, typer_options(ctx))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-V"], ["--version"]):  # sbatch's -V
+        from gpusched import __version__
+
+        print(f"gpusched {__version__}")
+        return 0
     try:
         args = sbatch_spellings(args)
     except UsageError as err:

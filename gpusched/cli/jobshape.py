@@ -162,6 +162,9 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
     elif given == ["gpus_per_node"]:
         kinds, per_node = parse("gpus_per_node", gpu_request, "--gpus-per-node")
     tasks, per_task = values["ntasks"], values["cpus_per_task"]
+    per_gpu = values.get("ntasks_per_gpu")
+    if per_gpu is not None:
+        tasks, per_node = tasks_per_gpu(per_gpu, tasks, per_node, nodes, given)
     node_tasks = values["ntasks_per_node"]
     # sbatch: each node runs its share of the tasks (or --ntasks-per-node of them).
     tasks_here = node_tasks or -(-(tasks or nodes) // nodes)
@@ -200,7 +203,27 @@ def job_shape(values: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]
     return {"gpus": 1 if mode is not None or gpu_mem is not None else gpus,
             "gpu_types": kinds, "nodes": nodes, "cpus": cpus, "mem_mb": mem, "ntasks": tasks,
             "cpus_per_task": per_task, "ntasks_per_node": node_tasks, "nodelist": nodelist,
+            "ntasks_per_gpu": per_gpu,
             "exclude": exclude, "share_mode": mode, "share": units, "gpu_mem_mb": gpu_mem}
+
+
+def tasks_per_gpu(per_gpu: int, tasks: int | None, per_node: int, nodes: int,
+                  given: list[str]) -> tuple[int | None, int]:
+    """--ntasks-per-gpu N, as sbatch reads it: with GPUs asked for, N tasks for each
+    (--ntasks, when given too, wins); with --ntasks alone, GPUs for them (ceil(tasks / N)
+    in all, spread evenly over the nodes). The tasks and the GPUs per node."""
+    if given == ["gpus_per_task"]:
+        raise UsageError("give --ntasks-per-gpu or --gpus-per-task, not both")
+    if given and per_node:
+        return (per_gpu * per_node * nodes if tasks is None else tasks), per_node
+    if tasks is None:
+        raise UsageError(f"--ntasks-per-gpu {per_gpu}: give the job GPUs (--gpus, "
+                         "--gpus-per-node, --gres) or --ntasks")
+    gpus = -(-tasks // per_gpu)
+    if gpus % nodes:
+        raise UsageError(f"--ntasks-per-gpu {per_gpu} with {tasks} tasks needs {gpus} GPUs, "
+                         f"which do not spread evenly over {nodes} nodes; give --gpus-per-node")
+    return tasks, gpus // nodes
 
 
 def _share(values: dict[str, Any], origins: dict[str, str], gres: Gres | None, gpus: int,

@@ -36,7 +36,7 @@ SHRINKABLE = frozenset({1, 2, 3, 7})
 STATE_CODES = {
     "PENDING": "PD", "RUNNING": "R", "COMPLETED": "CD",
     "FAILED": "F", "CANCELLED": "CA", "TIMEOUT": "TO", "NODE_FAIL": "NF",
-    "OUT_OF_MEMORY": "OOM", "SUSPENDED": "S",
+    "OUT_OF_MEMORY": "OOM", "SUSPENDED": "S", "DEADLINE": "DL",
 }
 _BY_CODE = {code: name for name, code in STATE_CODES.items()}
 NEVER_RAN = format_duration(0)

@@ -35,15 +35,17 @@ def is_variable_name(name: str) -> bool:
 
 def exported(text: str | None, environment: Mapping[str, str]) -> dict[str, str]:
     """The job's environment for ``--export``: ``ALL`` (the default) copies everything;
-    ``NONE`` nothing; ``VAR`` copies one variable, ``VAR=value`` sets one; a list that
-    starts with ``ALL`` adds to everything, any other list is all there is."""
+    ``NONE`` only the ``SLURM_*`` variables; ``VAR`` copies one variable, ``VAR=value``
+    sets one; a list that starts with ``ALL`` adds to everything, any other list adds to
+    the ``SLURM_*`` variables (as sbatch's --export keeps them)."""
     if text is None or text.strip().upper() == "ALL":
         return dict(environment)
     items = [item.strip() for item in text.split(",")]
     if not all(items):
         raise UsageError(f"invalid --export {text!r}: an empty item")
     first = items[0].upper()
-    result: dict[str, str] = dict(environment) if first == "ALL" else {}
+    result: dict[str, str] = dict(environment) if first == "ALL" else {
+        name: value for name, value in environment.items() if name.startswith("SLURM_")}
     if first in ("ALL", "NONE"):
         items = items[1:]
     for item in items:

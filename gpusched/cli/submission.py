@@ -44,7 +44,9 @@ DIRECTIVE_OPTIONS = ("gpus", "gres", "gpu_mem", "nodes", "gpus_per_node", "cpus_
                      "ntasks_per_node", "gpus_per_task", "mem_per_cpu", "hint", "gpu_bind",
                      "gpu_freq", "cpu_freq", "distribution", "threads_per_core", "switches",
                      "tmp", "open_mode", "kill_on_invalid_dep", "oversubscribe", "profile",
-                     "acctg_freq", "exclusive", "gres_flags", "nice", "clusters", "overcommit",
+                     "acctg_freq", "exclusive", "gres_flags", "nice", "nice_adjustment",
+                     "priority", "time_min", "deadline", "wait", "ntasks_per_gpu",
+                     "clusters", "overcommit",
                      "mincpus", "no_kill", "get_user_env", *CONTAINER_OPTIONS)
 # Options that matter only on other sites, or whose effect this cluster has anyway or
 # lacks harmlessly: accepted, ignored, and said so.
@@ -57,7 +59,6 @@ IGNORED = {"comment": "--comment: comments are not stored",
            "threads_per_core": "--threads-per-core: CPUs are counted as the node reports them",
            "switches": "--switches: placement follows NVLink and node blocks instead",
            "tmp": "--tmp: local disk is not counted",
-           "open_mode": "--open-mode: output files are appended to",
            "kill_on_invalid_dep": "--kill-on-invalid-dep: a job whose dependency can never "
                                   "be met stays pending (reason DependencyNeverSatisfied)",
            "oversubscribe": "--oversubscribe: GPUs are shared only by --gres=mps:N or "
@@ -105,6 +106,8 @@ class Submission:
                  "error", "parsable", "account", "qos", "hold", "exclusive", "begin_time",
                  "dependency", "array", "requeue", "chdir", "ntasks", "ntasks_per_node",
                  "cpus_per_task", "ignored", "export", "gpu_types", "nodes", "cpus",
+                 "nice", "priority", "open_mode", "time_min", "deadline", "wait",
+                 "ntasks_per_gpu",
                  "mem_mb", "nodelist", "warn_signal", "exclude", "gres_flags", "share_mode",
                  "share", "gpu_mem_mb", "mail_types", "mail_user", "licenses",
                  "constraint", "container")
@@ -123,6 +126,13 @@ class Submission:
         ntasks: int | None = None,  # sbatch's --ntasks, shown to the job as SLURM_NTASKS
         ntasks_per_node: int | None = None, cpus_per_task: int | None = None,
         ignored: tuple[str, ...] = (),  # warnings for options accepted and ignored
+        nice: int | None = None,  # --nice: subtracted from its priority
+        priority: float | None = None,  # --priority: in place of the computed one
+        open_mode: str | None = None,  # --open-mode: append (None: the same) or truncate
+        time_min: int | None = None,  # --time-min, seconds
+        deadline: str | None = None,  # --deadline, ISO 8601 with the submitter's zone
+        wait: bool = False,  # -W: wait for the job to end, with its exit code
+        ntasks_per_gpu: int | None = None,  # --ntasks-per-gpu
         export: str | None = None,  # --export: ALL, NONE, or VAR[=value] lists
         gpu_types: tuple[str, ...] = (),
         nodes: int = 1,
@@ -155,6 +165,9 @@ class Submission:
         self.warn_signal, self.exclude, self.gres_flags = warn_signal, exclude, gres_flags
         self.share_mode, self.share, self.gpu_mem_mb = share_mode, share, gpu_mem_mb
         self.mail_types, self.mail_user = mail_types, mail_user
+        self.nice, self.priority, self.open_mode = nice, priority, open_mode
+        self.time_min, self.deadline, self.wait = time_min, deadline, wait
+        self.ntasks_per_gpu = ntasks_per_gpu
         self.reservation = reservation
         self.licenses, self.constraint = licenses, constraint
         self.container = container
@@ -168,9 +181,10 @@ class Submission:
         return f"Submission({fields})"
 
 
-def submit(parsed: ParsedArgs, parse_options: OptionParser) -> None:
+def submit(parsed: ParsedArgs, parse_options: OptionParser) -> int | None:
     """Submit what a parsed gsubmit command line asks for (or, with --test-only, say when
-    it would start); ``parse_options`` parses a directive line's options."""
+    it would start); ``parse_options`` parses a directive line's options. With -W, the
+    job's exit code once it has ended (gpusched.cli.jobwait)."""
     submission = resolve_submission(parsed, parse_options)
     for warning in (*submission.ignored, mig_warning(submission)):
         if warning:
@@ -180,7 +194,8 @@ def submit(parsed: ParsedArgs, parse_options: OptionParser) -> None:
         print_warning(PROG, f"{name.encode('utf-8', 'backslashreplace').decode()}: not "
                       "valid UTF-8; the job's environment leaves it out")
     for name, value in (("NTASKS", submission.ntasks), ("CPUS_PER_TASK", submission.cpus_per_task),
-                        ("NTASKS_PER_NODE", submission.ntasks_per_node)):
+                        ("NTASKS_PER_NODE", submission.ntasks_per_node),
+                        ("NTASKS_PER_GPU", submission.ntasks_per_gpu)):
         if value is not None:  # what sbatch tells the job it asked for
             environment[f"SLURM_{name}"] = environment[f"GPUSCHED_{name}"] = str(value)
     environment.update(submit_variables(submission.export))
@@ -197,7 +212,7 @@ def submit(parsed: ParsedArgs, parse_options: OptionParser) -> None:
         print_warning(PROG, "--test-only: nothing was submitted")
         print(f"gsubmit: Job {answer['job_id']} to start at {when} using {answer['gpus']} GPUs"
               f"{where} in partition {answer['partition']}", file=sys.stderr)
-        return
+        return None
     # One key per invocation: should the answer be lost (a controller dies, the client
     # fails over), sending it again gives the same job, never a second one.
     body["submit_key"] = os.urandom(16).hex()
@@ -205,6 +220,12 @@ def submit(parsed: ParsedArgs, parse_options: OptionParser) -> None:
         answer = client.request("POST", "/v1/jobs", body)
     job_id = answer.get("job_id")
     print(job_id if submission.parsable else f"Submitted batch job {job_id}")
+    if submission.wait:  # -W, as sbatch's: until the job ends, then its exit code
+        sys.stdout.flush()
+        from gpusched.cli.jobwait import wait_for_job
+
+        return wait_for_job(int(answer["job_id"]))
+    return None
 
 
 def submit_variables(export: str | None) -> dict[str, str]:
@@ -237,6 +258,15 @@ def _reservation_value(text: str) -> str:
         return check_name(text.strip())
     except ReservationError as exc:
         raise UsageError(f"--reservation: {exc}") from None
+
+
+def flag_fields(submission: Submission) -> dict[str, Any]:
+    """The ``POST /v1/jobs`` fields of --nice, --priority, --open-mode, --time-min and
+    --deadline, those given only (gpusched.messages.schedflags)."""
+    found = {"nice": submission.nice, "priority": submission.priority,
+             "open_mode": submission.open_mode, "time_min": submission.time_min,
+             "deadline": submission.deadline}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submission:
@@ -289,6 +319,13 @@ def resolve_submission(parsed: ParsedArgs, parse_options: OptionParser) -> Submi
         dependency=option("dependency", submitvalues.checked_dependency, "--dependency"),
         array=option("array", submitvalues.array_value, "--array"),
         warn_signal=option("warn_signal", submitvalues.warn_signal_value),
+        nice=option("nice_adjustment", submitvalues.nice_value)
+        if values["nice_adjustment"] is not None else 100 if values["nice"] else None,
+        priority=option("priority", submitvalues.priority_value),
+        open_mode=option("open_mode", submitvalues.open_mode_value),
+        time_min=option("time_min", submitvalues.time_min_value, "--time-min"),
+        deadline=option("deadline", submitvalues.deadline_value),
+        wait=bool(values["wait"]),
         output=values["output"],
         error=values["error"],
         parsable=bool(values["parsable"]),
@@ -361,6 +398,7 @@ def submission_body(
         **({} if submission.mail_types is None else {"mail_type": list(submission.mail_types)}),
         **({} if submission.mail_user is None else {"mail_user": submission.mail_user}),
         **({} if submission.licenses is None else {"licenses": submission.licenses}),
+        **flag_fields(submission),
         **({} if submission.reservation is None else {"reservation": submission.reservation}),
         **({} if submission.container is None else {"container": submission.container}),
         **({} if submission.constraint is None else {"constraint": submission.constraint}),
@@ -392,16 +430,12 @@ def _given(ctx: ParsedArgs, name: str) -> bool:
 
 def _flag_checks(values: dict[str, Any], origins: dict[str, str], nodes: int,
                  cpus: int) -> tuple[str, ...]:
-    """sbatch's --nice, -M/--clusters, -k/--no-kill, --overcommit and -N MIN-MAX: refused
+    """sbatch's -M/--clusters, -k/--no-kill, --overcommit and -N MIN-MAX: refused
     where this cluster cannot honour them, else the warnings saying what they do here."""
 
     def where(name: str) -> str:
         return f"{origins[name]}: " if name in origins else ""
 
-    if values["nice"]:
-        raise UsageError(f"{where('nice')}--nice: not supported: a job here carries no "
-                         "priority adjustment of its own (an administrator may set its "
-                         "priority with 'gcontrol update job JOBID Priority=N')")
     if values["clusters"] is not None:
         local = local_cluster_name()
         names = [name.strip() for name in values["clusters"].split(",") if name.strip()]

@@ -105,7 +105,8 @@ RequeueOpt = Annotated[Optional[bool], typer.Option(
     help="Whether the job goes back to the queue if its GPU fails (default: the partition's).")]
 DependencyOpt = Annotated[str | None, _text_option(
     "--dependency", "-d", metavar="DEP",
-    help_text="afterok|afternotok|afterany:ID[:ID...] or singleton, comma-separated.",
+    help_text="after[ok|notok|any]:ID[:ID...] (ID or ARRAY_TASK; after:ID+MIN), aftercorr:ID "
+              "or singleton; ',' for all of them, '?' for any.",
 )]
 BeginOpt = Annotated[str | None, _text_option(
     "--begin", "-b", metavar="TIME",
@@ -169,7 +170,9 @@ DistributionOpt = Annotated[str | None, _ignored("--distribution", "-m")]
 ThreadsPerCoreOpt = Annotated[str | None, _ignored("--threads-per-core", metavar="N")]
 SwitchesOpt = Annotated[str | None, _ignored("--switches", metavar="N[@TIME]")]
 TmpOpt = Annotated[str | None, _ignored("--tmp", metavar="SIZE")]
-OpenModeOpt = Annotated[str | None, _ignored("--open-mode", metavar="append|truncate")]
+OpenModeOpt = Annotated[str | None, _text_option(
+    "--open-mode", metavar="append|truncate",
+    help_text="Append to the output files (the default) or truncate them at the start.")]
 KillOnInvalidDepOpt = Annotated[str | None, _ignored("--kill-on-invalid-dep", metavar="yes|no")]
 OversubscribeOpt = Annotated[Optional[bool], typer.Option(
     "--oversubscribe", "-s",
@@ -188,7 +191,29 @@ ExportOpt = Annotated[str | None, _text_option(
     "'ALL,VAR=value' adds to all).",
 )]
 NiceOpt = Annotated[bool, typer.Option(
-    "--nice", help="Refused: jobs carry no priority adjustment here (see docs/cli.md).")]
+    "--nice", help="Lower the job's priority by 100; --nice=ADJ by ADJ (a negative ADJ raises "
+    "it: administrators only).")]
+# --nice=ADJ, as sbatch_spellings passes it on (sbatch takes the value only after =).
+NiceAdjustmentOpt = Annotated[str | None, typer.Option(
+    "--nice-adjustment", hidden=True, show_default=False)]
+PriorityOpt = Annotated[str | None, _text_option(
+    "--priority", metavar="N",
+    help_text="The job's priority, a number of 0 or more in place of the computed one "
+              "(administrators only).")]
+TimeMinOpt = Annotated[str | None, _text_option(
+    "--time-min", metavar="TIME",
+    help_text="The least time limit the job may run with: backfill may start it sooner with "
+              "its --time cut down to no less than this.")]
+DeadlineOpt = Annotated[str | None, _text_option(
+    "--deadline", metavar="TIME",
+    help_text="Never start unless it can end by TIME (--begin's forms); past it, the job ends "
+              "DEADLINE.")]
+WaitOpt = Annotated[bool, typer.Option(
+    "--wait", "-W", help="Wait for the job to end, and exit with its exit code.")]
+NtasksPerGpuOpt = Annotated[int | None, typer.Option(
+    "--ntasks-per-gpu", min=1, metavar="N", show_default=False,
+    help="Tasks for each GPU: --ntasks is N x GPUs (or, with --ntasks alone, GPUs are "
+    "ntasks / N).")]
 ClustersOpt = Annotated[str | None, _text_option(
     "--clusters", "-M", metavar="NAME",
     help_text="The cluster to submit to: only this one, by its name (the configuration's "

@@ -99,6 +99,61 @@ def mail_user_value(text: str) -> str:
     return check_mail_user(text)
 
 
+MAX_NICE = 2_147_483_645  # sbatch's bound (gpusched.messages.schedflags)
+
+
+def nice_value(text: str) -> int:
+    """A --nice=ADJ adjustment."""
+    digits = text.strip().removeprefix("-").removeprefix("+")
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 10
+            and abs(int(text)) <= MAX_NICE):
+        raise UsageError(f"invalid --nice={text.strip()[:32]!r}: expected a whole number "
+                         f"from -{MAX_NICE} to {MAX_NICE}")
+    return int(text)
+
+
+def priority_value(text: str) -> float:
+    """A --priority value: a number of 0 or more."""
+    word = text.strip()
+    if word.upper() == "TOP":
+        raise UsageError("--priority=TOP: not supported: move a pending job ahead of your "
+                         "others with 'gcontrol top JOBID'")
+    try:
+        number = float(word) if len(word) <= 32 and word.isascii() else -1.0
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < float("inf"):
+        raise UsageError(f"invalid --priority {word[:32]!r}: expected a number of 0 or more")
+    return number
+
+
+def open_mode_value(text: str) -> str:
+    """An --open-mode value: append or truncate."""
+    if text not in ("append", "truncate"):
+        raise UsageError(f"invalid --open-mode {text[:32]!r}: expected append or truncate")
+    return text
+
+
+def time_min_value(text: str) -> int:
+    """A --time-min value in seconds (--time's forms, but never UNLIMITED)."""
+    seconds = parse_time_limit(text)
+    if seconds is None:
+        raise UsageError("invalid --time-min UNLIMITED: expected a time such as 30 or 1:00:00")
+    return seconds
+
+
+def deadline_value(text: str) -> str:
+    """The --deadline time (--begin's forms) as ISO 8601 in the local zone."""
+    from datetime import datetime
+
+    try:
+        moment = parse_begin(text, datetime.now().astimezone())
+    except (ValueError, UsageError) as err:
+        message = err.message if isinstance(err, UsageError) else str(err)
+        raise UsageError(message.replace("--begin", "--deadline")) from None
+    return moment.replace(microsecond=0).isoformat()  # whole seconds, as sbatch's
+
+
 def checked_export(text: str) -> str:
     """The --export value, checked without reading the environment yet."""
     exported(text, {})

@@ -168,6 +168,9 @@ def _detail(reason: Reason, moment: Moment, snapshot: Snapshot, now: float,
     if reason is Reason.BAD_CONSTRAINTS:
         return (f"no {job.nodes} node(s) of partition {job.partition} satisfy its constraint "
                 f"({job.constraint}): it waits until nodes with those features join")
+    if reason is Reason.DEADLINE:
+        return ("it can no longer end by its deadline (--deadline, less its least time "
+                "limit): it never runs, and ends in state DEADLINE")
     if reason is Reason.LICENSES:
         return license_detail(job.licenses, snapshot.licenses, snapshot.running)
     if reason is Reason.JOB_ARRAY_TASK_LIMIT:

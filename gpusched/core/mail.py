@@ -31,7 +31,8 @@ _THRESHOLDS = ((TIME_LIMIT_90, 0.9), (TIME_LIMIT_80, 0.8), (TIME_LIMIT_50, 0.5))
 MAX_MAIL_TYPE_TEXT = 200  # characters of a --mail-type value
 MAX_MAIL_USER = 254  # characters of a mail address (RFC 5321's path, less its brackets)
 _OK_STATES = ("COMPLETED", "CANCELLED")  # ended without failing (Slurm: END, not FAIL)
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "DEADLINE")
 DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
 
 # A user name, or an address: a dot-atom local part of letters, digits and . _ % + -

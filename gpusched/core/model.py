@@ -28,6 +28,7 @@ class JobState(StrEnum):
     TIMEOUT = "TIMEOUT"
     NODE_FAIL = "NODE_FAIL"  # its node died under it (and it was not requeued)
     OUT_OF_MEMORY = "OUT_OF_MEMORY"  # the kernel's OOM killer ended it (its memory limit)
+    DEADLINE = "DEADLINE"  # pending past its --deadline: it could no longer end by then
     SUSPENDED = "SUSPENDED"  # a running job stopped by gcontrol suspend (stored RUNNING)
 
     @property
@@ -49,6 +50,7 @@ _SHORT = {
     JobState.CANCELLED: "CA",
     JobState.TIMEOUT: "TO",
     JobState.NODE_FAIL: "NF",
+    JobState.DEADLINE: "DL",
     JobState.OUT_OF_MEMORY: "OOM",
     JobState.SUSPENDED: "S",
 }
@@ -84,6 +86,7 @@ class Reason(StrEnum):
     PARTITION_CONFIG = "PartitionConfig"
     ACCOUNT_NOT_ALLOWED = "AccountNotAllowed"
     LICENSES = "Licenses"  # the licenses it asks for (-L) are not free (core/licenses.py)
+    DEADLINE = "DeadLine"  # it can no longer end by its --deadline (core/timecut.py)
     BAD_CONSTRAINTS = "BadConstraints"  # no node set could satisfy its -C (core/features.py)
     RESERVATION = "Reservation"  # waits for its advance reservation (core/resvpass.py)
     REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"  # room now, but it would run into a reservation
@@ -199,6 +202,9 @@ class PendingJob:
     reservation: str | None = None  # --reservation: the advance reservation it runs in
     constraint: str | None = None  # -C/--constraint, canonical (core/features.py)
     top: int | None = None  # gcontrol top: ahead of its owner's other jobs, higher first
+    nice: int = 0  # --nice: positive lowers its priority (core/ordering.py)
+    time_min: int | None = None  # --time-min, seconds (core/timecut.py)
+    deadline: float | None = None  # --deadline, epoch seconds
 
     @property
     def total_gpus(self) -> int:
@@ -333,6 +339,7 @@ class Start:
     # A share start: (GPU UUID, units, GPU memory MB) of the shared GPU it gets (that GPU
     # is then its one entry in ``gpu_uuids`` too).
     shares: tuple[tuple[str, int, int], ...] = ()
+    time_limit: int | None = None  # its limit cut down by --time-min (None: as it was)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,14 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
     )
     ranked = ranked_fields(inputs, now, policy.weights, scale)
     fixed = {job.job_id: job.priority for job in snapshot.pending if job.priority is not None}
+    # --nice, taken off the weighted sum as Slurm takes it off its own (before the sum is
+    # divided by the weights' sum here): positive lowers the job, negative raises it.
+    niced = {job.job_id: job.nice for job in snapshot.pending if job.nice and job.priority is None}
+    if niced:
+        w = policy.weights
+        point = 1.0 / max(1.0, w.age + w.fairshare + w.job_size + w.partition + w.qos)
+        fixed.update((b.job_id, b.total - niced[b.job_id] * point) for b in ranked
+                     if b.job_id in niced)
     # A held job's priority is 0, as Slurm shows it; its factors stay for the listing.
     fixed.update((job.job_id, 0.0) for job in snapshot.pending if job.hold is not None)
     if fixed:  # an administrator's number replaces the weighted total
@@ -54,7 +62,7 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
     """Pending jobs by multifactor priority; equal priorities in submit order."""
     w = policy.weights
     if not (w.age or w.fairshare or w.job_size or w.partition or w.qos) and all(
-            job.priority is None for job in snapshot.pending):
+            job.priority is None and not job.nice for job in snapshot.pending):
         # Every priority is 0: submit order, without working each one out.
         return moved_to_top(sorted(snapshot.pending,
                                    key=lambda job: (job.submit_time, job.job_id)))

@@ -36,6 +36,7 @@ from gpusched.core.pools import UnitPools
 from gpusched.core.resvholds import ReservationHooksMixin
 from gpusched.core.share_starts import ShareStartsMixin
 from gpusched.core.sharing import ShareBook, by_memory, cluster_shares, wants_share
+from gpusched.core.timecut import capped, cut_start, past_deadline
 from gpusched.core.units import INF, Shape
 
 # The queue's order lives in core/ordering.py; callers find it here too.
@@ -162,6 +163,7 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
         Every rule added to ``waits`` needs its condition here too."""
         return (job.partition in self.open_partitions and not job.dependency
                 and job.hold is None and job.begin_time is None
+                and job.deadline is None and job.time_min is None  # core/timecut.py
                 and (job.qos is None or job.qos not in self.limited_qos)
                 and job.array_max_running is None and not job.licenses and not job.constraint
                 and (self.budgets is None or job.account not in self.budgeted
@@ -169,6 +171,8 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
 
     def waits(self, job: PendingJob) -> Iterator[Reason]:
         """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
+        if job.deadline is not None and past_deadline(job, self.now):
+            yield Reason.DEADLINE  # it can never run: applying the plan ends it
         if job.partition not in self.open_partitions:
             yield from _partition_waits(job, self.partitions.get(job.partition))
         if job.constraint and not self.features.possible(job):
@@ -258,6 +262,7 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
                 self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
         members, group = self.where(job)
+        job, limit = capped(job, self.now), job.time_limit  # --deadline (core/timecut.py)
         if job.constraint and self.features.counted(job):
             return self.features.try_counted(job, task, members, group)
         if wants_share(job):
@@ -283,6 +288,9 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
             # Most jobs of a long queue need at least what an earlier one could not have.
             shape = None if self.capacity.refused(job, group) else Shape.of(job)
             placed = None if shape is None else self.capacity.place_now(shape, members, group)
+        if placed is None and job.time_min is not None and not job.exclusive:  # --time-min
+            placed, shape = cut_start(job, lambda s: pool.place_now(s) if pool is not None
+                                      else self.capacity.place_now(s, members, group)) or (None, shape)
         if placed is None:
             first = job.partition not in self.blocked
             self.blocked.setdefault(job.partition, job)
@@ -315,6 +323,8 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
                 if first else Reason.PRIORITY
         assert shape is not None  # a job is placed only once it has its shape
         self._start_placed(job, task, placed, shape)
+        if shape.duration != (INF if limit is None else limit):  # cut: its new time limit
+            self.starts[-1] = replace(self.starts[-1], time_limit=int(shape.duration))
         return None
 
     def _start_kind(self, job: PendingJob) -> StartKind:

@@ -98,7 +98,7 @@ _JOBS = text(
     " j.uid, j.gid, j.work_dir, j.output, j.error, j.umask, j.time_limit, j.warn_signal,"
     " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
     " j.cpus, j.mem_mb, j.gres_flags, s.script, s.args, s.environment, j.container,"
-    " j.partition, j.account, j.qos, j.dependency, j.gpus, j.start_time,"
+    " j.partition, j.account, j.qos, j.dependency, j.gpus, j.start_time, j.open_mode,"
     " CASE WHEN s.id IS NULL THEN NULL ELSE "
     + latest_gpus_sql("j.id", "j.node_id") + " END AS gpu_uuids,"
     " j.share_mode, CASE WHEN " + _MAY_SHARE + " THEN "
@@ -223,7 +223,8 @@ def _launch_order(j: Any, node_name: str) -> LaunchOrder:
         warn_batch_only=bool(j.warn_batch_only), gpu_uuids=tuple(j.gpu_uuids or ()),
         node_names=tuple(j.node_names or ()), array_job_id=j.array_job_id,
         array_task_id=j.array_task_id, array_spec=j.array_spec, cpus=j.cpus,
-        mem_mb=j.mem_mb, gres_flags=j.gres_flags, share=_share(j), job=JobFacts(
+        mem_mb=j.mem_mb, gres_flags=j.gres_flags, open_mode=j.open_mode, share=_share(j),
+        job=JobFacts(
             partition=j.partition, account=j.account, qos=j.qos, dependency=j.dependency,
             gpus=j.gpus, start_time=None if j.start_time is None
             else int(j.start_time.timestamp())),

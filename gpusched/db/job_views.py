@@ -111,6 +111,8 @@ JOB_FIELDS: dict[str, Field] = {
     "cpu_usec": _same("cpu_usec"), "interactive": _same("interactive"),
     "share_mode": _same("share_mode"), "share": _same("share_units"),
     "gpu_mem_mb": _same("gpu_mem_mb"), "licenses": _same("licenses"),
+    "nice": _same("nice"), "open_mode": _same("open_mode"), "time_min": _same("time_min"),
+    "deadline": _when("deadline"),
     "reservation": _same("reservation"),
     "container": _same("container"),
     "constraint": _same("constraints"),

@@ -37,7 +37,7 @@ from gpusched.db.modelbase import in_values as _in
 from gpusched.db.reservations import AdvanceReservationRow as AdvanceReservationRow
 
 JOB_STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-              "OUT_OF_MEMORY")
+              "OUT_OF_MEMORY", "DEADLINE")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
 NODE_COMMAND_KINDS = ("launch", "cancel", "signal", "limit", "kill", "step", "step_cancel",
                       "mig", "notice", "suspend")
@@ -234,6 +234,9 @@ class Job(Base):
         Index("ix_jobs_mail_watch", "id",
               postgresql_where=text("mail_types IS NOT NULL AND mail_done_at IS NULL")),
         CheckConstraint("char_length(licenses) <= 4096", name="licenses"),
+        CheckConstraint("nice BETWEEN -2147483645 AND 2147483645", name="nice"),
+        CheckConstraint("open_mode IN ('append', 'truncate')", name="open_mode"),
+        CheckConstraint("time_min >= 0", name="time_min"),
         CheckConstraint("octet_length(container::text) <= 1048576", name="container"),
         CheckConstraint("suspended_seconds >= 0", name="suspended_seconds"),
         CheckConstraint("char_length(constraints) <= 1024", name="constraints"),
@@ -350,6 +353,12 @@ class Job(Base):
     mail_done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # -L: the licenses it asks for, canonical (gpusched.core.licenses); None: none.
     licenses: Mapped[str | None] = mapped_column(Text)
+    # sbatch's --nice (None: 0), --open-mode (None: append), --time-min (seconds: the
+    # least time limit backfill may cut it to) and --deadline (migration 0030).
+    nice: Mapped[int | None] = mapped_column(Integer)
+    open_mode: Mapped[str | None] = mapped_column(Text)
+    time_min: Mapped[int | None] = mapped_column(Integer)
+    deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # --reservation: the advance reservation it runs in (db/reservations.py); None: none.
     reservation: Mapped[str | None] = mapped_column(Text)
     # --container-image and pyxis's other options (gpusched.messages.containers); None: none.

@@ -12,6 +12,7 @@ queue and few starts, most of it is reused, and the queue costs no statement of 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import select, text, type_coerce
@@ -25,7 +26,7 @@ from gpusched.db.models import Job
 # The version of a pending row: xmin (PostgreSQL's xid has no order worth using here).
 _VERSION = "CAST(CAST(j.xmin AS text) AS bigint)"
 # The columns of a pending job that _json_job reads (times in seconds since the epoch).
-_FIELDS = (
+_FIELDS: tuple[str, ...] = (
     "j.id", "j.partition", "j.gpus", "j.uid", "extract(epoch FROM j.submit_time)",
     "j.time_limit", "j.reason", "j.user_name", "j.account", "j.qos", "j.hold",
     "extract(epoch FROM j.begin_time)", "j.dependency", "j.name", "j.array_job_id",
@@ -34,6 +35,8 @@ _FIELDS = (
     "j.admin_priority", "j.exclusive", "j.share_units", "j.share_mode", "j.gpu_mem_mb",
     "j.licenses", "j.top_rank",
 )
+# sbatch's --nice, --time-min and --deadline (migration 0030), last: see _with_flags.
+_FIELDS += ("j.nice", "j.time_min", "extract(epoch FROM j.deadline)")
 # The pending jobs, for the snapshot query: a JSON array of columns (one JSON array
 # each, a row's values at the same place in each): the id and version of every pending
 # row, then the _FIELDS of the rows not kept with that version (:kept_ids and
@@ -48,7 +51,7 @@ PENDING_SQL = (
 )
 _READ = text(f"SELECT {PENDING_SQL}")
 
-_COLUMNS = (
+_COLUMNS: tuple[Any, ...] = (
     Job.id, Job.partition, Job.gpus, Job.uid, Job.submit_time, Job.time_limit,
     Job.reason, Job.user_name, Job.account, Job.qos, Job.hold, Job.begin_time,
     Job.dependency, Job.name, Job.array_job_id, Job.array_tasks,
@@ -58,6 +61,20 @@ _COLUMNS = (
     Job.admin_priority, Job.exclusive, Job.share_units, Job.share_mode, Job.gpu_mem_mb,
     Job.licenses, Job.top_rank,
 )
+
+_COLUMNS += (Job.nice, Job.time_min, Job.deadline)
+_FLAGS = _FIELDS.index("j.nice")  # where they are in a row of either
+
+
+def _with_flags(job: PendingJob, row: Sequence[Any]) -> PendingJob:
+    """``job`` with its --nice, --time-min and --deadline from its row (most jobs have
+    none of them, and are given back as they are)."""
+    nice, time_min, deadline = row[_FLAGS:_FLAGS + 3]
+    if not nice and time_min is None and deadline is None:
+        return job
+    return replace(job, nice=nice or 0, time_min=time_min, deadline=None if deadline is None
+                   else float(deadline) if isinstance(deadline, int | float)
+                   else deadline.timestamp())
 
 
 def _job(row: Sequence[Any]) -> PendingJob:
@@ -93,7 +110,7 @@ def read_pending(session: Session) -> tuple[PendingJob, ...]:
     """Every pending job, read in full (a statement of its own)."""
     # Core rows (no ORM loading), and the type lists as the driver gives them: a queue
     # of thousands is read in tens of milliseconds.
-    return tuple(_job(row) for row in session.connection().execute(
+    return tuple(_with_flags(_job(row), row) for row in session.connection().execute(
         select(*_COLUMNS).where(Job.state == "PENDING")))
 
 
@@ -129,7 +146,8 @@ class PendingRows:
         PENDING_SQL answer to the last ``params``; kept from now on."""
         sent = self._sent
         ids, versions, *fields = answer
-        fresh = {row[0]: _json_job(row) for row in zip(*fields)} if fields[0] else {}
+        fresh = ({row[0]: _with_flags(_json_job(row), row) for row in zip(*fields)}
+                 if fields[0] else {})
         now_kept: dict[int, tuple[int, PendingJob]] = {}
         for jid, version in zip(ids or (), versions or ()):
             job = fresh.get(jid)

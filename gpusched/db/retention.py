@@ -33,7 +33,8 @@ from gpusched.db.budgets import BUDGETS, budget_rows
 from gpusched.db.models import Allocation, Gpu, GpuBilling, Job, JobStep, Node
 from gpusched.db.usage import ShareOffers
 
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "DEADLINE")
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in TERMINAL)
 
 # The purgeable jobs (see the module's docstring), oldest ids first, locked (a job

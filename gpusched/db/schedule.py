@@ -36,6 +36,7 @@ from gpusched.db.leadership import check_epoch
 from gpusched.db.models import Job, Partition
 from gpusched.db.pending_rows import PENDING_SQL, PendingRows
 from gpusched.db.reservations import with_reservations
+from gpusched.db.timecut import apply_time_cuts
 
 
 def _columns(*fields: str, order: str = "") -> str:
@@ -240,6 +241,7 @@ _TASK_COPIES = ("name", "uid", "gid", "user_name", "partition", "account", "qos"
                 "output", "error", "array_job_id", "array_spec",
                 "array_max_running", "gpu_types", "nodes", "cpus", "mem_mb", "nodelist",
                 "exclude_nodes", "warn_signal", "warn_seconds", "warn_batch_only",
+                "nice", "open_mode", "time_min", "deadline",
                 "admin_priority", "exclusive", "umask", "gres_flags", "requeue", "reservation",
                 "share_mode", "share_units", "gpu_mem_mb", "licenses", "container", "constraints")
 _SPLIT_TASKS = text(
@@ -414,6 +416,7 @@ def apply_plan(session: Session, snapshot: Snapshot, plan: Plan,
                 _ALLOCATE_TASKS, {"now": now, **_allocations(split)}).scalar_one())
         started.update(tasks_started)
     _update_pending(session, snapshot, plan)
+    apply_time_cuts(session, started, plan, now)  # --time-min and --deadline
     if started:
         # Its batch script runs on its first node (the start's node), as Slurm's does;
         # an allocation (interactive) launches nothing: its client runs steps on it.

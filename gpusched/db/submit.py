@@ -47,6 +47,7 @@ from gpusched.db.submit_facts import (
     read_partition,
     store_job,
 )
+from gpusched.db.submitflags import check_flags
 from gpusched.errors import UsageError
 from gpusched.messages import UNLIMITED, JobRequest
 
@@ -309,6 +310,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
     check_submit_limits(session, uid, user, account, assoc.max_submit_jobs, qos,
                         1 if array is None else task_bounds(array.tasks)[0], max_submit_jobs,
                         who.is_admin, locked=keyed or limited, counted=facts.queued)
+    flag_columns = check_flags(request, who, time_limit)  # --nice, --time-min, ...
     warn = request.warn_signal
     # A held job in an open partition, with no dependency, waits for its release
     # whatever else is queued: its reason is the one a pass would give, and no pass is
@@ -335,7 +337,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "share_units": request.share, "gpu_mem_mb": request.gpu_mem_mb,
         "array_tasks": None if array is None else array.tasks,
         "array_spec": None if array is None else array.tasks,
-        "array_max_running": None if array is None else array.max_running,
+        "array_max_running": None if array is None else array.max_running, **flag_columns,
         "reservation": request.reservation,
         "constraints": request.constraint,
         "licenses": format_licenses(request.licenses) or None,

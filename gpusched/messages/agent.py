@@ -54,6 +54,7 @@ from gpusched.messages.reports import NodeHealth as NodeHealth
 from gpusched.messages.reports import epoch_seconds as epoch_seconds
 from gpusched.messages.reports import error_text as error_text
 from gpusched.messages.reports import kept_error as kept_error
+from gpusched.messages.schedflags import OPEN_MODES
 
 MAX_ARRAY_SPEC = 8 * MAX_TASKS  # characters of a canonical task list ("0-9,12,15-99:3")
 GRES_FLAGS = ("enforce-binding", "disable-binding")
@@ -70,7 +71,7 @@ GPU_UUID = re.compile(rf"(GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d
 
 LAUNCH_FIELDS = frozenset({
     "job_id", "restarts", "node", "name", "user", "uid", "gid", "script", "args", "work_dir",
-    "environment", "output", "error", "umask", "time_limit", "warn_signal", "warn_seconds",
+    "environment", "output", "error", "open_mode", "umask", "time_limit", "warn_signal", "warn_seconds",
     "warn_batch_only", "gpu_uuids", "node_names", "array_job_id", "array_task_id",
     "array_spec", "cpus", "mem_mb", "gres_flags", "share", "job", "container"})
 SHARE_FIELDS = frozenset({"mode", "gpu_uuid", "units", "of", "mem_mb"})
@@ -152,6 +153,7 @@ class LaunchOrder:
     cpus: int = 0
     mem_mb: int = 0
     gres_flags: str | None = None
+    open_mode: str | None = None  # --open-mode: append (None: the same) or truncate
     share: ShareGrant | None = None
     job: JobFacts | None = None  # what the job's Slurm variables show (messages.jobfacts)
     container: ContainerRequest | None = None  # --container-image and the rest (pyxis's)
@@ -186,6 +188,8 @@ class LaunchOrder:
             environment=bounded(bounds.check_environment, string_map(body, "environment")),
             output=path(body, "output", "a file name pattern"),
             error=path(body, "error", "a file name pattern"),
+            open_mode=None if body.get("open_mode") is None
+            else one_of(body, "open_mode", OPEN_MODES),
             umask=optional_integer(body, "umask", 0, 0o777, "a file mode creation mask"),
             time_limit=optional_integer(body, "time_limit", 0, bounds.MAX_TIME_LIMIT,
                                         "seconds"),
@@ -223,6 +227,8 @@ class LaunchOrder:
             "array_task_id": self.array_task_id, "array_spec": self.array_spec,
             "cpus": self.cpus, "mem_mb": self.mem_mb, "gres_flags": self.gres_flags,
         }
+        if self.open_mode is not None:
+            body["open_mode"] = self.open_mode
         if self.share is not None:
             body["share"] = self.share.to_json()
         if self.job is not None:

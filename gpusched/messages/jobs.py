@@ -58,6 +58,8 @@ from gpusched.messages.fields import (
     words,
 )
 from gpusched.messages.reservations import reservation_name
+from gpusched.messages.schedflags import FIELDS as SCHED_FIELDS
+from gpusched.messages.schedflags import SchedFlags
 
 UNLIMITED = "UNLIMITED"  # a time limit: none at all (where the partition allows it)
 MAX_ARRAY_TEXT = 10_000  # characters of an --array value
@@ -80,6 +82,10 @@ MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at 
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority", "name", "dependency",
                            "nodes", "gpus_per_node"})
+
+
+# sbatch's --nice, --priority, --open-mode, --time-min and --deadline (messages/schedflags.py).
+SUBMIT_FIELDS = SUBMIT_FIELDS | frozenset(SCHED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,7 @@ class JobRequest:
     mail_user: str | None = None
     # sbatch's -L: (license, count) pairs sorted by name (gpusched.core.licenses).
     licenses: Licenses = ()
+    flags: SchedFlags = SchedFlags()  # --nice, --priority, --open-mode, --time-min, --deadline
     reservation: str | None = None  # --reservation: an advance reservation's name
     # sbatch's -C/--constraint in its canonical text (gpusched.core.features); None: none.
     constraint: str | None = None
@@ -189,6 +196,8 @@ class JobRequest:
             begin_time=_begin_time(body.get("begin_time")),
             dependency=_dependency(typed(body, "dependency", str, None, "a dependency")),
             array=array, output=output, error=error, umask=umask,
+            flags=SchedFlags.of_submission(body, parse_time_limit(body.get("time_limit")),
+                                           _begin_time(body.get("begin_time"))),
             submit_key=_submit_key(body.get("submit_key")),
             gres_flags=None if body.get("gres_flags") is None
             else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
@@ -220,7 +229,7 @@ class JobRequest:
             "share": self.share, "gpu_mem_mb": self.gpu_mem_mb,
             "mail_type": list(self.mail_types), "mail_user": self.mail_user,
             "reservation": self.reservation,
-            "licenses": format_licenses(self.licenses) or None,
+            "licenses": format_licenses(self.licenses) or None, **self.flags.to_json(),
             "constraint": self.constraint,
             "container": None if self.container is None else self.container.to_json(),
         }

@@ -494,8 +494,8 @@ def test_slurm_aliases_and_more_ignored_options(in_tmp: Path) -> None:
     sub = parse_submit(["--kill-on-invalid-dep=yes", "job.sh"])
     assert (sub.ntasks_per_node, sub.chdir) == (2, "sub")
     assert [w.split(": ")[-2] for w in sub.ignored] == [
-        "--hint", "--gpu-bind", "--distribution", "--open-mode", "--kill-on-invalid-dep",
-        "--oversubscribe"]
+        "--hint", "--gpu-bind", "--distribution", "--kill-on-invalid-dep", "--oversubscribe"]
+    assert sub.open_mode == "append"  # no longer ignored: it reaches the job
     assert sub.ignored[0] == "line 3: #SBATCH: --hint: CPU binding is left to the job"
 
 

@@ -60,14 +60,16 @@ def test_forms_and_flags_reach_the_stored_job(cluster: Cluster) -> None:
     assert stored(cluster, script="#SBATCH --nodes=1-2\n")["nodes"] == 1
     assert stored(cluster, "-M", "gpusched", "-k", "--get-user-env=5L")["state"] == "PENDING"
     assert stored(cluster, script="#SBATCH --clusters=gpusched --no-kill\n")["state"] == "PENDING"
+    assert stored(cluster, "--nice")["nice"] == 100
+    assert stored(cluster, script="#SBATCH --nice=-5 --open-mode=truncate\n")["nice"] == -5
 
 
 def test_refusals_store_nothing(cluster: Cluster) -> None:
-    (cluster.work / "nice.sh").write_text("#!/bin/sh\n#SBATCH --nice=10\ntrue\n")
+    (cluster.work / "nice.sh").write_text("#!/bin/sh\n#SBATCH --nice=ten\ntrue\n")
     (cluster.work / "excl.sh").write_text("#!/bin/sh\n#SBATCH --exclusive=user\ntrue\n")
-    cases = [(["--nice", "--wrap", "true"], "--nice"),
-             (["--nice=-5", "--wrap", "true"], "--nice"),
-             (["nice.sh"], "line 2: #SBATCH: --nice"),
+    cases = [(["--nice=", "--wrap", "true"], "--nice"),
+             (["--nice=1e3", "--wrap", "true"], "--nice"),
+             (["nice.sh"], "line 2: #SBATCH: invalid --nice"),
              (["-M", "elsewhere", "--wrap", "true"], "'elsewhere'"),
              (["--exclusive=user", "--wrap", "true"], "--exclusive=user"),
              (["excl.sh"], "--exclusive=user"),

@@ -156,13 +156,16 @@ def test_gpu_memory_beside_one_gpu(listener: socket.socket) -> None:
 # -- the flags ------------------------------------------------------------------------
 
 
-def test_nice_is_refused_naming_it(listener: socket.socket,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
-    for args in (["--nice", "--wrap", "x"], ["--nice=10", "--wrap", "x"],
-                 ["--nice=-5", "--wrap", "x"]):
-        assert "Priority=" in refused(args, listener, capsys, "--nice", "not supported")
-    err = refused([script("-J a", "--nice=10")], listener, capsys, "--nice")
+def test_nice_is_an_adjustment(listener: socket.socket,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert submission(["--nice", "--wrap", "x"]).nice == 100  # sbatch's default
+    assert submission(["--nice=10", "--wrap", "x"]).nice == 10
+    assert submission(["--nice=-5", "--wrap", "x"]).nice == -5  # the controller judges it
+    assert submission([script("-J a", "--nice=7")]).nice == 7
+    assert submission(["--wrap", "x"]).nice is None
+    err = refused([script("-J a", "--nice=ten")], listener, capsys, "--nice", "'ten'")
     assert "line 3: #SBATCH" in err
+    refused(["--nice=99999999999", "--wrap", "x"], listener, capsys, "--nice")
     # After the script, it is the script's argument.
     assert typer_submission([script(), "--nice=3"]).args == ("--nice=3",)
 
@@ -274,6 +277,7 @@ ACTIONS = {"test_only"}
 OPTION_NAMES: dict[str, list[str]] = {}
 for _name, (_param, _kind, _extra) in GSUBMIT.options.items():
     OPTION_NAMES.setdefault(_param, []).append(_name)
+OPTION_NAMES["nice_adjustment"].append("--nice")  # --nice=ADJ, as sbatch_spellings reads it
 
 
 @st.composite
