@@ -179,6 +179,26 @@ def suspend_job(session: Session, job_id: int, who: Identity, suspend: bool,
     return job, set(nodes)
 
 
+def suspend_jobs(session: Session, job_id: int, who: Identity, suspend: bool
+                 ) -> tuple[Job, set[str]]:
+    """``suspend_job`` for a job, or, for an array's id, for each of its running tasks
+    that is not (suspend) or is (resume) suspended, as scontrol does; the job named and
+    the nodes whose agents act."""
+    job = _owned_job(session, job_id, who, "suspend or resume")
+    if job.array_job_id != job.id:
+        return suspend_job(session, job_id, who, suspend)
+    waiting = Job.suspended_at.is_(None) if suspend else Job.suspended_at.is_not(None)
+    tasks = session.scalars(select(Job.id).where(
+        Job.array_job_id == job_id, Job.state == "RUNNING", waiting).order_by(Job.id)).all()
+    if not tasks:
+        return suspend_job(session, job_id, who, suspend)  # says why not
+    nodes: set[str] = set()
+    for task in tasks:
+        nodes |= suspend_job(session, task, who, suspend)[1]
+    session.refresh(job)
+    return job, nodes
+
+
 def _payload(job: Job, suspend: bool) -> SuspendJob:
     """What the agents need: on resume, the limit from the run's start with the time
     suspended added, and when its steps end."""

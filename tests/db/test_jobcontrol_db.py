@@ -241,6 +241,28 @@ def test_update_of_a_running_job(sessions: sessionmaker[Session]) -> None:
     assert _job(sessions, job_id)["time_limit"] == 1200
 
 
+def test_an_arrays_id_suspends_its_running_tasks(sessions: sessionmaker[Session]) -> None:
+    array = _submit(sessions, gpus=1, array="0-2")
+    _pass(sessions)  # tasks 0 and 1 start; 2 waits in the record
+    with sessions() as s:
+        running = list(s.scalars(select(Job.id).where(
+            Job.array_job_id == array, Job.state == "RUNNING").order_by(Job.id)))
+    assert len(running) == 2
+    with sessions() as s, s.begin():
+        _, nodes = jobcontrol.suspend_jobs(s, array, ROOT, True)
+    assert nodes == {"n1"}
+    assert [_job(sessions, j)["state"] for j in running] == ["SUSPENDED"] * 2
+    assert _job(sessions, array)["state"] == "PENDING"
+    with sessions() as s, s.begin():
+        with pytest.raises(Conflict, match="PENDING: only a running job"):
+            jobcontrol.suspend_jobs(s, array, ROOT, True)  # nothing left to suspend
+        jobcontrol.suspend_jobs(s, running[0], ROOT, False)  # one task alone
+    assert [_job(sessions, j)["state"] for j in running] == ["RUNNING", "SUSPENDED"]
+    with sessions() as s, s.begin():
+        jobcontrol.suspend_jobs(s, array, ROOT, False)
+    assert [_job(sessions, j)["state"] for j in running] == ["RUNNING"] * 2
+
+
 def test_suspend_reaches_every_node_of_the_job(sessions: sessionmaker[Session]) -> None:
     with sessions() as s, s.begin():
         agents.register_node(s, {"node": "n2", "uid": 0, "gpus": [

@@ -66,6 +66,10 @@ def test_suspend_stops_the_job_and_its_clock(cluster: Cluster) -> None:
     queue = cluster.run("gqueue", "-j", str(job_id), "-h", "-o", "%i %t %T")
     assert queue.stdout.split() == [str(job_id), "S", "SUSPENDED"], (queue, cluster.job(job_id),
                                                                       cluster.logs())
+    only = cluster.run("gqueue", "-t", "S", "-h", "-o", "%i")  # gqueue -t R leaves it out
+    assert only.stdout.split() == [str(job_id)], only
+    running = cluster.run("gqueue", "-t", "R", "-h", "-o", "%i")
+    assert str(job_id) not in running.stdout.split(), running
     shown = cluster.run("gcontrol", "show", "job", str(job_id))
     assert "State=SUSPENDED" in shown.stdout.split(), shown.stdout
     assert cluster.job(job_id)["gpu_uuids"], "a suspended job keeps its GPUs"

@@ -41,7 +41,7 @@ class JobControlRoutes:
 
     def _suspend(self, request: Request, suspend: bool) -> tuple[int, dict[str, Any]]:
         job_id, who = path_job_id(request), self.context.identity(request)
-        return self._change(request, job_id, lambda session: jobcontrol.suspend_job(
+        return self._change(request, job_id, lambda session: jobcontrol.suspend_jobs(
             session, job_id, who, suspend)[1])
 
     def top(self, request: Request) -> tuple[int, dict[str, Any]]:
