@@ -129,14 +129,17 @@ def _podman(runtime: ContainerRuntime, request: ContainerRequest,
             flags = f":{','.join(mount.flags)}" if mount.flags else ""
             argv.append(f"--volume={source}:{mount.target}{flags}")
     argv += _gpu_options(runtime, job)
-    argv += [f"--env={name}" for name in _passed_names(request, job)]
+    # The job's GPUs, and only them, for an NVIDIA hook the node may run (an image's own
+    # NVIDIA_VISIBLE_DEVICES=all never reaches it).
+    extra = {"NVIDIA_VISIBLE_DEVICES": ",".join(job.gpu_uuids) or "void"}
+    argv += [f"--env={name}" for name in sorted({*_passed_names(request, job), *extra})]
     argv += runtime.run_args
     if not request.entrypoint:
         argv.append(f"--entrypoint={SCRIPT_IN_CONTAINER}")
     argv.append(_podman_image(request.image))
     if request.entrypoint:
         argv.append(SCRIPT_IN_CONTAINER)  # the image's entrypoint is given the script
-    return argv + list(job.args), {}
+    return argv + list(job.args), extra
 
 
 def _gpu_options(runtime: ContainerRuntime, job: ContainerJob) -> list[str]:

@@ -118,7 +118,7 @@ def test_podman_command() -> None:
                                                               Mount("tmpfs", "/t")),
                                workdir="/w", env=("PATH",), mount_home=True)
     argv, extra = container_command(PODMAN, request, JOB)
-    assert extra == {}
+    assert extra == {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}
     assert argv[:3] == ["/usr/bin/podman", "--runtime=runc", "run"]
     assert argv[-4:] == [f"--entrypoint={SCRIPT_IN_CONTAINER}", "nvcr.io/nvidia/pytorch:24.01",
                          "a", "-b"]
@@ -132,7 +132,8 @@ def test_podman_command() -> None:
     envs = [a for a in argv if a.startswith("--env=")]
     # The image keeps its own PATH and HOME unless --container-env names them; a name no
     # shell could set never reaches the runtime; no value is ever on the command line.
-    assert envs == ["--env=CUDA_VISIBLE_DEVICES", "--env=FOO", "--env=PATH"]
+    assert envs == ["--env=CUDA_VISIBLE_DEVICES", "--env=FOO", "--env=NVIDIA_VISIBLE_DEVICES",
+                    "--env=PATH"]
 
 
 def test_podman_switches_and_images() -> None:
@@ -148,6 +149,8 @@ def test_podman_switches_and_images() -> None:
     assert "--device=nvidia.com/gpu=GPU-1" in container_command(cdi, ContainerRequest("u"), JOB)[0]
     assert not [a for a in container_command(PODMAN, ContainerRequest("u"), root)[0]
                 if a.startswith("--device")]
+    assert container_command(PODMAN, ContainerRequest("u"), root)[1] == {
+        "NVIDIA_VISIBLE_DEVICES": "void"}
     with pytest.raises(ContainerError, match="squashfs image needs enroot"):
         container_command(PODMAN, ContainerRequest("/i/pt.sqsh"), JOB)
     assert container_command(PODMAN, ContainerRequest("/i/pt.tar"), JOB)[0][-3] == \

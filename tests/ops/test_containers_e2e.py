@@ -119,6 +119,7 @@ def test_a_job_runs_in_its_image_with_mounts_workdir_and_variables(cluster: Clus
          f"--container-image={IMAGE}", f"--container-mounts={data}:/mnt/in:ro,tmpfs:/scratch",
          "--container-workdir=/mnt/in", "--wrap",
          "cat /etc/os-release; pwd; cat in.txt; echo FOO=$FOO; echo CVD=$CUDA_VISIBLE_DEVICES;"
+         " echo NVD=$NVIDIA_VISIBLE_DEVICES;"
          " touch /made 2>/dev/null && echo root-writable || echo root-read-only;"
          " touch /scratch/x && echo scratch-writable; id -u"],
         capture_output=True, text=True, env=env, cwd=cluster.work, timeout=60)
@@ -132,6 +133,7 @@ def test_a_job_runs_in_its_image_with_mounts_workdir_and_variables(cluster: Clus
     assert "/mnt/in" in lines and "from the node" in lines
     assert "FOO=bar-42" in lines  # the job's variables reach the container
     assert f"CVD={','.join(done['gpu_uuids'])}" in lines and done["gpu_uuids"]
+    assert f"NVD={','.join(done['gpu_uuids'])}" in lines
     assert "root-read-only" in lines and "scratch-writable" in lines
     assert lines[-1] == "0"  # root's job is root inside
     assert done["container"]["image"] == IMAGE
