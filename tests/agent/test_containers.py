@@ -285,3 +285,13 @@ def test_a_launch_order_s_spec_runs_its_runtime(tmp_path: Path) -> None:
     assert plain["container"] is None
     with pytest.raises(ContainerError, match="no container runtime"):
         build_spec(order, 1.0, "n1", 0, None, {**site, "container_runtime": "none"})
+
+
+def test_a_registration_s_runtime_is_checked() -> None:
+    from gpusched.db.containers import registered_runtime
+
+    assert registered_runtime({}) is None and registered_runtime({"container_runtime": None}) is None
+    assert registered_runtime({"container_runtime": "enroot"}) == "enroot"
+    for bad in ("docker", "", 3, ["podman"]):
+        with pytest.raises(UsageError, match="container_runtime: expected one of"):
+            registered_runtime({"container_runtime": bad})
