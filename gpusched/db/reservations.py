@@ -87,6 +87,9 @@ _RUNNING = text(
     "AND j.reservation IS DISTINCT FROM :name GROUP BY j.id, n.name")
 _USING = text("SELECT count(*) FROM jobs WHERE reservation = :name "
               "AND state IN ('PENDING', 'RUNNING')")
+# Two reservations made at once must not both find the same nodes free: the writers
+# take turns (readers, the pass among them, are not held up).
+_WRITERS_ONE_AT_A_TIME = text("LOCK TABLE advance_reservations IN SHARE ROW EXCLUSIVE MODE")
 _PARTITION_NODES = text("SELECT nodes FROM partitions WHERE name = :name")
 
 
@@ -214,6 +217,7 @@ def create_reservation(session: Session, request: ReservationRequest,
         raise UsageError("a reservation needs users or accounts (who may use it)")
     if request.nodes is None and request.gpus is None and request.node_count is None:
         raise UsageError("a reservation needs nodes, a node count or a GPU count")
+    session.execute(_WRITERS_ONE_AT_A_TIME)
     _drop_ended(session, now)
     if session.get(AdvanceReservationRow, request.name) is not None:
         raise Conflict(f"reservation {request.name} exists already")
@@ -248,6 +252,7 @@ def update_reservation(session: Session, name: str, request: ReservationRequest,
                        now: float | None = None) -> dict[str, Any]:
     """Change a reservation's window, users, accounts, flags or what it holds; its JSON."""
     now = time.time() if now is None else now
+    session.execute(_WRITERS_ONE_AT_A_TIME)
     found = session.get(AdvanceReservationRow, name, with_for_update=True)
     if found is None:
         raise NotFound(f"no reservation named {name}")

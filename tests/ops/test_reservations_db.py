@@ -7,6 +7,7 @@ snapshot carrying reservations and jobs' reservations into the pass."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -178,3 +179,32 @@ def test_the_database_holds_the_bounds(db: sessionmaker[Session]) -> None:
     _submit(db, gpus=1)
     with db() as s, s.begin(), pytest.raises(IntegrityError):
         s.execute(text("UPDATE jobs SET reservation = repeat('r', 65)"))
+
+
+def test_two_made_at_once_do_not_both_take_the_same_nodes(db: sessionmaker[Session]) -> None:
+    start = datetime.fromtimestamp(time.time() + HOUR, UTC).isoformat()
+    body = {"start": start, "duration": 600, "nodes": ["n3"], "users": ["root"]}
+    outcome: list[object] = []
+    first = db()
+    first.begin()
+    reservations.create_reservation(first, ReservationRequest.parse({**body, "name": "a"}))
+
+    def second() -> None:
+        try:
+            with db() as s, s.begin():
+                reservations.create_reservation(s, ReservationRequest.parse(
+                    {**body, "name": "b"}))
+            outcome.append("made")
+        except Conflict as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(1.0)
+    assert thread.is_alive() and not outcome  # it waits for the first to finish
+    first.commit()
+    first.close()
+    thread.join(10.0)
+    assert len(outcome) == 1 and isinstance(outcome[0], Conflict), outcome
+    assert "busy" in str(outcome[0])  # n3 is held by a from then on
+    assert _count(db) == 1
