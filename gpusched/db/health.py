@@ -133,7 +133,9 @@ def record_samples(session: Session, node_name: str, body: dict[str, Any],
             Allocation.gpu_id.in_(list(sample_of)), Allocation.released_at.is_(None))):
         held.setdefault(job_id, []).append(sample_of[gpu_id])
     flagged = []
-    for job in session.scalars(select(Job).where(Job.id.in_(list(held)), Job.state == "RUNNING")):
+    # A suspended job (gcontrol suspend) is not idle: its samples are not its own use.
+    for job in session.scalars(select(Job).where(Job.id.in_(list(held)), Job.state == "RUNNING",
+                                                 Job.suspended_at.is_(None))):
         mine = held[job.id]
         util = sum(s["util"] for s in mine) / len(mine)
         job.util_samples += 1

@@ -62,6 +62,7 @@ def enforce(session: Session, node_name: str, idle_percent: float) -> set[str]:
                .where(Node.name == node_name, Allocation.released_at.is_(None)))
     jobs = list(session.scalars(select(Job).where(
         Job.id.in_(on_node), Job.state == "RUNNING", Job.cancel_requested_at.is_(None),
+        Job.suspended_at.is_(None),  # suspended by an administrator: not idle
         (Job.idle_since.is_not(None) | Job.idle_warned_at.is_not(None))).order_by(Job.id)))
     if not jobs:
         return set()

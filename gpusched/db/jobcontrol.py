@@ -161,14 +161,16 @@ def suspend_job(session: Session, job_id: int, who: Identity, suspend: bool,
         raise Conflict(f"job {job_id} is being stopped: it cannot be suspended")
     now = now or datetime.now(UTC)
     guard = [Job.id == job_id, Job.state == "RUNNING", Job.restarts == job.restarts]
+    # Its GPUs' idle time (the idle-GPU policy) starts again after a suspension.
     if suspend:
-        values: dict[str, object] = {"suspended_at": now}
+        values: dict[str, object] = {"suspended_at": now, "idle_since": None, "idle": False}
         guard.append(Job.suspended_at.is_(None))
     else:
         assert job.suspended_at is not None
         total = suspended_seconds(job.suspended_seconds, job.suspended_at.timestamp(),
                                   now.timestamp())
-        values = {"suspended_at": None, "suspended_seconds": total}
+        values = {"suspended_at": None, "suspended_seconds": total, "idle_since": None,
+                  "idle": False}
         guard.append(Job.suspended_at == job.suspended_at)
     if not rowcount(session.execute(update(Job).where(*guard).values(**values))):
         raise Conflict(f"job {job_id} changed while it was being {verb}")

@@ -20,7 +20,7 @@ from gpusched.core.arrays import fold
 from gpusched.core.jobcontrol import JobRef, task_in
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan, queue_order
-from gpusched.db import agents, job_views, jobcontrol, jobupdate, steps
+from gpusched.db import agents, health, job_views, jobcontrol, jobupdate, steps
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Job, NodeCommand
 from gpusched.db.partitions import sync_partitions
@@ -239,6 +239,21 @@ def test_update_of_a_running_job(sessions: sessionmaker[Session]) -> None:
         jobcontrol.suspend_job(s, job_id, ROOT, True)
     assert _update(sessions, job_id, ROOT, time_limit=1200) == set()  # resume tells it
     assert _job(sessions, job_id)["time_limit"] == 1200
+
+
+def test_a_suspended_job_is_not_idle(sessions: sessionmaker[Session]) -> None:
+    job_id = _running(sessions)
+    idle = [{"uuid": f"GPU-{i}", "util": 0, "mem_used_mb": 0, "temperature": 40,
+             "power_mw": 50_000} for i in range(2)]
+    with sessions() as s, s.begin():
+        health.record_samples(s, "n1", {"gpus": idle}, 1.0, 0)
+    assert _job(sessions, job_id)["idle_since"] is not None
+    with sessions() as s, s.begin():
+        jobcontrol.suspend_job(s, job_id, ROOT, True)
+    with sessions() as s, s.begin():
+        assert health.record_samples(s, "n1", {"gpus": idle}, 1.0, 0) == []
+    job = _job(sessions, job_id)
+    assert (job["idle_since"], job["idle"], job["gpu_samples"]) == (None, False, 1)
 
 
 def test_an_arrays_id_suspends_its_running_tasks(sessions: sessionmaker[Session]) -> None:
