@@ -83,6 +83,9 @@ def gqueue(
         help="Only jobs running on these nodes (node[01-04],gpu7).")] = None,
     steps: Annotated[bool, typer.Option(
         "--steps", "-s", help="The running steps of running jobs instead.")] = False,
+    reservation: Annotated[str | None, typer.Option(
+        "--reservation", "-R", metavar="NAME", show_default=False,
+        help="Only jobs of this advance reservation.")] = None,
 ) -> None:
     """Show pending and running jobs (with --all, ended ones too).
 
@@ -92,7 +95,8 @@ def gqueue(
                noheader=noheader, start=start, explain=explain, me=me, partition=partition,
                job_list=job_list, account=account, name=name, fmt=fmt, iterate=iterate,
                array=array, clusters=clusters, long_format=long_format, licenses=licenses,
-               long=long, qos=qos, sort=sort, verbose=verbose, nodelist=nodelist, steps=steps)
+               long=long, qos=qos, sort=sort, verbose=verbose, nodelist=nodelist, steps=steps,
+               reservation=reservation)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

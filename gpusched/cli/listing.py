@@ -39,6 +39,14 @@ STATE_CODES = {
     "OUT_OF_MEMORY": "OOM", "SUSPENDED": "S", "DEADLINE": "DL",
 }
 _BY_CODE = {code: name for name, code in STATE_CODES.items()}
+# squeue's states no job here is ever in: a listing of them is empty, as squeue's is on a
+# cluster where none is.
+SLURM_ONLY_STATES = {
+    "CG": "COMPLETING", "CF": "CONFIGURING", "PR": "PREEMPTED", "BF": "BOOT_FAIL",
+    "RV": "REVOKED", "SE": "SPECIAL_EXIT", "RD": "RESV_DEL_HOLD", "RF": "REQUEUE_FED",
+    "RH": "REQUEUE_HOLD", "RQ": "REQUEUED", "RS": "RESIZING", "SI": "SIGNALING",
+    "SO": "STAGE_OUT", "ST": "STOPPED",
+}
 NEVER_RAN = format_duration(0)
 LAUNCH_FAILED = "LaunchFailed"  # gpusched.db.agents.LAUNCH_FAILED_REASON
 # The JOB fields the plain table and --start show.
@@ -126,6 +134,9 @@ def parse_states(text: str | None, flag: str = "--states",
         if word == "ALL":
             return list(allowed or STATE_CODES)
         state = _BY_CODE.get(word) or (word if word in STATE_CODES else None)
+        if state is None and allowed is None:
+            state = SLURM_ONLY_STATES.get(word) or (
+                word if word in SLURM_ONLY_STATES.values() else None)
         if state is None:
             known = ", ".join(f"{code}/{name}" for name, code in STATE_CODES.items())
             raise UsageError(f"{flag}: unknown job state {word!r}; known: {known}")

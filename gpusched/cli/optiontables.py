@@ -49,6 +49,8 @@ GQUEUE = Table(
         '-w': ('nodelist', 'str', None),
         '--steps': ('steps', 'flag', True),
         '-s': ('steps', 'flag', True),
+        '--reservation': ('reservation', 'str', None),
+        '-R': ('reservation', 'str', None),
     },
     arguments=(),
     interspersed=True,
@@ -77,6 +79,7 @@ GQUEUE = Table(
         'verbose': False,
         'nodelist': None,
         'steps': False,
+        'reservation': None,
     },
 )
 

@@ -37,7 +37,7 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
                long_format: str | None = None, licenses: str | None = None,
                long: bool = False, qos: str | None = None, sort: str | None = None,
                verbose: bool = False, nodelist: str | None = None,
-               steps: bool = False) -> None:
+               steps: bool = False, reservation: str | None = None) -> None:
     """List the queue as gqueue's options say (the parameters are its typer ones)."""
     if explain is not None:
         from gpusched.client import ApiClient
@@ -87,12 +87,13 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
     if sum(x is not None for x in (fmt, long_format)) + long > 1:
         raise UsageError("choose one of -o/--format, -O/--Format and -l/--long")
     if array or long_format is not None or long or qos or sort or nodelist or licenses \
-            or verbose or (fmt is not None and "E" in fmt):
+            or verbose or reservation or (fmt is not None and "E" in fmt):
         from gpusched.cli.queueviews import View, show_view
 
         view = View(as_json=as_json, start=start, noheader=noheader, fmt=fmt,
                     long_format=long_format, long=long, sort=sort, array=array, qos=qos,
-                    nodelist=nodelist, licenses=licenses, verbose=verbose)
+                    nodelist=nodelist, licenses=licenses, verbose=verbose,
+                    reservation=reservation)
         path_of = view.path_maker(user=user, states=wanted_states, show_all=show_all, ids=ids,
                                   partition=partition, account=account, name=name)
         _repeat(lambda: show_view(view, path_of), iterate)

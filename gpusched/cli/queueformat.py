@@ -61,12 +61,13 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "K": ("array_task_id", "array_tasks", "array_max_running"), "h": ("exclusive",),
     "L": ("start_time", "end_time", "time_limit", "suspended_seconds", "suspended_at"), "n": ("nodelist",), "U": ("uid",),
     "x": ("exclude",), "Z": ("work_dir",), "p": (),
-    "v": ("reservation",),
+    "v": ("reservation",), "y": ("nice",),
 }
 # The same for the -O names with no code of their own.
 _LONG_NEEDS: dict[str, tuple[str, ...]] = {
     "stdout": ("output",), "stderr": ("error", "output"), "exit_code": ("exit_code", "signal"),
     "restarts": ("restarts",), "requeue": ("requeue",), "eligible": ("begin_time", "submit_time"),
+    "time_min": ("time_min",), "deadline": ("deadline",),
 }
 
 
@@ -142,6 +143,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "x": ("EXC_NODES", lambda j, now: str(j.get("exclude") or "")),
     "Z": ("WORK_DIR", lambda j, now: str(j.get("work_dir") or "")),
     "v": ("RESERVATION", lambda j, now: str(j.get("reservation") or "(null)")),
+    "y": ("NICE", lambda j, now: str(j.get("nice") or 0)),
 }
 _LONG_ONLY: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "stdout": ("STDOUT", lambda j, now: str(j.get("output") or "")),
@@ -152,6 +154,9 @@ _LONG_ONLY: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] 
     "requeue": ("REQUEUE", lambda j, now: "1" if j.get("requeue") else "0"),
     "eligible": ("ELIGIBLE_TIME", lambda j, now: _local(j.get("begin_time")
                                                         or j.get("submit_time"))),
+    "time_min": ("MIN_TIME", lambda j, now: format_duration(j["time_min"])
+                 if j.get("time_min") else "N/A"),
+    "deadline": ("DEADLINE", lambda j, now: _local(j.get("deadline"))),
 }
 # squeue's codes with no meaning here, each with why.
 _NO_GROUP = "jobs carry no group here"
@@ -164,7 +169,7 @@ REFUSED_CODES = {
     "X": "no cores are reserved for the system (core specialization) here",
     "s": "there is no node selection plugin here",
     "w": "jobs carry no workload characterisation key (WCKey) here",
-    "y": "jobs carry no nice value here", "Y": "the nodes a pending job will use are not kept",
+    "Y": "the nodes a pending job will use are not kept",
     "z": "jobs ask for no sockets, cores or threads here",
 }
 # squeue's -O names, lower case -> the code that shows it.
@@ -177,7 +182,7 @@ LONG_NAMES = {
     "excnodes": "x", "starttime": "S", "state": "T", "statecompact": "t", "stdout": "stdout",
     "stderr": "stderr", "submittime": "V", "timeleft": "L", "timelimit": "l", "timeused": "M",
     "tres-per-node": "b", "userid": "U", "username": "u", "workdir": "Z",
-    "reservation": "v",
+    "reservation": "v", "nice": "y", "mintime": "time_min", "deadline": "deadline",
     "exit_code": "exit_code", "restartcnt": "restarts", "requeue": "requeue",
     "eligibletime": "eligible",
 }

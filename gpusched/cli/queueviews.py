@@ -1,5 +1,5 @@
 """gqueue's listings beyond the plain queue: squeue's filters the controller's listing
-does not take (``-q``, ``-w``, ``-L``), ``-r`` (one pending array task a line), ``-S``
+does not take (``-q``, ``-w``, ``-L``, ``-R``), ``-r`` (one pending array task a line), ``-S``
 sorting, ``-O``/``-l`` formats, the dependencies' states of ``%E``, and ``-s`` (steps).
 Each reads the JOB objects of ``GET /v1/jobs`` and works on them here."""
 
@@ -61,6 +61,7 @@ class View:
     nodelist: str | None
     licenses: str | None
     verbose: bool
+    reservation: str | None = None
 
     def __post_init__(self) -> None:
         text = LONG_FORMAT if self.long else self.fmt
@@ -71,6 +72,7 @@ class View:
         self.qos_names = _names(self.qos, "--qos")
         self.nodes = _nodes(self.nodelist)
         self.license_names = _names(self.licenses, "--licenses")
+        self.reservations = _names(self.reservation, "--reservation")
 
     def wanted(self) -> tuple[str, ...] | None:
         """The JOB fields to ask for (None: every one, for --json)."""
@@ -81,7 +83,8 @@ class View:
         extra = [*sort_fields(self.sort_keys), *(_ARRAY_FIELDS if self.array else ()),
                  *(("qos",) if self.qos_names else ()),
                  *(("node", "node_names") if self.nodes else ()),
-                 *(("licenses",) if self.license_names else ())]
+                 *(("licenses",) if self.license_names else ()),
+                 *(("reservation",) if self.reservations else ())]
         return tuple(dict.fromkeys([*shown, *extra]))
 
     def path_maker(self, **filters: Any) -> Callable[[], str]:
@@ -128,6 +131,8 @@ def select_jobs(view: View, jobs: Iterable[dict[str, Any]]) -> list[dict[str, An
                 continue
         if view.license_names is not None and not _license_names(
                 job.get("licenses")) & view.license_names:
+            continue
+        if view.reservations is not None and job.get("reservation") not in view.reservations:
             continue
         kept.append(job)
     return kept

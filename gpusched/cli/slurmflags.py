@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 _FEDERATION = "there is no federation: this cluster runs every job itself"
 _YAML = "YAML output is not offered: use --json"
-_RESERVATIONS = "jobs are not listed by reservation here"
 _BATCH = ("--signal goes to the job's whole process group here; the batch shell alone "
           "cannot be signalled")
 
@@ -30,7 +29,6 @@ _BATCH = ("--signal goes to the job's whole process group here; the batch shell 
 REFUSED: dict[str, dict[str, str]] = {
     "gqueue": {
         "--federation": _FEDERATION, "--sibling": _FEDERATION, "--yaml": _YAML,
-        "-R": _RESERVATIONS, "--reservation": _RESERVATIONS,
     },
     "gcancel": {
         "--sibling": _FEDERATION,

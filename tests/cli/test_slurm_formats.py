@@ -79,6 +79,17 @@ def test_reservation_and_features_codes() -> None:
     assert render_format(fields, {"reservation": "maint", "constraint": "a100&nvlink"}, NOW) \
         == "maint|a100&nvlink"
     assert render_format(parse_long_format("Reservation:6"), {}, NOW) == "(null)"
+    fields = parse_long_format("Nice:4,MinTime:8,Deadline:5")
+    assert render_format(fields, {"nice": 5, "time_min": 1800, "deadline": None}, NOW) \
+        == "5    30:00    N/A"
+
+
+def test_slurm_only_states_select_nothing_in_listings_only() -> None:
+    from gpusched.cli.listing import parse_states
+
+    assert parse_states("cg,R,stopped") == ["COMPLETING", "RUNNING", "STOPPED"]
+    with pytest.raises(UsageError, match="unknown job state 'CG'"):
+        parse_states("CG", "--state", ("PENDING", "RUNNING"), "only pending and running")
 
 
 def test_long_format_widths_and_suffix() -> None:

@@ -63,6 +63,10 @@ def test_gqueue_sort_format_array_and_filters(cluster: Cluster) -> None:
     assert lines(cluster, "gqueue", *mine, "-h", "-w", "node01") == []  # none running
     assert lines(cluster, "gqueue", *mine, "-h", "-M", "gpusched", "-o", "%A") == [
         str(a), str(b), str(arr), str(dep)]
+    assert lines(cluster, "gqueue", *mine, "-h", "-R", "maint") == []  # in no reservation
+    # squeue's states no job here is ever in select nothing
+    assert lines(cluster, "gqueue", "-j", str(b), "-h", "-t", "CG,PD", "-o", "%A") == [str(b)]
+    assert lines(cluster, "gqueue", "-j", str(b), "-h", "-t", "COMPLETING") == []
     other = cluster.run("gqueue", "-M", "elsewhere")
     assert other.returncode == 2 and "no cluster 'elsewhere'" in other.stderr
     # the input variables, Slurm's and ours (ours wins; the command line over both)
