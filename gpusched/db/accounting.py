@@ -11,7 +11,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
+from gpusched.core.jobcontrol import suspended_seconds
 from gpusched.core.usage import gpu_fraction
+from gpusched.db.jobcontrol import shown_state
 from gpusched.db.models import Allocation, Gpu, GpuBilling, Job, JobStep, Node
 from gpusched.db.steps import step_view, steps_of
 from gpusched.db.usage import ShareOffers
@@ -152,16 +154,19 @@ def job_records(session: Session, users: list[str] | None = None,
     for job in found:
         gpu_s, billed_s, latest, job_runs = held.get(job.id) or Held(0.0, 0.0, [])
         elapsed = ((job.end_time or now) - job.start_time).total_seconds() if job.start_time else 0.0
+        # gcontrol suspend: the time suspended is not run time (sacct's Elapsed, Suspended).
+        paused = suspended_seconds(job.suspended_seconds, job.suspended_at.timestamp()
+                                   if job.suspended_at else None, (job.end_time or now).timestamp())
         records.append({
             "job_id": job.id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
             "name": job.name, "user": job.user_name, "account": job.account,
-            "partition": job.partition, "state": job.state, "reason": job.reason,
-            "exit_code": job.exit_code,
+            "partition": job.partition, "state": shown_state(job.state, job.suspended_at),
+            "reason": job.reason, "exit_code": job.exit_code,
             "signal": job.signal, "submit_time": job.submit_time.isoformat(),
             "start_time": job.start_time.isoformat() if job.start_time else None,
             "end_time": job.end_time.isoformat() if job.end_time else None,
-            "elapsed_s": max(0.0, elapsed), "gpus": job.gpus, "restarts": job.restarts,
-            "alloc_tres": alloc_tres(latest), "alloc": latest,
+            "elapsed_s": max(0.0, elapsed - paused), "suspended_s": paused, "gpus": job.gpus,
+            "restarts": job.restarts, "alloc_tres": alloc_tres(latest), "alloc": latest,
             "gpu_hours": gpu_s / 3600, "billed_gpu_hours": billed_s / 3600,
             "gpu_util_avg": job.util_sum / job.util_samples if job.util_samples else None,
             "gpu_util_peak": job.util_peak, "gpu_mem_peak_mb": job.mem_peak_mb,

@@ -20,7 +20,15 @@ from gpusched.core.arrays import fold
 from gpusched.core.jobcontrol import JobRef, task_in
 from gpusched.core.model import Policy
 from gpusched.core.plan import plan, queue_order
-from gpusched.db import agents, health, job_views, jobcontrol, jobupdate, steps
+from gpusched.db import (
+    accounting,
+    agents,
+    health,
+    job_views,
+    jobcontrol,
+    jobupdate,
+    steps,
+)
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.models import Job, NodeCommand
 from gpusched.db.partitions import sync_partitions
@@ -254,6 +262,19 @@ def test_a_suspended_job_is_not_idle(sessions: sessionmaker[Session]) -> None:
         assert health.record_samples(s, "n1", {"gpus": idle}, 1.0, 0) == []
     job = _job(sessions, job_id)
     assert (job["idle_since"], job["idle"], job["gpu_samples"]) == (None, False, 1)
+
+
+def test_accounting_leaves_out_the_time_suspended(sessions: sessionmaker[Session]) -> None:
+    job_id = _running(sessions)
+    with sessions() as s, s.begin():  # started 300 s ago, suspended for the last 100
+        s.execute(update(Job).where(Job.id == job_id).values(
+            start_time=datetime.now(UTC) - timedelta(seconds=300)))
+        jobcontrol.suspend_job(s, job_id, ROOT, True, datetime.now(UTC) - timedelta(seconds=100))
+    with sessions() as s:
+        record = next(r for r in accounting.job_records(s) if r["job_id"] == job_id)
+    assert record["state"] == "SUSPENDED"
+    assert record["suspended_s"] == pytest.approx(100, abs=5)
+    assert record["elapsed_s"] == pytest.approx(200, abs=5)
 
 
 def test_an_arrays_id_suspends_its_running_tasks(sessions: sessionmaker[Session]) -> None:
