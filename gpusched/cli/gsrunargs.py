@@ -31,6 +31,7 @@ there (its end comes with the step's, with the step's status):
       --mem SIZE             Memory per node.  -t, --time TIME  Time limit.
   -p, --partition P          -A, --account A   -q, --qos Q      --exclusive
   -w, --nodelist NODES       -x, --exclude NODES
+      --reservation NAME     An advance reservation to run in (gcontrol show reservation).
 
 Options:
   -N, --nodes N              Nodes of the job to run on (default: all of them).
@@ -97,6 +98,7 @@ _ALLOCATION_LONG: dict[str, tuple[str, str]] = {
     "--account": ("allocation:account", "str"), "--qos": ("allocation:qos", "str"),
     "--exclusive": ("allocation:exclusive", "flag"),
     "--nodelist": ("allocation:nodelist", "str"), "--exclude": ("allocation:exclude", "str"),
+    "--reservation": ("allocation:reservation", "str"),
 }
 _LONG.update(_ALLOCATION_LONG)
 _SHORT = {"-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task", "-l": "--label",

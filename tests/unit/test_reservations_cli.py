@@ -114,3 +114,20 @@ def test_the_message_round_trips() -> None:
     assert asked.start == datetime.fromisoformat("2026-12-01T07:00:00+00:00").timestamp()
     assert asked.flags == frozenset({"DAILY"})
     assert ReservationRequest.parse(asked.to_json()) == asked
+
+
+def test_galloc_and_gsrun_ask_for_the_reservation() -> None:
+    from gpusched.cli import galloc
+    from gpusched.cli.allocation import allocation_body
+    from gpusched.cli.gsrunalloc import allocation_options, refuse_allocation_options
+    from gpusched.cli.gsrunargs import parse_args
+
+    options, command = galloc.parse_args(["--reservation", "team", "-G", "1", "true"])
+    assert command == ["true"]
+    assert allocation_body(options, "x", "/tmp", {})["reservation"] == "team"
+    args = parse_args(["--reservation=team", "true"])
+    assert allocation_body(allocation_options(args), "x", "/tmp", {})["reservation"] == "team"
+    refusal = refuse_allocation_options(args)  # inside a job the allocation exists
+    assert refusal is not None and "--reservation" in refusal
+    plain = allocation_body(allocation_options(parse_args(["true"])), "x", "/tmp", {})
+    assert plain["reservation"] is None
