@@ -85,10 +85,17 @@ def container_command(runtime: ContainerRuntime, request: ContainerRequest,
 
 
 def _sources(request: ContainerRequest, job: ContainerJob) -> list[tuple[Mount, str]]:
-    """Each mount with its source on the node: relative ones from the working directory."""
-    return [(m, m.source if m.source == "tmpfs" else
-             posixpath.normpath(posixpath.join(job.work_dir, m.source)))
-            for m in request.mounts]
+    """Each mount with its source on the node: relative ones from the working directory
+    (which, like the home directory, must then hold no ``,`` or ``:``, the separators of
+    a runtime's mount option)."""
+    found = [(m, m.source if m.source == "tmpfs" else
+              posixpath.normpath(posixpath.join(job.work_dir, m.source)))
+             for m in request.mounts]
+    for path in [source for _, source in found] + ([job.home] if request.mount_home else []):
+        if "," in path or ":" in path:
+            raise ContainerError(f"--container-mounts: {path}: a path with ',' or ':' cannot "
+                                 "be mounted")
+    return found
 
 
 def mount_sources(request: ContainerRequest, work_dir: str) -> list[str]:
@@ -259,9 +266,10 @@ def gpu_device_paths(minors: Iterable[int | None], exists: Callable[[str], bool]
 
 def container_settings(r: TableReader, defaults: Any) -> dict[str, Any]:
     """``container_runtime`` of [agent] and its [agent.container] table."""
-    kind = r.get("container_runtime", str, None, "one of " + ", ".join(map(repr, RUNTIME_SETTINGS)))
+    expected = "one of " + ", ".join(map(repr, RUNTIME_SETTINGS))
+    kind = r.get("container_runtime", str, None, expected)
     if kind is not None and kind not in RUNTIME_SETTINGS:
-        raise r.fail("container_runtime", "one of " + ", ".join(map(repr, RUNTIME_SETTINGS)))
+        raise r.fail("container_runtime", expected)
     table = r.sub("container")
     table.check_keys({"program", "runtime_args", "run_args", "gpus"})
     program = table.get("program", str, None, "an absolute path to the runtime's program")

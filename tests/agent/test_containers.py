@@ -39,7 +39,8 @@ from gpusched.messages.containers import (
     parse_mounts,
 )
 
-PODMAN = ContainerRuntime("podman", "/usr/bin/podman", ("--runtime=runc",), ("--ulimit=nofile=64:64",))
+PODMAN = ContainerRuntime("podman", "/usr/bin/podman", ("--runtime=runc",),
+                          ("--ulimit=nofile=64:64",))
 JOB = ContainerJob(uid=1000, home="/home/ann", work_dir="/home/ann/run", script="/s/jobs/7/script",
                    args=("a", "-b"), env={"FOO": "1", "PATH": "/x", "HOME": "/home/ann",
                                           "BAD-NAME": "2", "CUDA_VISIBLE_DEVICES": "GPU-1"},
@@ -206,6 +207,11 @@ def test_detection_devices_and_spec_entry() -> None:
     assert archive["check_paths"] == ["/home/ann/run/img.tar"]  # read as the user, first
     with pytest.raises(ContainerError, match="no container runtime"):
         spec_entry(None, request, JOB)
+    odd = ContainerJob(uid=1000, home="/h:x", work_dir="/w,1", script="/s")
+    for bad in (ContainerRequest("u", (Mount("./in", "/in"),)),
+                ContainerRequest("u", mount_home=True)):
+        with pytest.raises(ContainerError, match="a path with ',' or ':' cannot be mounted"):
+            spec_entry(PODMAN, bad, odd)
 
 
 _path = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=40)
@@ -290,7 +296,8 @@ def test_a_launch_order_s_spec_runs_its_runtime(tmp_path: Path) -> None:
 def test_a_registration_s_runtime_is_checked() -> None:
     from gpusched.db.containers import registered_runtime
 
-    assert registered_runtime({}) is None and registered_runtime({"container_runtime": None}) is None
+    assert registered_runtime({}) is None
+    assert registered_runtime({"container_runtime": None}) is None
     assert registered_runtime({"container_runtime": "enroot"}) == "enroot"
     for bad in ("docker", "", 3, ["podman"]):
         with pytest.raises(UsageError, match="container_runtime: expected one of"):
