@@ -92,6 +92,7 @@ def _agent_toml(runtime: str, runtime_args: list[str], run_args: list[str]) -> s
 @pytest.fixture(scope="module")
 def cluster(postgres: ScratchPostgres) -> Iterator[Cluster]:
     podman = _podman()
+    before = _image_ids(podman)
     _build_image(podman)
     runtime_args, run_args = _working_setup(podman)
     c = Cluster(postgres.fresh_database(), gpus=2,
@@ -101,7 +102,15 @@ def cluster(postgres: ScratchPostgres) -> Iterator[Cluster]:
         yield c.up()
     finally:
         c.close()
-        subprocess.run([podman, "rmi", "-f", IMAGE], capture_output=True, timeout=120)
+        # Every image these tests made (a newer import or load leaves the older untagged).
+        made = sorted(_image_ids(podman) - before)
+        subprocess.run([podman, "rmi", "-f", *made], capture_output=True, timeout=120)
+
+
+def _image_ids(podman: str) -> set[str]:
+    listed = subprocess.run([podman, "images", "-a", "-q", "--no-trunc"], capture_output=True,
+                            text=True, timeout=120)
+    return set(listed.stdout.split())
 
 
 def _output(cluster: Cluster, job_id: int) -> str:
