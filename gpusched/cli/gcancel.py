@@ -9,7 +9,7 @@ import typer
 
 from gpusched.cli.cancelling import describe_failure, parse_job_ids, post_for_each
 from gpusched.cli.common import new_app, only_me, run_cli
-from gpusched.cli.listing import parse_states
+from gpusched.cli.listing import parse_states, query_text
 from gpusched.cli.output import print_error
 from gpusched.client import ApiClient
 from gpusched.core import signals
@@ -108,7 +108,9 @@ def gcancel(
     if not filtered:
         return send(targets)
     with ApiClient() as client:
-        listed = client.request("GET", "/v1/jobs" + (f"?user={user}" if user else ""))["jobs"]
+        # The user's name as a query value (a name holding & or = stays one value).
+        query = f"?{query_text({'user': user})}" if user else ""
+        listed = client.request("GET", "/v1/jobs" + query)["jobs"]
     chosen = {job["job_id"] for job in listed
               if (partition is None or job["partition"] == partition)
               and (wanted_states is None or job["state"] in wanted_states)

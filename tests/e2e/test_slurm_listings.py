@@ -118,6 +118,9 @@ def test_gcancel_filters_quiet_interactive(cluster: Cluster) -> None:
     assert cluster.job(a)["state"] == "PENDING"
     assert cluster.run("gcancel", "-R", "maint", "-n", "c1").returncode == 0  # not in it
     assert cluster.job(a)["state"] == "PENDING"
+    odd = cluster.run("gcancel", "-u", "x&all=1&user=root", "-n", "c1")  # one user's name
+    assert odd.returncode == 0, odd.stderr
+    assert cluster.job(a)["state"] == "PENDING"
     assert cluster.run("gcancel", "-w", "node01", "-t", "PD").returncode == 0  # runs nowhere
     assert cluster.job(a)["state"] == "PENDING"
     refused = cluster.run("gcancel", "-b", "-s", "USR1", str(a))
