@@ -104,13 +104,14 @@ app.add_typer(update_app, name="update")
 def update_job(job: Annotated[str, typer.Argument(metavar="JOB")],
                settings: Annotated[list[str], typer.Argument(
                    metavar="KEY=VALUE...", help="TimeLimit=, Partition=, QOS=, NumNodes=, "
-                   "Gres=gpu:N, Dependency=, JobName=, Priority=")]
+                   "Gres=gpu:N, Dependency=, JobName=, Nice=, Priority=")]
                ) -> None:
     """Change a job, as scontrol update does. Of a pending job its owner may change
     Partition, QOS, NumNodes (MinNodes), Gres=gpu:N (GPUs per node; also TresPerNode=
-    gres/gpu:N), Dependency (empty: none), JobName and lower TimeLimit; of a running job
-    lower TimeLimit and JobName. An administrator may also raise TimeLimit and set
-    Priority (a number that replaces the computed one; Priority=none goes back to it).
+    gres/gpu:N), Dependency (empty: none), JobName and a positive Nice (Nice alone: 100)
+    and lower TimeLimit; of a running job lower TimeLimit and JobName. An administrator
+    may also raise TimeLimit, give a negative Nice and set Priority (a number that
+    replaces the computed one; Priority=none goes back to it).
 
     Examples: gcontrol update job 17 TimeLimit=2:00:00; gcontrol update JobId=18
     Partition=big NumNodes=2 Gres=gpu:4; gcontrol update job 12_3 Dependency=afterok:11

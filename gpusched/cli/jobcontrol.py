@@ -16,9 +16,10 @@ from gpusched.errors import GpuschedError, Unavailable, UsageError
 UPDATE_KEYS = {"timelimit": "time_limit", "partition": "partition", "qos": "qos",
                "priority": "priority", "jobname": "name", "name": "name",
                "dependency": "dependency", "numnodes": "nodes", "minnodes": "nodes",
-               "gres": "gpus_per_node", "trespernode": "gpus_per_node"}
+               "gres": "gpus_per_node", "trespernode": "gpus_per_node", "nice": "nice"}
 KNOWN = ("TimeLimit=, Partition=, QOS=, NumNodes= (MinNodes=), Gres=gpu:N (TresPerNode="
-         "gres/gpu:N), Dependency=, JobName=, Priority=")
+         "gres/gpu:N), Dependency=, JobName=, Nice=, Priority=")
+NICE_ALONE = 100  # scontrol's Nice with no value
 
 
 def job_refs(texts: Sequence[str]) -> list[JobRef]:
@@ -79,6 +80,9 @@ def update_body(settings: Sequence[str]) -> dict[str, Any]:
         raise UsageError(f"nothing to change: give some of {KNOWN}")
     body: dict[str, Any] = {}
     for setting in settings:
+        if setting.strip().lower() == "nice":
+            body["nice"] = NICE_ALONE
+            continue
         key, sep, value = setting.partition("=")
         name = UPDATE_KEYS.get(key.strip().lower())
         if not sep or name is None or (not value.strip() and name != "dependency"):
@@ -103,6 +107,9 @@ def _value(name: str, key: str, value: str) -> Any:
         return _nodes(key, value)
     if name == "gpus_per_node":
         return _gpus(key, value)
+    if name == "nice":
+        digits = value.removeprefix("-").removeprefix("+")
+        return (-1 if value.startswith("-") else 1) * _count(key, digits, 2_147_483_645)
     return value
 
 

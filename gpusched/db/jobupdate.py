@@ -1,10 +1,11 @@
 """``gcontrol update job`` (scontrol update): a pending job's partition, QOS, time
-limit, node and GPU counts, dependency, name and priority; a running job's time limit
-and name.
+limit, node and GPU counts, dependency, name, nice and priority; a running job's time
+limit and name.
 
 Slurm's rules: a job's owner may change these of a pending job (a partition or QOS
-they could submit to), lower its time limit (of a running job too) and rename it; only
-an administrator may raise a time limit or fix a priority. Every new value is checked
+they could submit to), lower its time limit (of a running job too), rename it and give
+it a positive nice; only an administrator may raise a time limit, give a negative nice
+or fix a priority. Every new value is checked
 as a submission's is; a change that fails a check stores nothing.
 """
 
@@ -51,6 +52,9 @@ def update_job(session: Session, job_id: int, who: Identity,
         raise Conflict(f"job {job_id} is RUNNING: only its time limit and name can change")
     if "priority" in given and not who.is_admin:
         raise PermissionDenied("only an administrator may set a job's priority")
+    if change.nice is not None and change.nice < 0 and not who.is_admin:
+        raise PermissionDenied(f"nice: only an administrator may give a negative nice "
+                               f"({change.nice}), which raises a job's priority")
     if "name" in given and change.name is None:
         raise UsageError("name: expected a job name")
     moved = "partition" in given
@@ -73,6 +77,8 @@ def update_job(session: Session, job_id: int, who: Identity,
                       nodes=nodes, gpus=per_node * nodes)
         if "priority" in given:
             values["admin_priority"] = change.priority
+        if "nice" in given:
+            values["nice"] = change.nice or None
         if "dependency" in given:
             values["dependency"] = _new_dependency(session, job, change)
     changed = rowcount(session.execute(update(Job).where(

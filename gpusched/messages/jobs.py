@@ -59,7 +59,7 @@ from gpusched.messages.fields import (
 )
 from gpusched.messages.reservations import reservation_name
 from gpusched.messages.schedflags import FIELDS as SCHED_FIELDS
-from gpusched.messages.schedflags import SchedFlags
+from gpusched.messages.schedflags import MAX_NICE, SchedFlags
 
 UNLIMITED = "UNLIMITED"  # a time limit: none at all (where the partition allows it)
 MAX_ARRAY_TEXT = 10_000  # characters of an --array value
@@ -81,7 +81,7 @@ SHARE_MODES = ("mps", "shard")  # --gres=mps:N, --gres=shard:N
 MAX_SHARE = 10_000  # units of one GPU a job may ask for (a partition offers at most as many)
 MAX_GPU_MEM_MB = 16 * 1024 * 1024  # --gpu-mem: 16 TiB
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority", "name", "dependency",
-                           "nodes", "gpus_per_node"})
+                           "nodes", "gpus_per_node", "nice"})
 
 
 # sbatch's --nice, --priority, --open-mode, --time-min and --deadline (messages/schedflags.py).
@@ -267,6 +267,7 @@ class JobUpdate:
     dependency: tuple[Dependency, ...] = ()  # none: no dependency any more
     nodes: int | None = None
     gpus_per_node: int | None = None
+    nice: int | None = None  # None: 0
 
     @classmethod
     def parse(cls, raw: object) -> JobUpdate:
@@ -288,14 +289,15 @@ class JobUpdate:
             dependency=_dependency(typed(body, "dependency", str, None, "a dependency")),
             nodes=optional_integer(body, "nodes", 1, bounds.MAX_NODES, "a number of nodes"),
             gpus_per_node=optional_integer(body, "gpus_per_node", 0, bounds.MAX_GPUS,
-                                           "GPUs per node"))
+                                           "GPUs per node"),
+            nice=optional_integer(body, "nice", -MAX_NICE, MAX_NICE, "a nice adjustment"))
 
     def to_json(self) -> dict[str, Any]:
         """The change as the endpoint takes it: the fields given, and only those."""
         values = {"time_limit": self.time_limit, "partition": self.partition,
                   "qos": self.qos, "priority": self.priority, "name": self.name,
                   "dependency": format_dependency(self.dependency) if self.dependency else None,
-                  "nodes": self.nodes, "gpus_per_node": self.gpus_per_node}
+                  "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "nice": self.nice}
         return {key: values[key] for key in sorted(self.changes)}
 
 

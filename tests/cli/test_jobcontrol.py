@@ -52,7 +52,7 @@ def test_top_update_and_array_tasks(cluster: Cluster) -> None:
         "renamed", 600, f"afterok:{blocker}")
     before = cluster.job(first)
     for args, code, words in (
-            (("update", "job", str(first), "Nice=3"), 2, "invalid setting 'Nice=3'"),
+            (("update", "job", str(first), "Colour=3"), 2, "invalid setting 'Colour=3'"),
             (("update", "job", str(first), "Gres=gpu:9"), 2, "no node"),
             (("update", "job", str(first), "Dependency=afterok:999999"), 2, "999999"),
             (("top", "999999"), 1, "999999"),

@@ -213,6 +213,7 @@ def test_update_of_a_pending_job(sessions: sessionmaker[Session]) -> None:
             (ALICE, {"time_limit": 7200}, UsageError, "MaxTime"),  # short's hour
             (ALICE, {"partition": "gpu", "time_limit": 7200}, PermissionDenied, "raise"),
             (ALICE, {"priority": 5}, PermissionDenied, "priority"),
+            (ALICE, {"nice": -1}, PermissionDenied, "negative nice"),
             (BOB, {"name": "mine"}, PermissionDenied, "belongs to"),
             (ALICE, {"gpus_per_node": 3}, UsageError, "no node"),
             (ALICE, {"dependency": "afterok:99999"}, UsageError, "99999 does not exist"),
@@ -225,10 +226,12 @@ def test_update_of_a_pending_job(sessions: sessionmaker[Session]) -> None:
         with pytest.raises(error, match=words):
             _update(sessions, job_id, who, **body)
         assert _job(sessions, job_id) == before, body
-    _update(sessions, job_id, ROOT, partition="gpu", time_limit=9000, priority=5)
-    _update(sessions, job_id, ALICE, dependency="")
+    _update(sessions, job_id, ROOT, partition="gpu", time_limit=9000, priority=5, nice=-10)
+    assert _job(sessions, job_id)["nice"] == -10
+    _update(sessions, job_id, ALICE, dependency="", nice=50)
     job = _job(sessions, job_id)
-    assert (job["time_limit"], job["admin_priority"], job["dependency"]) == (9000, 5.0, None)
+    assert (job["time_limit"], job["admin_priority"], job["dependency"], job["nice"]) == (
+        9000, 5.0, None, 50)
 
 
 def test_update_of_a_running_job(sessions: sessionmaker[Session]) -> None:

@@ -154,10 +154,13 @@ def test_update_settings() -> None:
     assert body == {"time_limit": 3600, "partition": "big", "nodes": 3, "gpus_per_node": 2,
                     "name": "x", "dependency": "", "qos": "high", "priority": None}
     assert update_body(["TimeLimit=UNLIMITED"]) == {"time_limit": "UNLIMITED"}
+    assert update_body(["Nice"]) == {"nice": 100}
+    assert update_body(["Nice=-5", "nice=+7"]) == {"nice": 7}  # the last wins
 
 
 @pytest.mark.parametrize(("setting", "words"), [
-    ("Nice=5", "invalid setting"), ("TimeLimit", "invalid setting"), ("JobName=", "invalid"),
+    ("Colour=5", "invalid setting"), ("TimeLimit", "invalid setting"), ("JobName=", "invalid"),
+    ("Nice=x", "Nice"), ("Nice=3000000000", "Nice"),
     ("NumNodes=1-4", "fixed number of nodes"), ("NumNodes=0", "at least 1"),
     ("Gres=gpu:a100:2", "type cannot change"), ("Gres=mps:20", "gpu:N"),
     ("TimeLimit=soon", "TimeLimit"), ("Priority=-1", "Priority"), ("Gres=gpu:1e3", "whole"),
