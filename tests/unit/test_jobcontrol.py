@@ -194,3 +194,19 @@ def test_run_time_leaves_out_the_time_suspended() -> None:
     assert listing.elapsed_seconds(resumed, now) == 3000
     assert listing._run_times([start, None], [None, None], now,
                               [(600, at), (0, None)]) == ["40:00", "0:00"]
+
+
+def test_the_pass_order_moves_topped_jobs_in_both_paths() -> None:
+    from gpusched.core.model import PendingJob, Policy, Snapshot
+    from gpusched.core.plan import ordered, queue_order
+    from gpusched.core.priority import PriorityBreakdown
+
+    jobs = (PendingJob(1, "gpu", 1, 1000, 10.0), PendingJob(2, "gpu", 1, 2000, 20.0),
+            PendingJob(3, "gpu", 1, 1000, 30.0, top=1), PendingJob(4, "gpu", 1, 1000, 40.0))
+    snapshot = Snapshot(nodes=(), partitions=(), pending=jobs, running=())
+    # Every priority 0: submit order, then the top moves job 3 into job 1's place.
+    assert [j.job_id for j in queue_order(snapshot, 100.0, Policy())] == [3, 2, 1, 4]
+    # Computed priorities (here given), highest first: 4, 2, 1, 3 -> 3 takes 4's place.
+    ranked = [PriorityBreakdown(i, 0, 0, 0, 0, 0, t) for i, t in ((4, .9), (2, .8), (1, .7),
+                                                                  (3, .1))]
+    assert [j.job_id for j in ordered(snapshot, ranked)] == [3, 2, 4, 1]
