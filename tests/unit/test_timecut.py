@@ -145,3 +145,20 @@ def test_nice_moves_a_job_in_the_queue() -> None:
     # An administrator's priority is taken as it is, nice or not.
     fixed = replace(snap, pending=(replace(jobs[0], nice=100, priority=5.0), *jobs[1:]))
     assert [j.job_id for j in queue_order(fixed, 0.0, policy)][0] == 1
+
+
+def test_both_backfill_modes_cut_the_limit_on_several_nodes() -> None:
+    """Conservative backfill places through its pools of like nodes: the same cut."""
+    running = (RunningJob(90, "n0", ("n0-g0", "n0-g1"), end_time=3600.0),)
+    for mode in ("easy", "conservative"):
+        for time_min, expected in ((None, None), (1800, 3600)):
+            snap = Snapshot((node("n0", 4), node("n1", 4)),
+                            (PartitionView("gpu", ("n0", "n1")),),
+                            (pj(1, 4, 7200, nodes=2), pj(2, 4, 7200, time_min=time_min)),
+                            running)
+            result = plan(snap, 0.0, Policy(weights=AGE_ONLY, backfill=mode))
+            starts = {s.job_id: s for s in result.starts}
+            if expected is None:
+                assert starts == {}, mode
+            else:
+                assert (starts[2].node, starts[2].time_limit) == ("n1", expected), mode
