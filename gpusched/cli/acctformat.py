@@ -65,12 +65,34 @@ def _planned(row: Row) -> str:
     return format_duration(max(0, int(waited)))
 
 
+UNITS = "KMGTP"
+
+
 def max_rss(one: Record) -> str:
-    """MaxRSS as sacct writes it (``--noconvert``, marked ``max_rss_raw``: in K)."""
+    """MaxRSS as sacct writes it; ``max_rss_unit`` (``--units``: K, M, G, T or P, two
+    decimals) or ``max_rss_raw`` (``--noconvert``: in K) mark how."""
     size = one.get("max_rss_bytes")
+    unit = one.get("max_rss_unit")
+    if size is not None and unit:
+        return f"{int(size) / 1024 ** (UNITS.index(unit) + 1):.2f}{unit}"
     if size is not None and one.get("max_rss_raw"):
         return f"{int(size) // 1024}K"
     return format_max_rss(size)
+
+
+def truncate(record: Record, start: datetime | None, end: datetime | None) -> Record:
+    """sacct -T: the job's start and end cut to the window, its elapsed time with them."""
+    began = datetime.fromisoformat(record["start_time"]) if record.get("start_time") else None
+    ended = datetime.fromisoformat(record["end_time"]) if record.get("end_time") else None
+    if began is None:
+        return record
+    if start is not None and began < start:
+        began = start
+    if end is not None and (ended is None or ended > end):
+        ended = end
+    elapsed = ((ended or datetime.now(began.tzinfo)) - began).total_seconds()
+    return {**record, "start_time": began.isoformat(),
+            "end_time": ended.isoformat() if ended else None, "elapsed_s": max(0.0, elapsed)}
 
 
 def _cpu_time(row: Row) -> float:

@@ -110,6 +110,10 @@ def gacct(
         "--env-vars", help="With -j: print each job's environment.")] = False,
     noconvert: Annotated[bool, typer.Option(
         "--noconvert", help="MaxRSS in K, not converted to a larger unit.")] = False,
+    units: Annotated[Optional[str], typer.Option(
+        "--units", help="MaxRSS in this unit: K, M, G, T or P.")] = None,
+    truncate: Annotated[bool, typer.Option(
+        "--truncate", "-T", help="Start and end times cut to the -S/-E window.")] = False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Say on stderr what is asked of the controller.")] = False,
 ) -> None:
@@ -141,6 +145,9 @@ def gacct(
     fmt = (acctformat.BRIEF if brief else acctformat.LONG if long else fmt
            or (env_format if not as_json and not report and env_format else None))
     fields = acctformat.parse_format(fmt) if fmt is not None else None
+    units = units.strip().upper() if units is not None else None
+    if units is not None and (len(units) != 1 or units not in acctformat.UNITS):
+        raise UsageError(f"invalid --units {units[:8]!r}: expected K, M, G, T or P")
     if delimiter is not None and not (parsable or parsable2):
         raise UsageError("--delimiter goes with -p/--parsable or -P/--parsable2")
     if delimiter is not None and not 1 <= len(delimiter) <= 8:
@@ -209,11 +216,12 @@ def gacct(
     if as_json:
         typer.echo(json.dumps({"jobs": records}, indent=2))
         return
-    if noconvert:
+    if truncate:
+        records = [acctformat.truncate(r, start, end) for r in records]
+    if noconvert or units:
         for r in records:
             for one in [r, *(r.get("steps") or ())]:
-                if one.get("max_rss_bytes") is not None:
-                    one["max_rss_raw"] = True
+                one["max_rss_raw"], one["max_rss_unit"] = noconvert, units
     if fields is not None:
         rows_of = acctformat.rows_of(records, allocations, duplicates, only_steps)
         headers, cells = acctformat.render_rows(fields, rows_of)

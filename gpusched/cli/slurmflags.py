@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _FEDERATION = "there is no federation: this cluster runs every job itself"
+_GROUPS = "accounting records carry no group here: choose jobs by user (-u) or account (-A)"
 _YAML = "YAML output is not offered: use --json"
 _BATCH = ("--signal goes to the job's whole process group here; the batch shell alone "
           "cannot be signalled")
@@ -49,15 +50,10 @@ REFUSED: dict[str, dict[str, str]] = {
         "--file": "there is no job completion file here: gacct reads the database",
         "-F": "the scheduler does not record which of its passes started a job",
         "--flags": "the scheduler does not record which of its passes started a job",
-        "-g": "jobs carry no group here (their user and uid only)",
-        "--gid": "jobs carry no group here (their user and uid only)",
-        "--group": "jobs carry no group here (their user and uid only)",
+        "-g": _GROUPS, "--gid": _GROUPS, "--group": _GROUPS,
         "-W": "jobs carry no workload characterisation key (WCKey) here",
         "--wckeys": "jobs carry no workload characterisation key (WCKey) here",
         "--whole-hetjob": "there are no heterogeneous jobs here",
-        "-T": "each job shows its own start and end, not cut to the window",
-        "--truncate": "each job shows its own start and end, not cut to the window",
-        "--units": "MaxRSS is shown in the largest exact unit, or in K with --noconvert",
         "-x": "associations are a user and an account here: use -u and -A",
         "--associations": "associations are a user and an account here: use -u and -A",
         "--yaml": _YAML,

@@ -181,3 +181,18 @@ def test_sacct_fields_and_runs() -> None:
     assert acctformat.in_range("2-4", "--nnodes") == (2, 4)
     with pytest.raises(UsageError, match="--ncpus"):
         acctformat.in_range("4-2", "--ncpus")
+
+
+def test_sacct_units_and_truncate() -> None:
+    assert acctformat.max_rss({"max_rss_bytes": 3 << 30, "max_rss_unit": "M"}) == "3072.00M"
+    assert acctformat.max_rss({"max_rss_bytes": 3 << 29, "max_rss_unit": "G"}) == "1.50G"
+    assert acctformat.max_rss({"max_rss_bytes": None, "max_rss_unit": "G"}) == ""
+    record = {"start_time": "2026-11-28T08:00:00+00:00", "end_time": "2026-11-28T12:00:00+00:00",
+              "elapsed_s": 14400.0}
+    window = (datetime(2026, 11, 28, 9, tzinfo=timezone.utc),
+              datetime(2026, 11, 28, 10, 30, tzinfo=timezone.utc))
+    cut = acctformat.truncate(record, *window)
+    assert (cut["start_time"], cut["end_time"], cut["elapsed_s"]) == (
+        "2026-11-28T09:00:00+00:00", "2026-11-28T10:30:00+00:00", 5400.0)
+    assert acctformat.truncate(record, None, None) == record
+    assert acctformat.truncate({"start_time": None}, *window) == {"start_time": None}

@@ -179,7 +179,8 @@ def test_gacct_formats_filters_and_runs(cluster: Cluster) -> None:
     assert script[0] == f"Batch Script for {done}" and "true" in script
     assert "JobID" in lines(cluster, "gacct", "-e")[0]
     for bad, says in ((["-o", "Group"], "no field 'Group'"), (["-g", "x"], "-g: not supported"),
-                      (["-M", "far"], "no cluster 'far'"), (["-i", "x"], "invalid --nnodes")):
+                      (["-M", "far"], "no cluster 'far'"), (["-i", "x"], "invalid --nnodes"),
+                      (["--units", "X"], "invalid --units 'X'")):
         failed = cluster.run("gacct", *bad)
         assert failed.returncode == 2 and says in failed.stderr, (bad, failed.stderr)
 
