@@ -23,10 +23,12 @@ from gpusched.db.engine import driver
 from gpusched.errors import LimitReached, UsageError
 
 DEFAULT_QOS = "normal"
-# pg_advisory_xact_lock(namespace, uid) serialises one user's submissions, so that two
-# at once cannot both pass a limit that has room for one.
-_SUBMIT_LOCK_NAMESPACE = 0x67737562
-_LOCK = "SELECT pg_advisory_xact_lock(%(space)s, %(uid)s)"
+# A user's submissions lock: their row of user_submit_locks, updated (and so held to
+# the commit) by each of their submissions, so that two at once cannot both pass a limit
+# that has room for one. Its version, as updated, is answered.
+LOCK_USER = (
+    "INSERT INTO user_submit_locks (uid, version) VALUES (%(uid)s, 1) ON CONFLICT (uid)"
+    " DO UPDATE SET version = user_submit_locks.version + 1 RETURNING version")
 # Jobs of user %(uid)s pending or running, as JSON [count, specs, count, specs]: those
 # that are not arrays and the task sets of arrays, in all and in QOS {qos} (NULL: none).
 QUEUED = (
@@ -36,9 +38,22 @@ QUEUED = (
     " array_agg(array_tasks) FILTER (WHERE array_tasks IS NOT NULL AND qos = {qos}))"
     " FROM jobs WHERE uid = %(uid)s AND state IN ('PENDING', 'RUNNING'))")
 _QUEUED = "SELECT " + QUEUED.format(qos="CAST(%(qos)s AS text)")
+# The same as two numbers, [in all, in QOS {qos}]: a job counts 1 unless it is an
+# array's record, which counts its tasks still pending, read from its canonical task
+# text (core/arrays.py: runs "a", "a-b" and "a-b:s", separated by commas).
+_TASKS = (
+    "CASE WHEN array_tasks IS NULL THEN 1 ELSE (SELECT COALESCE(sum(CASE WHEN strpos(r, '-')"
+    " = 0 THEN 1 ELSE (CAST(split_part(split_part(r, ':', 1), '-', 2) AS bigint)"
+    " - CAST(split_part(r, '-', 1) AS bigint))"
+    " / COALESCE(CAST(NULLIF(split_part(r, ':', 2), '') AS bigint), 1) + 1 END), 0)"
+    " FROM unnest(string_to_array(array_tasks, ',')) AS r) END")
+QUEUED_COUNTS = (
+    f"(SELECT ARRAY[COALESCE(sum({_TASKS}), 0), COALESCE(sum({_TASKS})"
+    " FILTER (WHERE qos = {qos}), 0)]"
+    " FROM jobs WHERE uid = %(uid)s AND state IN ('PENDING', 'RUNNING'))")
 # The accounts tree, as JSON [name, parent, qos, default_qos] rows (NULL when empty).
-ACCOUNT_TREE = ("(SELECT json_agg(json_build_array(name, parent, qos, default_qos))"
-                " FROM accounts)")
+ACCOUNT_TREE = ("(SELECT json_agg(json_build_array(name, parent, qos, default_qos)"
+                " ORDER BY name) FROM accounts)")
 # A user's association with an account (NULLs when none): its QOS list, default QOS and
 # MaxSubmitJobs, and the accounts tree when the QOS list or default is inherited.
 _ASSOCIATION = (
@@ -168,48 +183,73 @@ def queued(qos: str | None, counted: Sequence[Any]) -> Queued:
                   int(in_qos) + sum(task_bounds(spec)[0] for spec in qos_specs or () if spec))
 
 
-def _queued(session: Session, uid: int, qos: str | None) -> Queued:
+def queued_jobs(session: Session, uid: int, qos: str | None) -> Queued:
+    """The user's queued jobs (read under their lock), in all and in QOS ``qos``."""
     return queued(qos, driver(session).execute(_QUEUED, {"uid": uid, "qos": qos}).fetchone()[0])
 
 
 def lock_user_submits(session: Session, uid: int) -> None:
     """Hold the user's submissions lock until the transaction ends: concurrent
     submissions of one user are counted, and their submit keys looked up, in turn."""
-    driver(session).execute(_LOCK, {"space": _SUBMIT_LOCK_NAMESPACE, "uid": uid})
+    driver(session).execute(LOCK_USER, {"uid": uid})
+
+
+class SubmitLimit(NamedTuple):
+    """A most of queued jobs a submission may not pass: what it is, and the QOS whose
+    jobs it counts (None: all the user's)."""
+
+    most: int
+    what: str
+    qos: str | None
+
+
+def submit_limits(user: str, account: str | None, association_limit: int | None,
+                  qos: QosRow | None, default_limit: int | None,
+                  admin: bool) -> list[SubmitLimit]:
+    """The limits on a submission's queued jobs: the association's max_submit_jobs
+    (``association_limit``, read with the association), the QOS's
+    max_submit_jobs_per_user, and the cluster's ``default_limit`` (which administrators
+    are not held to); the lowest first."""
+    limits: list[SubmitLimit] = []
+    if account is not None and association_limit is not None:
+        limits.append(SubmitLimit(association_limit, f"the MaxSubmitJobs of association "
+                                  f"{user}@{account} [AssocMaxSubmitJobLimit]", None))
+    if qos is not None and qos.max_submit_jobs_per_user is not None:
+        limits.append(SubmitLimit(qos.max_submit_jobs_per_user,
+                                  f"the MaxSubmitJobsPerUser of QOS {qos.name} "
+                                  "[QOSMaxSubmitJobPerUserLimit]", qos.name))
+    if default_limit is not None and not admin:
+        limits.append(SubmitLimit(default_limit, "the cluster's limit per user (controller."
+                                  "max_submit_jobs_per_user) [MaxSubmitJobLimit]", None))
+    return sorted(limits, key=lambda limit: limit.most)
+
+
+def refuse_over_limits(limits: Sequence[SubmitLimit], counted: Queued, adding: int,
+                       user: str) -> None:
+    """Refuse ``adding`` jobs more when the user's queued jobs (``counted``, in the QOS
+    of the limits that count one QOS) would pass one of ``limits``."""
+    for most, what, counted_qos in limits:
+        have = counted.in_all if counted_qos is None else counted.in_qos
+        if have + adding > most:
+            more = "1 more job" if adding == 1 else f"{adding} more jobs"
+            where = f" in QOS {counted_qos}" if counted_qos else ""
+            raise LimitReached(f"job refused: user {user} has {have} jobs pending or running"
+                               f"{where}; {more} would exceed the {most} allowed by {what}")
 
 
 def check_submit_limits(session: Session, uid: int, user: str, account: str | None,
                         association_limit: int | None, qos: QosRow | None, adding: int,
                         default_limit: int | None, admin: bool, locked: bool = False,
                         counted: Queued | None = None) -> None:
-    """Refuse a submission of ``adding`` jobs that would take the user past a limit: the
-    association's max_submit_jobs (``association_limit``, read with the association),
-    the QOS's max_submit_jobs_per_user, or the cluster's ``default_limit`` (which
-    administrators are not held to). The user's jobs are counted under
-    lock_user_submits (taken here unless ``locked``), and only when a limit applies;
-    ``counted``: as counted already under the lock (used unless of another QOS)."""
-    limits: list[tuple[int, str, str | None]] = []  # (most, what, QOS counted)
-    if account is not None and association_limit is not None:
-        limits.append((association_limit, f"the MaxSubmitJobs of association {user}@{account} "
-                                          "[AssocMaxSubmitJobLimit]", None))
-    if qos is not None and qos.max_submit_jobs_per_user is not None:
-        limits.append((qos.max_submit_jobs_per_user,
-                       f"the MaxSubmitJobsPerUser of QOS {qos.name} "
-                       "[QOSMaxSubmitJobPerUserLimit]", qos.name))
-    if default_limit is not None and not admin:
-        limits.append((default_limit, "the cluster's limit per user (controller."
-                                      "max_submit_jobs_per_user) [MaxSubmitJobLimit]", None))
+    """Refuse a submission of ``adding`` jobs that would take the user past a limit
+    (submit_limits). The user's jobs are counted under lock_user_submits (taken here
+    unless ``locked``), and only when a limit applies; ``counted``: as counted already
+    under the lock (used unless of another QOS)."""
+    limits = submit_limits(user, account, association_limit, qos, default_limit, admin)
     if not limits:
         return
     if not locked:
         lock_user_submits(session, uid)
     if counted is None or (qos is not None and qos.name != counted.qos):
-        counted = _queued(session, uid, None if qos is None else qos.name)
-    in_all, in_qos = counted.in_all, counted.in_qos
-    for most, what, counted_qos in sorted(limits, key=lambda limit: limit[0]):
-        have = in_all if counted_qos is None else in_qos
-        if have + adding > most:
-            more = "1 more job" if adding == 1 else f"{adding} more jobs"
-            where = f" in QOS {counted_qos}" if counted_qos else ""
-            raise LimitReached(f"job refused: user {user} has {have} jobs pending or running"
-                               f"{where}; {more} would exceed the {most} allowed by {what}")
+        counted = queued_jobs(session, uid, None if qos is None else qos.name)
+    refuse_over_limits(limits, counted, adding, user)

@@ -509,3 +509,15 @@ class Leader(Base):
     epoch: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     holder: Mapped[str | None] = mapped_column(Text)  # host:pid of the leader
     since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class UserSubmitLock(Base):
+    """A user's submissions lock (db/associations.py lock_user_submits): a row per user
+    that every submission updates, holding it to its commit, and whose version tells a
+    submission made in one statement whether another of the user's was stored since its
+    snapshot (db/submit_store.py)."""
+
+    __tablename__ = "user_submit_locks"
+
+    uid: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger)

@@ -5,8 +5,10 @@ database comes after. Nothing is stored unless every check passes; each refusal 
 ``UsageError`` (or ``PermissionDenied``/``Conflict``) that names the field.
 
 A submission reads what its checks need in one statement (db/submit_facts.py), after
-the user's submissions lock when a submit key or a limit needs it, checks it in order,
-and stores the job in one statement more."""
+the user's submissions lock when a submit key or a limit needs it, checks it in order
+(check_submission), and stores the job in one statement more (db/submit_store.py);
+through the API, once its facts are known, in one statement in all
+(db/submit_known.py)."""
 
 from __future__ import annotations
 
@@ -25,28 +27,29 @@ from gpusched.db.associations import (
     NO_ASSOCIATION,
     Association,
     QosRow,
+    SubmitLimit,
     access_of,
-    association,
-    check_submit_limits,
     choose_qos,
     lock_user_submits,
-    qos_row,
+    queued_jobs,
+    refuse_over_limits,
+    submit_limits,
 )
 from gpusched.db.containers import check_container_nodes, stored_container
+from gpusched.db.engine import driver
 from gpusched.db.features import check_constraint_nodes
 from gpusched.db.jobs import Identity
-from gpusched.db.licenses import check_licenses
-from gpusched.db.mail import store_mail
 from gpusched.db.models import Job
 from gpusched.db.reservations import check_reservation
 from gpusched.db.submit_facts import (
     MIG_PARENT,
     Facts,
     PartitionRow,
+    Reads,
+    SessionReads,
     read_facts,
-    read_partition,
-    store_job,
 )
+from gpusched.db.submit_store import KnownFacts, store_job
 from gpusched.db.submitflags import check_flags
 from gpusched.errors import UsageError
 from gpusched.messages import UNLIMITED, JobRequest
@@ -251,36 +254,36 @@ def _partition_names(text: str | None) -> list[str | None]:
     return list(dict.fromkeys(n.strip() for n in text.split(",")))  # none empty (JobRequest.parse)
 
 
-def store_submission(session: Session, body: dict[str, Any], who: Identity,
-                     max_submit_jobs: int | None = None,
-                     notify: bool = False) -> tuple[Submitted, bool]:
-    """submit_job's work: the job, and whether it is new (False: the user sent this
-    ``submit_key`` before, and the job then stored is given; nothing else is checked).
-    With ``notify``, a new job that needs a pass (see needs_pass) queues the ``sched``
-    NOTIFY with its INSERT, as notify_in would."""
-    request = JobRequest.parse(body)
-    uid, user, keyed = who.uid, who.user, request.submit_key is not None
-    # The cluster's limit holds every user but administrators: their jobs are then
-    # counted (under their lock) with the facts, whatever else the checks find.
-    limited = max_submit_jobs is not None and not who.is_admin
-    if keyed or limited:
-        # Under the user's lock until the commit, read after it: their jobs counted stay
-        # counted, and a copy of this submission sent to another controller at once finds
-        # this job stored, or stores its own first and this one finds it; the INSERT
-        # cannot meet the same key.
-        lock_user_submits(session, uid)
-    first = _partition_names(request.partition)[0]
-    facts = read_facts(session, uid, user, first, request.account, request.qos,
-                       set(request.nodelist) | set(request.exclude),
-                       request.dependency_job_ids, request.submit_key, limited)
-    if facts.earlier is not None:
-        return Submitted(*facts.earlier), False
+class Checked(NamedTuple):
+    """A submission that passed the checks: the job's row (its columns and values), what
+    its caller reads once it is stored, and the limits its user's queued jobs must
+    leave room under (``adding`` jobs more, counted in QOS ``qos``)."""
+
+    row: dict[str, Any]
+    stored: Submitted
+    limits: list[SubmitLimit]
+    adding: int
+    qos: str | None
+
+
+def first_partition(request: JobRequest) -> str | None:
+    """The partition whose facts a submission reads with the others (None: the
+    default)."""
+    return _partition_names(request.partition)[0]
+
+
+def check_submission(request: JobRequest, who: Identity, facts: Facts, reads: Reads,
+                     max_submit_jobs: int | None = None) -> Checked:
+    """Every check of a parsed submission against the cluster (``facts``, and ``reads``
+    for what they lack) but the count of the user's queued jobs against the limits it
+    gives; the job's row to store."""
+    uid, user = who.uid, who.user
     _check_nodes_exist(request, facts.known_nodes)
-    check_licenses(session, request.licenses)
-    gpus, nodes = request.gpus, request.nodes
+    reads.check_licenses(request.licenses)
+    gpus, nodes, first = request.gpus, request.nodes, first_partition(request)
 
     def in_partition(name: str | None) -> tuple[PartitionRow, int | None, str | None]:
-        chosen = facts.first if name == first else read_partition(session, name)
+        chosen = facts.first if name == first else reads.partition(name)
         part = _check_partition(chosen.partition, name)
         time_limit = _validate_time(part, request.time_limit)
         if part.max_gpus_per_job is not None and gpus > part.max_gpus_per_job:
@@ -291,25 +294,25 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
                     request.cpus, request.mem_mb, request.nodelist, request.exclude,
                     request.gpu_mem_mb)
         if request.container is not None:
-            check_container_nodes(session, part.name, chosen.members, request.nodelist,
-                                  request.exclude, request.container)
+            check_container_nodes(reads.session(), part.name, chosen.members,
+                                  request.nodelist, request.exclude, request.container)
         if request.constraint is not None:  # sbatch: Invalid feature specification
-            check_constraint_nodes(session, part.name, chosen.members, request.nodelist,
-                                   request.exclude, request.constraint, nodes)
+            check_constraint_nodes(reads.session(), part.name, chosen.members,
+                                   request.nodelist, request.exclude, request.constraint, nodes)
         return part, time_limit, _choose_account(facts.mine, facts.any_association, user,
                                                  request.account, part)
 
     part, time_limit, account = _first_partition(request.partition, in_partition)
     _check_dependency_jobs(request, facts.known_jobs)
-    check_reservation(session, request.reservation, user, account)
-    assoc = _association(session, facts, user, account)
+    if request.reservation is not None:
+        check_reservation(reads.session(), request.reservation, user, account)
+    assoc = _association(reads, facts, user, account)
     qos = choose_qos(request.qos, access_of(account, assoc, who.is_admin),
-                     lambda name: facts.qos[1] if name == facts.qos[0] else qos_row(session, name))
+                     lambda name: facts.qos[1] if name == facts.qos[0] else reads.qos(name))
     _check_max_wall(qos, time_limit)
     array = request.array_spec
-    check_submit_limits(session, uid, user, account, assoc.max_submit_jobs, qos,
-                        1 if array is None else task_bounds(array.tasks)[0], max_submit_jobs,
-                        who.is_admin, locked=keyed or limited, counted=facts.queued)
+    limits = submit_limits(user, account, assoc.max_submit_jobs, qos, max_submit_jobs,
+                           who.is_admin)
     flag_columns = check_flags(request, who, time_limit)  # --nice, --time-min, ...
     warn = request.warn_signal
     # A held job in an open partition, with no dependency, waits for its release
@@ -318,7 +321,7 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
     held_only = request.hold and not request.dependency_text and part.state == "UP"
     stored = Submitted(0, "user" if request.hold else None,
                        Reason.JOB_HELD_USER.value if held_only else Reason.NONE.value)
-    job_id = store_job(session, request.script, list(request.args), dict(request.environment), {
+    row = {
         "name": request.name, "uid": uid, "gid": who.gid, "user_name": user,
         "partition": part.name, "account": account, "qos": None if qos is None else qos.name,
         "hold": stored.hold, "begin_time": request.begin_time, "reason": stored.reason,
@@ -341,14 +344,56 @@ def store_submission(session: Session, body: dict[str, Any], who: Identity,
         "reservation": request.reservation,
         "constraints": request.constraint,
         "licenses": format_licenses(request.licenses) or None,
-        "container": stored_container(request.container)},
-        "sched" if notify and needs_pass(stored) else None)
-    if request.mail_types:  # the submitting user unless another is named
-        store_mail(session, job_id, request.mail_types, request.mail_user or user)
-    return stored._replace(id=job_id), True
+        "container": stored_container(request.container),
+        # The submitting user unless another is named.
+        "mail_types": list(request.mail_types) or None,
+        "mail_user": (request.mail_user or user) if request.mail_types else None}
+    return Checked(row, stored, limits, 1 if array is None else task_bounds(array.tasks)[0],
+                   None if qos is None else qos.name)
 
 
-def _association(session: Session, facts: Facts, user: str,
+def store_submission(session: Session, body: dict[str, Any], who: Identity,
+                     max_submit_jobs: int | None = None, notify: bool = False,
+                     known: KnownFacts | None = None) -> tuple[Submitted, bool]:
+    """submit_job's work: the job, and whether it is new (False: the user sent this
+    ``submit_key`` before, and the job then stored is given; nothing else is checked).
+    With ``notify``, a new job that needs a pass (see needs_pass) queues the ``sched``
+    NOTIFY with its INSERT, as notify_in would. The facts read are kept in ``known``
+    for the submissions after it (db/submit_store.py)."""
+    request = JobRequest.parse(body)
+    uid, user, keyed = who.uid, who.user, request.submit_key is not None
+    # The cluster's limit holds every user but administrators: their jobs are then
+    # counted (under their lock) with the facts, whatever else the checks find.
+    limited = max_submit_jobs is not None and not who.is_admin
+    first = first_partition(request)
+    with driver(session).pipeline():  # BEGIN, the lock and the read: one round trip
+        if keyed or limited:
+            # Under the user's lock until the commit, read after it: their jobs counted
+            # stay counted, and a copy of this submission sent to another controller at
+            # once finds this job stored, or stores its own first and this one finds it;
+            # the INSERT cannot meet the same key.
+            lock_user_submits(session, uid)
+        facts = read_facts(session, uid, user, first, request.account, request.qos,
+                           set(request.nodelist) | set(request.exclude),
+                           request.dependency_job_ids, request.submit_key, limited)
+    if known is not None:
+        known.remember(user, first, request.account, request.qos, facts)
+    if facts.earlier is not None:
+        return Submitted(*facts.earlier), False
+    checked = check_submission(request, who, facts, SessionReads(session), max_submit_jobs)
+    if checked.limits:
+        if not (keyed or limited):
+            lock_user_submits(session, uid)
+        counted = facts.queued
+        if counted is None or counted.qos != checked.qos:
+            counted = queued_jobs(session, uid, checked.qos)
+        refuse_over_limits(checked.limits, counted, checked.adding, user)
+    job_id = store_job(session, request, checked.row,
+                       "sched" if notify and needs_pass(checked.stored) else None)
+    return checked.stored._replace(id=job_id), True
+
+
+def _association(reads: Reads, facts: Facts, user: str,
                  account: str | None) -> Association:
     """The association a job charging ``account`` is of (read with the facts when it is
     the one they guessed)."""
@@ -356,7 +401,7 @@ def _association(session: Session, facts: Facts, user: str,
         return NO_ASSOCIATION
     if facts.association is not None and facts.association[0] == account:
         return facts.association[1]
-    return association(session, user, account)
+    return reads.association(user, account)
 
 
 T = TypeVar("T")

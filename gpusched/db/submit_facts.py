@@ -1,16 +1,16 @@
-"""What a submission reads and writes, in plain SQL built once and run on the driver's
-connection of the session's transaction: one statement reads everything its checks
-need (db/submit.py makes them, in their order), one stores the job and its script.
-An ORM statement costs several times the CPU, and a submission made about ten."""
+"""What a submission reads, in plain SQL built once and run on the driver's connection
+of the session's transaction: one statement reads everything its checks need
+(db/submit.py makes them, in their order); db/submit_store.py stores the job. An ORM
+statement costs several times the CPU, and a submission made about ten."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
+from gpusched.core.licenses import Licenses
 from gpusched.db.associations import (
     ACCOUNT_TREE,
     DEFAULT_QOS,
@@ -18,10 +18,12 @@ from gpusched.db.associations import (
     Association,
     QosRow,
     Queued,
+    association,
+    qos_row,
     queued,
 )
 from gpusched.db.engine import driver
-from gpusched.db.notify import CHANNEL
+from gpusched.db.licenses import check_licenses
 
 
 class PartitionRow(NamedTuple):
@@ -54,46 +56,57 @@ _PARTITION = (
 MIG_PARENT = "*"
 _MEMBERS = (
     "(SELECT json_agg(json_build_array(n.id, n.name, n.cpus, n.memory_mb, ("
-    "SELECT json_agg(json_build_array(u.gpu_type, u.mig_profile, u.units, u.memory_mb))"
+    "SELECT json_agg(json_build_array(u.gpu_type, u.mig_profile, u.units, u.memory_mb)"
+    " ORDER BY u.gpu_type, u.mig_profile)"
     " FROM (SELECT gpu_type, CASE WHEN gpus.id IN (SELECT parent_id FROM gpus"
     f" WHERE parent_id IS NOT NULL AND present) THEN '{MIG_PARENT}' ELSE mig_profile END"
     " AS mig_profile, count(*) AS units, max(memory_mb) AS memory_mb"
-    " FROM gpus WHERE gpus.node_id = n.id AND gpus.present GROUP BY 1, 2) AS u)))"
+    " FROM gpus WHERE gpus.node_id = n.id AND gpus.present GROUP BY 1, 2) AS u)) ORDER BY n.id)"
     " FROM nodes AS n WHERE '*' = ANY({nodes}) OR n.name = ANY({nodes}))")
 _PARTITION_FACTS = (f"WITH part AS ({_PARTITION}) SELECT part.*, "
                     + _MEMBERS.format(nodes="part.nodes") + " FROM part")
-# Everything else a submission checks, besides its partition's: the user's associations
-# ([account, is_default] rows) and whether any user has one; the association the job
-# would charge (the one named, else the user's default) and what access_of wants of it;
-# the QOS it would most likely get (the one named, else the association's default, else
-# normal); which of the nodes named are registered and which of the jobs named exist;
-# the job this user stored with this submit key ([id, hold, reason]); and, when asked
-# (under the user's lock), their jobs queued (see QUEUED) in all and in that QOS.
-_FACTS = (
-    f"WITH part AS ({_PARTITION}), assoc AS (SELECT account, qos, default_qos,"
+# What a submission checks that depends only on whom it is of and what it asks for
+# (%(part)s, %(user)s, %(account)s, %(qos)s), each JSON aggregate in a set order so that
+# the same tables give the same text: the partition's row and its registered nodes; the
+# user's associations ([account, is_default] rows) and whether any user has one; the
+# association the job would charge (the one named, else the user's default) and what
+# access_of wants of it; the QOS it would most likely get (the one named, else the
+# association's default, else normal). Its row's md5 tells whether a former read of it
+# still holds (db/submit_store.py).
+STABLE = (
+    f"part AS ({_PARTITION}), assoc AS (SELECT account, qos, default_qos,"
     " max_submit_jobs FROM account_users WHERE user_name = %(user)s"
     " AND (account = CAST(%(account)s AS text) OR CAST(%(account)s AS text) IS NULL)"
     ' ORDER BY NOT is_default, account COLLATE "C" LIMIT 1), asked AS ('
     f"SELECT COALESCE(CAST(%(qos)s AS text), assoc.default_qos, '{DEFAULT_QOS}') AS name"
-    " FROM (SELECT) AS one LEFT JOIN assoc ON true)"
+    " FROM (SELECT) AS one LEFT JOIN assoc ON true), stable AS ("
     " SELECT part.name, part.nodes, part.state, part.max_time, part.default_time,"
     " part.max_gpus_per_job, part.allow_accounts, part.deny_accounts, part.sharing,"
     " part.shares, part.dynamic_mig, "
-    + _MEMBERS.format(nodes="part.nodes") + ","
-    " (SELECT json_agg(json_build_array(account, is_default)) FROM account_users"
-    "  WHERE user_name = %(user)s),"
-    " EXISTS (SELECT FROM account_users),"
-    " assoc.account, assoc.qos, assoc.default_qos, assoc.max_submit_jobs,"
+    + _MEMBERS.format(nodes="part.nodes") + " AS members,"
+    " (SELECT json_agg(json_build_array(account, is_default) ORDER BY account)"
+    "  FROM account_users WHERE user_name = %(user)s) AS mine,"
+    " EXISTS (SELECT FROM account_users) AS anyone,"
+    " assoc.account, assoc.qos AS assoc_qos, assoc.default_qos, assoc.max_submit_jobs,"
     " CASE WHEN assoc.account IS NOT NULL AND (assoc.qos IS NULL"
-    f" OR assoc.default_qos IS NULL) THEN {ACCOUNT_TREE} END,"
-    " asked.name, qos.max_wall, qos.max_submit_jobs_per_user, qos.name IS NOT NULL,"
+    f" OR assoc.default_qos IS NULL) THEN {ACCOUNT_TREE} END AS tree,"
+    " asked.name AS qos_name, qos.max_wall, qos.max_submit_jobs_per_user,"
+    " qos.name IS NOT NULL AS qos_found"
+    " FROM (SELECT) AS one LEFT JOIN part ON true LEFT JOIN assoc ON true"
+    " CROSS JOIN asked LEFT JOIN qos ON qos.name = asked.name)")
+STABLE_HASH = "md5(CAST(stable AS text))"
+# Everything else a submission checks, besides the stable facts: which of the nodes
+# named are registered and which of the jobs named exist; the job this user stored with
+# this submit key ([id, hold, reason]); and, when asked (under the user's lock), their
+# jobs queued (see QUEUED) in all and in the QOS of ``qos_name``.
+_FACTS = (
+    f"WITH {STABLE} SELECT stable.*, {STABLE_HASH},"
     " (SELECT array_agg(name) FROM nodes WHERE name = ANY(CAST(%(named)s AS text[]))),"
     " (SELECT array_agg(id) FROM jobs WHERE id = ANY(CAST(%(jobs)s AS bigint[]))),"
     " (SELECT json_build_array(id, hold, reason) FROM jobs WHERE uid = %(uid)s"
     "  AND submit_key = CAST(%(key)s AS text)),"
-    " CASE WHEN %(count)s THEN " + QUEUED.format(qos="asked.name") + " END"
-    " FROM (SELECT) AS one LEFT JOIN part ON true LEFT JOIN assoc ON true"
-    " CROSS JOIN asked LEFT JOIN qos ON qos.name = asked.name")
+    " CASE WHEN %(count)s THEN " + QUEUED.format(qos="stable.qos_name") + " END"
+    " FROM stable")
 
 
 class PartitionFacts(NamedTuple):
@@ -115,6 +128,7 @@ class Facts(NamedTuple):
     known_jobs: set[int]
     earlier: tuple[int, str | None, str] | None  # id, hold, reason
     queued: Queued | None  # when asked for: counted in all and in the QOS of ``qos``
+    stable: str = ""  # the md5 of the stable facts (STABLE) read
 
 
 def read_facts(session: Session, uid: int, user: str, partition: str | None,
@@ -128,7 +142,8 @@ def read_facts(session: Session, uid: int, user: str, partition: str | None,
         "named": list(named_nodes), "jobs": list(named_jobs), "uid": uid,
         "key": submit_key, "count": count}).fetchone()
     (*part, members, mine, anyone, assoc_account, assoc_qos, assoc_default, assoc_most,
-     tree, qos_name, max_wall, qos_most, qos_found, nodes, jobs, earlier, counted) = row
+     tree, qos_name, max_wall, qos_most, qos_found, stable, nodes, jobs, earlier,
+     counted) = row
     return Facts(
         PartitionFacts(None if part[0] is None else PartitionRow(*part), members or ()),
         {a: bool(default) for a, default in mine or ()}, bool(anyone),
@@ -137,7 +152,7 @@ def read_facts(session: Session, uid: int, user: str, partition: str | None,
         (qos_name, QosRow(qos_name, max_wall, qos_most) if qos_found else None),
         set(nodes or ()), set(jobs or ()),
         None if earlier is None else (int(earlier[0]), earlier[1], earlier[2]),
-        None if counted is None else queued(qos_name, counted))
+        None if counted is None else queued(qos_name, counted), stable)
 
 
 def read_partition(session: Session, name: str | None,
@@ -152,43 +167,43 @@ def read_partition(session: Session, name: str | None,
     return PartitionFacts(PartitionRow(*row[:width]), (row[width] or ()) if members else ())
 
 
-# The job's script, then its row (its id taken first: an array's record is its own
-# array_job_id), and the NOTIFY it wants, if any (delivered at the commit).
-_STORE = (
-    "WITH script AS (INSERT INTO job_scripts (script, args, environment)"
-    " VALUES (%(script)s, CAST(%(args)s AS text[]), %(environment)s) RETURNING id),"
-    " new AS (SELECT nextval('jobs_id_seq') AS id)"
-    " INSERT INTO jobs (id, name, uid, gid, user_name, partition, account, qos, hold,"
-    " begin_time, reason, dependency, gpus, time_limit, work_dir, output, error, umask,"
-    " script_id, gpu_types, nodes, cpus, mem_mb, nodelist, requeue, interactive,"
-    " client_seen, exclude_nodes, warn_signal, warn_seconds, warn_batch_only, exclusive,"
-    " submit_key, gres_flags, array_tasks, array_spec, array_max_running, array_job_id,"
-    " nice, open_mode, time_min, deadline, admin_priority,"
-    " reservation,"
-    " share_mode, share_units, gpu_mem_mb, constraints, licenses, container)"
-    " VALUES ((SELECT id FROM new), %(name)s, %(uid)s, %(gid)s, %(user_name)s,"
-    " %(partition)s, %(account)s, %(qos)s, %(hold)s, %(begin_time)s, %(reason)s,"
-    " %(dependency)s, %(gpus)s, %(time_limit)s, %(work_dir)s, %(output)s, %(error)s,"
-    " %(umask)s, (SELECT id FROM script), CAST(%(gpu_types)s AS text[]), %(nodes)s,"
-    " %(cpus)s, %(mem_mb)s, CAST(%(nodelist)s AS text[]), %(requeue)s, %(interactive)s,"
-    " CASE WHEN %(interactive)s THEN now() END, CAST(%(exclude_nodes)s AS text[]),"
-    " %(warn_signal)s, %(warn_seconds)s, %(warn_batch_only)s, %(exclusive)s,"
-    " %(submit_key)s, %(gres_flags)s, %(array_tasks)s, %(array_spec)s,"
-    " %(array_max_running)s, CASE WHEN %(array)s THEN (SELECT id FROM new) END,"
-    " %(nice)s, %(open_mode)s, %(time_min)s, %(deadline)s, %(admin_priority)s,"
-    " %(reservation)s,"
-    " %(share_mode)s, %(share_units)s, %(gpu_mem_mb)s, %(constraints)s, %(licenses)s,"
-    " CAST(%(container)s AS jsonb))"
-    " RETURNING id, CASE WHEN CAST(%(wake)s AS text) IS NOT NULL"
-    " THEN pg_notify(%(channel)s, %(wake)s) END")
+class Reads(Protocol):
+    """What a submission's checks read beyond the facts: in its transaction
+    (SessionReads), or nothing where the facts known must be all (db/submit_known.py)."""
+
+    def partition(self, name: str | None) -> PartitionFacts:
+        """The partition named (None: the default) and its registered nodes."""
+
+    def check_licenses(self, asked: Licenses) -> None:
+        """Refuse licenses the cluster lacks."""
+
+    def association(self, user: str, account: str) -> Association:
+        """``user``'s association with ``account``."""
+
+    def qos(self, name: str) -> QosRow | None:
+        """The QOS named, if it exists."""
+
+    def session(self) -> Session:
+        """The submission's transaction, for the checks that read what no fact holds."""
 
 
-def store_job(session: Session, script: str, args: list[str], environment: dict[str, str],
-              values: dict[str, Any], wake: str | None) -> int:
-    """Store a job (``values``: its columns, as _STORE names them) and its script, and
-    queue a NOTIFY of ``wake`` (None: none) with it; its id."""
-    row = driver(session).execute(_STORE, {
-        "script": script, "args": args, "environment": Jsonb(environment), **values,
-        "array": values["array_tasks"] is not None, "wake": wake,
-        "channel": CHANNEL}).fetchone()
-    return int(row[0])
+class SessionReads:
+    """Reads in the submission's transaction."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def partition(self, name: str | None) -> PartitionFacts:
+        return read_partition(self._session, name)
+
+    def check_licenses(self, asked: Licenses) -> None:
+        check_licenses(self._session, asked)
+
+    def association(self, user: str, account: str) -> Association:
+        return association(self._session, user, account)
+
+    def qos(self, name: str) -> QosRow | None:
+        return qos_row(self._session, name)
+
+    def session(self) -> Session:
+        return self._session

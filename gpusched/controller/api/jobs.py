@@ -14,9 +14,10 @@ from gpusched.controller.api.common import ApiContext, path_job_id
 from gpusched.controller.http import Answer, EncodedJson, Request, Router
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.plan import plan
-from gpusched.db import job_views, jobs, jobupdate, submit
+from gpusched.db import job_views, jobs, jobupdate, submit, submit_known
 from gpusched.db.notify import notify_in
 from gpusched.db.schedule import load_snapshot
+from gpusched.db.submit_store import KnownFacts
 from gpusched.errors import UsageError
 from gpusched.messages import fields
 from gpusched.stages import stamp
@@ -27,6 +28,7 @@ class JobRoutes:
 
     def __init__(self, context: ApiContext) -> None:
         self.context = context
+        self.known = KnownFacts()  # what submissions read, for the next ones
 
     def add_to(self, r: Router) -> None:
         """Register the job routes."""
@@ -45,15 +47,14 @@ class JobRoutes:
     def submit(self, request: Request) -> tuple[int, dict[str, Any]]:
         """Store a new PENDING job and wake the scheduler (unless the job is held); a
         ``submit_key`` the caller sent before answers the job stored then (200,
-        ``existing``)."""
+        ``existing``): in one round trip to the database where what former submissions
+        read allows it (db/submit_known.py)."""
         ctx = self.context
-        with ctx.sessions() as session, session.begin():
-            # A new job that needs a pass sends the sched NOTIFY with its INSERT.
-            job, created = submit.store_submission(session, request.body,
-                                                   self.context.identity(request),
-                                                   ctx.max_submit_jobs, notify=True)
-            schedule = created and submit.needs_pass(job)
-            job_id = job.id
+        # A new job that needs a pass sends the sched NOTIFY with its INSERT.
+        job, created = submit_known.store(ctx.sessions, request.body, ctx.identity(request),
+                                          self.known, ctx.max_submit_jobs, notify=True)
+        schedule = created and submit.needs_pass(job)
+        job_id = job.id
         if not created:
             return 200, {"job_id": job_id, "existing": True}
         stamp("committed", (job_id,))
