@@ -4,7 +4,7 @@ and whose ``version`` tells a submission made in one statement whether another o
 same user's was stored since its snapshot.
 
 Revision ID: 0032
-Revises: 0031
+Revises: 0030
 Create Date: 2026-11-28 07:00:00
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0032"
-down_revision: str | None = "0031"
+down_revision: str | None = "0030"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
