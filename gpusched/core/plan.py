@@ -262,6 +262,8 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
                 self.depth == 0 and job.partition in self.blocked):
             return Reason.PRIORITY
         members, group = self.where(job)
+        if self.whole_held and not (job.gpus or job.cpus or job.mem_mb):
+            members = self._off_holds(job, members)  # core/resvholds.py
         job, limit = capped(job, self.now), job.time_limit  # --deadline (core/timecut.py)
         if job.constraint and self.features.counted(job):
             return self.features.try_counted(job, task, members, group)

@@ -41,13 +41,16 @@ def _used_by(running: Sequence[RunningJob], name: str, capacity: Capacity, index
             yield (INF if job.end_time is None else job.end_time), count
 
 
-def hold_reservations(capacity: Capacity, snapshot: Snapshot, now: float) -> None:
-    """Put every window of the snapshot's reservations into ``capacity``.
+def hold_reservations(capacity: Capacity, snapshot: Snapshot, now: float
+                      ) -> dict[int, list[tuple[float, float]]]:
+    """Put every window of the snapshot's reservations into ``capacity``; the windows
+    that hold each node whole, by node.
 
     A whole node is held whole: every unit of each kind, its CPUs and memory. A count
     of GPUs is held on the node's main kind; while a window goes on, the GPUs its own
     running jobs hold count towards it until they end (they are in the timeline already).
     """
+    whole: dict[int, list[tuple[float, float]]] = {}
     for position, resv in enumerate(snapshot.advance_reservations):
         spans = windows(resv, now)
         if not spans:
@@ -61,6 +64,7 @@ def hold_reservations(capacity: Capacity, snapshot: Snapshot, now: float) -> Non
             for start, end in spans:
                 if gpus == 0:
                     _hold_whole_node(capacity, index, start, end, owner)
+                    whole.setdefault(index, []).append((start, end))
                     continue
                 kind = main_kind(node.total, node.slices)
                 if kind is None:
@@ -74,6 +78,7 @@ def hold_reservations(capacity: Capacity, snapshot: Snapshot, now: float) -> Non
                             _hold(capacity, index, kind, count, 0, 0, ends, end, owner)
                 if held > 0:
                     _hold(capacity, index, kind, held, 0, 0, start, end, owner)
+    return whole
 
 
 def _hold_whole_node(capacity: Capacity, index: int, start: float, end: float,
@@ -98,17 +103,29 @@ class ReservationHooksMixin:
     snapshot: Snapshot
     now: float
     capacity: Capacity
+    # Node index -> the windows that hold it whole (for jobs that ask for nothing).
+    whole_held: dict[int, list[tuple[float, float]]]
 
     def _hold_reservations(self) -> None:
         """Hold the snapshot's reservations in this pass's timeline, if it has any."""
-        if self.snapshot.advance_reservations:
-            hold_reservations(self.capacity, self.snapshot, self.now)
+        self.whole_held = (hold_reservations(self.capacity, self.snapshot, self.now)
+                           if self.snapshot.advance_reservations else {})
+
+    def _off_holds(self, job: PendingJob, members: frozenset[int]) -> frozenset[int]:
+        """``members`` less the nodes a reservation holds whole while ``job`` would run:
+        a job that asks for no GPU, CPU or memory fits anywhere as far as counts go, and
+        must still not run into a reservation."""
+        end = self.now + (INF if job.time_limit is None else job.time_limit)
+        return frozenset(i for i in members if not any(
+            start < end and self.now < stop for start, stop in self.whole_held.get(i, ())))
 
     def _resources_reason(self, job: PendingJob, shape: Shape,
                           members: frozenset[int]) -> Reason:
         """Resources, or ReqNodeNotAvail when a node has room for the job now and only a
         reservation's window keeps it off (Slurm's reason for nodes reserved)."""
         if self.snapshot.advance_reservations and not job.exclusive:
+            if not (job.gpus or job.cpus or job.mem_mb):
+                return Reason.REQ_NODE_NOT_AVAIL  # only a window keeps such a job off
             found = self.capacity.in_the_way(shape, members)
             if found is not None and found[1] < 0:
                 return Reason.REQ_NODE_NOT_AVAIL

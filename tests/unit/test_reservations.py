@@ -147,6 +147,10 @@ def test_flex_jobs_may_run_outside_and_maint_blocks_everyone() -> None:
     decided = plan(_snap((_job(1, 1, 600), _job(2, 1, 30)), (maint,)), NOW, Policy())
     assert _reason(decided, 1) is Reason.REQ_NODE_NOT_AVAIL
     assert 2 in {s.job_id for s in decided.starts}  # ends before it: drained around it
+    # A job that asks for no GPU, CPU or memory fits anywhere, and still keeps off it.
+    decided = plan(_snap((_job(3, 0, 600), _job(4, 0, 30)), (maint,)), NOW, Policy())
+    assert _reason(decided, 3) is Reason.REQ_NODE_NOT_AVAIL
+    assert 4 in {s.job_id for s in decided.starts}
 
 
 def test_daily_repeats_and_explain_says_which() -> None:

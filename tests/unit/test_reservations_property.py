@@ -98,7 +98,7 @@ resv_st = st.builds(
     st.lists(st.tuples(st.sampled_from(NODES), st.integers(0, GPUS)), min_size=1, max_size=2,
              unique_by=lambda h: h[0]).map(lambda h: tuple(sorted(h))),
     st.sampled_from(((), ("FLEX",), ("DAILY",), ("MAINT",))))
-job_st = st.tuples(st.integers(1, GPUS), st.sampled_from((600, 3600, 3 * 3600, None)),
+job_st = st.tuples(st.integers(0, GPUS), st.sampled_from((600, 3600, 3 * 3600, None)),
                    st.sampled_from((None, None, "r1", "r2")), st.sampled_from(("alice", "bob")),
                    st.sampled_from((1, 1, 1, 2)))
 run_st = st.tuples(st.sampled_from(NODES), st.integers(1, 2), st.integers(60, 6 * 3600),
