@@ -172,18 +172,24 @@ def _mig(items: Sequence[NodeSummary]) -> str:
     return f"{free}/{used}" if free or used else "-"
 
 
-def partition_rows(partitions: list[dict[str, Any]], nodes: dict[str, NodeSummary]
-                   ) -> list[dict[str, Any]]:
-    """One row per partition and node state, as sinfo prints them."""
+def gpu_config(node: NodeSummary) -> tuple[tuple[str, int], ...]:
+    """What sinfo -e tells nodes apart by here: their GPUs, by type and count."""
+    return tuple(sorted(node.types.items()))
+
+
+def partition_rows(partitions: list[dict[str, Any]], nodes: dict[str, NodeSummary],
+                   exact: bool = False) -> list[dict[str, Any]]:
+    """One row per partition and node state (with ``exact``, sinfo -e, and GPU
+    configuration), as sinfo prints them."""
     rows = []
     for part in partitions:
         if part["state"] == "INACTIVE":
             continue
         members = [nodes[n] for n in part["nodes"] if n in nodes]
-        by_state: dict[str, list[NodeSummary]] = {}
+        by_state: dict[tuple[str, tuple[tuple[str, int], ...]], list[NodeSummary]] = {}
         for node in members:
-            by_state.setdefault(node.state, []).append(node)
-        for state, group in sorted(by_state.items()) or [("n/a", [])]:
+            by_state.setdefault((node.state, gpu_config(node) if exact else ()), []).append(node)
+        for (state, _), group in sorted(by_state.items()) or [(("n/a", ()), [])]:
             rows.append({
                 "partition": part["name"] + ("*" if part["default"] else ""),
                 "avail": "up" if part["state"] == "UP" else part["state"].lower(),
@@ -227,6 +233,9 @@ def ginfo(
         "unhealthy (or 'all').")] = None,
     verbose: Annotated[bool, typer.Option(
         "-v", "--verbose", help="Say on stderr what is asked of the controller.")] = False,
+    exact: Annotated[bool, typer.Option(
+        "-e", "--exact", help="Nodes of different GPU types or counts on lines of their own.")
+    ] = False,
     reservation: Annotated[bool, typer.Option(
         "-T", "--reservation", help="Advance reservations: name, state, start, end, duration "
         "and nodes.")] = False,
@@ -289,14 +298,15 @@ def ginfo(
 
             cluster = local_cluster_name() if any(p[0] == "V" for p in pieces) else ""
             rows = (infoformat.summary_rows(parts, nodes, cluster) if summarize
-                    else infoformat.info_rows(parts, nodes, per_node, cluster))
+                    else infoformat.info_rows(parts, nodes, per_node, cluster, exact))
             lines = [] if noheader else [infoformat.render(pieces, None)]
             lines += [infoformat.render(pieces, row) for row in infoformat.sort_rows(rows, keys)]
             if lines:
                 typer.echo("\n".join(lines))
         else:
             _show(nodes, parts, per_node, as_json, reasons, noheader,
-                  listed=None if wanted_parts is None and not filtered else set(nodes))
+                  listed=None if wanted_parts is None and not filtered else set(nodes),
+                  exact=exact)
         if iterate is None:
             return
         sys.stdout.flush()
@@ -319,7 +329,8 @@ def _fetch(verbose: bool) -> tuple[dict[str, NodeSummary], list[dict[str, Any]]]
 
 
 def _show(nodes: dict[str, NodeSummary], parts: list[dict[str, Any]], per_node: bool,
-          as_json: bool, reasons: bool, noheader: bool, listed: set[str] | None) -> None:
+          as_json: bool, reasons: bool, noheader: bool, listed: set[str] | None,
+          exact: bool = False) -> None:
     """ginfo's own views: JSON, -R, -N or the partition table (``listed``: the nodes
     the filters kept, None when none was given)."""
     if listed is not None:
@@ -330,7 +341,7 @@ def _show(nodes: dict[str, NodeSummary], parts: list[dict[str, Any]], per_node: 
             member_of.setdefault(name, []).append(part["name"])
     if as_json:
         typer.echo(json.dumps({
-            "partitions": partition_rows(parts, nodes),
+            "partitions": partition_rows(parts, nodes, exact),
             "nodes": [{**asdict(n), "total": n.total, "partitions": member_of.get(n.name, [])}
                       for n in nodes.values()]}, indent=2))
         return
@@ -355,7 +366,7 @@ def _show(nodes: dict[str, NodeSummary], parts: list[dict[str, Any]], per_node: 
         return
     table = [[r["partition"], r["avail"], r["timelimit"], str(r["nodes"]), r["state"], r["gpus"],
               r["gpu_types"], r["mig"], *([sharing_cell(r)] if sharing else []), r["nodelist"]]
-             for r in partition_rows(parts, nodes)]
+             for r in partition_rows(parts, nodes, exact)]
     print_table(["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "GPUS(A/I/O/T)",
                  "GPU_TYPES", "MIG(F/U)", *(["SHARING"] if sharing else []), "NODELIST"], table,
                 right_aligned=frozenset({3}), shrinkable=frozenset({6, 9 if sharing else 8}),

@@ -237,9 +237,9 @@ def keep_node(node: NodeSummary, names: set[str] | None, states: set[str] | None
 
 
 def info_rows(parts: Iterable[dict[str, Any]], nodes: dict[str, NodeSummary], per_node: bool,
-              cluster: str) -> list[InfoRow]:
-    """The rows of a format: per partition and node state, or with ``per_node`` per node
-    and partition."""
+              cluster: str, exact: bool = False) -> list[InfoRow]:
+    """The rows of a format: per partition and node state (with ``exact``, and GPU
+    configuration), or with ``per_node`` per node and partition."""
     rows = []
     for part in parts:
         if part["state"] == "INACTIVE":
@@ -248,10 +248,12 @@ def info_rows(parts: Iterable[dict[str, Any]], nodes: dict[str, NodeSummary], pe
         if per_node:
             rows += [InfoRow(part, node.state, [node], cluster) for node in members]
             continue
-        by_state: dict[str, list[NodeSummary]] = {}
+        by_state: dict[tuple[str, tuple[tuple[str, int], ...]], list[NodeSummary]] = {}
         for node in members:
-            by_state.setdefault(node.state, []).append(node)
-        rows += [InfoRow(part, state, group, cluster) for state, group in sorted(by_state.items())]
+            config = tuple(sorted(node.types.items())) if exact else ()
+            by_state.setdefault((node.state, config), []).append(node)
+        rows += [InfoRow(part, state, group, cluster)
+                 for (state, _), group in sorted(by_state.items())]
     return rows
 
 

@@ -40,8 +40,6 @@ REFUSED: dict[str, dict[str, str]] = {
     },
     "ginfo": {
         "--federation": _FEDERATION, "--yaml": _YAML,
-        "-e": "ginfo groups nodes by partition and state only",
-        "--exact": "ginfo groups nodes by partition and state only",
     },
     "gacct": {
         "-c": "there is no job completion log here: gacct reads the database",

@@ -196,3 +196,17 @@ def test_sacct_units_and_truncate() -> None:
         "2026-11-28T09:00:00+00:00", "2026-11-28T10:30:00+00:00", 5400.0)
     assert acctformat.truncate(record, None, None) == record
     assert acctformat.truncate({"start_time": None}, *window) == {"start_time": None}
+
+
+def test_sinfo_exact_splits_nodes_by_their_gpus() -> None:
+    from gpusched.cli.ginfo import partition_rows
+
+    nodes = {"n1": _node("n1", "idle"), "n2": _node("n2", "idle"),
+             "n3": NodeSummary("n3", "idle", idle=8, types={"h100": 8})}
+    part = {"name": "gpu", "state": "UP", "default": False, "nodes": ["n1", "n2", "n3"],
+            "max_time": None, "default_time": None}
+    assert [r["nodelist"] for r in partition_rows([part], nodes)] == ["n[1-3]"]
+    assert [r["nodelist"] for r in partition_rows([part], nodes, exact=True)] == ["n[1-2]", "n3"]
+    pieces = infoformat.parse_format("%N %G")
+    assert [infoformat.render(pieces, r) for r in infoformat.info_rows(
+        [part], nodes, False, "", exact=True)] == ["n[1-2] gpu:a100:4", "n3 gpu:h100:8"]

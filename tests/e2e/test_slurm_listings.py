@@ -141,7 +141,8 @@ def test_ginfo_formats_and_filters(cluster: Cluster) -> None:
         "node01"]
     assert lines(cluster, "ginfo", "-h", "-p", "nosuch") == []
     assert lines(cluster, "ginfo", env={"SINFO_FORMAT": "%P"}) == ["PARTITION", "debug", "gpu*"]
-    for bad, says in ((["-o", "%c"], "%c is not supported"), (["-e"], "-e: not supported"),
+    assert lines(cluster, "ginfo", "-h", "-e", "-p", "gpu", "-o", "%P %D %G") == ["gpu* 1 gpu:4"]
+    for bad, says in ((["-o", "%c"], "%c is not supported"),
                       (["-t", "weird"], "invalid --states 'weird'"),
                       (["-M", "far"], "no cluster 'far'")):
         done = cluster.run("ginfo", *bad)
