@@ -87,7 +87,8 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
     if sum(x is not None for x in (fmt, long_format)) + long > 1:
         raise UsageError("choose one of -o/--format, -O/--Format and -l/--long")
     if array or long_format is not None or long or qos or sort or nodelist or licenses \
-            or verbose or reservation or (fmt is not None and "E" in fmt):
+            or verbose or reservation or (fmt is not None and any(
+                code in fmt for code in ("E", "p", "Q"))):
         from gpusched.cli.queueviews import View, show_view
 
         view = View(as_json=as_json, start=start, noheader=noheader, fmt=fmt,

@@ -89,6 +89,18 @@ def _array_task(job: Mapping[str, Any]) -> str:
     return "N/A"
 
 
+PRIORITY_SCALE = 4294967295  # Slurm's priorities are 32-bit integers; %p is one over it
+
+
+def _priority(job: Mapping[str, Any], whole: bool) -> str:
+    """squeue's %Q (an integer: the priority scaled as Slurm's are) or %p (the 0-1
+    float); N/A for a job that is not pending (``priority`` is set for pending ones)."""
+    value = job.get("priority")
+    if not isinstance(value, (int, float)):
+        return "N/A"
+    return str(round(value * PRIORITY_SCALE)) if whole else f"{value:.8f}"
+
+
 def _dependency(job: Mapping[str, Any]) -> str:
     """squeue's %E: the dependencies left, each with its state (``afterok:12(unfulfilled)``,
     ``(failed)`` once it can no longer be met); ``(null)`` when none is left."""
@@ -126,8 +138,8 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "S": ("START_TIME", lambda j, now: _local(j.get("start_time") or j.get("expected_start"))),
     "V": ("SUBMIT_TIME", lambda j, now: _local(j.get("submit_time"))),
     "e": ("END_TIME", lambda j, now: _local(j.get("end_time"))),
-    "Q": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
-    "p": ("PRIORITY", lambda j, now: str(j.get("priority", "")) if "priority" in j else "N/A"),
+    "Q": ("PRIORITY", lambda j, now: _priority(j, True)),
+    "p": ("PRIORITY", lambda j, now: _priority(j, False)),
     "W": ("LICENSES", lambda j, now: str(j.get("licenses") or "(null)")),
     "f": ("FEATURES", lambda j, now: str(j.get("constraint") or "(null)")),  # -C
     "B": ("EXEC_HOST", lambda j, now: "n/a" if j.get("state") == "PENDING"
@@ -315,6 +327,8 @@ _SORT_VALUES: dict[str, Callable[[Mapping[str, Any], datetime], Any]] = {
     "b": lambda j, now: int(j.get("gpus") or 0),
     "S": _time_key("start_time", "expected_start"), "V": _time_key("submit_time"),
     "e": _time_key("end_time"), "eligible": _time_key("begin_time", "submit_time"),
+    "Q": lambda j, now: float(j.get("priority") or -1.0),
+    "p": lambda j, now: float(j.get("priority") or -1.0),
     "restarts": lambda j, now: int(j.get("restarts") or 0),
     "L": lambda j, now: (float(j["time_limit"]) - elapsed_seconds(j, now)
                          if j.get("time_limit") else float("inf")),

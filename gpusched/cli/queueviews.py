@@ -84,7 +84,9 @@ class View:
                  *(("qos",) if self.qos_names else ()),
                  *(("node", "node_names") if self.nodes else ()),
                  *(("licenses",) if self.license_names else ()),
-                 *(("reservation",) if self.reservations else ())]
+                 *(("reservation",) if self.reservations else ()),
+                 *(("hold",) if ({f.code for f in self.fields or ()}
+                                 | {code for code, _ in self.sort_keys}) & {"p", "Q"} else ())]
         return tuple(dict.fromkeys([*shown, *extra]))
 
     def path_maker(self, **filters: Any) -> Callable[[], str]:
@@ -221,6 +223,19 @@ def add_dependency_states(client: ApiClient, jobs: list[dict[str, Any]]) -> None
         jobs[at]["_dependency_states"] = states
 
 
+def add_priorities(client: ApiClient, jobs: list[dict[str, Any]]) -> None:
+    """Give each pending job its ``priority`` (0 to 1; 0 while held), as ``gpusched
+    prio`` shows it (one request)."""
+    pending = [job for job in jobs if job.get("state") == "PENDING"]
+    if not pending:
+        return
+    ids = sorted({int(job["job_id"]) for job in pending})
+    path = "/v1/priority" + (f"?ids={','.join(map(str, ids))}" if len(ids) <= 200 else "")
+    totals = {row["job_id"]: row["priority"] for row in client.request("GET", path)["jobs"]}
+    for job in pending:
+        job["priority"] = 0.0 if job.get("hold") else totals.get(job["job_id"], 0.0)
+
+
 def _target_jobs(known: dict[str, dict[str, Any]], target: str) -> list[dict[str, Any] | None]:
     """The jobs a dependency target names: one job or task, or every task of an array."""
     if target in known:
@@ -238,8 +253,11 @@ def show_view(view: View, path_of: Callable[[], str]) -> None:
         jobs = select_jobs(view, job_objects(client.request("GET", path)))
         if view.array:
             jobs = expand_arrays(jobs)
-        if view.fields is not None and any(f.code == "E" for f in view.fields):
+        codes = {f.code for f in view.fields or ()} | {code for code, _ in view.sort_keys}
+        if "E" in codes:
             add_dependency_states(client, jobs)
+        if codes & {"p", "Q"}:
+            add_priorities(client, jobs)
     now = datetime.now(timezone.utc)
     if view.sort_keys:
         jobs = sort_jobs(jobs, view.sort_keys, now)

@@ -235,3 +235,14 @@ def test_gcontrol_update_node_as_scontrol(cluster: Cluster) -> None:
                       (["update", "node", "node01", "State=DOWN"], "State=DOWN: not supported")):
         done = cluster.run("gcontrol", *bad)
         assert done.returncode == 2 and says in done.stderr, (bad, done.stderr)
+
+
+def test_gqueue_priorities(cluster: Cluster) -> None:
+    held = cluster.submit("-J", "p1", "--hold", "--wrap", "true")
+    big = cluster.submit("-J", "p2", "-b", "now+1hour", "--wrap", "true")  # waits an hour
+    rows = lines(cluster, "gqueue", "-j", f"{held},{big}", "-h", "-o", "%A %Q %p", "-S", "-Q")
+    got = {int(r.split()[0]): r.split()[1:] for r in rows}
+    assert got[held] == ["0", "0.00000000"]  # held: 0, as Slurm shows it
+    assert int(got[big][0]) > 0 and 0.0 < float(got[big][1]) <= 1.0
+    assert [int(r.split()[0]) for r in rows] == [big, held]  # -S -Q: highest first
+    cluster.run("gcancel", str(held), str(big))
