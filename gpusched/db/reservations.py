@@ -124,9 +124,11 @@ def with_reservations(session: Session, snapshot: Snapshot,
 
 
 def check_reservation(session: Session, name: str | None, user: str,
-                      account: str | None) -> None:
-    """Refuse a submission naming a reservation that does not exist, is over, or does
-    not let its user and account in (as sbatch refuses them)."""
+                      account: str | None, partition: tuple[str, list[str]] | None = None
+                      ) -> None:
+    """Refuse a submission naming a reservation that does not exist, is over, does not
+    let its user and account in (as sbatch refuses them), or holds no node of its
+    ``partition`` (name, nodes: ``*`` for every node)."""
     if name is None:
         return
     found = session.get(AdvanceReservationRow, name)
@@ -136,6 +138,9 @@ def check_reservation(session: Session, name: str | None, user: str,
     if not may_use(resv, user, account):
         raise UsageError(f"reservation {name}: access denied to user {user} "
                          f"(account {account or '-'})")
+    if partition is not None and "*" not in partition[1] \
+            and not set(resv.nodes) & set(partition[1]):
+        raise UsageError(f"reservation {name} holds no node of partition {partition[0]}")
 
 
 def _row_of(found: AdvanceReservationRow) -> tuple[Any, ...]:

@@ -305,7 +305,8 @@ def check_submission(request: JobRequest, who: Identity, facts: Facts, reads: Re
     part, time_limit, account = _first_partition(request.partition, in_partition)
     _check_dependency_jobs(request, facts.known_jobs)
     if request.reservation is not None:
-        check_reservation(reads.session(), request.reservation, user, account)
+        check_reservation(reads.session(), request.reservation, user, account,
+                          (part.name, part.nodes))
     assoc = _association(reads, facts, user, account)
     qos = choose_qos(request.qos, access_of(account, assoc, who.is_admin),
                      lambda name: facts.qos[1] if name == facts.qos[0] else reads.qos(name))

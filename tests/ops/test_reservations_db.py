@@ -147,10 +147,15 @@ def test_jobs_ask_for_a_reservation_and_the_pass_holds_it(db: sessionmaker[Sessi
             users=["-" + user])
     with db() as s:
         before = s.scalar(select(func.count()).select_from(Job))
-    for name, words in (("nope", "no such reservation"), ("theirs", "access denied"),
-                        ("bad name!", "invalid reservation name")):
+    with db() as s, s.begin():
+        sync_partitions(s, (PartitionConfig("gpu", default=True),
+                            PartitionConfig("small", nodes=("n3",))))
+    for name, words, part in (
+            ("nope", "no such reservation", "gpu"), ("theirs", "access denied", "gpu"),
+            ("bad name!", "invalid reservation name", "gpu"),
+            ("mine", "holds no node of partition small", "small")):
         with pytest.raises(UsageError, match=words):
-            _submit(db, gpus=1, time_limit=600, reservation=name)
+            _submit(db, gpus=1, time_limit=600, reservation=name, partition=part)
     with db() as s:
         assert s.scalar(select(func.count()).select_from(Job)) == before  # nothing stored
     inside = _submit(db, gpus=2, time_limit=600, reservation="mine")
