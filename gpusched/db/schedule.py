@@ -153,10 +153,12 @@ def _dependency_states(session: Session, pending: tuple[PendingJob, ...]
                        ) -> tuple[dict[Key, JobState], dict[Key, float]]:
     """The state of each job a dependency names (for an array, of all its tasks
     together) and of each of its tasks, and when each began (an array: its last task)."""
-    named = {j for job in pending if job.dependency for c in dependency_clauses(job.dependency)
-             for j in c.job_ids}
+    clauses = [c for job in pending if job.dependency for c in dependency_clauses(job.dependency)]
+    named = {j for c in clauses for j in c.job_ids}
     if not named:
         return {}, {}
+    # Arrays whose tasks are named one by one (12_3, aftercorr): only theirs are listed.
+    by_task = {j for c in clauses if c.tasks or c.kind == "aftercorr" for j in c.job_ids}
     states: dict[int, list[JobState]] = {}
     tasks: dict[Key, JobState] = {}
     began: dict[Key, float] = {}
@@ -170,7 +172,7 @@ def _dependency_states(session: Session, pending: tuple[PendingJob, ...]
             tasks[(array_job, task)] = JobState(state)
             if start is not None:
                 began[(array_job, task)] = float(start)
-        if array_job in named and pending_tasks is not None:  # the tasks not split off yet
+        if array_job in by_task and pending_tasks is not None:  # not split off yet
             tasks.update(((array_job, t), JobState(state)) for t in iter_tasks(pending_tasks))
     for key, found_states in states.items():  # an array begins once all its tasks have
         if JobState.PENDING in found_states:

@@ -36,10 +36,13 @@ def test_array_tasks_and_begin_times(sessions: sessionmaker[Session]) -> None:
     array = _submit(sessions, array="0-3")
     after = _submit(sessions, dependency=f"after:{array}+1?afterok:{array}_0")
     corr = _submit(sessions, array="0-3", dependency=f"aftercorr:{array}")
+    other = _submit(sessions, array="0-99")
+    _submit(sessions, dependency=f"afterok:{other}")  # the whole array: no task listed
     with sessions() as s:
         snapshot, _ = load_snapshot(s)
     assert snapshot.job_states[array] is P
     assert {snapshot.job_states[(array, t)] for t in range(4)} == {P}
+    assert snapshot.job_states[other] is P and (other, 0) not in snapshot.job_states
     assert array not in snapshot.job_began
     with sessions() as s, s.begin():  # tasks 0 and 1 start
         snapshot, node_ids = load_snapshot(s)
