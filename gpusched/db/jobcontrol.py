@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from gpusched.core.arrays import remove
 from gpusched.core.jobcontrol import JobRef, effective_limit, suspended_seconds, task_in
 from gpusched.db import commands
 from gpusched.db.engine import rowcount
@@ -93,8 +94,6 @@ def resolve_ref(session: Session, ref: JobRef, who: Identity | None = None) -> i
 def split_pending_task(session: Session, record: Job, task: int) -> int:
     """Move pending task ``task`` out of its array's record into a PENDING row of its
     own; that row's id (the record's own when it was the last task)."""
-    from gpusched.core.arrays import remove
-
     assert record.array_tasks is not None
     left = remove(record.array_tasks, (task,))
     values: dict[str, object] = {"array_tasks": left}
