@@ -46,8 +46,9 @@ def _nodes(row: Row) -> list[str]:
 def _time(text: object) -> str:
     if not isinstance(text, str) or not text:
         return "Unknown"
-    when = datetime.fromisoformat(text)
-    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    from gpusched.cli.slurmflags import time_format
+
+    return datetime.fromisoformat(text).astimezone().strftime(time_format())
 
 
 def _limit(row: Row) -> str:

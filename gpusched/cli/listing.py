@@ -279,7 +279,11 @@ def job_label(job: Mapping[str, Any], width: int = 24) -> str:
 def start_row(job: Mapping[str, Any]) -> list[str]:
     """One ``gqueue --start`` row: the expected start in local time, or N/A."""
     expected = _parse_time(job.get("expected_start"))
-    when = expected.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if expected else "N/A"
+    when = "N/A"
+    if expected:
+        from gpusched.cli.slurmflags import time_format
+
+        when = expected.astimezone().strftime(time_format())
     return [job_label(job), str(job.get("partition") or ""), str(job.get("name") or ""),
             str(job.get("user") or ""), short_state(str(job.get("state", ""))), when,
             str(job.get("nodes") or 1), node_or_reason(job)]

@@ -18,6 +18,7 @@ from gpusched.cli.listing import (
     node_or_reason,
     short_state,
 )
+from gpusched.cli.slurmflags import time_format
 from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import format_duration
 from gpusched.errors import UsageError
@@ -219,7 +220,7 @@ def _gres(job: Mapping[str, Any]) -> str:
 
 def _local(value: object) -> str:
     when = _parse_time(value)
-    return when.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if when else "N/A"
+    return when.astimezone().strftime(time_format()) if when else "N/A"
 
 
 def _code(code: str, flag: str) -> str:

@@ -175,6 +175,19 @@ def from_environment(given: Mapping[str, object], names: Mapping[str, str],
     return found
 
 
+STANDARD_TIME = "%Y-%m-%dT%H:%M:%S"
+
+
+def time_format() -> str:
+    """How listings write a time: ``GPUSCHED_TIME_FORMAT``, else Slurm's
+    ``SLURM_TIME_FORMAT``: ``standard`` (the default, ``2026-11-28T14:05:00``) or a
+    strftime format (``%d/%m %H:%M``); ``relative`` is taken as standard."""
+    value = os.environ.get("GPUSCHED_TIME_FORMAT") or os.environ.get("SLURM_TIME_FORMAT")
+    if not value or "%" not in value or len(value) > 128:
+        return STANDARD_TIME
+    return value
+
+
 def check_clusters(text: str | None) -> None:
     """``-M/--clusters``: every name must be this cluster's (``all`` too); a usage error
     naming any other."""

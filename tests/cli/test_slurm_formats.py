@@ -210,3 +210,22 @@ def test_sinfo_exact_splits_nodes_by_their_gpus() -> None:
     pieces = infoformat.parse_format("%N %G")
     assert [infoformat.render(pieces, r) for r in infoformat.info_rows(
         [part], nodes, False, "", exact=True)] == ["n[1-2] gpu:a100:4", "n3 gpu:h100:8"]
+
+
+def test_time_format_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpusched.cli.queueformat import parse_format
+
+    job = {"submit_time": "2026-11-28T10:05:00+00:00"}
+    monkeypatch.setenv("TZ", "UTC")
+    import time
+
+    time.tzset()
+    monkeypatch.delenv("GPUSCHED_TIME_FORMAT", raising=False)
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "%d/%m %H:%M")
+    assert render_format(parse_format("%V"), job, NOW) == "28/11 10:05"
+    monkeypatch.setenv("GPUSCHED_TIME_FORMAT", "standard")  # ours wins: the default
+    assert render_format(parse_format("%V"), job, NOW) == "2026-11-28T10:05:00"
+    monkeypatch.setenv("GPUSCHED_TIME_FORMAT", "%H:%M")
+    assert acctformat.FIELDS["submit"][1]((job, None)) == "10:05"
+    monkeypatch.delenv("TZ")
+    time.tzset()
