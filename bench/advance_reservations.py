@@ -9,7 +9,8 @@ without reservations (``plain_ms``); with ``--maint`` whole-node maintenance
 reservations of 2% of the nodes each, starting in one to ten hours (``maint_ms``); and
 with those plus one active GPU-count reservation of 64 GPUs whose ``--inside`` pending
 jobs (taken from the queue) run in it (``inside_ms``). Each is the median of
-``--repeat`` passes of ``core.plan.plan`` (EASY backfill, 100 reservations).
+``--repeat`` passes of ``core.plan.plan`` (EASY backfill, 100 reservations); the
+``*_cpu_ms`` lines are the process's CPU time per pass, steadier on a busy machine.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ from gpusched.core.reservations import AdvanceReservation  # noqa: E402
 HOUR = 3600.0
 
 
-def timed(snapshot: Snapshot, policy: Policy, repeat: int) -> tuple[float, object]:
-    """The median milliseconds of ``repeat`` passes, and the last plan."""
-    times, result = [], None
+def timed(snapshot: Snapshot, policy: Policy, repeat: int) -> tuple[float, float, object]:
+    """The median wall and CPU milliseconds of ``repeat`` passes, and the last plan."""
+    times, cpu, result = [], [], None
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, used = time.perf_counter(), time.process_time()
         result = plan(snapshot, NOW, policy)
         times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000, result
+        cpu.append(time.process_time() - used)
+    return statistics.median(times) * 1000, statistics.median(cpu) * 1000, result
 
 
 def main() -> None:
@@ -80,9 +82,10 @@ def main() -> None:
     with_team = replace(snapshot, pending=tuple(
         replace(j, reservation="team") if j.job_id in inside else j for j in pending),
         advance_reservations=(*maint, team))
-    plain_ms, _ = timed(snapshot, policy, opts.repeat)
-    maint_ms, held = timed(replace(snapshot, advance_reservations=maint), policy, opts.repeat)
-    inside_ms, mixed = timed(with_team, policy, opts.repeat)
+    plain_ms, plain_cpu, _ = timed(snapshot, policy, opts.repeat)
+    maint_ms, maint_cpu, held = timed(replace(snapshot, advance_reservations=maint), policy,
+                                      opts.repeat)
+    inside_ms, inside_cpu, mixed = timed(with_team, policy, opts.repeat)
     print(f"nodes: {opts.nodes}")
     print(f"pending_jobs: {opts.pending}")
     print(f"running_jobs: {opts.running}")
@@ -91,6 +94,9 @@ def main() -> None:
     print(f"plain_ms: {plain_ms:.1f}")
     print(f"maint_ms: {maint_ms:.1f}")
     print(f"inside_ms: {inside_ms:.1f}")
+    print(f"plain_cpu_ms: {plain_cpu:.1f}")
+    print(f"maint_cpu_ms: {maint_cpu:.1f}")
+    print(f"inside_cpu_ms: {inside_cpu:.1f}")
     print(f"maint_req_node_not_avail: "
           f"{sum(p.reason is Reason.REQ_NODE_NOT_AVAIL for p in held.pending)}")  # type: ignore[attr-defined]
     print(f"inside_starts: "
