@@ -112,3 +112,16 @@ def test_a_suspended_job_can_be_cancelled_and_bad_requests_change_nothing(
     assert cluster.run("gcancel", str(job_id)).returncode == 0
     job = cluster.wait_state(job_id, "CANCELLED", timeout=15)
     assert job["suspended_at"] is not None  # it ended while suspended
+
+
+def test_a_suspended_job_requeued_runs_again_not_suspended(cluster: Cluster) -> None:
+    job_id, ticks = _ticker(cluster, "requeue")
+    assert cluster.run("gcontrol", "suspend", str(job_id)).returncode == 0
+    wait_for(lambda: _still(ticks, 0.3), what="the job stopped", seen=cluster.logs)
+    assert cluster.run("gcontrol", "requeue", str(job_id)).returncode == 0
+    job = wait_for(lambda: (lambda j: j if j["restarts"] == 1 and j["state"] == "RUNNING"
+                            else None)(cluster.job(job_id)), what="its second run")
+    assert (job["suspended_at"], job["suspended_seconds"]) == (None, 0)
+    wait_for(lambda: not _still(ticks, 0.2), what="the second run ticking", seen=cluster.logs)
+    assert cluster.run("gcancel", str(job_id)).returncode == 0
+    cluster.wait_state(job_id, "CANCELLED", timeout=15)
