@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpusched.db.models import Allocation, Gpu, Node, NodeFeatures
+from gpusched.db.reservations import node_reservations
 from gpusched.errors import NotFound
 
 
@@ -47,11 +48,13 @@ def node_listing(session: Session) -> list[dict[str, Any]]:
             "power_mw": g.power_mw,
             "job_id": holders.get(g.id), "share_units": shared.get(g.id, 0)})
     admin = {f.node: f.features for f in session.scalars(select(NodeFeatures))}
+    reserved = node_reservations(session)  # the advance reservation holding it now
     return [{"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
              "drained_by": n.drained_by, "enforced": n.enforced, "enforcement": n.enforcement,
              "container_runtime": n.container_runtime,
              "last_seen": n.last_seen.isoformat() if n.last_seen else None,
              # Its GPUs' and its admin's (-C/--constraint, docs/user-guide.md).
              "features": sorted({*n.features, *admin.get(n.name, ())}),
+             "reservation": reserved.get(n.name),
              "gpus": gpus.get(n.id, [])}
             for n in session.scalars(select(Node).order_by(Node.name))]

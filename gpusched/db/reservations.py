@@ -27,6 +27,7 @@ from gpusched.core.reservations import (
     WEEKLY,
     AdvanceReservation,
     ReservationError,
+    active,
     check_window,
     free_during,
     may_overlap,
@@ -343,3 +344,14 @@ def reservation_json(resv: AdvanceReservation, now: float) -> dict[str, Any]:
         "users": list(resv.users), "accounts": list(resv.accounts),
         "flags": sorted(resv.flags),
     }
+
+
+def node_reservations(session: Session, now: float | None = None) -> dict[str, str]:
+    """The reservation going on that holds each node (a MAINT one first), by node name."""
+    now = time.time() if now is None else now
+    held: dict[str, str] = {}
+    for resv in sorted(read_reservations(session), key=lambda r: (not r.maint, r.name)):
+        if active(resv, now) is not None:
+            for node in resv.nodes:
+                held.setdefault(node, resv.name)
+    return held

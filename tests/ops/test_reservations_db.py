@@ -136,6 +136,14 @@ def test_busy_nodes_need_ignore_jobs_and_every_write_notifies(
         assert "admin" in heard
     with db() as s:
         snapshot, _ = load_snapshot(s)
+        # What each node's listing names: the one going on (a MAINT one first).
+        assert reservations.node_reservations(s, soon + 1) == {
+            "n1": "now", "n2": "two", "n3": "two"}
+        assert reservations.node_reservations(s, soon - 1) == {}
+    _create(db, name="zmaint", start=soon, duration=HOUR, nodes=["n1"], users=["root"],
+            flags=["MAINT", "IGNORE_JOBS"])
+    with db() as s:
+        assert reservations.node_reservations(s, soon + 1)["n1"] == "zmaint"
     assert {r.name for r in snapshot.advance_reservations} == {"two", "now"}
 
 

@@ -55,6 +55,7 @@ def test_a_reservation_keeps_what_it_holds_for_its_users(cluster: Cluster) -> No
     assert table[0].split() == ["RESV_NAME", "STATE", "START_TIME", "END_TIME", "DURATION",
                                 "NODELIST"]
     assert table[1].split()[:2] == ["team", "ACTIVE"] and table[1].endswith(cluster.node)
+    assert "Reservation=team" in ok(cluster, "gcontrol", "show", "node", cluster.node)
     before = len(cluster.jobs())
     refused(cluster, "access denied", "gsubmit", "--reservation=team", "--wrap", "true")
     refused(cluster, "no such reservation", "gsubmit", "--reservation=nope", "--wrap", "true")
@@ -93,6 +94,7 @@ def test_a_reservation_keeps_what_it_holds_for_its_users(cluster: Cluster) -> No
     assert "Reservation deleted: team" in ok(cluster, "gcontrol", "delete",
                                              "ReservationName=team")
     cluster.wait_state(big, "RUNNING")  # the GPUs are free for everyone again
+    assert cluster.api("GET", "/v1/nodes")["nodes"][0]["reservation"] is None
     ok(cluster, "gcancel", str(big))
     cluster.wait_state(big, "CANCELLED")
 
