@@ -77,6 +77,7 @@ def test_example_loads_with_the_values_written_in_it() -> None:
         static_links=((0, 1, "NVLINK", 12),),
         min_job_uid=1,
         controller_user="gpusched",
+        container_runtime="enroot",
     )
     assert config.partitions == (
         PartitionConfig("gpu", ("*",), default=True, max_time=2 * 86400, default_time=3600),
@@ -101,7 +102,9 @@ def test_example_sets_every_field_of_the_config_objects() -> None:
                   "cgroups": "cgroups", "cgroup_root": "cgroups", "allow_swap": "cgroups",
                   "prolog_timeout": "prolog", "epilog_timeout": "epilog",
                   "health_check_interval": "health_check",
-                  "health_check_timeout": "health_check"}
+                  "health_check_timeout": "health_check", "container_program": "container",
+                  "container_runtime_args": "container", "container_run_args": "container",
+                  "container_gpus": "container"}
 
     assert {f.name for f in dataclasses.fields(ControllerConfig)} <= set(raw["controller"])
     assert {agent_keys.get(f.name, f.name) for f in dataclasses.fields(AgentConfig)} <= set(raw["agent"])
