@@ -195,7 +195,9 @@ def gacct(
         _report(answer, as_json, plot)
         return
     if user:
-        query["user"] = user
+        from gpusched.cli.slurmflags import user_names
+
+        query["user"] = user_names(user)  # uids as names, as sacct -u takes them
     if accounts:
         query["account"] = accounts
     if wanted_states:

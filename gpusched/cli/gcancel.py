@@ -85,6 +85,10 @@ def gcancel(
         raise UsageError("a step id (JOB.STEP) takes no filters: give steps alone")
     if not targets and not filtered and not step_ids:
         raise UsageError("nothing to cancel: give job ids, or filters such as --me or -u USER")
+    if user is not None and user.strip().isdigit():
+        from gpusched.cli.slurmflags import user_names
+
+        user = user_names(user.strip())  # a uid as its name, as scancel -u takes it
     if me:
         user = only_me(user)
     def send(chosen: list[tuple[int, str | None]]) -> int:

@@ -71,6 +71,10 @@ def run_gqueue(*, as_json: bool, user: str | None, states: str | None, show_all:
         qos, licenses = found.get("qos", qos), found.get("licenses", licenses)
         array = array or bool(_variable("ARRAY"))
         check_clusters(clusters if clusters is not None else _variable("CLUSTERS", "SLURM"))
+    if user is not None and any(char.isdigit() for char in user):
+        from gpusched.cli.slurmflags import user_names
+
+        user = user_names(user)  # uids as names, as squeue -u takes them
     if me:
         from gpusched.cli.output import only_me
 

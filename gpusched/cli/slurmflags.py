@@ -175,6 +175,22 @@ def from_environment(given: Mapping[str, object], names: Mapping[str, str],
     return found
 
 
+def user_names(text: str) -> str:
+    """A user list with each uid (``1000``) as its user's name, as squeue, scancel and
+    sacct take either; a uid no user has stays as written (it then matches no job)."""
+    import pwd
+
+    names = []
+    for word in (w.strip() for w in text.split(",")):
+        if word.isascii() and word.isdigit() and len(word) <= 10:
+            try:
+                word = pwd.getpwuid(int(word)).pw_name
+            except (KeyError, OverflowError):
+                pass
+        names.append(word)
+    return ",".join(names)
+
+
 STANDARD_TIME = "%Y-%m-%dT%H:%M:%S"
 
 

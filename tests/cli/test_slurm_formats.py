@@ -229,3 +229,13 @@ def test_time_format_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     assert acctformat.FIELDS["submit"][1]((job, None)) == "10:05"
     monkeypatch.delenv("TZ")
     time.tzset()
+
+
+def test_uids_are_read_as_user_names() -> None:
+    import pwd
+
+    from gpusched.cli.slurmflags import user_names
+
+    root = pwd.getpwuid(0).pw_name
+    assert user_names("0,alice2, 4294967290") == f"{root},alice2,4294967290"
+    assert user_names("99999999999") == "99999999999"  # past a uid: left as written

@@ -64,6 +64,8 @@ def test_gqueue_sort_format_array_and_filters(cluster: Cluster) -> None:
     assert lines(cluster, "gqueue", *mine, "-h", "-M", "gpusched", "-o", "%A") == [
         str(a), str(b), str(arr), str(dep)]
     assert lines(cluster, "gqueue", *mine, "-h", "-R", "maint") == []  # in no reservation
+    assert lines(cluster, "gqueue", *mine, "-h", "-u", "0", "-o", "%A") == [  # root's uid
+        str(a), str(b), str(arr), str(dep)]
     # squeue's states no job here is ever in select nothing
     assert lines(cluster, "gqueue", "-j", str(b), "-h", "-t", "CG,PD", "-o", "%A") == [str(b)]
     assert lines(cluster, "gqueue", "-j", str(b), "-h", "-t", "COMPLETING") == []
