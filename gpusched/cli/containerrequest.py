@@ -31,9 +31,9 @@ def container_request(values: dict[str, Any], origins: dict[str, str],
     PYXIS_CONTAINER_* variables of ``environ`` (default: gsubmit's environment); None:
     no --container-image. Each option given is checked, a fault is one UsageError naming
     the option (and the directive line or variable it came from)."""
-    explicit = [name for name in CONTAINER_OPTIONS if values.get(name) not in (None, False)]
+    explicit = _given(values)
     values, origins = _with_variables(values, origins, environ)
-    given = [name for name in CONTAINER_OPTIONS if values.get(name) not in (None, False)]
+    given = _given(values)
     if not explicit and values.get("container_image") is None:
         return None  # pyxis's variables alone, without an image, do nothing (as in pyxis)
     from gpusched.errors import UsageError
@@ -51,7 +51,7 @@ def container_request(values: dict[str, Any], origins: dict[str, str],
     if values["container_save"] is not None:
         raise UsageError(where("container_save") + checks.NOT_SUPPORTED["container_save"])
     if values["container_image"] is None:
-        flag = "--" + given[0].replace("_", "-")
+        flag = _spelling(given[0], values[given[0]])
         raise UsageError(f"{where(given[0])}{flag}: needs --container-image (the image to "
                          "run the job in)")
     mounts = checked("container_mounts", checks.parse_mounts) if values["container_mounts"] \
@@ -70,6 +70,21 @@ def container_request(values: dict[str, Any], origins: dict[str, str],
         "writable": values["container_writable"],
         "entrypoint": values["container_entrypoint"],
     }
+
+
+def _given(values: dict[str, Any]) -> list[str]:
+    """The container options set (a switch's off form too: it is as meaningless without
+    an image as its on form)."""
+    return [name for name in CONTAINER_OPTIONS if values.get(name) is not None
+            and not (name == "container_entrypoint_log" and values[name] is False)]
+
+
+def _spelling(name: str, value: Any) -> str:
+    """The option as it was written: a switch's off form for False."""
+    if value is False:
+        return "--container-readonly" if name == "container_writable" \
+            else "--no-" + name.replace("_", "-")
+    return "--" + name.replace("_", "-")
 
 
 def _with_variables(values: dict[str, Any], origins: dict[str, str],
