@@ -96,6 +96,38 @@ def truncate(record: Record, start: datetime | None, end: datetime | None) -> Re
             "end_time": ended.isoformat() if ended else None, "elapsed_s": max(0.0, elapsed)}
 
 
+def group_name(gid: object) -> str:
+    """A gid's group name (the gid itself when no group has it)."""
+    if not isinstance(gid, int):
+        return ""
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def group_ids(text: str | None) -> set[int] | None:
+    """``-g``'s groups, by name or gid, as gids; a usage error naming an unknown name."""
+    if text is None:
+        return None
+    import grp
+
+    gids = set()
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        if word.isascii() and word.isdigit() and len(word) <= 10:
+            gids.add(int(word))
+            continue
+        try:
+            gids.add(grp.getgrnam(word).gr_gid)
+        except KeyError:
+            raise UsageError(f"invalid --gid {word[:32]!r}: no such group") from None
+    if not gids:
+        raise UsageError("--gid: give at least one group")
+    return gids
+
+
 def _cpu_time(row: Row) -> float:
     return float(_either(row, "elapsed_s") or 0) * int(row[0].get("cpus") or 0)
 
@@ -138,6 +170,9 @@ FIELDS: dict[str, tuple[str, Callable[[Row], str]]] = {
     "workdir": ("WorkDir", lambda r: "" if r[1] else str(r[0].get("work_dir") or "")),
     "constraints": ("Constraints", lambda r: "" if r[1] else str(r[0].get("constraint") or "")),
     "restarts": ("Restarts", lambda r: "" if r[1] else str(r[0].get("restarts") or 0)),
+    "reservation": ("Reservation", lambda r: "" if r[1] else str(r[0].get("reservation") or "")),
+    "gid": ("GID", lambda r: "" if r[1] or r[0].get("gid") is None else str(r[0]["gid"])),
+    "group": ("Group", lambda r: "" if r[1] else group_name(r[0].get("gid"))),
     # gpusched's own: GPUs, GPU-hours, billed GPU-hours, GPU utilisation
     "gpus": ("GPUs", lambda r: "" if r[1] else str(r[0].get("gpus") or 0)),
     "gpuhours": ("GPUHours", lambda r: "" if r[1] else f"{float(r[0].get('gpu_hours') or 0):.2f}"),
@@ -254,6 +289,7 @@ def in_range(text: str | None, flag: str) -> tuple[int, int] | None:
 
 
 def keep(record: Record, *, names: set[str] | None, partitions: set[str] | None,
+         gids: set[int] | None = None,
          qos: set[str] | None, nodes: set[str] | None, reasons: set[str] | None,
          node_range: tuple[int, int] | None, cpu_range: tuple[int, int] | None,
          limit_min: int | None, limit_max: int | None) -> bool:
@@ -262,6 +298,7 @@ def keep(record: Record, *, names: set[str] | None, partitions: set[str] | None,
     count = len(placed) or int(record.get("nodes") or 1)
     limit = record.get("time_limit")
     return ((names is None or record.get("name") in names)
+            and (gids is None or record.get("gid") in gids)
             and (partitions is None or record.get("partition") in partitions)
             and (qos is None or record.get("qos") in qos)
             and (nodes is None or bool(placed & nodes))

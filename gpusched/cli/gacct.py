@@ -110,6 +110,8 @@ def gacct(
         "--env-vars", help="With -j: print each job's environment.")] = False,
     noconvert: Annotated[bool, typer.Option(
         "--noconvert", help="MaxRSS in K, not converted to a larger unit.")] = False,
+    groups: Annotated[Optional[str], typer.Option(
+        "--gid", "--group", "-g", help="Only jobs of these groups (names or gids).")] = None,
     units: Annotated[Optional[str], typer.Option(
         "--units", help="MaxRSS in this unit: K, M, G, T or P.")] = None,
     truncate: Annotated[bool, typer.Option(
@@ -154,6 +156,7 @@ def gacct(
         raise UsageError("--delimiter: give 1 to 8 characters")
     filters = dict(
         names=_set(names), partitions=_set(partitions), qos=_set(qos),
+        gids=acctformat.group_ids(groups),
         nodes=_hosts(nodelist), reasons={r.lower() for r in _set(reason) or ()} or None,
         node_range=acctformat.in_range(nnodes, "--nnodes"),
         cpu_range=acctformat.in_range(ncpus, "--ncpus"),

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 _FEDERATION = "there is no federation: this cluster runs every job itself"
-_GROUPS = "accounting records carry no group here: choose jobs by user (-u) or account (-A)"
 _YAML = "YAML output is not offered: use --json"
 _BATCH = ("--signal goes to the job's whole process group here; the batch shell alone "
           "cannot be signalled")
@@ -48,7 +47,6 @@ REFUSED: dict[str, dict[str, str]] = {
         "--file": "there is no job completion file here: gacct reads the database",
         "-F": "the scheduler does not record which of its passes started a job",
         "--flags": "the scheduler does not record which of its passes started a job",
-        "-g": _GROUPS, "--gid": _GROUPS, "--group": _GROUPS,
         "-W": "jobs carry no workload characterisation key (WCKey) here",
         "--wckeys": "jobs carry no workload characterisation key (WCKey) here",
         "--whole-hetjob": "there are no heterogeneous jobs here",

@@ -175,7 +175,7 @@ def job_records(session: Session, users: list[str] | None = None,
             "idle_action": job.idle_action, "idle_reason": job.idle_reason,
             "qos": job.qos, "uid": job.uid, "nodes": job.nodes, "cpus": job.cpus,
             "mem_mb": job.mem_mb, "time_limit": job.time_limit, "work_dir": job.work_dir,
-            "constraint": job.constraints,
+            "constraint": job.constraints, "reservation": job.reservation, "gid": job.gid,
             "runs": job_runs,
             "steps": _step_records(job, job_steps.get(job.id, []), batch_nodes, now)})
     return records

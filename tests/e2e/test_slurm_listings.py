@@ -181,7 +181,14 @@ def test_gacct_formats_filters_and_runs(cluster: Cluster) -> None:
     script = lines(cluster, "gacct", "-B", "-j", str(done))
     assert script[0] == f"Batch Script for {done}" and "true" in script
     assert "JobID" in lines(cluster, "gacct", "-e")[0]
-    for bad, says in ((["-o", "Group"], "no field 'Group'"), (["-g", "x"], "-g: not supported"),
+    import grp
+
+    root_group = grp.getgrgid(0).gr_name
+    assert lines(cluster, "gacct", "-j", ids, "-X", "-n", "-P", "-o", "JobID,GID,Group",
+                 "-g", root_group) == [f"{done}|0|{root_group}", f"{twice}|0|{root_group}"]
+    assert lines(cluster, "gacct", "-j", ids, "-X", "-n", "-P", "-g", "65533") == []
+    for bad, says in ((["-o", "Bogus"], "no field 'Bogus'"),
+                      (["-g", "nosuchgroup"], "invalid --gid 'nosuchgroup'"),
                       (["-M", "far"], "no cluster 'far'"), (["-i", "x"], "invalid --nnodes"),
                       (["--units", "X"], "invalid --units 'X'")):
         failed = cluster.run("gacct", *bad)
