@@ -117,7 +117,11 @@ class PartitionFacts(NamedTuple):
 
 
 class Facts(NamedTuple):
-    """What _FACTS reads."""
+    """What _FACTS reads: the stable facts (STABLE: ``first`` to ``qos``) and those read
+    for each submission (``known_nodes`` to ``queued``). A submission checked against
+    known facts (db/submit_known.py) has the latter checked by its statement instead
+    (submit_store._GUARD): a fact added here that STABLE does not read needs its
+    condition there too, or such submissions would be checked against an older one."""
 
     first: PartitionFacts  # of the first partition asked for
     mine: dict[str, bool]  # the user's accounts, and whether each is their default
