@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gpusched.core.arrays import iter_tasks, task_count
 from gpusched.core.budgets import BudgetBook, BudgetState
 from gpusched.core.capacity import Capacity
-from gpusched.core.dependency import task_reason, waiting_reason
+from gpusched.core.dependency import task_reason
 from gpusched.core.feature_starts import FeatureHooks
 from gpusched.core.limits import LimitTracker
 from gpusched.core.model import (
-    PartitionView,
     Pending,
     PendingJob,
     Plan,
@@ -36,8 +35,9 @@ from gpusched.core.pools import UnitPools
 from gpusched.core.resvholds import ReservationHooksMixin
 from gpusched.core.share_starts import ShareStartsMixin
 from gpusched.core.sharing import ShareBook, by_memory, cluster_shares, wants_share
-from gpusched.core.timecut import capped, cut_start, past_deadline
+from gpusched.core.timecut import capped, cut_start
 from gpusched.core.units import INF, Shape
+from gpusched.core.waits import WaitRulesMixin, partition_open
 
 # The queue's order lives in core/ordering.py; callers find it here too.
 __all__ = ["Moment", "SchedulingPass", "fairshare_factors", "job_priorities", "ordered",
@@ -68,27 +68,7 @@ class Moment:
 _PRIORITY = Reason.PRIORITY
 
 
-def _partition_waits(job: PendingJob, part: PartitionView | None) -> Iterator[Reason]:
-    if part is None or not part.up:
-        yield Reason.PARTITION_DOWN
-        if part is None:
-            return
-    if part.max_time is not None and (job.time_limit is None or job.time_limit > part.max_time):
-        yield Reason.PARTITION_TIME_LIMIT
-    if job.account is not None and (job.account in part.deny_accounts or (
-            part.allow_accounts is not None and job.account not in part.allow_accounts)):
-        yield Reason.ACCOUNT_NOT_ALLOWED
-    if part.max_gpus_per_job is not None and job.gpus > part.max_gpus_per_job:
-        yield Reason.PARTITION_CONFIG
-
-
-def _partition_open(part: PartitionView) -> bool:
-    """Whether ``_partition_waits`` holds no job back in ``part``, whatever the job."""
-    return (part.up and part.max_time is None and part.allow_accounts is None
-            and not part.deny_accounts and part.max_gpus_per_job is None)
-
-
-class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
+class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
     """The state of one pass as it walks the queue; ``plan`` runs one to the end.
 
     ``watch`` names a job whose ``Moment`` is recorded when the pass reaches it.
@@ -100,7 +80,7 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
         self.partitions = {part.name: part for part in snapshot.partitions}
         # Partitions that hold no job back by their own rules: most, usually.
         self.open_partitions = frozenset(
-            part.name for part in snapshot.partitions if _partition_open(part))
+            part.name for part in snapshot.partitions if partition_open(part))
         # Shared GPUs: each with a holder is held by a carrier (core/sharing.py). A kept
         # occupancy (the simulator's) must be that of snapshot.running and its carriers.
         book = ShareBook(snapshot.nodes, snapshot.running)
@@ -157,43 +137,6 @@ class SchedulingPass(ShareStartsMixin, ReservationHooksMixin):
         # Whether a job started after a reservation was made, or a reservation starts
         # now: then a later pass would see a different present (see ``arrive``).
         self.reshaped = False
-
-    def _plain(self, job: PendingJob) -> bool:
-        """Whether no rule of ``waits`` can apply to ``job``: most jobs, checked cheaply.
-        Every rule added to ``waits`` needs its condition here too."""
-        return (job.partition in self.open_partitions and not job.dependency
-                and job.hold is None and job.begin_time is None
-                and job.deadline is None and job.time_min is None  # core/timecut.py
-                and (job.qos is None or job.qos not in self.limited_qos)
-                and job.array_max_running is None and not job.licenses and not job.constraint
-                and (self.budgets is None or job.account not in self.budgeted
-                     or self.budgets.fits(job)))
-
-    def waits(self, job: PendingJob) -> Iterator[Reason]:
-        """Reasons that hold ``job`` back without blocking anyone, most fundamental first."""
-        if job.deadline is not None and past_deadline(job, self.now):
-            yield Reason.DEADLINE  # it can never run: applying the plan ends it
-        if job.partition not in self.open_partitions:
-            yield from _partition_waits(job, self.partitions.get(job.partition))
-        if job.constraint and not self.features.possible(job):
-            yield Reason.BAD_CONSTRAINTS
-        deps = (waiting_reason(job, self.snapshot, (job.user, job.name) in self.busy_names,
-                               self.now) if job.dependency else None)
-        if deps is Reason.DEPENDENCY_NEVER_SATISFIED:
-            yield deps
-        if job.hold == "admin":
-            yield Reason.JOB_HELD_ADMIN
-        elif job.hold is not None:
-            yield Reason.JOB_HELD_USER
-        if job.begin_time is not None and job.begin_time > self.now:
-            yield Reason.BEGIN_TIME
-        if deps is Reason.DEPENDENCY:
-            yield deps
-        if job.qos is not None or job.account in self.budgeted or job.licenses:
-            yield from self.limits.violations(job)
-        if (job.array_max_running is not None and job.array_job_id is not None
-                and self.array_running[job.array_job_id] >= job.array_max_running):
-            yield Reason.JOB_ARRAY_TASK_LIMIT
 
     def where(self, job: PendingJob) -> tuple[frozenset[int], object]:
         """``_named_where``, narrowed to the nodes its constraint allows (-C)."""

@@ -323,11 +323,11 @@ _jobs = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(_partitions, _jobs)
 def test_an_open_partition_holds_no_job_back(part: PartitionView, job: PendingJob) -> None:
-    """``_partition_open`` lets jobs skip ``_partition_waits``: only where it finds nothing."""
-    from gpusched.core.plan import _partition_open, _partition_waits
+    """``partition_open`` lets jobs skip ``partition_waits``: only where it finds nothing."""
+    from gpusched.core.waits import partition_open, partition_waits
 
-    if _partition_open(part):
-        assert list(_partition_waits(job, part)) == []
+    if partition_open(part):
+        assert list(partition_waits(job, part)) == []
 
 
 @settings(max_examples=300, deadline=None)
