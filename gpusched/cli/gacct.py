@@ -26,7 +26,7 @@ COLUMNS = ("JOBID", "JOBNAME", "PARTITION", "ACCOUNT", "USER", "STATE", "EXITCOD
            "ELAPSED", "GPUS", "ALLOCTRES", "GPU_HRS", "BILLED", "AVG_UTIL", "PEAK", "MAXRSS",
            "TOTALCPU")
 STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-          "OUT_OF_MEMORY", "DEADLINE")
+          "OUT_OF_MEMORY", "DEADLINE", "PENDING", "SUSPENDED")
 
 
 def _when(text: str | None, flag: str, now: datetime) -> datetime | None:
@@ -56,7 +56,8 @@ def gacct(
     endtime: Annotated[Optional[str], typer.Option(
         "--endtime", "-E", help="Jobs started (or ended) by this time (default: now).")] = None,
     state: Annotated[Optional[str], typer.Option(
-        "--state", "-s", help="Only these states: R, CD, F, CA, TO, NF, OOM (or their names).")] = None,
+        "--state", "-s", help="Only these states: PD, R, S, CD, F, CA, TO, NF, OOM, DL (or "
+        "their names; pending and suspended jobs only when asked for).")] = None,
     jobs: Annotated[Optional[str], typer.Option(
         "--jobs", "-j", help="Only these job ids, or steps: 12.3, 12.batch.")] = None,
     allocations: Annotated[bool, typer.Option(
@@ -183,8 +184,7 @@ def gacct(
 
         check_path(plot)
     wanted_states = parse_states(state, "--state", STATES,
-                                 "pending jobs have used nothing yet; expected R, CD, F, CA, TO, NF "
-                                 "or OOM")
+                                 "expected PD, R, S, CD, F, CA, TO, NF, OOM or DL")
     job_ids: list[int | str] = []
     only_steps: dict[int, set[str]] = {}
     if jobs is not None:

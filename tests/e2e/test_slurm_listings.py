@@ -178,6 +178,11 @@ def test_gacct_formats_filters_and_runs(cluster: Cluster) -> None:
         f"{done:>4} COMPL+"]  # fixed widths, cut with a +
     assert lines(cluster, "gacct", "-j", str(done), "-X", "-n", "-P",
                  env={"SACCT_FORMAT": "JobName,ExitCode"}) == ["acct1|0:0"]
+    waiting = cluster.submit("-J", "acct3", "--hold", "--wrap", "true")
+    assert lines(cluster, "gacct", "-j", str(waiting), "-X", "-n", "-P", "-b") == []
+    assert lines(cluster, "gacct", "-j", str(waiting), "-s", "PD", "-X", "-n", "-P", "-b") == [
+        f"{waiting}|PENDING|0:0"]  # pending ones only when asked for, as sacct -s PD
+    cluster.run("gcancel", str(waiting))
     script = lines(cluster, "gacct", "-B", "-j", str(done))
     assert script[0] == f"Batch Script for {done}" and "true" in script
     assert "JobID" in lines(cluster, "gacct", "-e")[0]
