@@ -173,8 +173,7 @@ def reservation_detail(reason: Reason, job: PendingJob, in_the_way: tuple[str, i
         upcoming = next_occurrence(resv, now)
         return ("it runs only in reservation " + name + (
             f", which begins {_when(upcoming[0])}" if upcoming else ", which is over"))
-    limit = job.time_limit
-    if limit is None or now + limit > window[1]:
-        return (f"its time limit would run past the end of reservation {name} at "
-                f"{_when(window[1])}: it starts with a time limit that ends by then")
+    if window[1] - now < 60:
+        return (f"less than a minute of reservation {name} is left (it ends "
+                f"{_when(window[1])}): it starts when the reservation next begins, if it does")
     return f"it runs only on what reservation {name} holds"

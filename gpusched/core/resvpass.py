@@ -2,10 +2,11 @@
 holds, then every other job around the reservations' windows.
 
 Jobs that ask for a reservation (``--reservation``) run only on its nodes (or its GPUs
-there) while an occurrence of it goes on, and must end by the occurrence's end (unless
-it is FLEX). Each reservation going on gets a pass of its own over a snapshot of just
-what it holds; its starts then count as running jobs in the pass of every other job, in
-which every reservation's windows are held (core/resvholds.py). A job whose reservation
+there) while an occurrence of it goes on, and end by the occurrence's end (unless it is
+FLEX): a longer time limit is cut to end there, as Slurm ends them when it ends. Each
+reservation going on gets a pass of its own over a snapshot of just what it holds; its
+starts then count as running jobs in the pass of every other job, in which every
+reservation's windows are held (core/resvholds.py). A job whose reservation
 is not going on (or is gone, or no longer lets it in) waits with reason Reservation; a
 FLEX reservation's job that found no room in it is placed as any other job.
 """
@@ -38,6 +39,8 @@ from gpusched.core.reservations import (
     over,
 )
 from gpusched.core.resvholds import main_kind
+
+MINUTE = 60  # a limit cut to a reservation's end is whole minutes, as Slurm's limits
 
 
 def plan_with_reservations(snapshot: Snapshot, now: float, policy: Policy,
@@ -78,24 +81,28 @@ def plan_with_reservations(snapshot: Snapshot, now: float, policy: Policy,
                 pending.append(_waits_for(job, resv, now))
                 if job.job_id == watch:
                     moment = _still(job)
-        inner = _inner_snapshot(snapshot, resv, window[1], live, allowed, added)
+        fitted = allowed if resv.flex else [_fitted(j, window[1], now) for j in allowed]
+        inner = _inner_snapshot(snapshot, resv, window[1], live, fitted, added)
         runner = SchedulingPass(inner, now, policy, watch=watch)
         decided = runner.run(queue_order(inner, now, policy))
         if runner.moment is not None:
             moment = runner.moment
-        starts.extend(decided.starts)
         reservations.extend(decided.reservations)
         preemptions.extend(decided.preemptions)
         started = {s.job_id for s in decided.starts}
-        jobs_by_id = {j.job_id: j for j in allowed}
+        jobs_by_id = {j.job_id: j for j in fitted}
+        originals = {j.job_id: j for j in allowed}
         for start in decided.starts:
             job = jobs_by_id[start.job_id]
+            if job is not originals[start.job_id] and start.time_limit is None:
+                start = replace(start, time_limit=job.time_limit)  # cut to its end
+            starts.append(start)
             added.append(_as_running(job, start, now, name))
             names.add((job.user, job.name))
         for wait in decided.pending:
             job = jobs_by_id[wait.job_id]
             if resv.flex and wait.job_id not in started:
-                others.append(job)
+                others.append(originals[wait.job_id])
             else:
                 pending.append(_inner_reason(wait, job, window[1], now))
     outer = replace(snapshot, pending=tuple(others), running=(*snapshot.running, *added),
@@ -122,6 +129,16 @@ def _waits_for(job: PendingJob, resv: AdvanceReservation | None, now: float) -> 
 def _still(job: PendingJob) -> Moment:
     """What explain sees of a job no pass looked at: it waits for its reservation."""
     return Moment(job, (Reason.RESERVATION,), None, None, (0, 0, 0), 0)
+
+
+def _fitted(job: PendingJob, end: float, now: float) -> PendingJob:
+    """``job`` with its time limit cut to end by the occurrence's ``end`` (in whole
+    minutes), where it would run past it: Slurm ends a reservation's jobs at its end.
+    Unchanged when less than a minute is left (it then waits for the next one)."""
+    room = int(end - now) // MINUTE * MINUTE
+    if room < MINUTE or (job.time_limit is not None and job.time_limit <= room):
+        return job
+    return replace(job, time_limit=room)
 
 
 def _inner_reason(wait: Pending, job: PendingJob, end: float, now: float) -> Pending:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
-from gpusched.core.model import Plan, Policy, Reason, Start
+from gpusched.core.model import Plan, Policy, Start
 from gpusched.core.plan import plan
 from gpusched.db import agents, jobs, reservations, submit
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
@@ -166,7 +166,7 @@ def test_jobs_ask_for_a_reservation_and_the_pass_holds_it(db: sessionmaker[Sessi
             _submit(db, gpus=1, time_limit=600, reservation=name, partition=part)
     with db() as s:
         assert s.scalar(select(func.count()).select_from(Job)) == before  # nothing stored
-    inside = _submit(db, gpus=2, time_limit=600, reservation="mine")
+    inside = _submit(db, gpus=1, time_limit=600, reservation="mine")
     outside = _submit(db, gpus=2, time_limit=600)
     too_long = _submit(db, gpus=1, time_limit=2 * HOUR, reservation="mine")
     with db() as s:
@@ -176,7 +176,9 @@ def test_jobs_ask_for_a_reservation_and_the_pass_holds_it(db: sessionmaker[Sessi
     decided = plan(snapshot, time.time(), Policy())
     where = {s.job_id: s.node for s in decided.starts}
     assert where[inside] == "n1" and where[outside] == "n3"
-    assert next(p.reason for p in decided.pending if p.job_id == too_long) is Reason.RESERVATION
+    # Longer than what is left of the reservation: it starts, its limit cut to its end.
+    cut = next(s for s in decided.starts if s.job_id == too_long)
+    assert cut.node == "n1" and cut.time_limit is not None and cut.time_limit <= HOUR
     with db() as s, s.begin(), pytest.raises(Conflict, match="in use by 2"):
         reservations.delete_reservation(s, "mine")
 

@@ -84,10 +84,12 @@ def test_a_reservation_keeps_what_it_holds_for_its_users(cluster: Cluster) -> No
                        "in-team", "sh", "-c", "echo $SLURM_JOB_ID")
     assert held.returncode == 0, held.stderr
     assert cluster.job(int(held.stdout.split()[-1]))["reservation"] == "team"
-    # A job of its own longer than what is left of it waits (reason Reservation).
+    # A job of its own longer than what is left of it runs with its limit cut to the
+    # reservation's end (whole minutes), as Slurm ends it there.
     too_long = cluster.submit("--reservation=team", "--gpus=1", "--time=2:00:00", "--wrap",
-                              "true")
-    wait_reason(cluster, too_long, "Reservation")
+                              "sleep 60")
+    running = cluster.wait_state(too_long, "RUNNING")
+    assert 0 < running["time_limit"] <= 3600 and running["time_limit"] % 60 == 0, running
     refused(cluster, "in use by 1", "gcontrol", "delete", "reservation", "team")
     ok(cluster, "gcancel", str(too_long))
     cluster.wait_state(too_long, "CANCELLED")

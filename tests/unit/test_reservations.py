@@ -104,9 +104,18 @@ def test_a_job_in_a_reservation_runs_only_on_it_and_only_while_it_lasts() -> Non
     decided = plan(_snap((_job(1, 1, 1800, "r1"),), (later,)), NOW, Policy())
     assert not decided.starts and _reason(decided, 1) is Reason.RESERVATION
     assert decided.pending[0].expected_start == later.start
-    # A time limit past the reservation's end: it waits (reason Reservation).
-    decided = plan(_snap((_job(1, 1, 3 * 3600, "r1"),), (resv,)), NOW, Policy())
+    # A time limit past the reservation's end (or none) is cut to end there, in whole
+    # minutes (Slurm ends it then); with less than a minute left it waits.
+    decided = plan(_snap((_job(1, 1, 3 * 3600, "r1"), _job(2, 1, None, "r1")), (resv,)),
+                   NOW, Policy())
+    assert {s.job_id: s.time_limit for s in decided.starts} == {1: 7140, 2: 7140}
+    ending = _resv(start=NOW - 2 * HOUR + 30)
+    snap = _snap((_job(1, 1, 600, "r1"),), (ending,))
+    decided = plan(snap, NOW, Policy())
     assert not decided.starts and _reason(decided, 1) is Reason.RESERVATION
+    assert "less than a minute" in explain(snap, NOW, Policy(), 1).blockers[0].detail
+    short = plan(_snap((_job(1, 1, 600, "r1"),), (resv,)), NOW, Policy())
+    assert short.starts[0].time_limit is None  # a limit that fits is left as it is
     # Another user, or a reservation that is gone: it waits, never started elsewhere.
     decided = plan(_snap((_job(1, 1, 1800, "r1", user="bob"), _job(2, 1, 1800, "gone")),
                          (resv,)), NOW, Policy())

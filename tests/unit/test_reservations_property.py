@@ -170,13 +170,18 @@ def test_plans_keep_every_reservation(resvs: list[AdvanceReservation],
                 at = max(NOW, w_start)
                 outside = sum(on(s, node) for s in decided.starts
                               if by_id[s.job_id].reservation != other.name
-                              and NOW + (by_id[s.job_id].time_limit or float("inf")) > at)
+                              and NOW + (s.time_limit or by_id[s.job_id].time_limit
+                                         or float("inf")) > at)
                 before = sum(len(r.gpu_uuids) for r in running if r.node == node
                              and r.reservation != other.name and (r.end_time or 0) > at)
                 assert outside + before + held <= GPUS or before + held > GPUS, (start, other)
 
     for start in decided.starts:
         job = by_id[start.job_id]
-        end = NOW + (job.time_limit if job.time_limit is not None else float("inf"))
+        limit = start.time_limit if start.time_limit is not None else job.time_limit
+        end = NOW + (limit if limit is not None else float("inf"))
+        assert start.time_limit is None or (
+            job.reservation in by_name and (job.time_limit is None
+                                            or start.time_limit < job.time_limit))
         for node in start.nodes or (start.node,):
             check_node(start, job, node, end)
