@@ -38,7 +38,7 @@ def test_gacct_lists_jobs_and_reports_usage(cluster: Cluster) -> None:
     assert "TOTAL" in text
     for args, words in [(["-S", "someday"], "invalid --starttime 'someday'"),
                         (["--plot", "x.png"], "--plot goes with --report"),
-                        (["-s", "PD"], "invalid --state 'PD'"),
+                        (["-s", "XX"], "unknown job state 'XX'"),
                         (["-S", "now", "-E", "now-1hour"], "--endtime must be after")]:
         result = cluster.run("gacct", *args)
         assert result.returncode == 2 and words in result.stderr, (args, result.stderr)
