@@ -106,6 +106,7 @@ def test_refused_and_declared_do_not_overlap() -> None:
             for spelling in set(slurmflags.REFUSED.get(prog, {})) & ours:
                 assert slurmflags.check_argv(prog, [spelling], ours) == [spelling]
         assert not set(slurmflags.ALREADY.get(prog, ())) & ours, prog
+        assert not set(slurmflags.ALIASES.get(prog, {})) & ours, prog  # an alias shadows none
 
 
 @settings(max_examples=60, deadline=None,
