@@ -42,6 +42,8 @@ class NodeSummary:
     shares: int | None = None  # the units each of its shared GPUs offers
     # Each GPU shares hold units of now: {"gpu": index, "units": units held}.
     shares_in_use: list[dict[str, int]] = field(default_factory=list)
+    cpus: int = 0  # as its agent reports them (0: not counted)
+    memory_mb: int = 0
     features: list[str] = field(default_factory=list)  # its features (-C/--constraint)
 
     @property
@@ -109,6 +111,7 @@ def summarize_node(node: dict[str, Any], sharing: tuple[str, int] | None = None
     summary.drained_by = node.get("drained_by")
     summary.enforced = node.get("enforced")
     summary.enforcement = node.get("enforcement")
+    summary.cpus, summary.memory_mb = node.get("cpus") or 0, node.get("memory_mb") or 0
     return summary
 
 

@@ -55,6 +55,13 @@ def _time(seconds: object, none: str) -> str:
     return format_duration(int(seconds)) if isinstance(seconds, int) and seconds else none
 
 
+def _least(values: Iterable[int]) -> str:
+    """sinfo's %c and %m of a group of nodes: the value, or the least followed by ``+``
+    when the nodes differ."""
+    seen = sorted(set(values))
+    return "0" if not seen else str(seen[0]) + ("+" if len(seen) > 1 else "")
+
+
 _SHORT_STATES = {"idle": "idle", "mixed": "mix", "allocated": "alloc", "drained": "drain",
                  "down": "down", "unhealthy": "unhea", "n/a": "n/a"}
 _FIELDS: dict[str, tuple[str, Callable[[InfoRow], str]]] = {
@@ -73,13 +80,15 @@ _FIELDS: dict[str, tuple[str, Callable[[InfoRow], str]]] = {
     "G": ("GRES", lambda r: _gres(r.nodes)),
     "E": ("REASON", lambda r: "; ".join(sorted({n.reason for n in r.nodes if n.reason})) or "none"),
     "V": ("CLUSTER", lambda r: r.cluster),
+    "c": ("CPUS", lambda r: _least(n.cpus for n in r.nodes)),
+    "m": ("MEMORY", lambda r: _least(n.memory_mb for n in r.nodes)),
     # Node features (-C/--constraint): all of them are always active here.
     "f": ("AVAIL_FEATURES", lambda r: _features(r.nodes)),
     "b": ("ACTIVE_FEATURES", lambda r: _features(r.nodes)),
 }
-_NOT_KEPT = "nodes report their GPUs only here"
+_NOT_KEPT = "nodes report their GPUs, CPU count and memory only here"
 REFUSED_CODES = {
-    **{code: _NOT_KEPT for code in "BcCdemOXYZz"},
+    **{code: _NOT_KEPT for code in "BCdeOXYZz"},
     "g": "partitions are not limited to groups here", "h": "partitions do not oversubscribe "
     "nodes here (GPUs are shared only by MPS or shards)",
     "H": "the time a node's reason was set is not kept", "I": _NOT_KEPT,
@@ -95,6 +104,7 @@ LONG_NAMES = {
     "featuresact": "b", "gres": "G", "nodeai": "A",
     "nodeaiot": "F", "nodehost": "n", "nodelist": "N", "nodes": "D", "partition": "P",
     "partitionname": "R", "reason": "E", "statecompact": "t", "statelong": "T", "time": "l",
+    "cpus": "c", "memory": "m",
 }
 DEFAULT_FORMAT = "%9P %.5a %.10l %.6D %.6t %N"
 NODE_FORMAT = "%N %.6D %P %.6t"

@@ -52,6 +52,7 @@ def node_listing(session: Session) -> list[dict[str, Any]]:
     return [{"name": n.name, "state": n.state, "reason": n.reason, "run_uid": n.run_uid,
              "drained_by": n.drained_by, "enforced": n.enforced, "enforcement": n.enforcement,
              "container_runtime": n.container_runtime,
+             "cpus": n.cpus, "memory_mb": n.memory_mb,  # as its agent reports them; 0: not
              "last_seen": n.last_seen.isoformat() if n.last_seen else None,
              # Its GPUs' and its admin's (-C/--constraint, docs/user-guide.md).
              "features": sorted({*n.features, *admin.get(n.name, ())}),

@@ -154,8 +154,13 @@ def test_sinfo_rows_filters_and_format() -> None:
     assert kept == ["n2"]
     assert [n.name for n in nodes.values() if infoformat.keep_node(n, None, None, False, True)] \
         == ["n1", "n2"]
-    with pytest.raises(UsageError, match="%c is not supported"):
-        infoformat.parse_format("%P %c")
+    with pytest.raises(UsageError, match="%C is not supported"):
+        infoformat.parse_format("%P %C")
+    nodes["n1"].cpus, nodes["n2"].cpus, nodes["n3"].cpus = 64, 64, 32
+    nodes["n1"].memory_mb = nodes["n2"].memory_mb = nodes["n3"].memory_mb = 512000
+    whole = infoformat.summary_rows([part], nodes, "c")[0]
+    assert infoformat.render(infoformat.parse_long_format("CPUs:4,Memory:7"), whole) \
+        == "32+  512000"
 
 
 def test_sacct_fields_and_runs() -> None:

@@ -144,7 +144,9 @@ def test_ginfo_formats_and_filters(cluster: Cluster) -> None:
     assert lines(cluster, "ginfo", "-h", "-p", "nosuch") == []
     assert lines(cluster, "ginfo", env={"SINFO_FORMAT": "%P"}) == ["PARTITION", "debug", "gpu*"]
     assert lines(cluster, "ginfo", "-h", "-e", "-p", "gpu", "-o", "%P %D %G") == ["gpu* 1 gpu:4"]
-    for bad, says in ((["-o", "%c"], "%c is not supported"),
+    cpus, memory = lines(cluster, "ginfo", "-h", "-N", "-p", "gpu", "-o", "%c %m")[0].split()
+    assert cpus.isdigit() and memory.isdigit()  # as the agent reports them
+    for bad, says in ((["-o", "%C"], "%C is not supported"),
                       (["-t", "weird"], "invalid --states 'weird'"),
                       (["-M", "far"], "no cluster 'far'")):
         done = cluster.run("ginfo", *bad)
