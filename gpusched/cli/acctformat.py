@@ -128,8 +128,13 @@ def group_ids(text: str | None) -> set[int] | None:
     return gids
 
 
+def _all_cpus(record: Record) -> int:
+    """The job's CPUs on all its nodes (its ``cpus`` are per node)."""
+    return int(record.get("cpus") or 0) * int(record.get("nodes") or 1)
+
+
 def _cpu_time(row: Row) -> float:
-    return float(_either(row, "elapsed_s") or 0) * int(row[0].get("cpus") or 0)
+    return float(_either(row, "elapsed_s") or 0) * _all_cpus(row[0])
 
 
 # sacct's field names (lower case) -> (the header, the value of a row).
@@ -155,8 +160,8 @@ FIELDS: dict[str, tuple[str, Callable[[Row], str]]] = {
     "nnodes": ("NNodes", lambda r: str(len(_nodes(r)) or r[0].get("nodes") or 1)),
     "allocnodes": ("AllocNodes", lambda r: str(len(_nodes(r)))),
     "nodelist": ("NodeList", lambda r: compress_hostlist(_nodes(r)) or "None assigned"),
-    "alloccpus": ("AllocCPUS", lambda r: str(r[0].get("cpus") or 0)),
-    "reqcpus": ("ReqCPUS", lambda r: str(r[0].get("cpus") or 0)),
+    "alloccpus": ("AllocCPUS", lambda r: str(_all_cpus(r[0]))),
+    "reqcpus": ("ReqCPUS", lambda r: str(_all_cpus(r[0]))),
     "reqmem": ("ReqMem", lambda r: f"{r[0].get('mem_mb') or 0}M"),
     "ntasks": ("NTasks", lambda r: str(r[1].get("ntasks") or "") if r[1] else ""),
     "maxrss": ("MaxRSS", lambda r: max_rss(r[1] if r[1] is not None else r[0])),
@@ -304,6 +309,6 @@ def keep(record: Record, *, names: set[str] | None, partitions: set[str] | None,
             and (nodes is None or bool(placed & nodes))
             and (reasons is None or str(record.get("reason") or "").lower() in reasons)
             and (node_range is None or node_range[0] <= count <= node_range[1])
-            and (cpu_range is None or cpu_range[0] <= int(record.get("cpus") or 0) <= cpu_range[1])
+            and (cpu_range is None or cpu_range[0] <= _all_cpus(record) <= cpu_range[1])
             and (limit_min is None or (limit is None or limit >= limit_min))
             and (limit_max is None or (limit is not None and limit <= limit_max)))

@@ -54,7 +54,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "u": ("user",), "a": ("account",), "q": ("qos",), "t": (), "T": (),
     "M": ("start_time", "end_time", "suspended_seconds", "suspended_at"), "l": ("time_limit",), "D": ("nodes",),
     "b": ("gpus", "nodes", "gpu_types", "share_mode", "share", "gpu_mem_mb"),
-    "C": ("cpus",), "m": ("mem_mb",),
+    "C": ("cpus", "nodes"), "m": ("mem_mb",),
     "R": ("reason", "node", "node_names"), "r": ("reason",), "N": ("node", "node_names"),
     "S": ("start_time", "expected_start"), "V": ("submit_time",), "e": ("end_time",), "Q": (),
     "W": ("licenses",), "f": ("constraint",), "B": ("node", "node_names"), "c": ("cpus", "nodes"),
@@ -130,7 +130,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
           if j.get("time_limit") else "UNLIMITED"),
     "D": ("NODES", lambda j, now: str(j.get("nodes") or 1)),
     "b": ("TRES_PER_NODE", lambda j, now: _gres(j)),
-    "C": ("CPUS", lambda j, now: str(j.get("cpus") or 0)),
+    "C": ("CPUS", lambda j, now: str(int(j.get("cpus") or 0) * int(j.get("nodes") or 1))),
     "m": ("MIN_MEMORY", lambda j, now: f"{j.get('mem_mb') or 0}M"),
     "R": ("NODELIST(REASON)", lambda j, now: node_or_reason(j)),
     "r": ("REASON", lambda j, now: str(j.get("reason") or "None")),
@@ -145,7 +145,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Mapping[str, Any], datetime], str]]] = {
     "f": ("FEATURES", lambda j, now: str(j.get("constraint") or "(null)")),  # -C
     "B": ("EXEC_HOST", lambda j, now: "n/a" if j.get("state") == "PENDING"
           else str((j.get("node_names") or [j.get("node") or "n/a"])[0])),
-    "c": ("MIN_CPUS", lambda j, now: str(int(j.get("cpus") or 0) // max(1, int(j.get("nodes") or 1)))),
+    "c": ("MIN_CPUS", lambda j, now: str(j.get("cpus") or 0)),  # a job's cpus are per node
     "E": ("DEPENDENCY", lambda j, now: _dependency(j)),
     "F": ("ARRAY_JOB_ID", lambda j, now: str(j.get("array_job_id") or j.get("job_id", ""))),
     "K": ("ARRAY_TASK_ID", lambda j, now: _array_task(j)),
@@ -323,7 +323,8 @@ _SORT_VALUES: dict[str, Callable[[Mapping[str, Any], datetime], Any]] = {
     "F": lambda j, now: _job_key(j)[0], "U": lambda j, now: int(j.get("uid") or 0),
     "M": lambda j, now: elapsed_seconds(j, now),
     "l": lambda j, now: float(j.get("time_limit") or float("inf")),
-    "D": lambda j, now: int(j.get("nodes") or 1), "C": lambda j, now: int(j.get("cpus") or 0),
+    "D": lambda j, now: int(j.get("nodes") or 1),
+    "C": lambda j, now: int(j.get("cpus") or 0) * int(j.get("nodes") or 1),
     "m": lambda j, now: int(j.get("mem_mb") or 0),
     "b": lambda j, now: int(j.get("gpus") or 0),
     "S": _time_key("start_time", "expected_start"), "V": _time_key("submit_time"),

@@ -92,6 +92,15 @@ def test_slurm_only_states_select_nothing_in_listings_only() -> None:
         parse_states("CG", "--state", ("PENDING", "RUNNING"), "only pending and running")
 
 
+def test_cpus_are_per_node_and_in_all() -> None:
+    from gpusched.cli.queueformat import parse_format
+
+    job = {"cpus": 4, "nodes": 2}  # a job's cpus are per node
+    assert render_format(parse_format("%C %c"), job, NOW) == "8 4"
+    row = ({**job, "elapsed_s": 10.0}, None)
+    assert [acctformat.FIELDS[k][1](row) for k in ("alloccpus", "cputimeraw")] == ["8", "80"]
+
+
 def test_long_format_widths_and_suffix() -> None:
     fields = parse_long_format("JobID:.6,Name:4|,State")
     assert fields[:2] == [Field("A", 6, True), Field("", None, False, " ")]
