@@ -20,8 +20,6 @@ from sqlalchemy.orm import Session
 
 from gpusched.core.mail import Mail, Run, Watched
 
-_STORE = text("UPDATE jobs SET mail_types = CAST(:types AS text[]), mail_user = :user"
-              " WHERE id = :id")
 # The jobs still watched, a page of them after ``after`` in id order.
 _WATCHED = text(
     "SELECT id, name, user_name, mail_types, mail_user, array_job_id IS NOT NULL"
@@ -60,11 +58,6 @@ _SEND_FAILED = text(
     " WHERE job_id = :job AND run = :run AND event = :event AND state = 'sending'"
     " RETURNING state")
 MAX_ERROR = 500  # characters of a send error kept
-
-
-def store_mail(session: Session, job_id: int, types: Sequence[str], user: str) -> None:
-    """Store a job's mail settings (in the submission's transaction)."""
-    session.execute(_STORE, {"id": job_id, "types": list(types), "user": user})
 
 
 def watched_jobs(session: Session, after: int, limit: int) -> list[Watched]:

@@ -72,6 +72,9 @@ def _check_partition(part: PartitionRow | None, name: str | None) -> PartitionRo
     if name is None:
         if part is None:
             raise UsageError("no partitions are configured")
+        if part.state == "DRAIN":  # as sbatch: the default partition is not available
+            raise UsageError(f"the default partition {part.name} is draining: it takes no "
+                             "new jobs (name another with -p)")
         return part
     if part is None:
         raise UnknownPartition(f"invalid partition specified: {name}")
