@@ -11,14 +11,16 @@ import time
 
 
 class AdminPolicy:
-    """Answers "is this caller an administrator?"; group lookups are cached briefly
-    (``cache_seconds``) so that a directory service is not asked on every request."""
+    """Answers "is this caller an administrator?" and "what is this uid's login name?";
+    both lookups are cached briefly (``cache_seconds``) so that a directory service is
+    not asked on every request."""
 
     def __init__(self, admin_group: str | None, cache_seconds: float = 60.0,
                  max_entries: int = 10_000) -> None:
         self.admin_group = admin_group
         self.cache_seconds, self.max_entries = cache_seconds, max_entries
         self._cache: dict[int, tuple[float, bool]] = {}
+        self._names: dict[int, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
     def is_admin(self, uid: int, gid: int, now: float | None = None) -> bool:
@@ -41,6 +43,24 @@ class AdminPolicy:
                 self._cache.clear()
             self._cache[uid] = (now + self.cache_seconds, answer)
         return answer
+
+
+    def user_name(self, uid: int, now: float | None = None) -> str:
+        """The login name of ``uid`` (the number itself where it has none)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            hit = self._names.get(uid)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        with self._lock:
+            if len(self._names) >= self.max_entries:
+                self._names.clear()
+            self._names[uid] = (now + self.cache_seconds, name)
+        return name
 
 
 def in_group(uid: int, group: str) -> bool:

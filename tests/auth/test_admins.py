@@ -72,3 +72,23 @@ def test_membership_is_cached_for_a_while_then_looked_up_again(
     finally:
         subprocess.run(["gpasswd", "-M", alice.name, ADMINS], check=True, capture_output=True)
     assert not AdminPolicy(ADMINS).is_admin(newcomer.uid, newcomer.gid)
+
+
+def test_user_names_are_looked_up_and_cached_for_a_while(
+        attackers: tuple[LocalUser, LocalUser]) -> None:
+    """A uid's login name, from the user database; a uid without one is its number; a
+    name changed meanwhile shows once the cache entry has aged."""
+    _, alice = attackers
+    renamed = ensure_user("gpusched-test-ren")
+    policy = AdminPolicy(None, cache_seconds=60)
+    assert policy.user_name(alice.uid, now=0.0) == alice.name
+    assert policy.user_name(3_999_999_999, now=0.0) == "3999999999"
+    assert policy.user_name(renamed.uid, now=1000.0) == "gpusched-test-ren"
+    subprocess.run(["usermod", "-l", "gpusched-test-re2", "gpusched-test-ren"], check=True,
+                   capture_output=True)
+    try:
+        assert policy.user_name(renamed.uid, now=1030.0) == "gpusched-test-ren"
+        assert policy.user_name(renamed.uid, now=1061.0) == "gpusched-test-re2"
+    finally:
+        subprocess.run(["usermod", "-l", "gpusched-test-ren", "gpusched-test-re2"],
+                       check=True, capture_output=True)

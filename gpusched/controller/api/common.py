@@ -42,7 +42,8 @@ class ApiContext:
     def identity(self, request: Request) -> Identity:
         """The caller as the kernel or the credential proved it, and whether an admin."""
         caller = request.caller
-        return Identity(caller.uid, caller.gid, admin=self.is_admin(caller))
+        return Identity(caller.uid, caller.gid, name=self.admins.user_name(caller.uid),
+                        admin=self.is_admin(caller))
 
     def require_admin(self, request: Request) -> None:
         """Refuse anyone but an administrator."""
