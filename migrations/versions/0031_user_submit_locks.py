@@ -3,7 +3,7 @@ submission updates (holding it to its commit, as pg_advisory_xact_lock was held 
 and whose ``version`` tells a submission made in one statement whether another of the
 same user's was stored since its snapshot.
 
-Revision ID: 0032
+Revision ID: 0031
 Revises: 0030
 Create Date: 2026-11-28 07:00:00
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0032"
+revision: str = "0031"
 down_revision: str | None = "0030"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
