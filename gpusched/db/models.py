@@ -30,6 +30,10 @@ from gpusched.db.accountmodels import FairShareUsage as FairShareUsage
 from gpusched.db.accountmodels import GpuBilling as GpuBilling
 from gpusched.db.accountmodels import License as License
 from gpusched.db.accountmodels import Qos as Qos
+from gpusched.db.controlmodels import MAIL_STATES as MAIL_STATES
+from gpusched.db.controlmodels import Leader as Leader
+from gpusched.db.controlmodels import MailEvent as MailEvent
+from gpusched.db.controlmodels import UserSubmitLock as UserSubmitLock
 from gpusched.db.modelbase import NAMING as NAMING
 from gpusched.db.modelbase import Base as Base
 from gpusched.db.modelbase import idle_checks
@@ -50,7 +54,6 @@ MAX_SHARES = 10_000  # units one shared GPU may offer
 # Seconds a dynamic-MIG partition keeps between two layout changes of one GPU.
 MIN_MIG_INTERVAL, MAX_MIG_INTERVAL = 60, 7 * 86_400
 PARTITION_STATES = ("UP", "DOWN", "DRAIN", "INACTIVE")
-MAIL_STATES = ("queued", "sending", "sent", "failed")  # of a mail_events row
 class Partition(Base):
     """A named set of nodes jobs are submitted to, with its time limits."""
 
@@ -373,35 +376,6 @@ class Job(Base):
     constraints: Mapped[str | None] = mapped_column(Text)
 
 
-class MailEvent(Base):
-    """One mail about a job, recorded (its key: job, run, event) before it is sent, so
-    that a failover neither loses the record nor sends it twice: ``queued`` until a
-    controller claims it (``sending``, one attempt more), then ``sent``, or ``queued``
-    again for a retry at ``next_attempt_at``, or ``failed`` after the last attempt."""
-
-    __tablename__ = "mail_events"
-    __table_args__ = (
-        CheckConstraint(_in("state", MAIL_STATES), name="state"),
-        CheckConstraint("run >= 0", name="run"),
-        Index("ix_mail_events_due", "next_attempt_at", postgresql_where=text("state = 'queued'")),
-    )
-
-    job_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"),
-                                        primary_key=True)
-    run: Mapped[int] = mapped_column(Integer, primary_key=True)
-    event: Mapped[str] = mapped_column(Text, primary_key=True)
-    recipient: Mapped[str] = mapped_column(Text)
-    subject: Mapped[str] = mapped_column(Text)
-    body: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(Text, server_default=text("'queued'"))
-    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True),
-                                                      server_default=func.now())
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    error: Mapped[str | None] = mapped_column(Text)
-
-
 class Allocation(Base):
     """A GPU held by a job, whole (``units`` None) or a share of it. The partial unique
     index makes double allocation of a whole GPU impossible."""
@@ -494,30 +468,3 @@ class NodeCommand(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-
-
-class Leader(Base):
-    """The one row that says which leadership term is current. A controller that becomes
-    leader takes the next epoch; every transaction that applies a plan or issues node
-    commands checks, holding this row, that its epoch is still the current one, so a
-    deposed leader can never apply anything."""
-
-    __tablename__ = "leader"
-    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    epoch: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
-    holder: Mapped[str | None] = mapped_column(Text)  # host:pid of the leader
-    since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-
-
-class UserSubmitLock(Base):
-    """A user's submissions lock (db/associations.py lock_user_submits): a row per user
-    that every submission updates, holding it to its commit, and whose version tells a
-    submission made in one statement whether another of the user's was stored since its
-    snapshot (db/submit_store.py)."""
-
-    __tablename__ = "user_submit_locks"
-
-    uid: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    version: Mapped[int] = mapped_column(BigInteger)
