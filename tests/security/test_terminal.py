@@ -66,7 +66,8 @@ def commands(job_id: int) -> list[tuple[list[str], str, str]]:
             (["gqueue", "-o", "%j"], SHOWN, SHOWN),
             (["gqueue", "--start"], "", ""),  # lists pending jobs only
             (["gcontrol", "show", "job", str(job_id)], f" Name={SHOWN}", f" Name={SHOWN}"),
-            (["gacct"], cut, SHOWN), (["gacct", "-j", str(job_id)], cut, SHOWN)]
+            # Another's jobs: with -a (-j), as sacct shows a user only their own by default.
+            (["gacct", "-a"], cut, SHOWN), (["gacct", "-j", str(job_id)], cut, SHOWN)]
 
 
 def test_a_bystander_sees_the_name_escaped_through_a_pipe(
@@ -104,7 +105,7 @@ def test_json_output_is_exact_and_holds_no_raw_control(
     for argv, names in [
         (["gqueue", "--json"], lambda out: [j["name"] for j in out["jobs"]]),
         (["gcontrol", "show", "job", str(hostile_job), "--json"], lambda out: [out["name"]]),
-        (["gacct", "--json"], lambda out: [j["name"] for j in out["jobs"]]),
+        (["gacct", "-a", "--json"], lambda out: [j["name"] for j in out["jobs"]]),
     ]:
         result = run_as(alice, [str(BIN / argv[0]), *argv[1:]], env=cluster.env,
                         cwd=cluster.work)
