@@ -158,6 +158,9 @@ def suspend_job(session: Session, job_id: int, who: Identity, suspend: bool,
         raise Conflict(f"job {job_id} is not suspended")
     if suspend and (job.cancel_requested_at is not None or job.preempted_at is not None):
         raise Conflict(f"job {job_id} is being stopped: it cannot be suspended")
+    if suspend and job.launched_at is None:  # its node may not have started it yet
+        raise Conflict(f"job {job_id} is still starting (its node has not confirmed the "
+                       "launch): suspend it once it runs")
     now = now or datetime.now(UTC)
     guard = [Job.id == job_id, Job.state == "RUNNING", Job.restarts == job.restarts]
     # Its GPUs' idle time (the idle-GPU policy) starts again after a suspension.

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.config import PartitionConfig
@@ -114,10 +114,14 @@ def test_task_references_resolve_split_and_list(sessions: sessionmaker[Session])
         assert jobcontrol.resolve_ref(s, JobRef(array, 0)) == started
 
 
-def _running(sessions: sessionmaker[Session], **body: object) -> int:
+def _running(sessions: sessionmaker[Session], launched: bool = True, **body: object) -> int:
+    """A job started by a pass and (``launched``) confirmed by its node's agent."""
     job_id = _submit(sessions, **{"gpus": 1, **body})
     _pass(sessions)
     assert _job(sessions, job_id)["state"] == "RUNNING"
+    if launched:
+        with sessions() as s, s.begin():
+            s.execute(update(Job).where(Job.id == job_id).values(launched_at=func.now()))
     return job_id
 
 
@@ -170,6 +174,21 @@ def test_suspend_and_resume(sessions: sessionmaker[Session]) -> None:
     assert sent[1]["time_limit"] == 640
     assert sent[1]["deadline"] == pytest.approx(
         datetime.fromisoformat(resumed["start_time"]).timestamp() + 640, abs=1)
+
+
+def test_a_job_is_suspended_only_once_its_node_has_started_it(
+        sessions: sessionmaker[Session]) -> None:
+    job_id = _running(sessions, launched=False)
+    with sessions() as s, s.begin():
+        with pytest.raises(Conflict, match="still starting"):
+            jobcontrol.suspend_job(s, job_id, ROOT, True)
+    assert _commands(sessions, job_id, "suspend") == [] and _job(sessions, job_id)[
+        "suspended_at"] is None
+    with sessions() as s, s.begin():
+        s.execute(update(Job).where(Job.id == job_id).values(launched_at=func.now()))
+    with sessions() as s, s.begin():
+        jobcontrol.suspend_job(s, job_id, ROOT, True)
+    assert len(_commands(sessions, job_id, "suspend")) == 1
 
 
 def test_top_moves_a_job_ahead_of_its_owners_others(sessions: sessionmaker[Session]) -> None:
@@ -287,6 +306,8 @@ def test_an_arrays_id_suspends_its_running_tasks(sessions: sessionmaker[Session]
         running = list(s.scalars(select(Job.id).where(
             Job.array_job_id == array, Job.state == "RUNNING").order_by(Job.id)))
     assert len(running) == 2
+    with sessions() as s, s.begin():  # their node confirms their launch
+        s.execute(update(Job).where(Job.id.in_(running)).values(launched_at=func.now()))
     with sessions() as s, s.begin():
         _, nodes = jobcontrol.suspend_jobs(s, array, ROOT, True)
     assert nodes == {"n1"}

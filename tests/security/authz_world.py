@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.auth.backends import Authenticator
@@ -192,11 +192,13 @@ class World:
         return job_id
 
     def running(self, *, interactive: bool = False) -> int:
-        """A job of the owner running on node01, as a scheduling pass starts it."""
+        """A job of the owner running on node01, as a scheduling pass starts it and its
+        node's agent confirms the launch."""
         job_id = self.job(interactive=interactive)
         with self.sessions() as s, s.begin():
             snapshot, node_ids = load_snapshot(s)
             apply_plan(s, snapshot, Plan(starts=(Start(job_id, NODE, ()),)), node_ids)
+            s.execute(update(Job).where(Job.id == job_id).values(launched_at=func.now()))
         return job_id
 
     def stepping(self) -> tuple[int, int]:
