@@ -41,8 +41,11 @@ MAX_BACKOFF = 2.0
 REMEMBER_REPORTED = 10_000
 
 
-class _Stopping(Exception):
-    """Raised in the main thread by SIGTERM/SIGINT to leave a blocking poll at once."""
+class _Stopping(BaseException):
+    """Raised in the main thread by SIGTERM/SIGINT to leave a blocking poll at once. Not
+    an Exception: the handlers that fail a job on whatever its launch raises must not
+    take the agent's own stop for the job's fault (the launch, unacknowledged, is the
+    next agent's to make)."""
 
 
 class Agent:
