@@ -4,6 +4,7 @@ naming the bad value, before anything reaches the controller."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import socket
@@ -141,7 +142,7 @@ def named(text: str, flag: str, stderr: str) -> bool:
         return True  # quoted, as the messages quote values (blank ones too)
     tokens = [text.strip()]
     if flag == "--dependency":
-        tokens += [c.strip() for c in text.split(",")]
+        tokens += [c.strip() for c in re.split(r"[,?]", text)]  # all of, or any of (?)
     return any(t and (t in stderr or repr(t) in stderr) for t in tokens)
 
 
