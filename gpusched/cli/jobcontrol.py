@@ -16,9 +16,11 @@ from gpusched.errors import GpuschedError, Unavailable, UsageError
 UPDATE_KEYS = {"timelimit": "time_limit", "partition": "partition", "qos": "qos",
                "priority": "priority", "jobname": "name", "name": "name",
                "dependency": "dependency", "numnodes": "nodes", "minnodes": "nodes",
-               "gres": "gpus_per_node", "trespernode": "gpus_per_node", "nice": "nice"}
+               "gres": "gpus_per_node", "trespernode": "gpus_per_node", "nice": "nice",
+               "features": "constraint", "constraint": "constraint"}
 KNOWN = ("TimeLimit=, Partition=, QOS=, NumNodes= (MinNodes=), Gres=gpu:N (TresPerNode="
-         "gres/gpu:N), Dependency=, JobName=, Nice=, Priority=")
+         "gres/gpu:N), Dependency=, JobName=, Nice=, Priority=, Features=")
+CLEARED = ("dependency", "constraint")  # an empty value: none any more
 NICE_ALONE = 100  # scontrol's Nice with no value
 
 
@@ -85,7 +87,7 @@ def update_body(settings: Sequence[str]) -> dict[str, Any]:
             continue
         key, sep, value = setting.partition("=")
         name = UPDATE_KEYS.get(key.strip().lower())
-        if not sep or name is None or (not value.strip() and name != "dependency"):
+        if not sep or name is None or (not value.strip() and name not in CLEARED):
             shown = setting if len(setting) <= 60 else setting[:60] + "..."
             raise UsageError(f"invalid setting {shown!r}: expected {KNOWN} with a value")
         body[name] = _value(name, key.strip(), value.strip())
@@ -110,6 +112,8 @@ def _value(name: str, key: str, value: str) -> Any:
     if name == "nice":
         digits = value.removeprefix("-").removeprefix("+")
         return (-1 if value.startswith("-") else 1) * _count(key, digits, 2_147_483_645)
+    if name == "constraint":
+        return value or None
     return value
 
 

@@ -1,6 +1,6 @@
 """``gcontrol update job`` (scontrol update): a pending job's partition, QOS, time
-limit, node and GPU counts, dependency, name, nice and priority; a running job's time
-limit and name.
+limit, node and GPU counts, dependency, name, nice, priority and node features (-C); a
+running job's time limit and name.
 
 Slurm's rules: a job's owner may change these of a pending job (a partition or QOS
 they could submit to), lower its time limit (of a running job too), rename it and give
@@ -17,10 +17,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.dependency import format_dependency
+from gpusched.core.features import ConstraintError, check_request, parse_constraint
 from gpusched.core.timefmt import format_duration
 from gpusched.db import steps
 from gpusched.db.associations import QosRow, choose_qos, qos_access, qos_row
 from gpusched.db.engine import rowcount
+from gpusched.db.features import check_constraint_nodes
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.models import Job
 from gpusched.db.submit import (
@@ -59,7 +61,7 @@ def update_job(session: Session, job_id: int, who: Identity,
         raise UsageError("name: expected a job name")
     moved = "partition" in given
     facts = read_partition(session, change.partition if moved else job.partition,
-                           members=moved or bool(given & SHAPE))
+                           members=moved or bool(given & (SHAPE | {"constraint"})))
     part = _check_partition(facts.partition, change.partition) if moved else facts.partition
     if part is None:
         raise Conflict(f"job {job_id}'s partition {job.partition} no longer exists")
@@ -81,6 +83,8 @@ def update_job(session: Session, job_id: int, who: Identity,
             values["nice"] = change.nice or None
         if "dependency" in given:
             values["dependency"] = _new_dependency(session, job, change)
+        if "constraint" in given:
+            values["constraints"] = _new_constraint(session, job, change, part, facts, nodes)
     changed = rowcount(session.execute(update(Job).where(
         Job.id == job_id, Job.state == job.state, Job.restarts == job.restarts).values(**values)))
     if not changed:
@@ -89,6 +93,26 @@ def update_job(session: Session, job_id: int, who: Identity,
     if job.state != "RUNNING" or "time_limit" not in given:
         return job, set()
     return job, _tell_limit(session, job)
+
+
+def _new_constraint(session: Session, job: Job, change: JobUpdate, part: PartitionRow,
+                    facts: PartitionFacts, nodes: int) -> str | None:
+    """The -C the job gets (scontrol's Features=; empty: none), refused as a submission's
+    is when no ``nodes`` nodes of its partition could satisfy it."""
+    if change.constraint is None:
+        return None
+    parsed = parse_constraint(change.constraint)
+    try:
+        check_request(parsed, nodes)
+    except ConstraintError as err:
+        raise UsageError(f"constraint: {err.message.removeprefix('--constraint: ')}") from None
+    if parsed.counts and nodes > 1 and (job.exclusive or job.share_mode is not None
+                                        or job.gpu_mem_mb is not None):
+        raise UsageError("constraint: node counts (a*N) are not taken with --exclusive, "
+                         "--gpu-mem or a GPU share")
+    check_constraint_nodes(session, part.name, facts.members, job.nodelist or (),
+                           job.exclude_nodes or (), change.constraint, nodes)
+    return change.constraint
 
 
 def _check_account(part: PartitionRow, account: str | None) -> None:

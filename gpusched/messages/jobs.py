@@ -58,7 +58,7 @@ SUBMIT_FIELDS = frozenset({
     "error", "umask", "submit_key", "interactive", "reservation",
     "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses", "constraint", "container"})
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority", "name", "dependency",
-                           "nodes", "gpus_per_node", "nice"})
+                           "nodes", "gpus_per_node", "nice", "constraint"})
 
 
 # sbatch's --nice, --priority, --open-mode, --time-min and --deadline (messages/schedflags.py).
@@ -245,6 +245,7 @@ class JobUpdate:
     nodes: int | None = None
     gpus_per_node: int | None = None
     nice: int | None = None  # None: 0
+    constraint: str | None = None  # -C, canonical; None: none any more
 
     @classmethod
     def parse(cls, raw: object) -> JobUpdate:
@@ -267,14 +268,17 @@ class JobUpdate:
             nodes=optional_integer(body, "nodes", 1, bounds.MAX_NODES, "a number of nodes"),
             gpus_per_node=optional_integer(body, "gpus_per_node", 0, bounds.MAX_GPUS,
                                            "GPUs per node"),
-            nice=optional_integer(body, "nice", -MAX_NICE, MAX_NICE, "a nice adjustment"))
+            nice=optional_integer(body, "nice", -MAX_NICE, MAX_NICE, "a nice adjustment"),
+            # Its syntax here; what the job's nodes make of it, in db/jobupdate.py.
+            constraint=parts.constraint(body, bounds.MAX_NODES, False))
 
     def to_json(self) -> dict[str, Any]:
         """The change as the endpoint takes it: the fields given, and only those."""
         values = {"time_limit": self.time_limit, "partition": self.partition,
                   "qos": self.qos, "priority": self.priority, "name": self.name,
                   "dependency": format_dependency(self.dependency) if self.dependency else None,
-                  "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "nice": self.nice}
+                  "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "nice": self.nice,
+                  "constraint": self.constraint}
         return {key: values[key] for key in sorted(self.changes)}
 
 

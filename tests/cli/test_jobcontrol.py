@@ -76,8 +76,10 @@ def test_top_update_and_array_tasks(cluster: Cluster) -> None:
     assert cluster.run("gqueue", "-j", f"{array}_9", "-h").stdout == ""
     missing = cluster.run("gcontrol", "show", "job", f"{array}_9")
     assert missing.returncode == 1 and f"{array}_9" in missing.stderr, missing
-    assert cluster.run("gcancel", str(blocker), str(array), str(first), str(second),
-                       str(third)).returncode == 0
+    # The blocker last: cancelled first, its GPU could start (and end) a waiting job
+    # before gcancel reached that job's id.
+    assert cluster.run("gcancel", str(array), str(first), str(second), str(third),
+                       str(blocker)).returncode == 0
     # gacct -j takes a task too: that task's record alone, not the array's others.
     accounted = cluster.run("gacct", "-j", f"{array}_2", "--json")
     assert accounted.returncode == 0, accounted

@@ -98,3 +98,22 @@ def test_a_job_whose_features_go_waits_with_bad_constraints(cluster: Cluster) ->
     cluster.run("gcancel", str(holder))
     done = cluster.wait_state(waiting, "COMPLETED", timeout=30)
     assert done["node"] == "node02"
+
+
+def test_gcontrol_update_changes_a_pending_jobs_features(cluster: Cluster) -> None:
+    """scontrol update job Features=: checked against the partition's nodes as gsubmit -C
+    is (a refusal changes nothing); an empty value drops the constraint."""
+    job = cluster.submit("--hold", "-C", "rack1", "--gpus=1", "--wrap", "true")
+    moved = cluster.run("gcontrol", "update", "job", str(job), "Features=l4&ib")
+    assert moved.returncode == 0, moved.stderr
+    assert cluster.job(job)["constraint"] == "l4&ib"
+    bad = cluster.run("gcontrol", "update", f"JobId={job}", "Features=v100")
+    assert bad.returncode == 2 and "invalid feature specification" in bad.stderr, bad
+    syntax = cluster.run("gcontrol", "update", "job", str(job), "Features=l4,ib")
+    assert syntax.returncode == 2 and "join features with '&'" in syntax.stderr, syntax
+    assert cluster.job(job)["constraint"] == "l4&ib"  # neither refusal changed it
+    cleared = cluster.run("gcontrol", "update", "job", str(job), "Features=")
+    assert cleared.returncode == 0 and cluster.job(job)["constraint"] is None, cleared
+    cluster.run("gcontrol", "update", "job", str(job), "Features=rack2")
+    cluster.run("gcontrol", "release", str(job))
+    assert cluster.wait_state(job, "COMPLETED", timeout=30)["node"] == "node02"

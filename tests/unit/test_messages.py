@@ -353,7 +353,7 @@ def test_an_update_keeps_which_fields_were_given() -> None:
 
 
 @pytest.mark.parametrize(("body", "message"), [
-    ({}, "update: expected some of dependency, gpus_per_node, name, nice, nodes, "
+    ({}, "update: expected some of constraint, dependency, gpus_per_node, name, nice, nodes, "
          "partition, priority, qos, time_limit"),
     ({"colour": 5}, "; unknown: colour"),
     ({"a\nb": 5}, "; unknown: 'a\\nb'"),
