@@ -17,10 +17,11 @@ UPDATE_KEYS = {"timelimit": "time_limit", "partition": "partition", "qos": "qos"
                "priority": "priority", "jobname": "name", "name": "name",
                "dependency": "dependency", "numnodes": "nodes", "minnodes": "nodes",
                "gres": "gpus_per_node", "trespernode": "gpus_per_node", "nice": "nice",
-               "features": "constraint", "constraint": "constraint"}
+               "features": "constraint", "constraint": "constraint",
+               "reservationname": "reservation", "reservation": "reservation"}
 KNOWN = ("TimeLimit=, Partition=, QOS=, NumNodes= (MinNodes=), Gres=gpu:N (TresPerNode="
-         "gres/gpu:N), Dependency=, JobName=, Nice=, Priority=, Features=")
-CLEARED = ("dependency", "constraint")  # an empty value: none any more
+         "gres/gpu:N), Dependency=, JobName=, Nice=, Priority=, Features=, ReservationName=")
+CLEARED = ("dependency", "constraint", "reservation")  # an empty value: none any more
 NICE_ALONE = 100  # scontrol's Nice with no value
 
 
@@ -112,7 +113,7 @@ def _value(name: str, key: str, value: str) -> Any:
     if name == "nice":
         digits = value.removeprefix("-").removeprefix("+")
         return (-1 if value.startswith("-") else 1) * _count(key, digits, 2_147_483_645)
-    if name == "constraint":
+    if name in ("constraint", "reservation"):
         return value or None
     return value
 

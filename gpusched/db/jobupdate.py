@@ -1,6 +1,6 @@
 """``gcontrol update job`` (scontrol update): a pending job's partition, QOS, time
-limit, node and GPU counts, dependency, name, nice, priority and node features (-C); a
-running job's time limit and name.
+limit, node and GPU counts, dependency, name, nice, priority, node features (-C) and
+advance reservation; a running job's time limit and name.
 
 Slurm's rules: a job's owner may change these of a pending job (a partition or QOS
 they could submit to), lower its time limit (of a running job too), rename it and give
@@ -25,6 +25,7 @@ from gpusched.db.engine import rowcount
 from gpusched.db.features import check_constraint_nodes
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.models import Job
+from gpusched.db.reservations import check_reservation
 from gpusched.db.submit import (
     _check_fits,
     _check_max_wall,
@@ -85,6 +86,10 @@ def update_job(session: Session, job_id: int, who: Identity,
             values["dependency"] = _new_dependency(session, job, change)
         if "constraint" in given:
             values["constraints"] = _new_constraint(session, job, change, part, facts, nodes)
+        if "reservation" in given:  # one its user and account may use, as at submit
+            check_reservation(session, change.reservation, job.user_name, job.account,
+                              (part.name, part.nodes))
+            values["reservation"] = change.reservation
     changed = rowcount(session.execute(update(Job).where(
         Job.id == job_id, Job.state == job.state, Job.restarts == job.restarts).values(**values)))
     if not changed:

@@ -58,7 +58,7 @@ SUBMIT_FIELDS = frozenset({
     "error", "umask", "submit_key", "interactive", "reservation",
     "share_mode", "share", "gpu_mem_mb", "mail_type", "mail_user", "licenses", "constraint", "container"})
 UPDATE_FIELDS = frozenset({"time_limit", "partition", "qos", "priority", "name", "dependency",
-                           "nodes", "gpus_per_node", "nice", "constraint"})
+                           "nodes", "gpus_per_node", "nice", "constraint", "reservation"})
 
 
 # sbatch's --nice, --priority, --open-mode, --time-min and --deadline (messages/schedflags.py).
@@ -246,6 +246,7 @@ class JobUpdate:
     gpus_per_node: int | None = None
     nice: int | None = None  # None: 0
     constraint: str | None = None  # -C, canonical; None: none any more
+    reservation: str | None = None  # --reservation; None: none any more
 
     @classmethod
     def parse(cls, raw: object) -> JobUpdate:
@@ -270,7 +271,8 @@ class JobUpdate:
                                            "GPUs per node"),
             nice=optional_integer(body, "nice", -MAX_NICE, MAX_NICE, "a nice adjustment"),
             # Its syntax here; what the job's nodes make of it, in db/jobupdate.py.
-            constraint=parts.constraint(body, bounds.MAX_NODES, False))
+            constraint=parts.constraint(body, bounds.MAX_NODES, False),
+            reservation=reservation_name(body))
 
     def to_json(self) -> dict[str, Any]:
         """The change as the endpoint takes it: the fields given, and only those."""
@@ -278,7 +280,7 @@ class JobUpdate:
                   "qos": self.qos, "priority": self.priority, "name": self.name,
                   "dependency": format_dependency(self.dependency) if self.dependency else None,
                   "nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "nice": self.nice,
-                  "constraint": self.constraint}
+                  "constraint": self.constraint, "reservation": self.reservation}
         return {key: values[key] for key in sorted(self.changes)}
 
 

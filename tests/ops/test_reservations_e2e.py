@@ -119,3 +119,22 @@ def test_a_maint_reservation_drains_the_node_around_it(cluster: Cluster) -> None
     cluster.wait_state(long, "RUNNING")
     ok(cluster, "gcancel", str(long))
     cluster.wait_state(long, "CANCELLED")
+
+
+def test_gcontrol_update_moves_a_pending_job_into_a_reservation(cluster: Cluster) -> None:
+    """scontrol update job ReservationName=: a reservation its user may use, checked as
+    at submit (a refusal changes nothing); empty: out of it again."""
+    ok(cluster, "gcontrol", "create", "reservation", "ReservationName=upd", "StartTime=now",
+       "Duration=30:00", f"Nodes={cluster.node}", "TRES=gres/gpu=1", "Users=root")
+    job = cluster.submit("--hold", "--gpus=1", "--time=1:00", "--wrap", "true")
+    ok(cluster, "gcontrol", "update", "job", str(job), "ReservationName=upd")
+    assert cluster.job(job)["reservation"] == "upd"
+    refused(cluster, "no such reservation", "gcontrol", "update", f"JobId={job}",
+            "ReservationName=nothere")
+    assert cluster.job(job)["reservation"] == "upd"
+    ok(cluster, "gcontrol", "update", "job", str(job), "ReservationName=")
+    assert cluster.job(job)["reservation"] is None
+    ok(cluster, "gcontrol", "update", "job", str(job), "ReservationName=upd")
+    ok(cluster, "gcontrol", "release", str(job))
+    assert cluster.wait_state(job, "COMPLETED")["reservation"] == "upd"
+    ok(cluster, "gcontrol", "delete", "reservation", "upd")

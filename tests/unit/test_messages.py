@@ -354,7 +354,7 @@ def test_an_update_keeps_which_fields_were_given() -> None:
 
 @pytest.mark.parametrize(("body", "message"), [
     ({}, "update: expected some of constraint, dependency, gpus_per_node, name, nice, nodes, "
-         "partition, priority, qos, time_limit"),
+         "partition, priority, qos, reservation, time_limit"),
     ({"colour": 5}, "; unknown: colour"),
     ({"a\nb": 5}, "; unknown: 'a\\nb'"),
     ({"priority": -1}, "priority: expected a number of 0 or more, or null, got -1"),
