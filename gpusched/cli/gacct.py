@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import typer
 
 from gpusched.cli.common import new_app, run_cli
-from gpusched.cli.listing import parse_states
+from gpusched.cli.listing import node_set, parse_states
 from gpusched.cli.output import print_table
 from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import TimeFormatError, format_duration, parse_when
@@ -158,7 +158,7 @@ def gacct(
     filters = dict(
         names=_set(names), partitions=_set(partitions), qos=_set(qos),
         gids=acctformat.group_ids(groups),
-        nodes=_hosts(nodelist), reasons={r.lower() for r in _set(reason) or ()} or None,
+        nodes=node_set(nodelist), reasons={r.lower() for r in _set(reason) or ()} or None,
         node_range=acctformat.in_range(nnodes, "--nnodes"),
         cpu_range=acctformat.in_range(ncpus, "--ncpus"),
         limit_min=_limit(limit_min, "--timelimit-min"), limit_max=_limit(limit_max, "--timelimit-max"))
@@ -293,17 +293,6 @@ def _print_parsable(headers: Sequence[str], rows: list[list[str]], trailing: boo
 
 def _set(text: str | None) -> set[str] | None:
     return {w.strip() for w in text.split(",") if w.strip()} or None if text else None
-
-
-def _hosts(text: str | None) -> set[str] | None:
-    if text is None:
-        return None
-    from gpusched.core.hostlist import HostlistError, expand_hostlist
-
-    try:
-        return set(expand_hostlist(text))
-    except HostlistError as err:
-        raise UsageError(f"invalid --nodelist {text[:64]!r}: {err}") from None
 
 
 def _limit(text: str | None, flag: str) -> int | None:

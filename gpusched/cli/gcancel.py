@@ -9,7 +9,7 @@ import typer
 
 from gpusched.cli.cancelling import describe_failure, parse_job_ids, post_for_each
 from gpusched.cli.common import new_app, only_me, run_cli
-from gpusched.cli.listing import parse_states, query_text
+from gpusched.cli.listing import node_set, parse_states, query_text
 from gpusched.cli.output import print_error
 from gpusched.client import ApiClient
 from gpusched.core import signals
@@ -78,7 +78,7 @@ def gcancel(
     action, body = ("cancel", None) if signum is None else ("signal", {"signal": signum})
     wanted_states = parse_states(states, "--state", ("PENDING", "RUNNING"),
                                  "only PENDING (PD) and RUNNING (R) jobs can be cancelled")
-    nodes = _nodes(nodelist)
+    nodes = node_set(nodelist)
     filtered = bool(user or me or partition or wanted_states or name or account or qos
                     or nodes or reservation)
     if step_ids and filtered:
@@ -131,18 +131,6 @@ def gcancel(
     else:
         targets = [(job_id, None) for job_id in sorted(chosen)]
     return send(targets)
-
-
-def _nodes(text: str | None) -> set[str] | None:
-    """``-w``'s nodes, expanded; a usage error for a bad host list."""
-    if text is None:
-        return None
-    from gpusched.core.hostlist import HostlistError, expand_hostlist
-
-    try:
-        return set(expand_hostlist(text))
-    except HostlistError as err:
-        raise UsageError(f"invalid --nodelist {text[:64]!r}: {err}") from None
 
 
 def confirmed(targets: Sequence[tuple[int, str | None]], listed: Sequence[dict[str, Any]]

@@ -382,3 +382,16 @@ def memory_size(mib: int) -> str:
         if mib % size == 0:
             return f"{mib // size}{unit}"
     return f"{mib}M"
+
+
+def node_set(text: str | None) -> set[str] | None:
+    """A --nodelist/-w filter's nodes, expanded (``node[01-04],gpu7``); None: no filter;
+    a usage error for a bad host list."""
+    if text is None:
+        return None
+    from gpusched.core.hostlist import HostlistError, expand_hostlist
+
+    try:
+        return set(expand_hostlist(text))
+    except HostlistError as err:
+        raise UsageError(f"invalid --nodelist {text[:64]!r}: {err}") from None

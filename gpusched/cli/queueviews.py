@@ -22,6 +22,7 @@ from gpusched.cli.listing import (
     job_columns,
     job_objects,
     jobs_path,
+    node_set,
     queue_columns,
     start_row,
 )
@@ -70,7 +71,7 @@ class View:
             else parse_format(text) if text is not None else None)
         self.sort_keys = parse_sort(self.sort) if self.sort is not None else []
         self.qos_names = _names(self.qos, "--qos")
-        self.nodes = _nodes(self.nodelist)
+        self.nodes = node_set(self.nodelist)
         self.license_names = _names(self.licenses, "--licenses")
         self.reservations = _names(self.reservation, "--reservation")
 
@@ -102,17 +103,6 @@ def _names(text: str | None, flag: str) -> set[str] | None:
     if not names:
         raise UsageError(f"{flag}: give at least one name")
     return names
-
-
-def _nodes(text: str | None) -> set[str] | None:
-    if text is None:
-        return None
-    from gpusched.core.hostlist import HostlistError, expand_hostlist
-
-    try:
-        return set(expand_hostlist(text))
-    except HostlistError as err:
-        raise UsageError(f"invalid --nodelist {text[:64]!r}: {err}") from None
 
 
 def _license_names(text: object) -> set[str]:
