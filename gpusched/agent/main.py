@@ -42,10 +42,10 @@ REMEMBER_REPORTED = 10_000
 
 
 class _Stopping(BaseException):
-    """Raised in the main thread by SIGTERM/SIGINT to leave a blocking poll at once. Not
-    an Exception: the handlers that fail a job on whatever its launch raises must not
-    take the agent's own stop for the job's fault (the launch, unacknowledged, is the
-    next agent's to make)."""
+    """Raised in the main thread by SIGTERM/SIGINT while it waits for work, to leave
+    that poll at once. Not an Exception: the handlers that fail a job on whatever its
+    launch raises must not take the agent's own stop for the job's fault (the launch,
+    unacknowledged, is the next agent's to make)."""
 
 
 class Agent:
@@ -72,6 +72,7 @@ class Agent:
         self._extra_ends: list[JobEnd] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._polling = False  # the main thread waits for work (see install_signal_handlers)
         self._register_lock = threading.Lock()
         self._registered: object = None  # the GPUs and links last registered
         self._monitor: HealthMonitor | None = None
@@ -140,10 +141,30 @@ class Agent:
             self._monitor.stop.set()
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT stop the agent (never the jobs)."""
-        def handler(signum: int, frame: FrameType | None) -> None:
+        """SIGTERM/SIGINT stop the agent (never the jobs).
+
+        The handler runs in the main thread between two of its steps, which may be
+        inside an Event's own lock (the loop's backoff wait): setting the stop event
+        there would wait for that lock for ever. So the handler only writes to a pipe,
+        and a thread of its own sets the events; while the main thread waits for work,
+        the handler also raises _Stopping there to leave the poll at once (no Python
+        lock is taken in it)."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)  # a handler never waits on the pipe
+
+        def watch() -> None:
+            os.read(wake_read, 1)
             self.stop()
-            raise _Stopping()
+
+        threading.Thread(target=watch, name="stop-watch", daemon=True).start()
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            try:
+                os.write(wake_write, b"s")
+            except OSError:  # BlockingIOError after many signals: one is enough
+                pass
+            if self._polling:
+                raise _Stopping()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
@@ -157,7 +178,11 @@ class Agent:
                         self._health_check_result()  # run once before the node takes work
                         self._register(client)  # with that result: never UP in between
                         registered, backoff = True, 0.05
-                    work = self._poll(client)
+                    self._polling = True
+                    try:
+                        work = self._poll(client)
+                    finally:
+                        self._polling = False
                     if work is None:
                         registered = False  # see _poll: learn what to kill first
                         continue
