@@ -60,6 +60,14 @@ class FakeNode:
         return True
 
     def close(self) -> None:
+        """Close as a node's relay does once its tasks ended: what gsrun sent meanwhile
+        (a WINDOW frame to the first node) is read first, or the close would reset the
+        connection and the frames still on their way to gsrun could be dropped."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            self.closed_by_peer(timeout=5.0)
+        except OSError:
+            pass
         self.sock.close()
 
 
