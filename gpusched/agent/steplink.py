@@ -88,12 +88,25 @@ class GsrunLink:
             return [], f"gsrun sent a bad frame: {exc}"
 
     def flush(self, deadline: float) -> None:
-        """Send what is left (until ``deadline``, monotonic), then close."""
+        """Send what is left (until ``deadline``, monotonic), then close: after our end
+        of the stream, what gsrun sent meanwhile is read until it closes too (or the
+        deadline), since closing with bytes unread resets the connection, and gsrun
+        could then lose the output still on its way."""
         while self.sock is not None and self.outbox and time.monotonic() < deadline:
             _, writable, _ = select.select([], [self.sock], [],
                                            max(0.0, deadline - time.monotonic()))
             if writable and self.flush_some() is not None:
                 break
+        if self.sock is not None and not self.outbox:
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+                while time.monotonic() < deadline:
+                    readable, _, _ = select.select([self.sock], [], [],
+                                                   max(0.0, deadline - time.monotonic()))
+                    if readable and not self.sock.recv(READ_SIZE):
+                        break  # gsrun closed its end
+            except OSError:
+                pass
         self.close()
 
     def close(self) -> None:
