@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -27,24 +27,6 @@ from gpusched.cli.quickparse import Declined, QuickArgs, quick_parse
 from gpusched.cli.submission import Submission, resolve_submission
 from gpusched.config import parse_config
 from gpusched.errors import ConfigError, UsageError
-
-
-@pytest.fixture
-def listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """A socket gsubmit would reach the controller on; a refusal never connects to it."""
-    path = tmp_path / "c.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-    server.setblocking(False)
-    monkeypatch.setenv("GPUSCHED_SOCKET", str(path))
-    monkeypatch.delenv("GPUSCHED_CONFIG", raising=False)
-    monkeypatch.delenv("GPUSCHED_CONTROLLERS", raising=False)
-    monkeypatch.chdir(tmp_path)
-    for name in gsubmit.INPUT_VARIABLES.values():
-        monkeypatch.delenv(name, raising=False)
-    yield server
-    server.close()
 
 
 def typer_submission(args: Sequence[str]) -> Submission:

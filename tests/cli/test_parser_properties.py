@@ -8,7 +8,7 @@ import re
 import shlex
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -114,21 +114,6 @@ PARSERS: dict[str, Callable[[str], object]] = {
 }
 junk = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=14)
 
-
-@pytest.fixture
-def listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """A socket gsubmit would reach the controller on; it must never be connected to."""
-    path = tmp_path / "c.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-    server.setblocking(False)
-    monkeypatch.setenv("GPUSCHED_SOCKET", str(path))
-    monkeypatch.chdir(tmp_path)
-    for name in gsubmit.INPUT_VARIABLES.values():
-        monkeypatch.delenv(name, raising=False)
-    yield server
-    server.close()
 
 
 def assert_nothing_sent(server: socket.socket) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shlex
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,25 +28,8 @@ DECLARED = frozenset(GSUBMIT.options) | {"--help"}
 REFUSED = sorted(s for s in SPELLINGS if s in sbatchflags.REFUSED and s not in DECLARED)
 
 
-@pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """A socket gsubmit would reach the controller on; a refusal never connects to it."""
-    path = tmp_path / "c.sock"
-    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listening.bind(str(path))
-    listening.listen(8)
-    listening.setblocking(False)
-    monkeypatch.setenv("GPUSCHED_SOCKET", str(path))
-    monkeypatch.delenv("GPUSCHED_CONFIG", raising=False)
-    monkeypatch.delenv("GPUSCHED_CONTROLLERS", raising=False)
-    monkeypatch.chdir(tmp_path)
-    for name in gsubmit.INPUT_VARIABLES.values():
-        monkeypatch.delenv(name, raising=False)
-    yield listening
-    listening.close()
 
-
-def _run(args: list[str], server: socket.socket, capsys: pytest.CaptureFixture[str]
+def _run(args: list[str], listener: socket.socket, capsys: pytest.CaptureFixture[str]
          ) -> tuple[int, str, str]:
     """gsubmit ``args`` by the console's quick path (typer where it declines), then by
     typer's: the same exit code and output from both; nothing sent."""
@@ -57,7 +39,7 @@ def _run(args: list[str], server: socket.socket, capsys: pytest.CaptureFixture[s
         out, err = capsys.readouterr()
         answers.append((code, out, err))
         with pytest.raises(BlockingIOError):
-            server.accept()
+            listener.accept()
     assert answers[0] == answers[1]
     return answers[0]
 
@@ -79,19 +61,19 @@ def test_every_option_is_known_to_gsubmit() -> None:
 
 
 @pytest.mark.parametrize("spelling", REFUSED)
-def test_refused_options_say_why(spelling: str, server: socket.socket,
+def test_refused_options_say_why(spelling: str, listener: socket.socket,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     written = f"{spelling}=1" if spelling.startswith("--") else spelling
-    code, out, err = _run([written, "--wrap", "x"], server, capsys)
+    code, out, err = _run([written, "--wrap", "x"], listener, capsys)
     assert code == 2 and out == "", err
     assert err.count("\n") == 1 and err.startswith(f"gsubmit: error: {spelling}: not supported: ")
     why = err.split("not supported: ", 1)[1]
     assert len(why.strip()) > 20  # a reason, not just a word
-    code, _, err = _run([script(written)], server, capsys)
+    code, _, err = _run([script(written)], listener, capsys)
     assert code == 2 and "line 2: #SBATCH" in err and f"{spelling}: not supported" in err
 
 
-def test_options_gsubmit_follows_anyway(server: socket.socket) -> None:
+def test_options_gsubmit_follows_anyway(listener: socket.socket) -> None:
     base = submission(["--wrap", "x"])
     for spelling in sorted(sbatchflags.ALREADY):
         assert submission([spelling, "--wrap", "x"]) == base
@@ -99,15 +81,15 @@ def test_options_gsubmit_follows_anyway(server: socket.socket) -> None:
         assert (with_directive.ignored, with_directive.gpus) == ((), 0)
 
 
-def test_usage_help_and_version(server: socket.socket,
+def test_usage_help_and_version(listener: socket.socket,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     for spelling in ("--usage", "-h", "--help"):
-        code, out, _ = _run([spelling], server, capsys)
+        code, out, _ = _run([spelling], listener, capsys)
         assert code == 0 and "Usage: gsubmit" in out
     for spelling in ("-V", "--version"):
-        code, out, _ = _run([spelling], server, capsys)
+        code, out, _ = _run([spelling], listener, capsys)
         assert code == 0 and out.startswith("gpusched ")
-    code, _, err = _run(["-J", "a", "-V", "--wrap", "x"], server, capsys)
+    code, _, err = _run(["-J", "a", "-V", "--wrap", "x"], listener, capsys)
     assert code == 2 and "-V" in err
 
 
@@ -122,7 +104,7 @@ VALUES = st.sampled_from(["1", "2", "gpu", "a100:1", "10:00", "now+1h", "afterok
                         if not {"--help", "--usage", "-V"} & set(line)]),
        st.data(), st.booleans())
 def test_any_option_is_taken_or_refused_naming_it(
-        server: socket.socket, line: list[str], data: st.DataObject, in_directive: bool) -> None:
+        listener: socket.socket, line: list[str], data: st.DataObject, in_directive: bool) -> None:
     spelling = data.draw(st.sampled_from(line))
     spec = GSUBMIT.options.get(spelling)
     value = None if spec is not None and spec[1] == "flag" else data.draw(VALUES)

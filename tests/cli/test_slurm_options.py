@@ -6,7 +6,6 @@ with one error line naming it (exit 2, nothing sent to the controller)."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -43,19 +42,6 @@ def test_data_files_list_many_options() -> None:
     assert counts["squeue"] >= 35 and counts["scancel"] >= 24
     assert counts["sinfo"] >= 28 and counts["sacct"] >= 49 and counts["scontrol"] >= 15
 
-
-@pytest.fixture
-def listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """A socket the commands would reach the controller on; a refusal never connects."""
-    path = tmp_path / "c.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-    server.setblocking(False)
-    monkeypatch.setenv("GPUSCHED_SOCKET", str(path))
-    monkeypatch.delenv("GPUSCHED_CONTROLLERS", raising=False)
-    yield server
-    server.close()
 
 
 def _nothing_connected(server: socket.socket) -> bool:
@@ -174,8 +160,8 @@ def test_node_updates_as_scontrol_writes_them() -> None:
     assert node_changes("n[1-2]", ["state=drain", "Reason=bad fan"]) == [
         ("/v1/nodes/n1/drain", {"reason": "bad fan"}), ("/v1/nodes/n2/drain", {"reason": "bad fan"})]
     assert node_changes("n1", ["State=UNDRAIN"]) == [("/v1/nodes/n1/resume", None)]
-    for settings, says in ((["State=DRAIN"], "needs Reason"), (["State=DOWN"], "DOWN: not supp"),
-                           (["State=odd"], "invalid State=ODD"), (["Weight=3"], "Weight: not supp"),
-                           (["Reason=x"], "give State=")):
+    for changes, says in ((["State=DRAIN"], "needs Reason"), (["State=DOWN"], "DOWN: not supp"),
+                        (["State=odd"], "invalid State=ODD"), (["Weight=3"], "Weight: not supp"),
+                        (["Reason=x"], "give State=")):
         with pytest.raises(UsageError, match=says):
-            node_changes("n1", settings)
+            node_changes("n1", changes)

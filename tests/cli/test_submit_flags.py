@@ -7,41 +7,21 @@ nothing sent."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
-from gpusched.cli import gsubmit, shell
+from gpusched.cli import shell
 from gpusched.cli.jobwait import exit_code_of
 from gpusched.cli.submission import submission_body
 from tests.cli.test_parity_options import refused, script, submission, typer_submission
-
-
-@pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """A socket gsubmit would reach the controller on; a refusal never connects to it."""
-    path = tmp_path / "c.sock"
-    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listening.bind(str(path))
-    listening.listen(8)
-    listening.setblocking(False)
-    monkeypatch.setenv("GPUSCHED_SOCKET", str(path))
-    monkeypatch.delenv("GPUSCHED_CONFIG", raising=False)
-    monkeypatch.delenv("GPUSCHED_CONTROLLERS", raising=False)
-    monkeypatch.chdir(tmp_path)
-    for name in gsubmit.INPUT_VARIABLES.values():
-        monkeypatch.delenv(name, raising=False)
-    yield listening
-    listening.close()
 
 
 def _body(args: list[str]) -> dict[str, object]:
     return submission_body(submission(args), work_dir="/w", environment={})
 
 
-def test_priority_open_mode_and_time_min(server: socket.socket,
+def test_priority_open_mode_and_time_min(listener: socket.socket,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     sub = submission(["--priority", "5", "--open-mode=truncate", "--time-min", "30",
                       "-t", "2:00:00", "--wrap", "x"])
@@ -52,14 +32,14 @@ def test_priority_open_mode_and_time_min(server: socket.socket,
     assert (sub.priority, sub.open_mode, sub.time_min) == (7.0, "truncate", 600)
     assert not {"nice", "priority", "open_mode", "time_min", "deadline"} & set(
         _body(["--wrap", "x"]))  # a job without them sends the body it always did
-    refused(["--priority=top", "--wrap", "x"], server, capsys, "--priority", "gcontrol top")
-    refused(["--priority=-1", "--wrap", "x"], server, capsys, "--priority")
-    refused([script("--open-mode=replace")], server, capsys, "--open-mode", "line 2")
-    refused(["--time-min=UNLIMITED", "--wrap", "x"], server, capsys, "--time-min")
-    refused(["--time-min=soon", "--wrap", "x"], server, capsys, "--time-min")
+    refused(["--priority=top", "--wrap", "x"], listener, capsys, "--priority", "gcontrol top")
+    refused(["--priority=-1", "--wrap", "x"], listener, capsys, "--priority")
+    refused([script("--open-mode=replace")], listener, capsys, "--open-mode", "line 2")
+    refused(["--time-min=UNLIMITED", "--wrap", "x"], listener, capsys, "--time-min")
+    refused(["--time-min=soon", "--wrap", "x"], listener, capsys, "--time-min")
 
 
-def test_deadline_takes_begins_forms(server: socket.socket,
+def test_deadline_takes_begins_forms(listener: socket.socket,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     before = datetime.now().astimezone()
     sub = typer_submission(["--deadline", "now+2hours", "--wrap", "x"])  # now moves
@@ -68,10 +48,10 @@ def test_deadline_takes_begins_forms(server: socket.socket,
     assert 7190 <= seconds <= 7210
     assert submission([script("--deadline=2031-01-02T03:04:05")]).deadline.startswith(
         "2031-01-02T03:04:05")
-    refused(["--deadline=whenever", "--wrap", "x"], server, capsys, "--deadline")
+    refused(["--deadline=whenever", "--wrap", "x"], listener, capsys, "--deadline")
 
 
-def test_wait_from_either_place(server: socket.socket) -> None:
+def test_wait_from_either_place(listener: socket.socket) -> None:
     assert submission(["-W", "--wrap", "x"]).wait is True
     assert submission(["--wait", "--wrap", "x"]).wait is True
     assert submission([script("-W")]).wait is True
@@ -91,7 +71,7 @@ def test_the_exit_code_of_a_waited_job() -> None:
     assert exit_code_of([job("COMPLETED", 0), job("FAILED", 4), job("FAILED", 2)]) == 4
 
 
-def test_ntasks_per_gpu(server: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ntasks_per_gpu(listener: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
     sub = submission(["-G", "2", "--ntasks-per-gpu", "3", "--wrap", "x"])
     assert (sub.gpus, sub.ntasks, sub.ntasks_per_gpu, sub.cpus) == (2, 6, 3, 6)
     sub = submission(["-n", "5", "--ntasks-per-gpu=2", "--wrap", "x"])
@@ -99,23 +79,23 @@ def test_ntasks_per_gpu(server: socket.socket, capsys: pytest.CaptureFixture[str
     sub = submission([script("-N 2", "--gpus-per-node=2", "--ntasks-per-gpu=1")])
     assert (sub.gpus, sub.ntasks) == (4, 4)
     assert submission(["-n", "8", "-G", "2", "--ntasks-per-gpu=2", "--wrap", "x"]).ntasks == 8
-    refused(["--ntasks-per-gpu=2", "--wrap", "x"], server, capsys, "--ntasks-per-gpu")
-    refused(["-N", "2", "-n", "5", "--ntasks-per-gpu=2", "--wrap", "x"], server, capsys,
+    refused(["--ntasks-per-gpu=2", "--wrap", "x"], listener, capsys, "--ntasks-per-gpu")
+    refused(["-N", "2", "-n", "5", "--ntasks-per-gpu=2", "--wrap", "x"], listener, capsys,
             "--ntasks-per-gpu", "2 nodes")
-    refused(["--gpus-per-task=1", "-n", "2", "--ntasks-per-gpu=1", "--wrap", "x"], server,
+    refused(["--gpus-per-task=1", "-n", "2", "--ntasks-per-gpu=1", "--wrap", "x"], listener,
             capsys, "--ntasks-per-gpu", "--gpus-per-task")
-    refused(["--ntasks-per-gpu=0", "-G", "1", "--wrap", "x"], server, capsys,
+    refused(["--ntasks-per-gpu=0", "-G", "1", "--wrap", "x"], listener, capsys,
             "--ntasks-per-gpu")
 
 
-def test_dependency_forms(server: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dependency_forms(listener: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
     for text in ("after:5+10", "afterok:12_3:12_4", "aftercorr:9", "afterok:5?afterany:6",
                  "afterany:7,singleton"):
         assert submission(["-d", text, "--wrap", "x"]).dependency == text
     assert submission([script("--dependency=afterok:12_3,")]).dependency == "afterok:12_3"
-    refused(["-d", "afterok:5,afterok:6?afterany:7", "--wrap", "x"], server, capsys,
+    refused(["-d", "afterok:5,afterok:6?afterany:7", "--wrap", "x"], listener, capsys,
             "--dependency", "not both")
-    refused(["-d", "afterburstbuffer:5", "--wrap", "x"], server, capsys, "--dependency",
+    refused(["-d", "afterburstbuffer:5", "--wrap", "x"], listener, capsys, "--dependency",
             "not supported")
 
 
