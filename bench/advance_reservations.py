@@ -25,9 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.priority import build  # noqa: E402
-from bench.sched_pass import NOW, cluster, queue, running_jobs  # noqa: E402
-from gpusched.core.model import PartitionView, Policy, Reason, Snapshot  # noqa: E402
+from bench.sched_pass import NOW, standard_snapshot  # noqa: E402
+from gpusched.core.model import Policy, Reason, Snapshot  # noqa: E402
 from gpusched.core.plan import plan  # noqa: E402
 from gpusched.core.reservations import AdvanceReservation  # noqa: E402
 
@@ -56,18 +55,10 @@ def main() -> None:
     parser.add_argument("--inside", type=int, default=500)
     opts = parser.parse_args()
     rng = random.Random(11)
-    tree, usage, sample = build(opts.pending, 500)
-    users = sorted({(m.user, m.account) for _, m, _, _ in sample})
-    nodes = cluster(opts.nodes, rng)
-    pending = queue(opts.pending, rng, users, [w for _, _, _, w in sample])
-    running = running_jobs(nodes, opts.running, rng)
-    names = [n.name for n in nodes]
-    snapshot = Snapshot(
-        nodes=tuple(nodes), partitions=(PartitionView("gpu", tuple(names)),),
-        pending=tuple(pending), running=tuple(running),
-        accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
-        user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100},
-    )
+    snapshot = standard_snapshot(opts.nodes, opts.pending, opts.running, rng)
+    pending = snapshot.pending
+    names = [n.name for n in snapshot.nodes]
+    users = sorted({(j.user, j.account) for j in pending})
     policy = Policy(backfill="easy", reservations=100)
     share = max(1, len(names) // 50)
     maint = tuple(

@@ -25,10 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.priority import build  # noqa: E402
-from bench.sched_pass import NOW, cluster, queue, running_jobs  # noqa: E402
+from bench.sched_pass import NOW, standard_snapshot  # noqa: E402
 from gpusched.core.features import canonical_constraint  # noqa: E402
-from gpusched.core.model import PartitionView, Plan, Policy, Reason, Snapshot  # noqa: E402
+from gpusched.core.model import Plan, Policy, Reason, Snapshot  # noqa: E402
 from gpusched.core.plan import plan  # noqa: E402
 
 SINGLE = ("h100", "a100&ib", "rack1|rack2", "(rack3|rack4)&ib", "sm_90")
@@ -58,17 +57,8 @@ def main() -> None:
     parser.add_argument("--constrained", type=float, default=0.2)
     opts = parser.parse_args()
     rng = random.Random(17)
-    tree, usage, sample = build(opts.pending, 500)
-    users = sorted({(m.user, m.account) for _, m, _, _ in sample})
-    nodes = cluster(opts.nodes, rng)
-    pending = queue(opts.pending, rng, users, [w for _, _, _, w in sample])
-    running = running_jobs(nodes, opts.running, rng)
-    snapshot = Snapshot(
-        nodes=tuple(nodes), partitions=(PartitionView("gpu", tuple(n.name for n in nodes)),),
-        pending=tuple(pending), running=tuple(running),
-        accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
-        user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100},
-    )
+    snapshot = standard_snapshot(opts.nodes, opts.pending, opts.running, rng)
+    nodes, pending = snapshot.nodes, snapshot.pending
     featured = tuple(replace(n, features=frozenset({
         f"rack{i % 8 + 1}", *(("ib",) if i % 2 else ()),
         *(("h100", "sm_90") if n.gpus[0].gpu_type.startswith("h100") else ("a100", "sm_80"))}))

@@ -166,6 +166,27 @@ def digest(result: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def standard_snapshot(node_count: int, pending_count: int, running_count: int,
+                      rng: random.Random, shares: bool = False) -> Snapshot:
+    """The cluster and queue the pass benches time: ``node_count`` nodes of 8 GPUs in one
+    partition, ``pending_count`` waiting jobs of 500 users under a fair-share tree, and
+    ``running_count`` running ones (with ``shares``, GPUs shared by MPS and a queue of
+    shares)."""
+    tree, usage, sample = build(pending_count, 500)
+    users = sorted({(m.user, m.account) for _, m, _, _ in sample})
+    nodes = cluster(node_count, rng)
+    pending = queue(pending_count, rng, users, [w for _, _, _, w in sample])
+    running = running_jobs(nodes, running_count, rng)
+    if shares:
+        nodes, pending, running = shared(nodes), share_queue(pending, rng), with_shares(running, rng)
+    return Snapshot(
+        nodes=tuple(nodes), partitions=(PartitionView("gpu", tuple(n.name for n in nodes)),),
+        pending=tuple(pending), running=tuple(running),
+        accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
+        user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100},
+    )
+
+
 def main() -> None:
     """Build the cluster and queue, then time whole passes."""
     parser = argparse.ArgumentParser()
@@ -183,20 +204,8 @@ def main() -> None:
                         help="GPUs shared by MPS and a queue of shares (see above)")
     parser.add_argument("--packing", choices=PACKINGS, default="bestfit")
     opts = parser.parse_args()
-    rng = random.Random(11)
-    tree, usage, sample = build(opts.pending, 500)
-    users = sorted({(m.user, m.account) for _, m, _, _ in sample})
-    nodes = cluster(opts.nodes, rng)
-    pending = queue(opts.pending, rng, users, [w for _, _, _, w in sample])
-    running = running_jobs(nodes, opts.running, rng)
-    if opts.shares:
-        nodes, pending, running = shared(nodes), share_queue(pending, rng), with_shares(running, rng)
-    snapshot = Snapshot(
-        nodes=tuple(nodes), partitions=(PartitionView("gpu", tuple(n.name for n in nodes)),),
-        pending=tuple(pending), running=tuple(running),
-        accounts=tuple(a for a in tree.accounts.values() if a.name != "root"),
-        user_shares=tuple(tree.users.values()), usage=usage, qos_priority={"normal": 100},
-    )
+    snapshot = standard_snapshot(opts.nodes, opts.pending, opts.running, random.Random(11),
+                                 opts.shares)
     policy = (Policy(backfill="easy", reservations=opts.reservations, packing=opts.packing)
               if opts.backfill == "easy" else Policy(backfill="conservative", packing=opts.packing))
     times, result = [], None
