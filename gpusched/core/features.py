@@ -379,13 +379,17 @@ def possible(constraint: Constraint, nodes: Mapping[int, frozenset[str]], wanted
     return False
 
 
-def check_request(constraint: Constraint, nodes: int) -> None:
+def check_request(constraint: Constraint, nodes: int, whole_or_shared: bool = False) -> None:
     """What the job's own shape rules out, whatever the cluster: counts over more nodes
-    than the job has."""
+    than the job has, and counts on several nodes of a job that takes whole nodes or a
+    share of one GPU (``whole_or_shared``)."""
     if constraint.counted > nodes:
         raise ConstraintError(
             f"--constraint: its counts name {constraint.counted} nodes, the job has {nodes} "
             f"(ask for more with --nodes)")
+    if constraint.counts and nodes > 1 and whole_or_shared:
+        raise ConstraintError("--constraint: node counts (a*N) are not taken with "
+                              "--exclusive, --gpu-mem or a GPU share")
 
 
 def stored_constraint(text: str | None) -> Constraint | None:

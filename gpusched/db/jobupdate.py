@@ -106,15 +106,11 @@ def _new_constraint(session: Session, job: Job, change: JobUpdate, part: Partiti
     is when no ``nodes`` nodes of its partition could satisfy it."""
     if change.constraint is None:
         return None
-    parsed = parse_constraint(change.constraint)
     try:
-        check_request(parsed, nodes)
+        check_request(parse_constraint(change.constraint), nodes, job.exclusive
+                      or job.share_mode is not None or job.gpu_mem_mb is not None)
     except ConstraintError as err:
         raise UsageError(f"constraint: {err.message.removeprefix('--constraint: ')}") from None
-    if parsed.counts and nodes > 1 and (job.exclusive or job.share_mode is not None
-                                        or job.gpu_mem_mb is not None):
-        raise UsageError("constraint: node counts (a*N) are not taken with --exclusive, "
-                         "--gpu-mem or a GPU share")
     check_constraint_nodes(session, part.name, facts.members, job.nodelist or (),
                            job.exclude_nodes or (), change.constraint, nodes)
     return change.constraint

@@ -193,12 +193,9 @@ def constraint(body: Body, nodes: int, whole_or_shared: bool) -> str | None:
         return None
     try:
         parsed = parse_constraint(value)
-        check_request(parsed, nodes)
+        check_request(parsed, nodes, whole_or_shared)
     except ConstraintError as err:
         raise UsageError(f"constraint: {err.message.removeprefix('--constraint: ')}") from None
-    if parsed.counts and nodes > 1 and whole_or_shared:
-        raise UsageError("constraint: node counts (a*N) are not taken with --exclusive, "
-                         "--gpu-mem or a GPU share")
     return parsed.text()
 
 

@@ -102,6 +102,13 @@ def test_counts_over_more_nodes_than_the_job_are_refused() -> None:
     assert not possible(parse_constraint("a*2"), {0: f("a"), 1: f("a")}, 1)
 
 
+def test_counts_are_refused_to_jobs_of_whole_nodes_or_a_share_on_several_nodes() -> None:
+    check_request(parse_constraint("a&b"), 2, whole_or_shared=True)  # no counts: taken
+    check_request(parse_constraint("a*1"), 1, whole_or_shared=True)  # one node: taken
+    with pytest.raises(ConstraintError, match="not taken with --exclusive"):
+        check_request(parse_constraint("[a*1&b*1]"), 2, whole_or_shared=True)
+
+
 def test_gpu_features() -> None:
     gpus = [{"type": "a100-80gb", "memory_mb": 81_920}, {"type": "l4", "memory_mb": 23_034},
             {"type": "h100-80gb", "memory_mb": 81_559, "mig_profile": None},
