@@ -59,7 +59,6 @@ from typing import Any, NamedTuple, Protocol
 WHOLE = 1000  # thousandths in one GPU
 POLICIES = ("fgd", "bestfit", "firstfit", "random")
 FGD_BAND = 80  # thousandths of a GPU: growths of fragmentation this close count as equal
-_BAND_SCALE = 1_000_000  # score("fgd"): band number times this, plus best fit's score
 _CACHE_LIMIT = 200_000  # node states remembered per Workload before the cache restarts
 
 
@@ -291,17 +290,16 @@ def growth(node: GpuNode, task: Task, gpus: Sequence[int], workload: Workload) -
 
 
 def score(node: GpuNode, task: Task, gpus: Sequence[int], policy: str,
-          workload: Workload | None = None) -> float:
-    """How good placing ``task`` on ``gpus`` of ``node`` is; lower is better.
+          workload: Workload | None = None) -> tuple[int, ...]:
+    """How good placing ``task`` on ``gpus`` of ``node`` is; lower is better, compared as
+    tuples of integers (exact at any size).
 
-    ``"bestfit"``: free GPU thousandths left on the node, plus a part below one that
-    orders by the chosen GPU's leftover (fractions) and then by the CPU left.
-    ``"fgd"``: the band of the fragmentation growth times 10^6 plus the best-fit score
-    (``band=0``: the exact growth, scaled, plus the best-fit score), so that scores
+    ``"bestfit"``: free GPU thousandths left on the node, then the chosen GPU's leftover
+    (fractions), then the CPU left. ``"fgd"``: the band of the fragmentation growth
+    (``band=0``: the exact growth, scaled) ahead of the best-fit score, so that scores
     order placements as ``choose`` does. ``gpus`` must be one of ``placements(node, task)``.
     """
-    left, own, cpu = _fit_key(node, task, gpus)
-    fit = left + own / 2000 + cpu / (cpu + 1.0) / 4000
+    fit = _fit_key(node, task, gpus)
     if policy == "bestfit":
         return fit
     if policy == "fgd":
@@ -309,7 +307,7 @@ def score(node: GpuNode, task: Task, gpus: Sequence[int], policy: str,
             raise ValueError("fgd scores against a workload")
         after = apply(node, task, gpus)
         grown = workload.scaled_fragmentation(after) - workload.scaled_fragmentation(node)
-        return workload.band_of(grown) * float(_BAND_SCALE) + fit
+        return (workload.band_of(grown), *fit)
     raise ValueError(f"score knows fgd and bestfit, not {policy!r}")
 
 

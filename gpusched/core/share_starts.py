@@ -136,7 +136,7 @@ def _fgd_choices(capacity: Capacity, book: ShareBook, job: PendingJob,
         gpu = choice.shared.gpu if choice.shared is not None \
             else capacity.nodes[choice.node].free[choice.kind][0]
         grows = packing.growth(capacity, book, choice.node, gpu, choice.units)
-        ranked.append(choice._replace(score=(grows, *choice.score)))
+        ranked.append(choice._replace(score=(*grows, *choice.score)))
     ranked.sort(key=lambda choice: choice.score)
     return ranked
 
@@ -153,12 +153,12 @@ class FgdPacking:
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
         self._views: dict[int, tuple[int, tuple[tuple[int, ...], dict[str, int], int, int]]] = {}
-        self._growth: dict[tuple[object, ...], float] = {}
+        self._growth: dict[tuple[object, ...], tuple[int, ...]] = {}
 
     def growth(self, capacity: Capacity, book: ShareBook, index: int, gpu: GpuView,
-               units: int) -> float:
+               units: int) -> tuple[int, ...]:
         """How much a share of ``units`` of ``gpu`` on node ``index`` grows the node's
-        fragmentation for the workload."""
+        fragmentation for the workload: its FGD score (core/fragmentation.score)."""
         version = capacity._version.get(index, 0)
         seen = self._views.get(index)
         if seen is None or seen[0] != version:

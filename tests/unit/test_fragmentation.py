@@ -267,3 +267,14 @@ def test_choose_matches_brute_force_on_random_clusters() -> None:
             banded = Workload(wl.kinds, band=band)
             want = brute_force_fgd(nodes, task, list(wl.kinds), band)
             assert choose(nodes, task, "fgd", banded) == want
+
+
+def test_score_stays_exact_for_large_growths() -> None:
+    # A growth of 4e14 scaled units once swamped best fit's tie-break in one float.
+    wl = Workload([(frac(500), 10**12)], band=0)
+    nodes = [node(1000, cpu=CPU), node(1000, cpu=CPU - 1)]
+    task = frac(600)
+    scores = [score(n, task, (0,), "fgd", wl) for n in nodes]
+    assert scores[1] < scores[0]
+    assert choose(nodes, task, "fgd", wl) == (1, (0,))
+    assert all(isinstance(part, int) for part in scores[0])
