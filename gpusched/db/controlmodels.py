@@ -52,6 +52,20 @@ class UserSubmitLock(Base):
     version: Mapped[int] = mapped_column(BigInteger)
 
 
+class SubmitFactsVersion(Base):
+    """The version of the facts submissions check that rarely change (one row): raised
+    by triggers (migration 0032) at every change of partitions, accounts, associations,
+    QOS and what submissions read of nodes and GPUs. A submission checked against facts
+    read before stores its job only if the version is still the one read with them
+    (db/submit_store.py)."""
+
+    __tablename__ = "submit_facts_version"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger)
+
+
 class MailEvent(Base):
     """One mail about a job, recorded (its key: job, run, event) before it is sent, so
     that a failover neither loses the record nor sends it twice: ``queued`` until a

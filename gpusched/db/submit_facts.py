@@ -71,7 +71,7 @@ _PARTITION_FACTS = (f"WITH part AS ({_PARTITION}) SELECT part.*, "
 # user's associations ([account, is_default] rows) and whether any user has one; the
 # association the job would charge (the one named, else the user's default) and what
 # access_of wants of it; the QOS it would most likely get (the one named, else the
-# association's default, else normal). Its row's md5 tells whether a former read of it
+# association's default, else normal). FACTS_VERSION tells whether a former read of it
 # still holds (db/submit_store.py).
 STABLE = (
     f"part AS ({_PARTITION}), assoc AS (SELECT account, qos, default_qos,"
@@ -94,13 +94,15 @@ STABLE = (
     " qos.name IS NOT NULL AS qos_found"
     " FROM (SELECT) AS one LEFT JOIN part ON true LEFT JOIN assoc ON true"
     " CROSS JOIN asked LEFT JOIN qos ON qos.name = asked.name)")
-STABLE_HASH = "md5(CAST(stable AS text))"
+# The version of the stable facts (migration 0032: any change of what STABLE reads
+# raises it), read in the statement that reads them.
+FACTS_VERSION = "(SELECT version FROM submit_facts_version)"
 # Everything else a submission checks, besides the stable facts: which of the nodes
 # named are registered and which of the jobs named exist; the job this user stored with
 # this submit key ([id, hold, reason]); and, when asked (under the user's lock), their
 # jobs queued (see QUEUED) in all and in the QOS of ``qos_name``.
 _FACTS = (
-    f"WITH {STABLE} SELECT stable.*, {STABLE_HASH},"
+    f"WITH {STABLE} SELECT stable.*, {FACTS_VERSION},"
     " (SELECT array_agg(name) FROM nodes WHERE name = ANY(CAST(%(named)s AS text[]))),"
     " (SELECT array_agg(id) FROM jobs WHERE id = ANY(CAST(%(jobs)s AS bigint[]))),"
     " (SELECT json_build_array(id, hold, reason) FROM jobs WHERE uid = %(uid)s"
@@ -132,7 +134,7 @@ class Facts(NamedTuple):
     known_jobs: set[int]
     earlier: tuple[int, str | None, str] | None  # id, hold, reason
     queued: Queued | None  # when asked for: counted in all and in the QOS of ``qos``
-    stable: str = ""  # the md5 of the stable facts (STABLE) read
+    version: int | None = None  # FACTS_VERSION, read with the stable facts
 
 
 def read_facts(session: Session, uid: int, user: str, partition: str | None,
@@ -146,7 +148,7 @@ def read_facts(session: Session, uid: int, user: str, partition: str | None,
         "named": list(named_nodes), "jobs": list(named_jobs), "uid": uid,
         "key": submit_key, "count": count}).fetchone()
     (*part, members, mine, anyone, assoc_account, assoc_qos, assoc_default, assoc_most,
-     tree, qos_name, max_wall, qos_most, qos_found, stable, nodes, jobs, earlier,
+     tree, qos_name, max_wall, qos_most, qos_found, version, nodes, jobs, earlier,
      counted) = row
     return Facts(
         PartitionFacts(None if part[0] is None else PartitionRow(*part), members or ()),
@@ -156,7 +158,7 @@ def read_facts(session: Session, uid: int, user: str, partition: str | None,
         (qos_name, QosRow(qos_name, max_wall, qos_most) if qos_found else None),
         set(nodes or ()), set(jobs or ()),
         None if earlier is None else (int(earlier[0]), earlier[1], earlier[2]),
-        None if counted is None else queued(qos_name, counted), stable)
+        None if counted is None else queued(qos_name, counted), version)
 
 
 def read_partition(session: Session, name: str | None,

@@ -2,14 +2,13 @@
 read by a submission before it (``KnownFacts``).
 
 Its checks (submit.check_submission, the same code as every submission's) run on those
-facts before anything is sent; then one pipeline carries the transaction's BEGIN, the
-user's submissions lock where a submit key or a limit wants it, one statement, and the
-COMMIT. The statement reads the stable facts again and stores the job only if they are
-still the ones checked (their md5), every node and job the submission names exists,
-its submit key is new and the user's queued jobs leave room under its limits; else it
-stores nothing, and the submission is made again the ordinary way (store_submission),
-which reads everything afresh and gives the exact answer: the job stored before with
-the same key, a refusal, or the job."""
+facts before anything is sent; then one autocommit statement takes the user's
+submissions lock and stores the job only if the stable facts are still the ones checked
+(their version: submit_facts.FACTS_VERSION), every node and job the submission names
+exists, its submit key is new and the user's queued jobs leave room under its limits;
+else it stores nothing, and the submission is made again the ordinary way
+(store_submission), which reads everything afresh and gives the exact answer: the job
+stored before with the same key, a refusal, or the job."""
 
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ from gpusched.db.submit_store import (
     KnownFacts,
     execute,
     guarded_insert,
-    stable_params,
     store_params,
 )
 from gpusched.errors import GpuschedError
@@ -83,7 +81,7 @@ def store_known(conn: Connection[Any], body: dict[str, Any], who: Identity,
     request = JobRequest.parse(body)
     user, first = who.user, first_partition(request)
     facts = known.get(user, first, request.account, request.qos)
-    if facts is None:
+    if facts is None or facts.version is None:
         return None
     named_nodes = set(request.nodelist) | set(request.exclude)
     named_jobs = request.dependency_job_ids
@@ -100,8 +98,7 @@ def store_known(conn: Connection[Any], body: dict[str, Any], who: Identity,
         statement = guarded_insert(tuple(checked.row), bool(named_nodes), bool(named_jobs),
                                    bool(checked.limits))
         found = execute(conn, statement, {
-            **stable_params(user, first, request.account, request.qos),
-            **store_params(request, checked.row, wake), "stable": facts.stable,
+            **store_params(request, checked.row, wake), "facts_version": facts.version,
             "named": sorted(named_nodes), "jobs": sorted(named_jobs), "room": room,
             "qos_room": qos_room, "counted_qos": checked.qos}).fetchone()
     except UniqueViolation:  # the same submit key, stored meanwhile: see store_submission

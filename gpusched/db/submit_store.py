@@ -20,7 +20,7 @@ from gpusched.db.associations import LOCK_USER, QUEUED_COUNTS
 from gpusched.db.engine import driver
 from gpusched.db.models import Job
 from gpusched.db.notify import CHANNEL
-from gpusched.db.submit_facts import STABLE, STABLE_HASH, Facts
+from gpusched.db.submit_facts import FACTS_VERSION, Facts
 from gpusched.messages import JobRequest
 
 # Columns of a new job that follow from others: its id (taken first, as an array's
@@ -102,20 +102,20 @@ def store_job(session: Session, request: JobRequest, row: dict[str, Any],
     return int(found[0])
 
 
-# The guard of a submission checked against known facts: the stable facts read again
-# are those known (their md5) and its submit key is new (the job stored with it is
-# answered); and, where the submission names some or has limits, the nodes and jobs it
-# names exist and the user's queued jobs leave room (CAST(NULL ...): no limit), in all
-# and in QOS %(counted_qos)s. What it reads is of the statement's snapshot: it takes
-# the user's submissions lock (LOCK_USER), waiting for a submission that holds it, and
-# holds only if the version it updates is the one of that snapshot: no other
-# submission of the user was stored since.
+# The guard of a submission checked against known facts: the stable facts are still
+# those known (their version, submit_facts.FACTS_VERSION, is the one read with them)
+# and its submit key is new (the job stored with it is answered); and, where the
+# submission names some or has limits, the nodes and jobs it names exist and the user's
+# queued jobs leave room (CAST(NULL ...): no limit), in all and in QOS %(counted_qos)s.
+# What it reads is of the statement's snapshot: it takes the user's submissions lock
+# (LOCK_USER), waiting for a submission that holds it, and holds only if the version it
+# updates is the one of that snapshot: no other submission of the user was stored since.
 _GUARD = (
-    f"{STABLE}, seen AS (SELECT version FROM user_submit_locks WHERE uid = %(uid)s),"
+    "seen AS (SELECT version FROM user_submit_locks WHERE uid = %(uid)s),"
     f" locked AS ({LOCK_USER}),"
     " earlier AS (SELECT json_build_array(id, hold, reason) AS found FROM jobs"
     " WHERE uid = %(uid)s AND submit_key = CAST(%(submit_key)s AS text)){queued},"
-    f" go AS (SELECT FROM stable WHERE {STABLE_HASH} = %(stable)s"
+    f" go AS (SELECT WHERE {FACTS_VERSION} = CAST(%(facts_version)s AS bigint)"
     " AND (SELECT version FROM locked) = COALESCE((SELECT version FROM seen), 0) + 1"
     " AND NOT EXISTS (SELECT FROM earlier){conditions})")
 _NODES_NAMED = (" AND (SELECT count(*) FROM nodes WHERE name = ANY(CAST(%(named)s AS text[])))"
@@ -140,12 +140,6 @@ def guarded_insert(columns: tuple[str, ...], nodes_named: bool, jobs_named: bool
                           _JOBS_NAMED if jobs_named else "", _ROOM if limited else ""])
     return _insert(columns, _GUARD.replace("{queued}", _QUEUED if limited else "")
                    .replace("{conditions}", conditions))
-
-
-def stable_params(user: str, partition: str | None, account: str | None,
-                  qos: str | None) -> dict[str, Any]:
-    """The parameters of submit_facts.STABLE."""
-    return {"user": user, "part": partition, "account": account, "qos": qos}
 
 
 class KnownFacts:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.adminconfig import parse_admin_config
@@ -22,9 +22,10 @@ from gpusched.core.arrays import fold, task_count
 from gpusched.db import agents
 from gpusched.db.admin import apply_config
 from gpusched.db.associations import QUEUED_COUNTS
+from gpusched.db.controlmodels import SubmitFactsVersion
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
 from gpusched.db.jobs import Identity
-from gpusched.db.models import Job, JobScript, Partition
+from gpusched.db.models import Gpu, Job, JobScript, Node, Partition
 from gpusched.db.submit import store_submission
 from gpusched.db.submit_known import store, store_known
 from gpusched.db.submit_store import KnownFacts
@@ -146,6 +147,71 @@ def test_facts_changed_since_they_were_known_store_nothing(
     with pytest.raises(UsageError):  # the ordinary path reads them afresh and refuses
         store(sessions, body, ALICE, known)
     assert _rows(sessions) == before
+
+
+def _version(sessions: sessionmaker[Session]) -> int:
+    with sessions() as s:
+        return int(s.scalar(select(SubmitFactsVersion.version)) or 0)
+
+
+# What submissions read of nodes and GPUs, changed; and writes of what they do not read.
+_NODE_FACTS = [
+    update(Node).where(Node.name == "n1").values(cpus=Node.cpus + 8),
+    update(Node).where(Node.name == "n1").values(memory_mb=1024),
+    update(Gpu).where(Gpu.uuid == "GPU-0").values(present=False),
+    update(Gpu).where(Gpu.uuid == "GPU-1").values(mig_profile="1g.10gb"),
+    update(Gpu).where(Gpu.uuid == "GPU-2").values(memory_mb=81920),
+    delete(Gpu).where(Gpu.uuid == "GPU-3"),
+]
+_NOT_FACTS = [
+    update(Node).where(Node.name == "n1").values(last_seen=func.now(), state="DRAIN"),
+    update(Node).where(Node.name == "n1").values(cpus=Node.cpus),  # the same value
+    update(Gpu).where(Gpu.uuid == "GPU-0").values(healthy=False, health_reason="xid 79"),
+]
+
+
+@pytest.mark.parametrize("change", _NODE_FACTS)
+def test_a_change_of_what_submissions_read_of_nodes_and_gpus_is_seen(
+        sessions: sessionmaker[Session], change: Any) -> None:
+    known = KnownFacts()
+    _ordinary(sessions, BODY, BOB, known)
+    before = _version(sessions)
+    with sessions() as s, s.begin():
+        s.execute(change)
+    assert _version(sessions) > before
+    rows = _rows(sessions)
+    assert _known(sessions, BODY, BOB, known) is None  # nothing stored on what changed
+    assert _rows(sessions) == rows
+    stored, created = store(sessions, BODY, BOB, known)  # read afresh, and known again
+    assert created and _known(sessions, BODY, BOB, known) is not None
+
+
+@pytest.mark.parametrize("change", _NOT_FACTS)
+def test_writes_of_what_submissions_do_not_read_keep_the_fast_path(
+        sessions: sessionmaker[Session], change: Any) -> None:
+    known = KnownFacts()
+    _ordinary(sessions, BODY, BOB, known)
+    before = _version(sessions)
+    with sessions() as s, s.begin():
+        s.execute(change)
+    assert _version(sessions) == before
+    assert _known(sessions, BODY, BOB, known) is not None
+
+
+def test_every_row_written_of_an_admin_table_raises_the_version_once_per_commit(
+        sessions: sessionmaker[Session]) -> None:
+    seen = [_version(sessions)]
+    for statement in ("UPDATE partitions SET max_time = max_time",  # two rows: once
+                      "UPDATE account_users SET max_submit_jobs = max_submit_jobs"
+                      " WHERE user_name = 'bob'",
+                      "UPDATE accounts SET parent = parent", "UPDATE qos SET max_wall = NULL"):
+        with sessions() as s, s.begin():
+            s.execute(text(statement))
+        seen.append(_version(sessions))
+    assert [b - a for a, b in zip(seen, seen[1:])] == [1, 1, 1, 1]
+    with sessions() as s, s.begin():  # no row written: nothing changed
+        s.execute(text("DELETE FROM account_users WHERE user_name = 'nobody'"))
+    assert _version(sessions) == seen[-1]
 
 
 def test_a_node_or_job_named_that_is_gone_stores_nothing(
