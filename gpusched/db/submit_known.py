@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpusched.core.licenses import Licenses
 from gpusched.db.associations import Association, QosRow, SubmitLimit
+from gpusched.db.direct import DirectConnections
 from gpusched.db.jobs import Identity
 from gpusched.db.submit import (
     Submitted,
@@ -74,8 +75,8 @@ def _room(limits: list[SubmitLimit], adding: int, per_qos: bool) -> int | None:
 def store_known(conn: Connection[Any], body: dict[str, Any], who: Identity,
                 known: KnownFacts, max_submit_jobs: int | None = None,
                 notify: bool = False) -> tuple[Submitted, bool] | None:
-    """store_submission in one round trip on ``conn`` (idle: outside any transaction),
-    committed, where the facts ``known`` allow it: the job and whether it is new; None
+    """store_submission in one round trip on ``conn`` (idle: outside any transaction;
+    in autocommit or not), committed, where the facts ``known`` allow it: the job and whether it is new; None
     where the submission must be made the ordinary way (nothing stored). A body that
     does not parse is refused here."""
     request = JobRequest.parse(body)
@@ -93,7 +94,9 @@ def store_known(conn: Connection[Any], body: dict[str, Any], who: Identity,
     room, qos_room = (_room(checked.limits, checked.adding, False),
                       _room(checked.limits, checked.adding, True))
     wake = "sched" if notify and needs_pass(checked.stored) else None
-    conn.autocommit = True  # the one statement is the transaction
+    pooled = not conn.autocommit  # a pool's connection, given back as it was taken
+    if pooled:
+        conn.autocommit = True  # the one statement is the transaction
     try:
         statement = guarded_insert(tuple(checked.row), bool(named_nodes), bool(named_jobs),
                                    bool(checked.limits))
@@ -104,7 +107,8 @@ def store_known(conn: Connection[Any], body: dict[str, Any], who: Identity,
     except UniqueViolation:  # the same submit key, stored meanwhile: see store_submission
         return None
     finally:
-        conn.autocommit = False
+        if pooled:
+            conn.autocommit = False
     assert found is not None  # the statement answers one row
     job_id, earlier = found
     if job_id is not None:
@@ -116,20 +120,35 @@ def store_known(conn: Connection[Any], body: dict[str, Any], who: Identity,
 
 def store(sessions: sessionmaker[Session], body: dict[str, Any], who: Identity,
           known: KnownFacts, max_submit_jobs: int | None = None,
-          notify: bool = False) -> tuple[Submitted, bool]:
-    """A submission as the API makes it: store_known on a pooled connection of
-    ``sessions``, else store_submission (which keeps what it reads in ``known``)."""
+          notify: bool = False, direct: DirectConnections | None = None
+          ) -> tuple[Submitted, bool]:
+    """A submission as the API makes it: store_known on a connection of ``direct`` (or,
+    without it, a pooled connection of ``sessions``), else store_submission (which keeps
+    what it reads in ``known``)."""
     who = replace(who, name=who.user)  # looked up once
-    pooled = sessions.kw["bind"].raw_connection()
-    try:
-        conn = pooled.driver_connection
-        assert conn is not None  # a connection the pool has just given
-        done = store_known(conn, body, who, known, max_submit_jobs, notify)
-    except OperationalError:  # made again the ordinary way, which reports it
-        pooled.invalidate()
-        done = None
-    finally:
-        pooled.close()
+    done = None
+    if direct is not None:
+        conn = direct.take()
+        if conn is not None:
+            try:
+                done = store_known(conn, body, who, known, max_submit_jobs, notify)
+            except OperationalError:  # made again the ordinary way, which reports it
+                direct.discard(conn)
+            except BaseException:
+                direct.give(conn)
+                raise
+            else:
+                direct.give(conn)
+    else:
+        pooled = sessions.kw["bind"].raw_connection()
+        try:
+            conn = pooled.driver_connection
+            assert conn is not None  # a connection the pool has just given
+            done = store_known(conn, body, who, known, max_submit_jobs, notify)
+        except OperationalError:  # made again the ordinary way, which reports it
+            pooled.invalidate()
+        finally:
+            pooled.close()
     if done is not None:
         return done
     with sessions() as session, session.begin():

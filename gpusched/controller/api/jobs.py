@@ -15,6 +15,7 @@ from gpusched.controller.http import Answer, EncodedJson, Request, Router
 from gpusched.core.explain import NotPending, explain
 from gpusched.core.plan import plan
 from gpusched.db import job_views, jobs, jobupdate, submit, submit_known
+from gpusched.db.direct import DirectConnections
 from gpusched.db.notify import notify_in
 from gpusched.db.schedule import load_snapshot
 from gpusched.db.submit_store import KnownFacts
@@ -29,6 +30,9 @@ class JobRoutes:
     def __init__(self, context: ApiContext) -> None:
         self.context = context
         self.known = KnownFacts()  # what submissions read, for the next ones
+        # Connections for submissions made in one statement: as many as the pool's.
+        engine = context.sessions.kw["bind"]
+        self.direct = DirectConnections.of(engine, engine.pool.size())
 
     def add_to(self, r: Router) -> None:
         """Register the job routes."""
@@ -52,7 +56,8 @@ class JobRoutes:
         ctx = self.context
         # A new job that needs a pass sends the sched NOTIFY with its INSERT.
         job, created = submit_known.store(ctx.sessions, request.body, ctx.identity(request),
-                                          self.known, ctx.max_submit_jobs, notify=True)
+                                          self.known, ctx.max_submit_jobs, notify=True,
+                                          direct=self.direct)
         schedule = created and submit.needs_pass(job)
         job_id = job.id
         if not created:
