@@ -3,15 +3,20 @@
 
     .venv/bin/python bench/api_submit.py [--submits 500] [--runs 3]
 
-A real controller (and agent) on a scratch PostgreSQL. One ``http.client`` connection
-is opened and kept: every submission (a script, its directory, a submit_key, held so
-that no pass starts jobs meanwhile) goes over it, one after the other, and each answer
-must be 201 on a connection the server keeps open:
+A real controller (and agent) on a scratch PostgreSQL. One client is made and kept:
+every submission (a script, its directory, a submit_key, held so that no pass starts
+jobs meanwhile) goes over its one connection, one after the other, and each answer must
+be 201 on a connection the server keeps open. The client is gpusched's own
+(gpusched.client.ApiClient, as gsubmit and any Python caller use it), and, for
+comparison, the standard library's ``http.client`` (which sends a request's head and
+body in two writes):
 
-- ``api_keepalive_submits_per_s``: over the Unix socket (the caller known by
+- ``api_keepalive_submits_per_s``: ApiClient over the Unix socket (the caller known by
   SO_PEERCRED);
-- ``api_keepalive_tcp_key_submits_per_s``: over TCP, each request with a key-method
-  token signed in process (as root or an agent does, holding a host key);
+- ``api_keepalive_tcp_key_submits_per_s``: ApiClient over TCP, each request with a
+  key-method token signed in process (as root or an agent does, holding a host key);
+- ``api_keepalive_httpclient_submits_per_s``, ``api_keepalive_httpclient_tcp_key_*``:
+  the same with ``http.client``;
 - ``*_server_ms_median``: the controller's own time per submission (from reading the
   request to its answer being ready, its stage log), the rest being the client, the
   socket and the encoding: from one more run, on a controller with its stage log on
@@ -39,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,6 +56,8 @@ from gpusched.auth.keys import (  # noqa: E402
     write_key_file,
 )
 from gpusched.auth.keytoken import KeySigner  # noqa: E402
+from gpusched.client.api import ApiClient  # noqa: E402
+from gpusched.client.endpoints import Endpoint  # noqa: E402
 from tests.e2e.cluster import scratch_cluster  # noqa: E402
 
 _ANSWERED = re.compile(r"stage answered t=\S+ jobs=- method=POST path=/v1/jobs status=201 "
@@ -97,43 +105,71 @@ def postgres_pids(url: str) -> list[int]:
     return [server, *children]
 
 
-def submits_per_s(conn: http.client.HTTPConnection, work: Path, count: int,
-                  authorization: Callable[[], str] | None = None,
+class Submitter:
+    """Sends one held submission and checks its answer; ``opened``: connections it has
+    opened so far."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], tuple[int, bytes, bool]],
+                 opened: Callable[[], int]) -> None:
+        self.send, self.opened = send, opened
+
+    @classmethod
+    def api_client(cls, client: ApiClient) -> Submitter:
+        """gpusched's own client: one write per request."""
+
+        def send(body: dict[str, Any]) -> tuple[int, bytes, bool]:
+            data = client.request_bytes("POST", "/v1/jobs", body)
+            return 201, data, False  # a 2xx, else it raised; closing shows in opened
+
+        return cls(send, lambda: client.connections_opened)
+
+    @classmethod
+    def http_client(cls, conn: http.client.HTTPConnection,
+                    authorization: Callable[[], str] | None) -> Submitter:
+        """The standard library's client."""
+        opened = 0
+
+        def send(body: dict[str, Any]) -> tuple[int, bytes, bool]:
+            nonlocal opened
+            if conn.sock is None:
+                opened += 1
+            headers = {"Content-Type": "application/json"}
+            if authorization is not None:
+                headers["Authorization"] = authorization()
+            conn.request("POST", "/v1/jobs", json.dumps(body), headers)
+            answer = conn.getresponse()
+            closed = answer.getheader("Connection", "").lower() == "close"
+            return answer.status, answer.read(), closed
+
+        return cls(send, lambda: opened)
+
+
+def submits_per_s(submitter: Submitter, work: Path, count: int,
                   watched: Callable[[], dict[str, list[int]]] = dict
                   ) -> tuple[float, int, dict[str, float]]:
-    """Sequential held submissions on ``conn``; the rate, how many times the
-    connection was opened again while timed (0: kept alive throughout), and the CPU
-    seconds of each group of ``watched`` processes per 1,000 timed submissions."""
-    opened = 0
+    """Sequential held submissions; the rate, how many times the connection was opened
+    again while timed (0: kept alive throughout), and the CPU seconds of each group of
+    ``watched`` processes per 1,000 timed submissions."""
     body = {"script": "#!/bin/sh\ntrue\n", "work_dir": str(work), "hold": True, "gpus": 1}
 
     def one() -> None:
-        nonlocal opened
-        if conn.sock is None:
-            opened += 1
-        headers = {"Content-Type": "application/json"}
-        if authorization is not None:
-            headers["Authorization"] = authorization()
-        payload = json.dumps({**body, "submit_key": os.urandom(16).hex()})
-        conn.request("POST", "/v1/jobs", payload, headers)
-        answer = conn.getresponse()
-        data = answer.read()
-        if answer.status != 201:
-            raise SystemExit(f"submit answered {answer.status}: {data[:200]!r}")
-        if answer.getheader("Connection", "").lower() == "close":
+        status, data, closed = submitter.send({**body, "submit_key": os.urandom(16).hex()})
+        if status != 201:
+            raise SystemExit(f"submit answered {status}: {data[:200]!r}")
+        if closed:
             raise SystemExit("the controller closed a keep-alive connection")
 
     for _ in range(20):  # warm up: the connection, caches, the first queries
         one()
-    opened = 0
+    opened = submitter.opened()
     groups = watched()
     cpu = {name: cpu_seconds(pids) for name, pids in groups.items()}
     began = time.perf_counter()
     for _ in range(count):
         one()
     rate = count / (time.perf_counter() - began)
-    return rate, opened, {name: (cpu_seconds(pids) - cpu[name]) * 1000 / count
-                          for name, pids in groups.items()}
+    return rate, submitter.opened() - opened, {
+        name: (cpu_seconds(pids) - cpu[name]) * 1000 / count for name, pids in groups.items()}
 
 
 def server_ms(log: Path, skip: int) -> float:
@@ -141,6 +177,15 @@ def server_ms(log: Path, skip: int) -> float:
     first ``skip``."""
     found = [float(m.group(1)) for m in _ANSWERED.finditer(log.read_text(errors="replace"))]
     return statistics.median(found[skip:]) if found[skip:] else float("nan")
+
+
+def _ours(client: ApiClient) -> tuple[Submitter, Callable[[], None]]:
+    return Submitter.api_client(client), client.close
+
+
+def _stdlib(conn: http.client.HTTPConnection, authorization: Callable[[], str] | None
+            ) -> tuple[Submitter, Callable[[], None]]:
+    return Submitter.http_client(conn, authorization), conn.close
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,19 +218,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return {"controller": [controller], "postgres": postgres_pids(url),
                         "client": [os.getpid()]}
 
-            transports: list[tuple[str, Callable[[], http.client.HTTPConnection],
-                                   Callable[[], str] | None]] = [
-                ("api_keepalive", lambda: UnixConnection(cluster.socket), None),
-                ("api_keepalive_tcp_key",
-                 lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=30),
-                 signer.authorization)]
+            endpoint = Endpoint("127.0.0.1", port)
+            transports: list[tuple[str, Callable[[], tuple[Submitter, Callable[[], None]]]]] = [
+                ("api_keepalive", lambda: _ours(ApiClient(cluster.socket))),
+                ("api_keepalive_tcp_key", lambda: _ours(ApiClient(
+                    controllers=[endpoint], credentials=signer.authorization))),
+                ("api_keepalive_httpclient", lambda: _stdlib(
+                    UnixConnection(cluster.socket), None)),
+                ("api_keepalive_httpclient_tcp_key", lambda: _stdlib(
+                    http.client.HTTPConnection("127.0.0.1", port, timeout=30),
+                    signer.authorization))]
             seen = 0
             for _ in range(runs):
-                for name, connect, authorization in transports:
-                    conn = connect()
-                    rate, opened, cpu = submits_per_s(conn, cluster.work, args.submits,
-                                                      authorization, watched)
-                    conn.close()
+                for name, connect in transports:
+                    submitter, close = connect()
+                    rate, opened, cpu = submits_per_s(submitter, cluster.work, args.submits,
+                                                      watched)
+                    close()
                     if stages:
                         print(f"{name}_server_ms_median: {server_ms(log, seen + 20):.2f}")
                     else:

@@ -15,7 +15,6 @@ A node credential must be signed by the key of the host named like the node.
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import re
 import secrets
@@ -38,6 +37,7 @@ from gpusched.errors import AuthError
 VERSION = "1"
 DEFAULT_TTL = 60
 DEFAULT_SKEW = 30
+_KEPT_HOST_KEYS = 4096  # derived host keys a verifier keeps
 _NUM = r"(?:0|[1-9][0-9]{0,9})"
 _TOKEN = re.compile(
     rf"{VERSION}:(?P<kid>[0-9a-f]{{16}}):(?P<host>[A-Za-z0-9][A-Za-z0-9_.-]{{0,252}}):"
@@ -47,7 +47,7 @@ _TOKEN = re.compile(
 
 
 def _mac(secret: bytes, signed: str) -> str:
-    digest = hmac.new(secret, signed.encode("ascii"), hashlib.sha256).digest()
+    digest = hmac.digest(secret, signed.encode("ascii"), "sha256")  # one C call
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
@@ -118,13 +118,21 @@ class KeyVerifier:
             self.masters[previous.key_id] = previous
         self.ttl, self.skew = ttl, skew
         self.replay = replay if replay is not None else ReplayCache()
+        self._secrets: dict[tuple[str, str], bytes] = {}  # derived host keys, bounded
 
     def _host_secret(self, key_id: str, host: str) -> bytes:
+        found = self._secrets.get((key_id, host))
+        if found is not None:
+            return found
         master = self.masters.get(key_id)
         if master is None:
             raise AuthError(f"credential signed with an unknown key (key id {key_id}); the "
                             "host's key file may be from a retired or another master key")
-        return derive_host_key(master, host).secret
+        secret = derive_host_key(master, host).secret
+        if len(self._secrets) >= _KEPT_HOST_KEYS:
+            self._secrets.clear()  # many hosts, or made-up names: derived again as needed
+        self._secrets[(key_id, host)] = secret
+        return secret
 
     def check(self, token: str, now: float) -> Credential:
         """The credential ``token`` carries, if signed and current; no replay check."""

@@ -165,6 +165,11 @@ class ApiClient:
         return self._socket_text is not None
 
     @property
+    def connections_opened(self) -> int:
+        """Connections this client has opened so far, to all its controllers."""
+        return sum(connection.opened for connection in self._connections)
+
+    @property
     def controllers(self) -> list[str]:
         """The controllers this client tries, as named in messages."""
         return list(self._key)

@@ -137,6 +137,7 @@ class HttpConnection:
         self.name = connector.name
         self._sock: Socket | None = None
         self._buffer = bytearray()
+        self.opened = 0  # connections opened so far (1 when one was kept alive throughout)
 
     def close(self) -> None:
         """Close the connection; a later exchange opens a new one."""
@@ -208,6 +209,7 @@ class HttpConnection:
         if self._sock is None:
             self._sock = self.connector.connect(timeout)
             self._buffer.clear()
+            self.opened += 1
         return self._sock
 
     def _read_head(self, sock: Socket) -> tuple[int, dict[str, str]]:

@@ -3,6 +3,7 @@ update jobs."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,9 +31,19 @@ class JobRoutes:
     def __init__(self, context: ApiContext) -> None:
         self.context = context
         self.known = KnownFacts()  # what submissions read, for the next ones
-        # Connections for submissions made in one statement: as many as the pool's.
-        engine = context.sessions.kw["bind"]
-        self.direct = DirectConnections.of(engine, engine.pool.size())
+        self._direct: DirectConnections | None = None
+        self._direct_lock = threading.Lock()
+
+    @property
+    def direct(self) -> DirectConnections:
+        """Connections for submissions made in one statement (as many as the pool's),
+        made at the first."""
+        if self._direct is None:
+            with self._direct_lock:
+                if self._direct is None:
+                    engine = self.context.sessions.kw["bind"]
+                    self._direct = DirectConnections.of(engine, engine.pool.size())
+        return self._direct
 
     def add_to(self, r: Router) -> None:
         """Register the job routes."""
