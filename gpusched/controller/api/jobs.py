@@ -24,6 +24,10 @@ from gpusched.errors import UsageError
 from gpusched.messages import fields
 from gpusched.stages import stamp
 
+# Connections kept for submissions made in one statement (db/direct.py), besides the
+# pool's: more submitting at once than this go the ordinary way, on the pool.
+DIRECT_CONNECTIONS = 4
+
 
 class JobRoutes:
     """Users' requests about their jobs (admins may act on anyone's)."""
@@ -36,13 +40,12 @@ class JobRoutes:
 
     @property
     def direct(self) -> DirectConnections:
-        """Connections for submissions made in one statement (as many as the pool's),
-        made at the first."""
+        """Connections for submissions made in one statement, made at the first."""
         if self._direct is None:
             with self._direct_lock:
                 if self._direct is None:
-                    engine = self.context.sessions.kw["bind"]
-                    self._direct = DirectConnections.of(engine, engine.pool.size())
+                    self._direct = DirectConnections.of(self.context.sessions.kw["bind"],
+                                                        DIRECT_CONNECTIONS)
         return self._direct
 
     def add_to(self, r: Router) -> None:
