@@ -50,6 +50,23 @@ def completion_scripts(shell: str) -> str:
                                            shell=shell).strip() + "\n" for prog in COMMANDS)
 
 
+def run_slurm_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None,
+                  declared: bool = False) -> int:
+    """The entry point of a command that takes its Slurm twin's options: ``argv``
+    (default: the process's) checked by gpusched.cli.slurmflags (a refused option is a
+    one-line usage error; with ``declared``, the options the app declares are its own
+    even where the twin's would be refused), then run by ``run_cli``."""
+    from gpusched.cli.slurmflags import check_argv, declared_options
+
+    try:
+        args = check_argv(prog, list(sys.argv[1:] if argv is None else argv),
+                          declared_options(app) if declared else ())
+    except UsageError as err:
+        print_error(prog, err.message)
+        return err.exit_code
+    return 0 if args is None else run_cli(app, prog, args)
+
+
 def run_cli(app: typer.Typer, prog: str, argv: Sequence[str] | None = None) -> int:
     """Run a typer app as PROG and return its exit code.
 

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import typer
 
-from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.common import new_app, run_slurm_cli
 from gpusched.cli.listing import node_set, parse_states
 from gpusched.cli.output import print_table
 from gpusched.core.terminal import terminal_safe
@@ -429,15 +429,4 @@ def _bar_chart(rows: list[dict[str, Any]], path: Path, start: str, end: str) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gacct`` console script."""
-    import sys
-
-    from gpusched.cli.output import print_error
-    from gpusched.cli.slurmflags import check_argv, declared_options
-
-    try:
-        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv),
-                          declared_options(app))
-    except UsageError as err:
-        print_error(PROG, err.message)
-        return err.exit_code
-    return 0 if args is None else run_cli(app, PROG, args)
+    return run_slurm_cli(app, PROG, argv, declared=True)

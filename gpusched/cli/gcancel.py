@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gpusched.cli.cancelling import describe_failure, parse_job_ids, post_for_each
-from gpusched.cli.common import new_app, only_me, run_cli
+from gpusched.cli.common import new_app, only_me, run_slurm_cli
 from gpusched.cli.listing import node_set, parse_states, query_text
 from gpusched.cli.output import print_error
 from gpusched.client import ApiClient
@@ -190,16 +190,7 @@ def cancel_steps(steps: Sequence[tuple[int, int]], signum: int | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gcancel`` console script."""
-    import sys
-
-    from gpusched.cli.slurmflags import check_argv
-
-    try:
-        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv))
-    except UsageError as err:
-        print_error(PROG, err.message)
-        return err.exit_code
-    return 0 if args is None else run_cli(app, PROG, args)
+    return run_slurm_cli(app, PROG, argv)
 
 
 def parse_signal(text: str) -> int:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.common import new_app, run_slurm_cli
 from gpusched.cli.output import print_table, print_warning
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.timefmt import format_duration
@@ -378,13 +378,4 @@ def _show(nodes: dict[str, NodeSummary], parts: list[dict[str, Any]], per_node: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ginfo`` console script."""
-    from gpusched.cli.output import print_error
-    from gpusched.cli.slurmflags import check_argv, declared_options
-
-    try:
-        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv),
-                          declared_options(app))
-    except UsageError as err:
-        print_error(PROG, err.message)
-        return err.exit_code
-    return 0 if args is None else run_cli(app, PROG, args)
+    return run_slurm_cli(app, PROG, argv, declared=True)

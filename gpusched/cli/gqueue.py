@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gpusched.cli.common import new_app, run_cli
+from gpusched.cli.common import new_app, run_slurm_cli
 from gpusched.cli.queuecommand import run_gqueue
 
 PROG = "gqueue"
@@ -101,17 +101,6 @@ def gqueue(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gqueue`` console script."""
-    import sys
-
-    from gpusched.cli.output import print_error
-    from gpusched.cli.slurmflags import check_argv
-    from gpusched.errors import UsageError
-
-    try:
-        args = check_argv(PROG, list(sys.argv[1:] if argv is None else argv))
-    except UsageError as err:
-        print_error(PROG, err.message)
-        return err.exit_code
-    return 0 if args is None else run_cli(app, PROG, args)
+    return run_slurm_cli(app, PROG, argv)
 
 
