@@ -33,7 +33,10 @@ Where each command's time goes (``CMD`` one of gsubmit, gqueue, gqueue_json; med
 - ``gqueue_request_ms`` / ``gqueue_json_request_ms``: the API call alone (connect, send,
   read the whole answer and decode it), in-process: mostly what the controller costs.
 
-Each command starts 0.3 s after the last one ended, as typed commands would. The package
+Each command starts 0.3 s after the last one ended, as typed commands would (``--gap``
+sets it; the bare interpreter is timed with the same gap, so that ``python_bare_ms`` is
+the floor under the same conditions: on a virtual machine that hands idle memory back to
+its host, a process started after a pause pays for faulting its pages in again). The package
 is byte-compiled first, as an installed one is (an editable checkout run with
 PYTHONDONTWRITEBYTECODE would otherwise compile every module on every command).
 ``--bin DIR`` runs the commands of another environment (say, a virtual environment with
@@ -113,6 +116,7 @@ def python_ms(python: str, *flags: str, trials: int) -> float:
     """Median wall time of ``python FLAGS -c pass``."""
     took = []
     for _ in range(trials):
+        time.sleep(GAP)
         began = time.perf_counter()
         subprocess.run([python, *flags, "-c", "pass"], check=True)
         took.append((time.perf_counter() - began) * 1000)
@@ -197,12 +201,16 @@ def fill(cluster: Cluster, url: str, count: int) -> None:
 
 
 def main() -> None:
+    global GAP
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queue", type=int, default=1_000)
     parser.add_argument("--trials", type=int, default=11)
     parser.add_argument("--bin", type=Path, default=BIN,
                         help="where the commands and their python are (default: this one's)")
+    parser.add_argument("--gap", type=float, default=GAP,
+                        help="seconds between one command's end and the next's start")
     args = parser.parse_args()
+    GAP = args.gap
     bin_dir: Path = args.bin
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "gpusched")], check=True)
     python = str(bin_dir / "python")
