@@ -152,17 +152,27 @@ def _could_split(units: Sequence[Sequence[Any]], kinds: tuple[str, ...]
     return found
 
 
+# Shapes a PartitionFacts.fits remembers at most.
+_FITS_KEPT = 256
+
+
 def _check_fits(part: PartitionRow, members: Sequence[Sequence[Any]], per_node: int,
                 kinds: tuple[str, ...], nodes: int, cpus: int, mem_mb: int,
                 nodelist: Sequence[str] = (), exclude: Sequence[str] = (),
-                gpu_mem_mb: int | None = None) -> None:
+                gpu_mem_mb: int | None = None,
+                fits: dict[tuple[Any, ...], bool] | None = None) -> None:
     """Refuse a shape no set of registered nodes of ``part`` (``members``, as
     submit_facts reads them; those named, less those excluded) could ever hold;
     ``gpu_mem_mb``: GPU memory each of its GPUs needs (a GPU whose memory is not known
-    may have it).
+    may have it); ``fits``: the shapes already found to fit these members (one found
+    now is added).
 
     A partition without registered nodes yet takes anything.
     """
+    shape = (per_node, kinds, nodes, cpus, mem_mb, tuple(nodelist), tuple(exclude),
+             gpu_mem_mb)
+    if fits is not None and shape in fits:
+        return
     if nodelist:
         outside = set(nodelist) - {name for _, name, *_ in members}
         if outside:
@@ -189,6 +199,8 @@ def _check_fits(part: PartitionRow, members: Sequence[Sequence[Any]], per_node: 
         most.append(best)
         able += best >= per_node and (not c or c >= cpus) and (not m or m >= mem_mb)
     if able >= nodes:
+        if fits is not None and len(fits) < _FITS_KEPT:
+            fits[shape] = True
         return
     if gpu_mem_mb and memory and memory < gpu_mem_mb:
         raise UsageError(f"requested a GPU with {gpu_mem_mb} MiB of memory, but no "
@@ -295,7 +307,7 @@ def check_submission(request: JobRequest, who: Identity, facts: Facts, reads: Re
         _check_share(part, request.share_mode, request.share)
         _check_fits(part, chosen.members, gpus // nodes, request.gpu_types, nodes,
                     request.cpus, request.mem_mb, request.nodelist, request.exclude,
-                    request.gpu_mem_mb)
+                    request.gpu_mem_mb, chosen.fits)
         if request.container is not None:
             check_container_nodes(reads.session(), part.name, chosen.members,
                                   request.nodelist, request.exclude, request.container)

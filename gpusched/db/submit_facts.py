@@ -112,10 +112,14 @@ _FACTS = (
 
 
 class PartitionFacts(NamedTuple):
-    """A partition (None: no such one) and its registered nodes (see _MEMBERS)."""
+    """A partition (None: no such one) and its registered nodes (see _MEMBERS); ``fits``:
+    where these facts are kept for later submissions (submit_store.KnownFacts), the
+    shapes found to fit on those nodes (submit._check_fits), so that a check costs
+    O(nodes) once per shape, not once per submission."""
 
     partition: PartitionRow | None
     members: Sequence[Sequence[Any]]
+    fits: dict[tuple[Any, ...], bool] | None = None
 
 
 class Facts(NamedTuple):

@@ -156,8 +156,8 @@ class KnownFacts:
     def remember(self, user: str, partition: str | None, account: str | None,
                  qos: str | None, facts: Facts) -> None:
         """Keep the stable part of ``facts``, read for this user and these names."""
-        stable = facts._replace(known_nodes=set(), known_jobs=set(), earlier=None,
-                                queued=None)
+        stable = facts._replace(first=facts.first._replace(fits={}), known_nodes=set(),
+                                known_jobs=set(), earlier=None, queued=None)
         with self._lock:
             self._facts.pop((user, partition, account, qos), None)
             self._facts[(user, partition, account, qos)] = stable

@@ -311,3 +311,19 @@ def test_the_statement_counts_an_arrays_tasks_as_core_arrays_does(
     with psycopg.connect(psycopg_dsn(db_url)) as conn:
         counts = conn.execute("SELECT " + counting, {"tasks": tasks}).fetchone()
     assert counts is not None and list(counts[0]) == [task_count(tasks)] * 2 == [len(ids)] * 2
+
+
+def test_a_known_partition_remembers_the_shapes_that_fit_and_not_those_refused(
+        sessions: sessionmaker[Session]) -> None:
+    known = KnownFacts()
+    _ordinary(sessions, BODY, BOB, known)
+    facts = known.get("bob", None, None, None)
+    assert facts is not None and facts.first.fits == {}
+    assert _known(sessions, {**BODY, "gpus": 2}, BOB, known) is not None
+    assert len(facts.first.fits) == 1  # checked on the nodes once, then remembered
+    assert _known(sessions, {**BODY, "gpus": 2}, BOB, known) is not None
+    assert len(facts.first.fits) == 1
+    with pytest.raises(UsageError):  # 8 GPUs fit no node: refused, the ordinary way
+        store(sessions, {**BODY, "gpus": 8}, BOB, known)
+    after = known.get("bob", None, None, None)
+    assert after is not None and all(shape[0] != 8 for shape in after.first.fits)
