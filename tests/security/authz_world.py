@@ -54,7 +54,7 @@ from gpusched.controller.http import (
     UnixHttpServer,
 )
 from gpusched.core.model import Plan, Start
-from gpusched.db import agents, jobs, steps, submit
+from gpusched.db import agents, health, jobs, steps, submit
 from gpusched.db.engine import make_engine, make_sessionmaker
 from gpusched.db.jobs import Identity
 from gpusched.db.models import Gpu, Job, JobStep, Node, NodeCommand
@@ -195,6 +195,11 @@ class World:
         """A job of the owner running on node01, as a scheduling pass starts it and its
         node's agent confirms the launch."""
         job_id = self.job(interactive=interactive)
+        with self.sessions() as s, s.begin():
+            # An earlier cell may have drained the node, its resume cell run elsewhere
+            # (cells are spread over workers): back in service, as an admin resumes it.
+            if s.scalar(select(Node.state).where(Node.name == NODE)) == "DRAIN":
+                health.set_node_state(s, NODE, False)
         with self.sessions() as s, s.begin():
             snapshot, node_ids = load_snapshot(s)
             apply_plan(s, snapshot, Plan(starts=(Start(job_id, NODE, ()),)), node_ids)
