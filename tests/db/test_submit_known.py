@@ -170,14 +170,21 @@ _NOT_FACTS = [
 ]
 
 
-@pytest.mark.parametrize("change", _NODE_FACTS)
-def test_a_change_of_what_submissions_read_of_nodes_and_gpus_is_seen(
-        sessions: sessionmaker[Session], change: Any) -> None:
+def _known_then(sessions: sessionmaker[Session], change: Any) -> tuple[KnownFacts, int]:
+    """Facts known from an ordinary submission, then ``change`` made; the facts and the
+    version before the change."""
     known = KnownFacts()
     _ordinary(sessions, BODY, BOB, known)
     before = _version(sessions)
     with sessions() as s, s.begin():
         s.execute(change)
+    return known, before
+
+
+@pytest.mark.parametrize("change", _NODE_FACTS)
+def test_a_change_of_what_submissions_read_of_nodes_and_gpus_is_seen(
+        sessions: sessionmaker[Session], change: Any) -> None:
+    known, before = _known_then(sessions, change)
     assert _version(sessions) > before
     rows = _rows(sessions)
     assert _known(sessions, BODY, BOB, known) is None  # nothing stored on what changed
@@ -189,11 +196,7 @@ def test_a_change_of_what_submissions_read_of_nodes_and_gpus_is_seen(
 @pytest.mark.parametrize("change", _NOT_FACTS)
 def test_writes_of_what_submissions_do_not_read_keep_the_fast_path(
         sessions: sessionmaker[Session], change: Any) -> None:
-    known = KnownFacts()
-    _ordinary(sessions, BODY, BOB, known)
-    before = _version(sessions)
-    with sessions() as s, s.begin():
-        s.execute(change)
+    known, before = _known_then(sessions, change)
     assert _version(sessions) == before
     assert _known(sessions, BODY, BOB, known) is not None
 
