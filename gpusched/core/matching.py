@@ -167,9 +167,8 @@ class MatchingMixin(PassResources):
             else:
                 taken = {gpu.uuid for gpu in gpus}
                 node.free[kind] = [gpu for gpu in free if gpu.uuid not in taken]
-            bucket = self.buckets[kind]
-            bucket[before].remove(index)
-            insort(bucket[before - shape.gpus], index)
+            self._bucket(kind, before).remove(index)
+            insort(self._bucket(kind, before - shape.gpus), index)
         node.cpus -= shape.cpus
         node.mem -= shape.mem_mb
         if shape.duration < INF:

@@ -58,14 +58,17 @@ class PassResources:
             self.whole = occupied.whole  # nodes an exclusive job holds whole
             # buckets[kind][n]: the nodes with exactly n free units of kind, sorted.
             self.buckets = occupied.buckets
+            self._buckets_owned: set[tuple[str, int]] | None = None
         else:
             self.nodes = list(occupied.nodes)
             self._owned = set()
             self._units_owned = set()
             self.on_node = dict(occupied.on_node)
             self.whole = set(occupied.whole)
-            self.buckets = {kind: [list(bucket) for bucket in buckets]
-                            for kind, buckets in occupied.buckets.items()}
+            # The kept occupancy's buckets, each copied only when this pass first changes
+            # it (_bucket): a pass costs the buckets it changes, not all of them.
+            self.buckets = dict(occupied.buckets)
+            self._buckets_owned = set()
         self.started: set[int] = set()  # nodes a job started on in this pass
         self.reserved_nodes: set[int] = set()
         self.owners: dict[tuple[int, float], int] = {}  # (node, start) -> the reserved job
@@ -105,6 +108,18 @@ class PassResources:
         node = self.nodes[index] = copy_all(self.nodes[index])
         return node
 
+    def _bucket(self, kind: str, count: int) -> list[int]:
+        """The bucket of nodes with ``count`` free units of ``kind``, to change: this
+        pass's own (copied from a kept occupancy's the first time)."""
+        owned = self._buckets_owned
+        if owned is not None and (kind, count) not in owned:
+            if (kind, -1) not in owned:  # the list of the kind's buckets, once
+                self.buckets[kind] = list(self.buckets[kind])
+                owned.add((kind, -1))
+            self.buckets[kind][count] = list(self.buckets[kind][count])
+            owned.add((kind, count))
+        return self.buckets[kind][count]
+
     def _hold_whole(self, index: int, end: float | None) -> None:
         """Hold what is still free on node ``index`` for an exclusive job until ``end``
         (None: for good): nothing else starts or is planned there before."""
@@ -112,8 +127,8 @@ class PassResources:
         self.whole.add(index)
         for kind, free in node.free.items():
             if free:
-                self.buckets[kind][len(free)].remove(index)
-                insort(self.buckets[kind][0], index)
+                self._bucket(kind, len(free)).remove(index)
+                insort(self._bucket(kind, 0), index)
         hold_whole(node, INF if end is None else end)
         self._touched(index)
 

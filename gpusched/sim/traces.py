@@ -158,9 +158,11 @@ def _swf_job(path: Path, number: int, line: str, trace: Trace) -> TraceJob | Non
     except ValueError:
         bad = next(f for f in fields[:18] if not _is_number(f))
         raise TraceError(f"{path}:{number}: {bad!r} is not a number") from None
-    for text, value in zip(fields, values):
-        if not math.isfinite(value):  # inf, nan: no count, time or id
-            raise TraceError(f"{path}:{number}: {text!r} is not a number")
+    if not math.isfinite(sum(values)):  # one check for the line; then which field
+        for text, value in zip(fields, values):
+            if not math.isfinite(value):  # inf, nan: no count, time or id
+                raise TraceError(f"{path}:{number}: {text!r} is not a number")
+        raise TraceError(f"{path}:{number}: numbers too large to be counts, times or ids")
     job_id, submit, run = int(values[0]), values[1], values[3]
     procs = int(values[7]) if values[7] > 0 else int(values[4])
     if run < 0:

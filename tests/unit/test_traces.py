@@ -380,6 +380,20 @@ def test_swf_non_number(tmp_path: Path) -> None:
     assert "'64832s'" in str(info.value)
 
 
+@pytest.mark.parametrize(("field", "words"), [
+    ("inf", "'inf' is not a number"), ("nan", "'nan' is not a number"),
+    ("1e308", "numbers too large"),  # finite alone; with 1e308 beside it, not a count
+])
+def test_swf_numbers_that_are_no_counts_times_or_ids(tmp_path: Path, field: str,
+                                                     words: str) -> None:
+    path = tmp_path / "odd.swf"
+    path.write_text(f"5 10 0 {field} 2 -1 -1 2 1e308 -1 1 3 4 -1 -1 -1 -1 -1\n",
+                    encoding="utf-8")
+    with pytest.raises(TraceError) as info:
+        read_swf(path)
+    assert f"{path}:1: " in str(info.value) and words in str(info.value)
+
+
 def test_swf_negative_submit(tmp_path: Path) -> None:
     path = _edit(HPC2N, tmp_path / "neg.swf", 32, "342072", "-342072")
     with pytest.raises(TraceError, match=r":32: negative submit"):
