@@ -76,9 +76,9 @@ def store_known(conn: Connection[Any], body: dict[str, Any], who: Identity,
                 known: KnownFacts, max_submit_jobs: int | None = None,
                 notify: bool = False) -> tuple[Submitted, bool] | None:
     """store_submission in one round trip on ``conn`` (idle: outside any transaction;
-    in autocommit or not), committed, where the facts ``known`` allow it: the job and whether it is new; None
-    where the submission must be made the ordinary way (nothing stored). A body that
-    does not parse is refused here."""
+    in autocommit or not), committed, where the facts ``known`` allow it: the job and
+    whether it is new; None where the submission must be made the ordinary way (nothing
+    stored). A body that does not parse is refused here."""
     request = JobRequest.parse(body)
     user, first = who.user, first_partition(request)
     facts = known.get(user, first, request.account, request.qos)
