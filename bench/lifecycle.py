@@ -9,6 +9,9 @@ call to the row committed, to the pass woken, the pass, its launch order sent to
 agent and received there, the supervisor spawned, the job forked, its first
 instruction), and the drain too (``drain_*``: passes per second, jobs started per pass,
 and each stage from a job's start to its end and from its end to the next pass).
+The drain also reports the CPU each daemon spent per job (``drain_cpu_ms_per_job_*``:
+the controller, the agent with its supervisors and jobs, PostgreSQL), each with every
+process under it, the ended ones included once their parent has reaped them.
 """
 
 from __future__ import annotations
@@ -108,6 +111,36 @@ def throughput(client, work: Path, count: int  # type: ignore[no-untyped-def]
     return count / (last - first), last - first, ids, first, last
 
 
+def _cpu_of_trees(root: Path) -> dict[str, float]:
+    """CPU seconds (user and system, reaped children included) of the cluster's
+    daemons, each with every process under it: by kind (controller, agent, postgres)."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    kind: dict[int, str] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        pid = int(proc.name)
+        parent[pid] = int(fields[1])
+        cpu[pid] = sum(int(value) for value in fields[11:15]) / tick
+        if str(root) in line:
+            kind[pid] = next((k for k in ("controller", "agent", "postgres") if k in line),
+                             "")
+    totals = dict.fromkeys(("controller", "agent", "postgres"), 0.0)
+    for pid, seconds in cpu.items():
+        at, seen = pid, 0
+        while at in parent and seen < 64:  # the nearest daemon above (or at) this one
+            if kind.get(at):
+                totals[kind[at]] += seconds
+                break
+            at, seen = parent[at], seen + 1
+    return totals
+
+
 def stage_lines(root: Path) -> stage_report.Stamps:
     """The stage lines the cluster's daemons logged so far."""
     logs = root / "state" / "gpusched" / "logs"
@@ -156,10 +189,15 @@ def main() -> None:
                 if not opts.no_stages:
                     print(*stage_report.submit_to_start(stage_lines(root), trials), sep="\n")
             if opts.only in (None, "throughput"):
+                before = _cpu_of_trees(root)
                 rate, span, ids, first, last = throughput(client, work, opts.jobs)
+                after = _cpu_of_trees(root)
                 print(f"throughput_jobs: {opts.jobs}")
                 print(f"throughput_span_s: {span:.2f}")
                 print(f"throughput_jobs_per_s: {rate:.1f}")
+                for name, seconds in after.items():
+                    used = (seconds - before[name]) * 1000 / opts.jobs
+                    print(f"drain_cpu_ms_per_job_{name}: {used:.2f}")
                 if not opts.no_stages:
                     print(*stage_report.drain(stage_lines(root), ids, first, last), sep="\n")
         if opts.only in (None, "cli"):
