@@ -44,7 +44,6 @@ class AdminPolicy:
             self._cache[uid] = (now + self.cache_seconds, answer)
         return answer
 
-
     def user_name(self, uid: int, now: float | None = None) -> str:
         """The login name of ``uid`` (the number itself where it has none)."""
         now = time.monotonic() if now is None else now

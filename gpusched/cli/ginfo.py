@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gpusched.cli.common import new_app, run_slurm_cli
+from gpusched.cli.listing import node_set
 from gpusched.cli.output import print_table, print_warning
 from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.timefmt import format_duration
@@ -285,7 +286,7 @@ def ginfo(
     keys = infoformat.parse_sort(sort) if sort is not None else []
     wanted_parts = ({w.strip() for w in partition.split(",") if w.strip()}
                     if partition is not None else None)
-    names = infoformat.parse_nodes(node_names)
+    names = node_set(node_names, "--nodes")
     wanted_states = infoformat.parse_node_states(states)
     filtered = bool(names is not None or wanted_states is not None or dead or responding)
     while True:

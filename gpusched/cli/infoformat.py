@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpusched.core.hostlist import HostlistError, compress_hostlist, expand_hostlist
+from gpusched.core.hostlist import compress_hostlist
 from gpusched.core.terminal import terminal_safe
 from gpusched.core.timefmt import format_duration
 from gpusched.errors import UsageError
@@ -227,16 +227,6 @@ def parse_node_states(text: str | None) -> set[str] | None:
     if not states:
         raise UsageError("--states: give at least one node state")
     return states
-
-
-def parse_nodes(text: str | None) -> set[str] | None:
-    """``-n``'s host list, expanded."""
-    if text is None:
-        return None
-    try:
-        return set(expand_hostlist(text))
-    except HostlistError as err:
-        raise UsageError(f"invalid --nodes {text[:64]!r}: {err}") from None
 
 
 def keep_node(node: NodeSummary, names: set[str] | None, states: set[str] | None,

@@ -384,9 +384,9 @@ def memory_size(mib: int) -> str:
     return f"{mib}M"
 
 
-def node_set(text: str | None) -> set[str] | None:
-    """A --nodelist/-w filter's nodes, expanded (``node[01-04],gpu7``); None: no filter;
-    a usage error for a bad host list."""
+def node_set(text: str | None, option: str = "--nodelist") -> set[str] | None:
+    """A host-list filter's nodes (``option``'s: -w/--nodelist, or ginfo's -n/--nodes),
+    expanded (``node[01-04],gpu7``); None: no filter; a usage error for a bad host list."""
     if text is None:
         return None
     from gpusched.core.hostlist import HostlistError, expand_hostlist
@@ -394,4 +394,4 @@ def node_set(text: str | None) -> set[str] | None:
     try:
         return set(expand_hostlist(text))
     except HostlistError as err:
-        raise UsageError(f"invalid --nodelist {text[:64]!r}: {err}") from None
+        raise UsageError(f"invalid {option} {text[:64]!r}: {err}") from None

@@ -507,3 +507,13 @@ def test_site_only_options_are_accepted_with_a_warning(in_tmp: Path) -> None:
     assert sub.constraint == "a100|h100"  # -C is taken, canonical
     assert (sub.mail_types, sub.mail_user) == (("END", "FAIL"), "me@lab")  # mail is sent
     assert parse_submit(["--wrap", "true"]).ignored == ()
+
+
+@pytest.mark.parametrize(("option", "shown"), [((), "--nodelist"), (("--nodes",), "--nodes")])
+def test_a_bad_host_list_filter_names_its_option(option: tuple[str, ...], shown: str) -> None:
+    from gpusched.cli.listing import node_set
+
+    assert node_set("n[1-3]", *option) == {"n1", "n2", "n3"}
+    assert node_set(None, *option) is None
+    with pytest.raises(UsageError, match=f"invalid {shown} 'n.3-1.'"):
+        node_set("n[3-1]", *option)
