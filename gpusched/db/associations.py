@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
-from gpusched.core.arrays import task_bounds
 from gpusched.db.engine import driver
 from gpusched.errors import LimitReached, UsageError
 
@@ -29,28 +28,22 @@ DEFAULT_QOS = "normal"
 LOCK_USER = (
     "INSERT INTO user_submit_locks (uid, version) VALUES (%(uid)s, 1) ON CONFLICT (uid)"
     " DO UPDATE SET version = user_submit_locks.version + 1 RETURNING version")
-# Jobs of user %(uid)s pending or running, as JSON [count, specs, count, specs]: those
-# that are not arrays and the task sets of arrays, in all and in QOS {qos} (NULL: none).
-QUEUED = (
-    "(SELECT json_build_array(count(*) FILTER (WHERE array_tasks IS NULL),"
-    " array_agg(array_tasks) FILTER (WHERE array_tasks IS NOT NULL),"
-    " count(*) FILTER (WHERE array_tasks IS NULL AND qos = {qos}),"
-    " array_agg(array_tasks) FILTER (WHERE array_tasks IS NOT NULL AND qos = {qos}))"
-    " FROM jobs WHERE uid = %(uid)s AND state IN ('PENDING', 'RUNNING'))")
-_QUEUED = "SELECT " + QUEUED.format(qos="CAST(%(qos)s AS text)")
-# The same as two numbers, [in all, in QOS {qos}]: a job counts 1 unless it is an
-# array's record, which counts its tasks still pending, read from its canonical task
-# text (core/arrays.py: runs "a", "a-b" and "a-b:s", separated by commas).
+# What a job of the queue counts: 1, unless it is an array's record, which counts its
+# tasks still pending, read from its canonical task text (core/arrays.py: runs "a",
+# "a-b" and "a-b:s", separated by commas).
 _TASKS = (
     "CASE WHEN array_tasks IS NULL THEN 1 ELSE (SELECT COALESCE(sum(CASE WHEN strpos(r, '-')"
     " = 0 THEN 1 ELSE (CAST(split_part(split_part(r, ':', 1), '-', 2) AS bigint)"
     " - CAST(split_part(r, '-', 1) AS bigint))"
     " / COALESCE(CAST(NULLIF(split_part(r, ':', 2), '') AS bigint), 1) + 1 END), 0)"
     " FROM unnest(string_to_array(array_tasks, ',')) AS r) END")
-QUEUED_COUNTS = (
+# Jobs of user %(uid)s pending or running (each array task counts, started or not), as
+# two numbers: [in all, in QOS {qos}].
+QUEUED = (
     f"(SELECT ARRAY[COALESCE(sum({_TASKS}), 0), COALESCE(sum({_TASKS})"
     " FILTER (WHERE qos = {qos}), 0)]"
     " FROM jobs WHERE uid = %(uid)s AND state IN ('PENDING', 'RUNNING'))")
+_QUEUED = "SELECT " + QUEUED.format(qos="CAST(%(qos)s AS text)")
 # The accounts tree, as JSON [name, parent, qos, default_qos] rows (NULL when empty).
 ACCOUNT_TREE = ("(SELECT json_agg(json_build_array(name, parent, qos, default_qos)"
                 " ORDER BY name) FROM accounts)")
@@ -178,9 +171,8 @@ class Queued(NamedTuple):
 
 def queued(qos: str | None, counted: Sequence[Any]) -> Queued:
     """Queued, from what QUEUED reads for ``qos``."""
-    count, specs, in_qos, qos_specs = counted
-    return Queued(qos, int(count) + sum(task_bounds(spec)[0] for spec in specs or () if spec),
-                  int(in_qos) + sum(task_bounds(spec)[0] for spec in qos_specs or () if spec))
+    in_all, in_qos = counted
+    return Queued(qos, int(in_all), int(in_qos))
 
 
 def queued_jobs(session: Session, uid: int, qos: str | None) -> Queued:

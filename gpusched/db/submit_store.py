@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from gpusched.db.associations import LOCK_USER, QUEUED_COUNTS
+from gpusched.db.associations import LOCK_USER, QUEUED
 from gpusched.db.engine import driver
 from gpusched.db.models import Job
 from gpusched.db.notify import CHANNEL
@@ -123,7 +123,7 @@ _NODES_NAMED = (" AND (SELECT count(*) FROM nodes WHERE name = ANY(CAST(%(named)
 _JOBS_NAMED = (" AND (SELECT count(*) FROM jobs WHERE id = ANY(CAST(%(jobs)s AS bigint[])))"
                " = cardinality(CAST(%(jobs)s AS bigint[]))")
 _QUEUED = (", queued AS (SELECT "
-           + QUEUED_COUNTS.format(qos="CAST(%(counted_qos)s AS text)") + " AS counts)")
+           + QUEUED.format(qos="CAST(%(counted_qos)s AS text)") + " AS counts)")
 _ROOM = (" AND (CAST(%(room)s AS bigint) IS NULL"
          " OR (SELECT counts[1] FROM queued) <= CAST(%(room)s AS bigint))"
          " AND (CAST(%(qos_room)s AS bigint) IS NULL"

@@ -21,7 +21,7 @@ from gpusched.adminconfig import parse_admin_config
 from gpusched.core.arrays import fold, task_count
 from gpusched.db import agents
 from gpusched.db.admin import apply_config
-from gpusched.db.associations import QUEUED_COUNTS
+from gpusched.db.associations import QUEUED
 from gpusched.db.controlmodels import SubmitFactsVersion
 from gpusched.db.engine import make_engine, make_sessionmaker, psycopg_dsn
 from gpusched.db.jobs import Identity
@@ -308,7 +308,7 @@ def test_known_and_ordinary_submissions_agree(sessions: sessionmaker[Session],
 def test_the_statement_counts_an_arrays_tasks_as_core_arrays_does(
         db_url: str, ids: set[int]) -> None:
     tasks = fold(sorted(ids))
-    counting = QUEUED_COUNTS.format(qos="'normal'").replace(
+    counting = QUEUED.format(qos="'normal'").replace(
         "FROM jobs WHERE uid = %(uid)s AND state IN ('PENDING', 'RUNNING')",
         "FROM (SELECT CAST(%(tasks)s AS text) AS array_tasks, 'normal' AS qos) AS jobs")
     with psycopg.connect(psycopg_dsn(db_url)) as conn:
