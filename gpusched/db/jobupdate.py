@@ -17,7 +17,6 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpusched.core.dependency import format_dependency
-from gpusched.core.features import ConstraintError, check_request, parse_constraint
 from gpusched.core.timefmt import format_duration
 from gpusched.db import steps
 from gpusched.db.associations import QosRow, choose_qos, qos_access, qos_row
@@ -35,7 +34,7 @@ from gpusched.db.submit import (
 )
 from gpusched.db.submit_facts import PartitionFacts, PartitionRow, read_partition
 from gpusched.errors import Conflict, PermissionDenied, UsageError
-from gpusched.messages import JobUpdate
+from gpusched.messages import JobUpdate, jobparts
 
 RUNNING_CHANGES = frozenset({"time_limit", "name"})  # what a running job may change
 SHAPE = frozenset({"nodes", "gpus_per_node"})
@@ -106,11 +105,8 @@ def _new_constraint(session: Session, job: Job, change: JobUpdate, part: Partiti
     is when no ``nodes`` nodes of its partition could satisfy it."""
     if change.constraint is None:
         return None
-    try:
-        check_request(parse_constraint(change.constraint), nodes, job.exclusive
-                      or job.share_mode is not None or job.gpu_mem_mb is not None)
-    except ConstraintError as err:
-        raise UsageError(f"constraint: {err.message.removeprefix('--constraint: ')}") from None
+    jobparts.constraint({"constraint": change.constraint}, nodes, jobparts.whole_or_shared(
+        job.exclusive, job.share_mode, job.gpu_mem_mb))
     check_constraint_nodes(session, part.name, facts.members, job.nodelist or (),
                            job.exclude_nodes or (), change.constraint, nodes)
     return change.constraint

@@ -185,6 +185,12 @@ def share(body: Body, gpus: int, nodes: int,
     return mode, share, memory
 
 
+def whole_or_shared(exclusive: bool, share_mode: str | None, gpu_mem_mb: int | None) -> bool:
+    """Whether a job takes whole nodes or a share of a GPU (by mode or by memory): its
+    -C may then count no features (core.features.check_request)."""
+    return exclusive or share_mode is not None or gpu_mem_mb is not None
+
+
 def constraint(body: Body, nodes: int, whole_or_shared: bool) -> str | None:
     """``constraint``: sbatch's -C text, canonical (null or absent: none); counts may
     not name more nodes than the job has, nor go with --exclusive or a GPU share."""

@@ -180,8 +180,8 @@ class JobRequest:
             else one_of(body, "gres_flags", GRES_FLAGS), interactive=interactive,
             reservation=reservation_name(body),
             mail_types=mail_types, mail_user=mail_user, licenses=parts.licenses(body),
-            constraint=parts.constraint(body, nodes, exclusive or share_mode is not None
-                                   or gpu_mem_mb is not None),
+            constraint=parts.constraint(body, nodes, parts.whole_or_shared(
+                exclusive, share_mode, gpu_mem_mb)),
             container=parts.container(body, interactive))
 
     def to_json(self) -> dict[str, Any]:

@@ -241,7 +241,10 @@ def test_update_of_a_pending_job(sessions: sessionmaker[Session]) -> None:
             (ALICE, {"qos": "nosuch"}, UsageError, "qos"),
             (ALICE, {"nodes": 0}, UsageError, "nodes"),
             (ALICE, {"colour": "red"}, UsageError, "unknown: colour"),
-            (ALICE, {"name": None}, UsageError, "name")):
+            (ALICE, {"name": None}, UsageError, "name"),
+            # -C's counts checked against the job's own shape, as at submit
+            (ALICE, {"constraint": "a100*2"}, UsageError, "constraint: its counts name 2"),
+            (ALICE, {"constraint": "a100&&"}, UsageError, "constraint")):
         with pytest.raises(error, match=words):
             _update(sessions, job_id, who, **body)
         assert _job(sessions, job_id) == before, body
