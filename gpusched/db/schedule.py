@@ -29,7 +29,6 @@ from gpusched.core.topology import link_rank
 from gpusched.db import commands
 from gpusched.db.admincache import AdminCache, load_admin_tables
 from gpusched.db.budgets import usage_of
-from gpusched.db.dependency_states import array_state as array_state
 from gpusched.db.dependency_states import dependency_states
 from gpusched.db.engine import rowcount
 from gpusched.db.leadership import check_epoch

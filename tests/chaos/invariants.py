@@ -63,8 +63,8 @@ from gpusched.core import dependency
 from gpusched.core.model import JobState, Reason
 from gpusched.core.usage import gpu_fraction
 from gpusched.db.accounting import job_records, usage_report
+from gpusched.db.dependency_states import array_state
 from gpusched.db.engine import make_engine
-from gpusched.db.schedule import array_state
 from tests.chaos.history import History, Holding, JobRow, RunRecord, load
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
