@@ -10,7 +10,7 @@ from operator import attrgetter, eq, ge
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.jobcontrol import moved_to_top
 from gpusched.core.model import PendingJob, Policy, Snapshot
-from gpusched.core.priority import PriorityBreakdown, PriorityScale, ranked_fields
+from gpusched.core.priority import PriorityBreakdown, PriorityScale, scored_fields
 
 
 def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:
@@ -25,6 +25,13 @@ def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str
 
 def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[PriorityBreakdown]:
     """Every pending job's priority factors, highest first (ties: lower job id first)."""
+    ranked = _breakdowns(snapshot, now, policy)
+    ranked.sort(key=lambda b: (-b.total, b.job_id))
+    return ranked
+
+
+def _breakdowns(snapshot: Snapshot, now: float, policy: Policy) -> list[PriorityBreakdown]:
+    """Each pending job's priority factors and total, in ``snapshot.pending``'s order."""
     factors = fairshare_factors(snapshot, policy)
     tiers = {p.name: p.tier for p in snapshot.partitions}
     scale = PriorityScale(
@@ -40,33 +47,35 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
          tiers.get(job.partition, 0), qos_priority.get(job.qos or "", 0))
         for job in snapshot.pending
     )
-    ranked = ranked_fields(inputs, now, policy.weights, scale)
-    fixed = {job.job_id: job.priority for job in snapshot.pending if job.priority is not None}
+    scored = scored_fields(inputs, now, policy.weights, scale)
+    w = policy.weights
     # --nice, taken off the weighted sum as Slurm takes it off its own (before the sum is
     # divided by the weights' sum here): positive lowers the job, negative raises it.
-    niced = {job.job_id: job.nice for job in snapshot.pending if job.nice and job.priority is None}
-    if niced:
-        w = policy.weights
-        point = 1.0 / max(1.0, w.age + w.fairshare + w.job_size + w.partition + w.qos)
-        fixed.update((b.job_id, b.total - niced[b.job_id] * point) for b in ranked
-                     if b.job_id in niced)
-    # A held job's priority is 0, as Slurm shows it; its factors stay for the listing.
-    fixed.update((job.job_id, 0.0) for job in snapshot.pending if job.hold is not None)
-    if fixed:  # an administrator's number replaces the weighted total
-        ranked = sorted((b._replace(total=fixed[b.job_id]) if b.job_id in fixed else b
-                         for b in ranked), key=lambda b: (-b.total, b.job_id))
-    return ranked
+    point = 1.0 / max(1.0, w.age + w.fairshare + w.job_size + w.partition + w.qos)
+    for i, job in enumerate(snapshot.pending):
+        if job.priority is None and not job.nice and job.hold is None:
+            continue
+        b = scored[i]
+        # A held job's priority is 0, as Slurm shows it; its factors stay for the
+        # listing. Otherwise an administrator's number replaces the weighted total.
+        scored[i] = b._replace(total=0.0 if job.hold is not None
+                               else job.priority if job.priority is not None
+                               else b.total - job.nice * point)
+    return scored
 
 
 def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJob]:
     """Pending jobs by multifactor priority; equal priorities in submit order."""
     w = policy.weights
+    pending = snapshot.pending
     if not (w.age or w.fairshare or w.job_size or w.partition or w.qos) and all(
-            job.priority is None and not job.nice for job in snapshot.pending):
+            job.priority is None and not job.nice for job in pending):
         # Every priority is 0: submit order, without working each one out.
-        return moved_to_top(sorted(snapshot.pending,
-                                   key=lambda job: (job.submit_time, job.job_id)))
-    return ordered(snapshot, job_priorities(snapshot, now, policy))
+        return moved_to_top(sorted(pending, key=lambda job: (job.submit_time, job.job_id)))
+    # Highest total first, then earliest submitted, then lowest job id (as ``ordered``).
+    keys = sorted([(-b.total, job.submit_time, job.job_id, i) for i, (b, job)
+                   in enumerate(zip(_breakdowns(snapshot, now, policy), pending))])
+    return moved_to_top([pending[k[3]] for k in keys])
 
 
 def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[PendingJob]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from gpusched.core.arrays import iter_tasks, task_count
-from gpusched.core.budgets import BudgetBook, BudgetState
+from gpusched.core.budgets import BudgetBook
 from gpusched.core.capacity import Capacity
 from gpusched.core.dependency import task_reason
 from gpusched.core.feature_starts import FeatureHooks
@@ -24,6 +24,7 @@ from gpusched.core.model import (
     Start,
     StartKind,
 )
+from gpusched.core.moments import Moment, MomentMixin
 from gpusched.core.occupancy import Occupancy
 from gpusched.core.ordering import (
     fairshare_factors,
@@ -44,31 +45,10 @@ __all__ = ["Moment", "SchedulingPass", "fairshare_factors", "job_priorities", "o
            "plan", "queue_order"]
 
 
-@dataclass(frozen=True, slots=True)
-class Moment:
-    """What the pass saw when it came to one job: the raw material of an explanation."""
-
-    job: PendingJob
-    waits: tuple[Reason, ...]  # every reason that holds it back and blocks nobody, ranked
-    blocked_by: PendingJob | None  # the job ahead that holds its partition, if any
-    best_free: tuple[str, int] | None  # the candidate node with most free GPUs, and how many
-    qos_held: tuple[int, int, int]  # the user's jobs and GPUs, the account's GPUs, in its QOS
-    array_running: int  # tasks of its array running (or starting in this pass)
-    # A node with room for it now, the reserved job it would delay there, and when that
-    # reservation starts: why it was not backfilled.
-    in_the_way: tuple[str, int, float] | None = None
-    # A job asking for a share of one GPU: whether it has a place now, and the shared GPU
-    # with most room for it (node, units free), if any.
-    share_fits: bool = False
-    share_room: tuple[str, int] | None = None
-    # The GPU-hour budgets covering it, as committed when the pass reached it.
-    budgets: tuple[BudgetState, ...] = ()
-
-
 _PRIORITY = Reason.PRIORITY
 
 
-class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
+class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, MomentMixin):
     """The state of one pass as it walks the queue; ``plan`` runs one to the end.
 
     ``watch`` names a job whose ``Moment`` is recorded when the pass reaches it.
@@ -117,15 +97,19 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
         self.depth = policy.reservation_depth
         self.preempting = policy.preempt_mode != "off" and any(snapshot.qos_preempt.values())
         # Whether ``consider`` may decide for ``_try_start`` that a job waits behind the
-        # blocked one (no pools, preemption or estimates, whose work that leaves out).
-        self.quick = self.pools is None and not self.preempting and not (
-            self.depth and policy.estimates)
+        # blocked one (no pools or preemption, whose work that leaves out), and whether it
+        # then gives the job an estimate of its start, as ``_try_start`` would.
+        self.quick = self.pools is None and not self.preempting
+        self.estimating = bool(self.depth and policy.estimates)
         self.max_starts = policy.max_starts_per_pass
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
         self.reservations: list[Reservation] = []
         self.preemptions: list[Preemption] = []
         self.expected: dict[int, float] = {}  # job -> when it should start, if it waits
+        # Sizes of jobs ``refused`` in this pass: their estimate and the state of the
+        # capacity it was made in (``_behind``).
+        self._refused: dict[tuple[object, ...], tuple[float, tuple[int, int]]] = {}
         self.moment: Moment | None = None
         self.backfill_examined = 0
         self.last_examined: int | None = None
@@ -174,19 +158,6 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
                 return placed, shape, nodes
         soonest = min(options, key=lambda o: self.capacity.earliest(*o)[0])
         return None, soonest[0], soonest[1]
-
-    def _record(self, job: PendingJob) -> None:
-        members = self.where(job)[0]
-        best = self.capacity.biggest_free(members, Shape.of(job))
-        qos, user = job.qos or "", job.user
-        moment = Moment(
-            job, tuple(self.waits(job)), self.blocked.get(job.partition), best,
-            (self.limits.user_jobs[(qos, user)], self.limits.user_gpus[(qos, user)],
-             self.limits.account_gpus[(qos, job.account)]),
-            self.array_running[job.array_job_id] if job.array_job_id is not None else 0,
-            self.capacity.in_the_way(Shape.of(job), members),
-            *(self._share_moment(job, members) if wants_share(job) else ()))
-        self.moment = replace(moment, budgets=tuple(self.limits.budget_states(job)))
 
     def backfilling(self, job: PendingJob) -> bool:
         """Whether ``job`` can only start by backfill: its partition has a blocked job
@@ -260,7 +231,7 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
                     self.reservations.append(Reservation(
                         job.job_id, at, tuple(self.capacity.nodes[i].view.name for i, _ in where)))
                 self.expected[job.job_id] = at
-            elif self.depth and self.policy.estimates:
+            elif self.estimating:
                 self.expected[job.job_id] = (
                     pool.earliest(Shape.of(job), check=False) if pool is not None
                     else self.capacity.estimate(shape or whole or Shape.of(job), members, group))
@@ -332,15 +303,17 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
             # Most jobs of a long queue: one that only backfill could start, to which no
             # rule of ``waits`` applies, that names no nodes, is neither exclusive nor an
             # array, and needs at least what could not start in this pass (``refused``)
-            # waits behind the blocked job, as ``_try_start`` would decide without any
-            # other work (when ``quick``: no pools, preemption or estimates).
+            # waits behind the blocked job, as ``_try_start`` would decide with no other
+            # work than its estimate (when ``quick``: no pools or preemption). A job asking
+            # for GPU memory alone may still find a slice or a share: not this path.
             if (self.quick and job.array_tasks is None and not job.exclusive and not job.share
-                    and not job.nodelist and not job.exclude
+                    and not job.gpu_mem_mb and not job.nodelist and not job.exclude
                     and len(self.starts) < self.max_starts and self._plain(job)
-                    and self.capacity.refused(job, job.partition)):
-                at = self.expected.get(job.job_id, INF)
-                self.pending.append(Pending(job.job_id, _PRIORITY, at if at < INF else None))
-                return
+                    and not (self.whole_held and not (job.gpus or job.cpus or job.mem_mb))):
+                at = self._behind(job)
+                if at is not None:
+                    self.pending.append(Pending(job.job_id, _PRIORITY, at if at < INF else None))
+                    return
         reason = None if self._plain(job) else next(self.waits(job), None)
         if reason is None and job.array_tasks is None:
             reason = self._try_start(job, None)
@@ -360,6 +333,33 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
         if reason is not None:
             at = self.expected.get(job.job_id, INF)
             self.pending.append(Pending(job.job_id, reason, at if at < INF else None))
+
+    def _behind(self, job: PendingJob) -> float | None:
+        """For a job ``consider`` may decide quickly: None if it is not ``refused``, else
+        when it should start (INF: unknown), also kept in ``expected``. Jobs of one size
+        share the answer, remembered while no start, reservation or preemption has
+        changed the capacity since (``refused`` stays true until ``advance``)."""
+        capacity = self.capacity
+        key = (job.partition, job.gpu_kinds, job.nodes, job.gpus, job.cpus, job.mem_mb,
+               job.time_limit, job.uid if capacity.restricted else 0)
+        stamp = (len(capacity._changed), capacity._gave_back)
+        known = self._refused.get(key)
+        if known is None:
+            if not capacity.refused(job, job.partition):
+                return None
+        elif not self.estimating:
+            return self.expected.get(job.job_id, INF)
+        elif known[1] == stamp:
+            self.expected[job.job_id] = known[0]
+            return known[0]
+        if not self.estimating:
+            self._refused[key] = (INF, stamp)
+            return self.expected.get(job.job_id, INF)
+        at = capacity.estimate(Shape.of(job), self.members.get(job.partition, frozenset()),
+                               job.partition)
+        self._refused[key] = (at, stamp)
+        self.expected[job.job_id] = at
+        return at
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Whether the pass must stop before ``job``: its time (asked every 32 jobs) or
@@ -443,6 +443,7 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin):
             raise ValueError("this pass cannot be extended: start a fresh one")
         self.now = now
         self.capacity.advance(now)
+        self._refused.clear()
         starts, pending, reservations = (len(self.starts), len(self.pending),
                                          len(self.reservations))
         for job in jobs:

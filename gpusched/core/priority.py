@@ -127,11 +127,18 @@ def priorities(jobs: Iterable[PriorityInput], now: float, weights: PriorityWeigh
     return ranked_fields(jobs, now, weights, scale)
 
 
+def scored_fields(jobs: Iterable[tuple[int, float, int, float, int, int]], now: float,
+                  weights: PriorityWeights, scale: PriorityScale) -> list[PriorityBreakdown]:
+    """The breakdowns of jobs given as plain tuples of ``PriorityInput``'s six fields,
+    in their order."""
+    return _Scorer(weights, scale).score_all(jobs, now)
+
+
 def ranked_fields(jobs: Iterable[tuple[int, float, int, float, int, int]], now: float,
                   weights: PriorityWeights, scale: PriorityScale) -> list[PriorityBreakdown]:
     """``priorities`` of jobs given as plain tuples of ``PriorityInput``'s six fields
     (a ``PriorityInput`` is one): a queue need not build a named tuple per job."""
-    result = _Scorer(weights, scale).score_all(jobs, now)
+    result = scored_fields(jobs, now, weights, scale)
     # Stable sorts: by job id, then by total, highest first (``reverse`` keeps equal
     # totals in job id order).
     result.sort(key=itemgetter(0))
