@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     Float,
     Integer,
+    Select,
     Text,
     case,
     cast,
@@ -285,20 +287,26 @@ def _job_object_columns() -> list[ColumnElement[Any]]:
     return [column.label(field) for field, column in columns.items()]
 
 
-def job_list_json(session: Session, query: dict[str, str]) -> bytes | None:
-    """``GET /v1/jobs`` without ``fields`` (``{"jobs": [JOB, ...]}``) as the JSON text
-    PostgreSQL builds, the same JSON as ``list_jobs`` (no Python object per job: a
-    queue of 1,000 in a few milliseconds); None when a float there is one Python
-    writes otherwise (see FLOAT_LIMIT)."""
+@cache
+def _job_list_statement() -> Select[Any, Any, str]:
+    """``job_list_json``'s statement before its filters: made once, since building a
+    hundred column expressions costs more than the database takes for a short queue."""
     fields = select(*_job_object_columns()).correlate(Job, Node).lateral("job")
     documents = func.string_agg(cast(func.row_to_json(fields.table_valued()), Text),
                                 aggregate_order_by(literal(","), Job.id))
     unusual = func.bool_or(func.greatest(*(func.abs(f) for f in _FLOAT_FIELDS.values()))
                            >= FLOAT_LIMIT)
     digits = cast(func.current_setting("extra_float_digits"), Text)
-    stmt = (select(func.coalesce(documents, ""), func.coalesce(unusual, False), digits)
-            .select_from(Job).outerjoin(Node, Node.id == Job.node_id).join(fields, true())
-            .where(*_list_filters(query)))
+    return (select(func.coalesce(documents, ""), func.coalesce(unusual, False), digits)
+            .select_from(Job).outerjoin(Node, Node.id == Job.node_id).join(fields, true()))
+
+
+def job_list_json(session: Session, query: dict[str, str]) -> bytes | None:
+    """``GET /v1/jobs`` without ``fields`` (``{"jobs": [JOB, ...]}``) as the JSON text
+    PostgreSQL builds, the same JSON as ``list_jobs`` (no Python object per job: a
+    queue of 1,000 in a few milliseconds); None when a float there is one Python
+    writes otherwise (see FLOAT_LIMIT)."""
+    stmt = _job_list_statement().where(*_list_filters(query))
     body, odd, extra_digits = session.connection().execute(stmt).one()
     if odd or int(extra_digits) < 1:
         return None
