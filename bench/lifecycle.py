@@ -38,24 +38,28 @@ def _client():  # type: ignore[no-untyped-def]
     return ApiClient()
 
 
-def submit(client, script: str, work: Path, gpus: int = 1) -> int:  # type: ignore[no-untyped-def]
+def submit(client, script: str, work: Path, gpus: int = 1,  # type: ignore[no-untyped-def]
+           name: str = "bench") -> int:
     """Submit through the API, as gsubmit does."""
     return client.request("POST", "/v1/jobs", {
-        "script": script, "name": "bench", "gpus": gpus, "work_dir": str(work),
+        "script": script, "name": name, "gpus": gpus, "work_dir": str(work),
         "environment": {"PATH": os.environ["PATH"]}, "output": "/dev/null",
     })["job_id"]
 
 
-def wait_done(client, ids: list[int], timeout: float, interval: float = 0.01) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Wait until every job in ``ids`` has ended; returns their JOB objects.
+def wait_done(client, ids: list[int], timeout: float, interval: float = 0.01,  # type: ignore[no-untyped-def]
+              name: str | None = None) -> list[dict]:
+    """Wait until every job in ``ids`` has ended (with ``name``: every active job of
+    that name, when those are all of ``ids``); returns their JOB objects.
 
     Polls only the ids of the active ones, so the watching itself costs the controller
     and its database little (whole JOB objects of a thousand jobs cost them about as
-    much as the jobs do).
+    much as the jobs do, and so does a list of a thousand ids to look up).
     """
     deadline = time.monotonic() + timeout
     wanted = ",".join(map(str, ids))
-    while client.request("GET", f"/v1/jobs?state=PENDING,RUNNING&ids={wanted}"
+    watch = f"name={name}" if name is not None else f"ids={wanted}"
+    while client.request("GET", f"/v1/jobs?state=PENDING,RUNNING&{watch}"
                          "&fields=job_id")["rows"]:
         if time.monotonic() > deadline:
             raise SystemExit(f"jobs did not finish within {timeout}s")
@@ -105,8 +109,8 @@ def throughput(client, work: Path, count: int  # type: ignore[no-untyped-def]
     """Jobs per second from the first submit to the last completion, that span, the
     job ids, and the first submit's and last end's times."""
     first = time.time()
-    ids = [submit(client, "#!/bin/sh\ntrue\n", work) for _ in range(count)]
-    jobs = wait_done(client, ids, 600, interval=0.25)
+    ids = [submit(client, "#!/bin/sh\ntrue\n", work, name="drain") for _ in range(count)]
+    jobs = wait_done(client, ids, 600, interval=0.25, name="drain")
     failed = [j for j in jobs if j["state"] != "COMPLETED"]
     if failed:
         raise SystemExit(f"{len(failed)} jobs did not complete, e.g. {failed[0]}")
