@@ -223,33 +223,33 @@ class Occupancy:
         return job.exclusive or bool(self.whole) and any(
             self.index.get(name) in self.whole for name in job.nodes or (job.node,))
 
-    def _touched_by(self, job: RunningJob, units: dict[tuple[int, str], set[str]]
-                    ) -> dict[int, NodeTimeline]:
-        """New nodes in place of those ``job`` holds anything on (``units``: its units by
-        node and kind), sharing their sealed free units and releases until a change
-        replaces them."""
-        index, nodes = self.index, self.nodes
-        touched = {index[name] for name in job.nodes or (job.node,) if name in index}
-        touched.update(at for at, _ in units)
-        changed = {}
-        for at in sorted(touched):
-            old = nodes[at]
-            node = _new(NodeTimeline)
+    def _fresh(self, at: int, changed: dict[int, NodeTimeline]) -> NodeTimeline:
+        """The new node in place of node ``at`` for this change (made once): it shares
+        the sealed free units and releases of the old one until the change replaces
+        them."""
+        node = changed.get(at)
+        if node is None:
+            old = self.nodes[at]
+            node = changed[at] = _new(NodeTimeline)
             node.index, node.view, node.total, node.slices = (old.index, old.view, old.total,
                                                               old.slices)
             node.free, node.cpus, node.mem, node.releases = (old.free, old.cpus, old.mem,
                                                              old.releases)
             node.reserved = _NOTHING_RESERVED
-            changed[at] = node
-        return changed
+        return node
 
     def _units_by_node(self, job: RunningJob) -> dict[tuple[int, str], set[str]]:
         """The UUIDs of ``job``'s units, by (node, kind) (free units of that kind known)."""
         units: dict[tuple[int, str], set[str]] = {}
+        kind_of = self.kind_of
         for uuid in job.gpu_uuids:
-            where = self.kind_of.get(uuid)
+            where = kind_of.get(uuid)
             if where is not None:
-                units.setdefault(where, set()).add(uuid)
+                known = units.get(where)
+                if known is None:
+                    units[where] = {uuid}
+                else:
+                    known.add(uuid)
         return units
 
     def _replace(self, changed: dict[int, NodeTimeline],
@@ -283,76 +283,85 @@ class Occupancy:
                 else:
                     bucket.extend(came)
                     bucket.sort()
-        self._log.extend(changed)
-        if len(self._log) > 4096:  # passes begun that long ago work their orders out anew
+        log = self._log
+        log.extend(changed)
+        if len(log) > 4096:  # passes begun that long ago work their orders out anew
             self._log_from += 2048
-            del self._log[:2048]
+            del log[:2048]
         self.starts.changed(changed, len(nodes))
 
     def add(self, job: RunningJob) -> None:
         """``job`` started: it holds its units, CPUs and memory until its end time."""
         if not self.kept:
             raise ValueError("only a kept occupancy is told of starts and ends")
-        if job.job_id in self._jobs:
-            raise ValueError(f"job {job.job_id} is already running")
-        self._jobs[job.job_id] = job
+        job_id = job.job_id
+        if job_id in self._jobs:
+            raise ValueError(f"job {job_id} is already running")
+        self._jobs[job_id] = job
         if self._whole_involved(job):
             self._rebuild()
             return
-        units = self._units_by_node(job)
-        changed = self._touched_by(job, units)
-        index, on_node = self.index, self.on_node
+        changed: dict[int, NodeTimeline] = {}
+        fresh, index, on_node = self._fresh, self.index, self.on_node
         # What it gives back at its end, by node (as ``releases_of`` has it).
-        end, job_id = INF if job.end_time is None else job.end_time, job.job_id
+        end = INF if job.end_time is None else job.end_time
         timed = end != INF
-        cpus, mem = float(job.cpus), float(job.mem_mb)
+        cpus, mem = job.cpus, job.mem_mb
         freed = timed and bool(cpus or mem)
         added: dict[int, list[Release]] = {}
         for name in job.nodes or (job.node,):
             at = index.get(name)
             if at is not None:
-                node = changed[at]
-                node.cpus -= job.cpus
-                node.mem -= job.mem_mb
+                node = fresh(at, changed)
+                node.cpus -= cpus
+                node.mem -= mem
                 held = on_node.get(at)
                 on_node[at] = [*held, job] if held else [job]
                 if freed:
-                    added.setdefault(at, []).append((end, "", 0, cpus, mem, job_id))
+                    added.setdefault(at, []).append((end, "", 0, float(cpus), float(mem),
+                                                     job_id))
         moves: list[tuple[str, int, int, int]] = []
-        for (at, kind), taken in units.items():
-            node = changed[at]
+        for (at, kind), taken in self._units_by_node(job).items():
+            node = fresh(at, changed)
             free = node.free.get(kind)
             if free is not None:
-                left = SealedList([gpu for gpu in free if gpu.uuid not in taken])
-                node.free = SealedDict({**node.free, kind: left})
-                if len(left) != len(free) and kind in node.total:
-                    moves.append((kind, len(free), len(left), at))
+                left = [gpu for gpu in free if gpu.uuid not in taken]
+                if len(left) != len(free):
+                    node.free = SealedDict({**node.free, kind: SealedList(left)})
+                    if kind in node.total:
+                        moves.append((kind, len(free), len(left), at))
             if timed:
-                added.setdefault(at, []).append((end, kind, len(taken), 0.0, 0.0, job_id))
+                release = (end, kind, len(taken), 0.0, 0.0, job_id)
+                if at in added:
+                    added[at].append(release)
+                else:
+                    added[at] = [release]
         for at, releases in added.items():
             node = changed[at]
             node.releases = SealedList(sorted([*node.releases, *releases]) if node.releases
-                                       else sorted(releases))
+                                       else sorted(releases) if len(releases) > 1
+                                       else releases)
         self._replace(changed, moves)
 
     def remove(self, job: RunningJob) -> None:
         """``job`` ended: what it held is free again."""
         if not self.kept:
             raise ValueError("only a kept occupancy is told of starts and ends")
-        if self._jobs.pop(job.job_id, None) is None:
-            raise ValueError(f"job {job.job_id} is not running")
+        job_id = job.job_id
+        if self._jobs.pop(job_id, None) is None:
+            raise ValueError(f"job {job_id} is not running")
         if self._whole_involved(job):
             self._rebuild()
             return
-        units = self._units_by_node(job)
-        changed = self._touched_by(job, units)
-        index, on_node, job_id = self.index, self.on_node, job.job_id
+        changed: dict[int, NodeTimeline] = {}
+        fresh, index, on_node = self._fresh, self.index, self.on_node
+        cpus, mem = job.cpus, job.mem_mb
         for name in job.nodes or (job.node,):
             at = index.get(name)
             if at is not None:
-                node = changed[at]
-                node.cpus += job.cpus
-                node.mem += job.mem_mb
+                node = fresh(at, changed)
+                node.cpus += cpus
+                node.mem += mem
                 held = on_node.get(at)
                 if held is not None and len(held) == 1 and held[0].job_id == job_id:
                     del on_node[at]  # the node's only job: most often
@@ -364,17 +373,19 @@ class Occupancy:
                     on_node.pop(at, None)
         inventory = self.inventory.nodes
         moves: list[tuple[str, int, int, int]] = []
-        for (at, kind), returned in units.items():
-            node = changed[at]
+        for (at, kind), returned in self._units_by_node(job).items():
+            node = fresh(at, changed)
             now_free = node.free.get(kind)
             if now_free is None:
                 continue
             every = inventory[at].units[kind]
-            free = returned if not now_free else {gpu.uuid for gpu in now_free} | returned
-            back = SealedList([gpu for gpu in every if gpu.uuid in free])
-            node.free = SealedDict({**node.free, kind: back})
-            if len(back) != len(now_free) and kind in node.total:
-                moves.append((kind, len(now_free), len(back), at))
+            if now_free:
+                returned = returned.union(gpu.uuid for gpu in now_free)
+            back = [gpu for gpu in every if gpu.uuid in returned]
+            if len(back) != len(now_free):
+                node.free = SealedDict({**node.free, kind: SealedList(back)})
+                if kind in node.total:
+                    moves.append((kind, len(now_free), len(back), at))
         for node in changed.values():
             releases = node.releases
             if releases:

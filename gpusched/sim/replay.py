@@ -280,7 +280,7 @@ class Replay:
         while self.ends and self.ends[0][0] <= now:
             at, job_id = heapq.heappop(self.ends)
             run = self.running.pop(job_id)
-            self.last = None
+            self._drop_last()
             if self.occupancy is not None:
                 self.occupancy.remove(run)
             self.busy -= _held(run)
@@ -299,7 +299,7 @@ class Replay:
         arrived, self.arrived = self.arrived, []
         if self.shortcuts and not any_could_start_counted(self.with_free, self.shapes) and not (
                 self.share_pending and any(g.room for g in self.book.gpus.values())):
-            self.last = None
+            self._drop_last()
             return
         if self.last is not None and self.incremental and self.last.extendable:
             decisions = self.last.arrive(now, arrived)
@@ -312,10 +312,21 @@ class Replay:
                 usage=self._usage(now))
             scheduling = SchedulingPass(snapshot, now, self.core, occupancy=self.occupancy)
             decisions = scheduling.run(queue_order(snapshot, now, self.core))
+            self._drop_last()
             self.last = scheduling
         for start in decisions.starts:
             self._start(start.job_id, now, start.node, start.nodes or (start.node,),
                         start.gpu_uuids, start.kind is StartKind.BACKFILLED, start.shares)
+
+    def _drop_last(self) -> None:
+        """Forget the last pass, breaking the reference cycles it holds (hooks that point
+        back at it, start orders whose recompute closes over its capacity): reference
+        counting then frees it and its copies of nodes at once, instead of the cyclic
+        collector finding them later, which costs the replay more than they do."""
+        last, self.last = self.last, None
+        if last is not None:
+            vars(last.capacity).clear()
+            vars(last).clear()
 
     def _free_units(self, uuids: Sequence[str], more: int) -> None:
         """Each of these GPUs is free (``more`` 1) or taken (-1) on its node."""
