@@ -11,7 +11,12 @@ instruction), and the drain too (``drain_*``: passes per second, jobs started pe
 and each stage from a job's start to its end and from its end to the next pass).
 The drain also reports the CPU each daemon spent per job (``drain_cpu_ms_per_job_*``:
 the controller, the agent with its supervisors and jobs, PostgreSQL), each with every
-process under it, the ended ones included once their parent has reaped them.
+process under it, the ended ones included once their parent has reaped them; and the
+agent's part split (``drain_cpu_ms_per_job_agent_*``): the agent process itself (with
+anything it ran directly), its supervisor spawners, the job supervisors they forked,
+and the jobs (what their cgroups counted: from the fork of the job's process, so its
+way to exec included; on a node that confines no job, supervisors and jobs are one
+figure, ``..._supervisors_and_jobs``).
 """
 
 from __future__ import annotations
@@ -105,9 +110,10 @@ def submit_to_start(client, work: Path, trials: int  # type: ignore[no-untyped-d
 
 
 def throughput(client, work: Path, count: int  # type: ignore[no-untyped-def]
-               ) -> tuple[float, float, list[int], float, float]:
+               ) -> tuple[float, float, list[int], float, float, float | None]:
     """Jobs per second from the first submit to the last completion, that span, the
-    job ids, and the first submit's and last end's times."""
+    job ids, the first submit's and last end's times, and the CPU seconds the jobs'
+    cgroups counted (None when a job was not confined)."""
     first = time.time()
     ids = [submit(client, "#!/bin/sh\ntrue\n", work, name="drain") for _ in range(count)]
     jobs = wait_done(client, ids, 600, interval=0.25, name="drain")
@@ -115,15 +121,22 @@ def throughput(client, work: Path, count: int  # type: ignore[no-untyped-def]
     if failed:
         raise SystemExit(f"{len(failed)} jobs did not complete, e.g. {failed[0]}")
     last = max(datetime.fromisoformat(j["end_time"]).timestamp() for j in jobs)
-    return count / (last - first), last - first, ids, first, last
+    counted = [j.get("cpu_usec") for j in jobs]
+    job_cpu = None if None in counted else sum(counted) / 1e6
+    return count / (last - first), last - first, ids, first, last, job_cpu
 
 
 def _cpu_of_trees(root: Path) -> dict[str, float]:
     """CPU seconds (user and system, reaped children included) of the cluster's
-    daemons, each with every process under it: by kind (controller, agent, postgres)."""
+    daemons, each with every process under it: by kind (controller, agent, postgres);
+    and the agent's split: ``agent_process`` (the agent, and what it ran and reaped
+    itself), ``agent_spawner`` (its supervisor spawners alone), ``agent_supervisors``
+    (the supervisors they forked, with the jobs those ran)."""
     parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
+    own: dict[int, float] = {}  # the process itself
+    reaped: dict[int, float] = {}  # the children it has waited for
     kind: dict[int, str] = {}
+    spawners: set[int] = set()
     tick = os.sysconf("SC_CLK_TCK")
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -133,19 +146,58 @@ def _cpu_of_trees(root: Path) -> dict[str, float]:
             continue
         pid = int(proc.name)
         parent[pid] = int(fields[1])
-        cpu[pid] = sum(int(value) for value in fields[11:15]) / tick
+        own[pid] = (int(fields[11]) + int(fields[12])) / tick
+        reaped[pid] = (int(fields[13]) + int(fields[14])) / tick
         if str(root) in line:
             kind[pid] = next((k for k in ("controller", "agent", "postgres") if k in line),
                              "")
-    totals = dict.fromkeys(("controller", "agent", "postgres"), 0.0)
-    for pid, seconds in cpu.items():
-        at, seen = pid, 0
+        elif "supervisor.py --spawner" in line:
+            spawners.add(pid)  # or a supervisor it forked (same command line)
+    totals = dict.fromkeys(("controller", "agent", "postgres", "agent_process",
+                            "agent_spawner", "agent_supervisors"), 0.0)
+    for pid in own:
+        at, below, seen = pid, None, 0
         while at in parent and seen < 64:  # the nearest daemon above (or at) this one
             if kind.get(at):
-                totals[kind[at]] += seconds
+                totals[kind[at]] += own[pid] + reaped[pid]
+                if kind[at] == "agent":
+                    # A spawner is the agent's child; what it forked is below it.
+                    spawner = below if below in spawners else None
+                    _split_agent(totals, pid, spawner, own[pid], reaped[pid])
                 break
-            at, seen = parent[at], seen + 1
+            at, below, seen = parent[at], at, seen + 1
     return totals
+
+
+def _split_agent(totals: dict[str, float], pid: int, spawner: int | None, own: float,
+                 reaped: float) -> None:
+    """Add a process of the agent's tree to its part of the agent's split."""
+    if spawner is None:
+        totals["agent_process"] += own + reaped
+    elif spawner == pid:
+        totals["agent_spawner"] += own
+        totals["agent_supervisors"] += reaped
+    else:
+        totals["agent_supervisors"] += own + reaped
+
+
+def cpu_lines(before: dict[str, float], after: dict[str, float], job_cpu: float | None,
+              jobs: int) -> list[str]:
+    """``drain_cpu_ms_per_job_*`` lines: CPU milliseconds per job of each daemon, and
+    of each part of the agent's (the jobs' part from what their cgroups counted)."""
+    used = {name: (after[name] - before[name]) * 1000 / jobs for name in after}
+    lines = [f"drain_cpu_ms_per_job_{name}: {used[name]:.2f}"
+             for name in ("controller", "agent", "postgres", "agent_process",
+                          "agent_spawner")]
+    if job_cpu is None:
+        lines.append(f"drain_cpu_ms_per_job_agent_supervisors_and_jobs: "
+                     f"{used['agent_supervisors']:.2f}")
+    else:
+        jobs_ms = job_cpu * 1000 / jobs
+        lines.append(f"drain_cpu_ms_per_job_agent_supervisors: "
+                     f"{used['agent_supervisors'] - jobs_ms:.2f}")
+        lines.append(f"drain_cpu_ms_per_job_agent_jobs: {jobs_ms:.2f}")
+    return lines
 
 
 def stage_lines(root: Path) -> stage_report.Stamps:
@@ -197,14 +249,12 @@ def main() -> None:
                     print(*stage_report.submit_to_start(stage_lines(root), trials), sep="\n")
             if opts.only in (None, "throughput"):
                 before = _cpu_of_trees(root)
-                rate, span, ids, first, last = throughput(client, work, opts.jobs)
+                rate, span, ids, first, last, job_cpu = throughput(client, work, opts.jobs)
                 after = _cpu_of_trees(root)
                 print(f"throughput_jobs: {opts.jobs}")
                 print(f"throughput_span_s: {span:.2f}")
                 print(f"throughput_jobs_per_s: {rate:.1f}")
-                for name, seconds in after.items():
-                    used = (seconds - before[name]) * 1000 / opts.jobs
-                    print(f"drain_cpu_ms_per_job_{name}: {used:.2f}")
+                print(*cpu_lines(before, after, job_cpu, opts.jobs), sep="\n")
                 if not opts.no_stages:
                     print(*stage_report.drain(stage_lines(root), ids, first, last), sep="\n")
         if opts.only in (None, "cli"):
