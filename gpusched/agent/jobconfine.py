@@ -68,17 +68,24 @@ def signal_others(job: JobCgroup, pgid: int, sig: int) -> None:
 
 def end_job_cgroup(job: JobCgroup) -> Usage:
     """Kill whatever is left in the job's cgroup, read what it used, and remove it."""
-    if job.pids():
-        job.kill()
+    job.kill()  # returns once it is empty, and an empty cgroup gains no process
     usage = job.usage()
-    remove_job_cgroup(job)
+    _remove(job)
     return usage
 
 
 def remove_job_cgroup(job: JobCgroup) -> None:
+    """Kill whatever is in the job's cgroup and remove it; a failure is only noted."""
     try:
-        if job.pids():
-            job.kill(timeout=5.0)
+        job.kill(timeout=5.0)
+    except OSError as exc:
+        print(f"gpusched: cannot remove cgroup {job.name}: {exc}", flush=True)
+        return
+    _remove(job)
+
+
+def _remove(job: JobCgroup) -> None:
+    try:
         job.remove()
     except OSError as exc:
         print(f"gpusched: cannot remove cgroup {job.name}: {exc}", flush=True)

@@ -12,6 +12,10 @@ from typing import Any
 
 _OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 _LAUNCH_FAILED_EXIT = 127
+# Listed once, as plain numbers: signal.valid_signals() makes an enum of each number,
+# which costs a forked child more than the rest of its way to exec.
+_CATCHABLE = tuple(int(s) for s in signal.valid_signals()
+                   if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
 class LaunchError(Exception):
@@ -134,8 +138,10 @@ def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> Non
 def default_signals() -> None:
     """Every signal's default action, none blocked: what a job's process starts with,
     whatever its supervisor had set."""
-    for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+    for sig in _CATCHABLE:
+        # Only those not at their default already: signal.getsignal knows every
+        # disposition, inherited ones included.
+        if signal.getsignal(sig) is not signal.SIG_DFL:
             try:
                 signal.signal(sig, signal.SIG_DFL)
             except (OSError, ValueError):

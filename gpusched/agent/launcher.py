@@ -65,7 +65,7 @@ class Launcher:
     """Starts job supervisors, cancels them, and reports how their jobs ended."""
 
     def __init__(self, jobs_dir: Path, python: str = sys.executable,
-                 spawner: bool = True) -> None:
+                 spawner: bool = True, site_programs: bool = False) -> None:
         self.jobs_dir = Path(jobs_dir)
         self.python = python
         if not self.jobs_dir.is_dir():
@@ -86,8 +86,16 @@ class Launcher:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._spawner = SupervisorSpawner(python, self.jobs_dir.parent / "spawner.log") if spawner else None
+        # site_programs: the node runs a prolog or an epilog (see serve_spawner).
+        self._spawner = (SupervisorSpawner(python, self.jobs_dir.parent / "spawner.log",
+                                           site_programs) if spawner else None)
         self.mps = MpsDaemons(self.jobs_dir.parent / "mps")  # of the GPUs jobs share by MPS
+
+    def warm(self) -> None:
+        """Start the supervisor spawner now, so that the first launch need not wait for
+        an interpreter to start."""
+        if self._spawner is not None:
+            self._spawner.warm()
 
     def close(self) -> None:
         """Stop watching; the supervisors (and their jobs) keep running."""

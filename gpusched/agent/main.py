@@ -59,7 +59,8 @@ class Agent:
         # Before anything is spawned: under cgroup v2 the agent moves into a leaf.
         self.confinement = open_confinement(self.config)
         self._gpus: dict[str, dict[str, Any]] = {}  # the registered GPUs, by UUID
-        self.launcher = Launcher(self.config.state_dir / "jobs")
+        self.launcher = Launcher(self.config.state_dir / "jobs", site_programs=(
+            self.config.prolog is not None or self.config.epilog is not None))
         self.steps = NodeSteps(self.config, self.confinement, self.config.state_dir / "jobs")
         self._address: str | None = None  # where other nodes reach this one (steps)
         # (job id, run) of runs whose end the controller acknowledged. A launch claimed
@@ -110,6 +111,10 @@ class Agent:
         adopted = self.launcher.adopt()
         if adopted:
             log.info("re-adopted running jobs %s", adopted)
+        try:
+            self.launcher.warm()
+        except OSError as exc:  # the first launch starts it, or a fresh interpreter
+            log.warning("cannot start the supervisor spawner yet: %s", exc)
         server = None
         if self.metrics is not None and self.metrics_listen is not None:
             server = MetricsServer(self.metrics_listen.host, self.metrics_listen.port,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import subprocess
 import time
 
 MAX_OUTPUT = 4096  # bytes of output kept to find the first line
@@ -36,6 +35,10 @@ def run_site_program(path: str, env: dict[str, str], timeout: float,
                      what: str = "program") -> str | None:
     """Run ``path``; None when it exits 0 within ``timeout`` seconds, else why not: its
     first line of output, or how it failed (``what`` names it in the message)."""
+    # Imported here: subprocess brings threading, whose fork handlers would cost every
+    # job supervisor forked from a spawner that had imported it (gpusched.agent.spawner).
+    import subprocess
+
     try:
         proc = subprocess.Popen(
             [path], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

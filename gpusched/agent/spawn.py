@@ -50,9 +50,10 @@ class SupervisorSpawner:
     end of the socket, leaving the supervisors it forked running.
     """
 
-    def __init__(self, python: str, log_path: Path) -> None:
+    def __init__(self, python: str, log_path: Path, site_programs: bool = False) -> None:
         self.python = python
         self.log_path = log_path
+        self.site_programs = site_programs  # the node runs a prolog or an epilog
         self._sock: socket.socket | None = None
         self._pid = 0
         self._lock = threading.Lock()
@@ -93,8 +94,9 @@ class SupervisorSpawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._pid = spawn_supervisor_process(
-                self.python, ["--spawner", str(LOCK_FD_IN_SUPERVISOR)], self.log_path,
-                theirs.fileno())
+                self.python, ["--spawner", str(LOCK_FD_IN_SUPERVISOR),
+                              *(["--site-programs"] if self.site_programs else [])],
+                self.log_path, theirs.fileno())
         finally:
             theirs.close()
         self._sock = ours

@@ -12,14 +12,17 @@ from gpusched.agent.supervisor import _note_error
 _LOCK_FD = 3  # where a supervisor keeps its supervisor.lock (as the launcher hands it)
 
 
-def serve_spawner(sock_fd: int) -> int:
+def serve_spawner(sock_fd: int, site_programs: bool = False) -> int:
     """Fork one supervisor per request on ``sock_fd`` until the agent closes it.
 
     A request is a job directory path, with its already locked supervisor.lock passed
     as SCM_RIGHTS; the answer is the new supervisor's pid as 4 bytes (0 if fork
     failed). Forking this started interpreter spares every job a Python start-up.
     When the agent goes away the spawner leaves; the supervisors it forked live on in
-    their own sessions.
+    their own sessions. ``site_programs``: the node runs a prolog or epilog, so what
+    running them needs (subprocess) is imported once here rather than in every
+    supervisor; elsewhere it is not, since a process that imported threading (as
+    subprocess does) pays for its fork handlers in every child it forks.
     """
     import select
 
@@ -27,6 +30,8 @@ def serve_spawner(sock_fd: int) -> int:
     try:
         supervisor.confinement_module()
         from gpusched.agent import stepsupervisor  # noqa: F401 - steps start sooner
+        if site_programs:
+            import subprocess  # noqa: F401 - what each prolog and epilog is run with
     except ImportError:
         pass  # imported by each supervisor that needs it, or its error reported there
     while True:

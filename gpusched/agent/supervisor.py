@@ -265,7 +265,7 @@ class Supervisor:
                 self.notice_writers = reap(self.notice_writers)
         # Slurm ends the whole step with its main process: leftovers (backgrounded
         # grandchildren) are killed. The unreaped child keeps the group id from reuse.
-        self.signal_job(signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)
         if self.cgroup is not None:
             self.cgroup.kill()  # and what escaped it with setsid or a double fork
         _, wait_status = os.waitpid(self.job_pid, 0)
@@ -302,13 +302,17 @@ class Supervisor:
         self.signal_job(signal.SIGCONT)  # a stopped job must wake up to see the TERM
 
     def signal_job(self, sig: int) -> None:
-        """Send sig to the job's whole process group, if anything of it is left."""
+        """Send sig to the job's whole process group, if anything of it is left, and to
+        what of it left the group, in its cgroup."""
+        self._signal_group(sig)
+        if self.cgroup is not None:
+            self.confine.signal_others(self.cgroup, self.job_pid, sig)
+
+    def _signal_group(self, sig: int) -> None:
         try:
             os.killpg(self.job_pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        if self.cgroup is not None:
-            self.confine.signal_others(self.cgroup, self.job_pid, sig)
 
     def status(self, outcome: str, exit_code: int | None, sig: int | None,
                error: str | None) -> dict[str, Any]:
@@ -370,7 +374,8 @@ def _parse_args(argv: list[str]) -> tuple[str, int | None]:
         return argv[1], None
     if len(argv) == 4 and argv[2] == "--lock-fd":
         return argv[1], int(argv[3])
-    raise SystemExit("usage: supervisor.py JOBDIR [--lock-fd N] | supervisor.py --spawner FD")
+    raise SystemExit("usage: supervisor.py JOBDIR [--lock-fd N] | "
+                     "supervisor.py --spawner FD [--site-programs]")
 
 
 def main(argv: list[str]) -> int:
@@ -410,8 +415,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--spawner":
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--spawner":
         from gpusched.agent.spawner import serve_spawner
 
-        sys.exit(serve_spawner(int(sys.argv[2])))
+        sys.exit(serve_spawner(int(sys.argv[2]), "--site-programs" in sys.argv[3:]))
     sys.exit(main(sys.argv))

@@ -37,9 +37,32 @@ def format_cpus(cpus: set[int]) -> str:
     return ",".join(out)
 
 
+def read_file(path: Path) -> str:
+    """A control file's text. The os calls, not a text file object: a job supervisor,
+    forked from the spawner, copies each page it touches, and a file object touches
+    many."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write a control file in one write (made if missing, as Path.write_text would)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def _read_int(path: Path) -> int | None:
     try:
-        text = path.read_text().strip()
+        text = read_file(path).strip()
     except OSError:
         return None
     return None if text == "max" else int(text)
@@ -47,7 +70,7 @@ def _read_int(path: Path) -> int | None:
 
 def _keyed(path: Path) -> dict[str, int]:
     try:
-        lines = path.read_text().splitlines()
+        lines = read_file(path).splitlines()
     except OSError:
         return {}
     out: dict[str, int] = {}
@@ -89,7 +112,7 @@ class JobCgroup:
                 paths[ctrl] = path
                 if ctrl == "cpuset":
                     for f in ("cpuset.cpus", "cpuset.mems"):
-                        (path / f).write_text((base / f).read_text().strip() or "\n")
+                        write_file(path / f, read_file(base / f).strip() or "\n")
         except OSError as exc:
             job.remove()
             raise CgroupUnavailable(
@@ -117,7 +140,7 @@ class JobCgroup:
 
     def add(self, pid: int) -> None:
         for path in self.paths.values():
-            (path / "cgroup.procs").write_text(str(pid))
+            write_file(path / "cgroup.procs", str(pid))
 
     def enter(self) -> None:
         """Move the calling process, which must have a single thread (a child just
@@ -127,14 +150,20 @@ class JobCgroup:
         through ``cgroup.procs`` cannot."""
         name = "tasks" if self.tree.version == 1 else "cgroup.procs"
         for path in self.paths.values():
-            (path / name).write_text("0")
+            # os-level: the forked child copies every page it touches, and a text
+            # file object touches many
+            fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
 
     def pids(self) -> set[int]:
         found: set[int] = set()
         for path in self.paths.values():
             try:
                 found.update(
-                    int(p) for p in (path / "cgroup.procs").read_text().split()
+                    int(p) for p in read_file(path / "cgroup.procs").split()
                 )
             except FileNotFoundError:
                 pass
@@ -149,9 +178,9 @@ class JobCgroup:
                 raise CgroupUnsupported(
                     "the memory controller is not enabled in this cgroup v2 tree"
                 )
-            (path / "memory.max").write_text(str(limit_bytes))
+            write_file(path / "memory.max", str(limit_bytes))
             if not swap and (path / "memory.swap.max").exists():
-                (path / "memory.swap.max").write_text("0")
+                write_file(path / "memory.swap.max", "0")
             return
         if "memory" not in self.paths:
             raise CgroupUnsupported("the cgroup v1 memory controller is not mounted")
@@ -162,18 +191,18 @@ class JobCgroup:
             # memsw must stay >= the limit: raise it first when growing, last when shrinking
             current = _read_int(limit) or 0
             if swap:
-                memsw.write_text("-1")
-                limit.write_text(str(limit_bytes))
+                write_file(memsw, "-1")
+                write_file(limit, str(limit_bytes))
             elif limit_bytes > current:
-                memsw.write_text(str(limit_bytes))
-                limit.write_text(str(limit_bytes))
+                write_file(memsw, str(limit_bytes))
+                write_file(limit, str(limit_bytes))
             else:
-                limit.write_text(str(limit_bytes))
-                memsw.write_text(str(limit_bytes))
+                write_file(limit, str(limit_bytes))
+                write_file(memsw, str(limit_bytes))
         else:
-            limit.write_text(str(limit_bytes))
+            write_file(limit, str(limit_bytes))
             if not swap:
-                (path / "memory.swappiness").write_text("0")
+                write_file(path / "memory.swappiness", "0")
 
     def set_cpus(self, cpus: set[int], mems: set[int] | None = None) -> None:
         if not cpus:
@@ -182,8 +211,8 @@ class JobCgroup:
         if path is None or not (path / "cpuset.cpus").exists():
             raise CgroupUnsupported("the cpuset controller is not available")
         if mems:
-            (path / "cpuset.mems").write_text(format_cpus(mems))
-        (path / "cpuset.cpus").write_text(format_cpus(cpus))
+            write_file(path / "cpuset.mems", format_cpus(mems))
+        write_file(path / "cpuset.cpus", format_cpus(cpus))
 
     def allow_devices(self, rules: list[DeviceRule]) -> None:
         """Only these devices may be opened (read, written, or made with mknod)."""
@@ -202,11 +231,10 @@ class JobCgroup:
         if "devices" not in self.paths:
             raise CgroupUnsupported("the cgroup v1 devices controller is not mounted")
         path = self.paths["devices"]
-        (path / "devices.deny").write_text("a")
+        write_file(path / "devices.deny", "a")
         for kind, major, minor in rules:
-            (path / "devices.allow").write_text(
-                f"{kind} {major}:{'*' if minor is None else minor} rwm"
-            )
+            write_file(path / "devices.allow",
+                       f"{kind} {major}:{'*' if minor is None else minor} rwm")
 
     def kill(self, timeout: float = 10.0, *, freeze: bool = False) -> None:
         """Kill every process in the job; returns once the cgroup is empty.
@@ -220,7 +248,7 @@ class JobCgroup:
             and self.tree.version == 2
             and (self._v2() / "cgroup.kill").exists()
         ):
-            (self._v2() / "cgroup.kill").write_text("1")
+            write_file(self._v2() / "cgroup.kill", "1")
         else:
             self._freeze(True)
             try:
@@ -268,9 +296,9 @@ class JobCgroup:
             control = self._v2() / "cgroup.freeze"
             if not control.exists():
                 return
-            control.write_text("1" if frozen else "0")
+            write_file(control, "1" if frozen else "0")
             while (
-                frozen and "frozen 1" not in (self._v2() / "cgroup.events").read_text()
+                frozen and "frozen 1" not in read_file(self._v2() / "cgroup.events")
             ):
                 if time.monotonic() > deadline:
                     return
@@ -279,8 +307,8 @@ class JobCgroup:
         freezer = self.paths.get("freezer")
         if freezer is None:
             return
-        (freezer / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
-        while frozen and (freezer / "freezer.state").read_text().strip() != "FROZEN":
+        write_file(freezer / "freezer.state", "FROZEN" if frozen else "THAWED")
+        while frozen and read_file(freezer / "freezer.state").strip() != "FROZEN":
             if time.monotonic() > deadline:
                 return
             time.sleep(0.001)
