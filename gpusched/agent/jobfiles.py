@@ -91,6 +91,17 @@ def write_job_file(path: str, data: dict[str, Any], durable: bool = True,
         time.sleep(0.5)
 
 
+def write_script(path: str, text: str, uid: int, gid: int) -> None:
+    """Write a job's script, new, executable and readable by its owner alone: the job's
+    user when the agent runs as root (the job execs it after dropping to that user)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
+    with open(fd, "wb") as f:
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o700)
+        f.write(text.encode())
+
+
 def _unlink_quietly(path: str) -> bool:
     """Remove ``path``; whether it was there to remove."""
     try:

@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from gpusched.agent.spawn import (
     SupervisorSpawner,
     spawn_supervisor_process,
 )
+from gpusched.agent.specindex import SpecIndex
 from gpusched.agent.supervisor import LIMIT_FILE, LIMIT_SIGNAL, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Launcher:
         self._launch_lock = threading.Lock()
         self._select_lock = threading.Lock()  # whoever holds it owns the selector
         self._pidfds: dict[int, int] = {}  # job id -> pidfd of its live supervisor
+        self._specs = SpecIndex(self._jobdir)  # what run_of and held_cpus read
         self._to_register: list[tuple[int, int]] = []
         # Jobs whose supervisor died and whose end could not be written yet (the state
         # disk full): tried again at each look for ended jobs.
@@ -131,13 +133,15 @@ class Launcher:
             jobfiles.make_reserve(str(jobdir))  # first: room for how it ends
             spec = dict(spec, job_id=int(job_id))
             script = jobdir / "script"
-            _write_script(script, script_text, spec)
+            jobfiles.write_script(str(script), script_text, int(spec["uid"]),
+                                  int(spec["gid"]))
             spec["argv"] = [str(script), *spec["argv"][1:]]
             # Not durable (its fsyncs cost a start milliseconds): it serves the run's
             # supervisor and this agent's restarts; a crash of the machine ends the run
             # too, and a spec lost in one reads as none, the run as one whose supervisor
             # was lost (the node's registration fences it in any case).
             write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600, durable=False)
+            self._specs.remember(job_id, spec)
             self.mps.ensure(spec.get("mps"))  # its GPU's MPS daemon, before the job
         except Exception as exc:  # noqa: BLE001 - a bad job fails itself, never the agent
             try:
@@ -276,8 +280,7 @@ class Launcher:
     def run_of(self, job_id: int) -> int | None:
         """Which run of the job its directory here holds (its restart count), or None
         when there is none."""
-        spec = read_json(self._jobdir(job_id) / "spec.json")
-        return None if spec is None else spec_run(spec)
+        return self._specs.run_of(job_id)
 
     def runs(self) -> list[tuple[int, int]]:
         """(job id, run) of each job whose supervisor is alive."""
@@ -457,11 +460,7 @@ class Launcher:
         """The CPUs of the cpusets of the jobs running here."""
         held: set[int] = set()
         for job_id in self.running():
-            spec = read_json(self._jobdir(job_id) / "spec.json") or {}
-            cgroup = spec.get("cgroup")
-            cpus = cgroup.get("cpus") if isinstance(cgroup, dict) else None
-            if isinstance(cpus, list):
-                held.update(c for c in cpus if isinstance(c, int) and not isinstance(c, bool))
+            held |= self._specs.cpus_of(job_id)
         return held
 
     def _job_ids(self) -> list[int]:
@@ -496,12 +495,3 @@ class Launcher:
                 ended.append(job_end(job_id, status, self.run_of(job_id) or 0))
         return ended
 
-
-def _write_script(path: Path, text: str, spec: Mapping[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
-    with open(fd, "wb") as f:
-        if os.geteuid() == 0:
-            # The job execs it after dropping to its user, and only that user may read it.
-            os.fchown(fd, int(spec["uid"]), int(spec["gid"]))
-        os.fchmod(fd, 0o700)
-        f.write(text.encode())
