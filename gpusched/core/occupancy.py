@@ -65,7 +65,7 @@ def copy_node(node: NodeTimeline) -> NodeTimeline:
     copy.index, copy.view, copy.total, copy.slices = node.index, node.view, node.total, node.slices
     copy.free, copy.cpus, copy.mem = node.free, node.cpus, node.mem
     copy.releases = node.releases
-    copy.reserved = list(node.reserved)
+    copy.reserved = node.reserved[:]  # a slice: a plain list, also of a sealed one
     return copy
 
 
@@ -73,17 +73,27 @@ def copy_all(node: NodeTimeline) -> NodeTimeline:
     """``own_units(copy_node(node))`` in one step."""
     copy = _new(NodeTimeline)
     copy.index, copy.view, copy.total, copy.slices = node.index, node.view, node.total, node.slices
-    copy.free = {kind: list(units) for kind, units in node.free.items()}
+    copy.free = {kind: units[:] for kind, units in node.free.items()}
     copy.cpus, copy.mem = node.cpus, node.mem
-    copy.releases = list(node.releases)
-    copy.reserved = list(node.reserved)
+    copy.releases = node.releases[:]
+    copy.reserved = node.reserved[:]
     return copy
 
 
 def own_units(node: NodeTimeline) -> NodeTimeline:
     """Give ``node`` free units and releases of its own (from a ``copy_node``)."""
-    node.free = {kind: list(units) for kind, units in node.free.items()}
-    node.releases = list(node.releases)
+    node.free = {kind: units[:] for kind, units in node.free.items()}
+    node.releases = node.releases[:]
+    return node
+
+
+def _fresh(old: NodeTimeline) -> NodeTimeline:
+    """A new node in place of a kept one, for one change: it shares the old one's sealed
+    free units and releases until the change replaces them."""
+    node = _new(NodeTimeline)
+    node.index, node.view, node.total, node.slices = old.index, old.view, old.total, old.slices
+    node.free, node.cpus, node.mem, node.releases = old.free, old.cpus, old.mem, old.releases
+    node.reserved = _NOTHING_RESERVED
     return node
 
 
@@ -223,21 +233,6 @@ class Occupancy:
         return job.exclusive or bool(self.whole) and any(
             self.index.get(name) in self.whole for name in job.nodes or (job.node,))
 
-    def _fresh(self, at: int, changed: dict[int, NodeTimeline]) -> NodeTimeline:
-        """The new node in place of node ``at`` for this change (made once): it shares
-        the sealed free units and releases of the old one until the change replaces
-        them."""
-        node = changed.get(at)
-        if node is None:
-            old = self.nodes[at]
-            node = changed[at] = _new(NodeTimeline)
-            node.index, node.view, node.total, node.slices = (old.index, old.view, old.total,
-                                                              old.slices)
-            node.free, node.cpus, node.mem, node.releases = (old.free, old.cpus, old.mem,
-                                                             old.releases)
-            node.reserved = _NOTHING_RESERVED
-        return node
-
     def _units_by_node(self, job: RunningJob) -> dict[tuple[int, str], set[str]]:
         """The UUIDs of ``job``'s units, by (node, kind) (free units of that kind known)."""
         units: dict[tuple[int, str], set[str]] = {}
@@ -302,7 +297,7 @@ class Occupancy:
             self._rebuild()
             return
         changed: dict[int, NodeTimeline] = {}
-        fresh, index, on_node = self._fresh, self.index, self.on_node
+        nodes, index, on_node = self.nodes, self.index, self.on_node
         # What it gives back at its end, by node (as ``releases_of`` has it).
         end = INF if job.end_time is None else job.end_time
         timed = end != INF
@@ -312,7 +307,9 @@ class Occupancy:
         for name in job.nodes or (job.node,):
             at = index.get(name)
             if at is not None:
-                node = fresh(at, changed)
+                node = changed.get(at)
+                if node is None:
+                    node = changed[at] = _fresh(nodes[at])
                 node.cpus -= cpus
                 node.mem -= mem
                 held = on_node.get(at)
@@ -322,7 +319,9 @@ class Occupancy:
                                                      job_id))
         moves: list[tuple[str, int, int, int]] = []
         for (at, kind), taken in self._units_by_node(job).items():
-            node = fresh(at, changed)
+            node = changed.get(at)
+            if node is None:
+                node = changed[at] = _fresh(nodes[at])
             free = node.free.get(kind)
             if free is not None:
                 left = [gpu for gpu in free if gpu.uuid not in taken]
@@ -354,12 +353,14 @@ class Occupancy:
             self._rebuild()
             return
         changed: dict[int, NodeTimeline] = {}
-        fresh, index, on_node = self._fresh, self.index, self.on_node
+        nodes, index, on_node = self.nodes, self.index, self.on_node
         cpus, mem = job.cpus, job.mem_mb
         for name in job.nodes or (job.node,):
             at = index.get(name)
             if at is not None:
-                node = fresh(at, changed)
+                node = changed.get(at)
+                if node is None:
+                    node = changed[at] = _fresh(nodes[at])
                 node.cpus += cpus
                 node.mem += mem
                 held = on_node.get(at)
@@ -374,7 +375,9 @@ class Occupancy:
         inventory = self.inventory.nodes
         moves: list[tuple[str, int, int, int]] = []
         for (at, kind), returned in self._units_by_node(job).items():
-            node = fresh(at, changed)
+            node = changed.get(at)
+            if node is None:
+                node = changed[at] = _fresh(nodes[at])
             now_free = node.free.get(kind)
             if now_free is None:
                 continue

@@ -9,6 +9,7 @@ time limit when it runs past it (TIMEOUT; ``kill=False`` lets it run on).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -370,7 +371,8 @@ class Replay:
         state = "COMPLETED"
         if self.policy.kill and job.run_time > job.time_limit:
             end, state = limit_end, "TIMEOUT"
-        whole = tuple(uuid for uuid in uuids if uuid not in {s[0] for s in shares})
+        whole = uuids if not shares else tuple(
+            uuid for uuid in uuids if uuid not in {s[0] for s in shares})
         running = self.running[job_id] = RunningJob(
             job_id, node, whole, pending.user, pending.account, end_time=limit_end,
             cpus=pending.cpus, mem_mb=pending.mem_mb, nodes=nodes if len(nodes) > 1 else (),
@@ -412,6 +414,8 @@ class Replay:
 
 def _held(run: RunningJob) -> float:
     """GPUs ``run`` holds: its whole ones, and its shares as fractions of theirs."""
+    if not run.shares:
+        return len(run.gpu_uuids)
     return len(run.gpu_uuids) + sum(gpu_fraction(units, TRACE_SHARING[1])
                                     for _, units, _ in run.shares)
 
@@ -424,7 +428,20 @@ def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
     ``progress(n)`` is told each time ``n`` more jobs have arrived. ``shortcuts=False``
     runs a fresh pass, set up from nothing, at every moment: the same decisions, slowly
     (tests hold the shortcuts to it).
+
+    While it runs, what was alive before (the trace, the cluster) is kept out of the
+    cyclic collector's walks (``gc.freeze``) and put back after: the replay makes and
+    drops many objects, and each full collection would walk the whole trace again.
     """
+    gc.freeze()
+    try:
+        return _replay(jobs, cluster, policy, progress, shortcuts)
+    finally:
+        gc.unfreeze()
+
+
+def _replay(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
+            progress: Callable[[int], None] | None, shortcuts: bool) -> SimResult:
     began = time.perf_counter()
     if any(job.gpu_milli for job in jobs):
         cluster = cluster.shared(*TRACE_SHARING)
