@@ -118,7 +118,8 @@ class MatchingMixin(PassResources):
         stop = not self.blocks
         chosen: list[tuple[int, str]] = []
         seen: set[int] = set()
-        nodes = self.nodes
+        nodes, now, restricted = self.nodes, self.now, self.restricted
+        cpus, mem = shape.cpus, shape.mem_mb
         for count in range(shape.gpus, self.most + 1):
             for held in (True, False) if reserved else (False,):
                 for kind in kinds:
@@ -126,11 +127,18 @@ class MatchingMixin(PassResources):
                         if index in seen or index not in members or (index in reserved) != held:
                             continue
                         node = nodes[index]
-                        if self._usable(node, shape) and self._fits_now(node, kind, shape):
-                            seen.add(index)
-                            chosen.append((index, kind))
-                            if stop and not held and len(chosen) >= wanted:
-                                return chosen
+                        if restricted and not self._usable(node, shape):
+                            continue
+                        # _fits_now: the node has ``count`` units of ``kind`` free
+                        if held:
+                            if not node.fits(kind, shape, now):
+                                continue
+                        elif node.cpus < cpus or node.mem < mem:
+                            continue
+                        seen.add(index)
+                        chosen.append((index, kind))
+                        if stop and not held and len(chosen) >= wanted:
+                            return chosen
                 if stop and len(chosen) >= wanted:
                     return chosen[:wanted]
         if len(chosen) < wanted:

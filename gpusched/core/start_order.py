@@ -77,13 +77,14 @@ class StartOrder:
         """(start, node) in order up to ``until``, every entry up to date when given. An
         entry whose bound is already past ``until`` ends the walk as it is: what it
         would become is later still."""
-        order = self.order
+        order, at, version = self.order, self.at, self.version
         place = 0
         while place < len(order):
             start, index = order[place]
             if start > until:
                 return
-            if self._stale(place, start, index):
+            if at[index][1] != version.get(index, 0):
+                self._stale(place, start, index)
                 continue
             yield start, index
             place += 1
@@ -92,14 +93,15 @@ class StartOrder:
         """The earliest start of a ``wanted`` node, if not after ``until``, and every
         wanted node that could start then, in order; (INF, []) if none. Reads no further
         than it must: past that start, entries are not worked out again."""
-        order = self.order
+        order, at, version = self.order, self.at, self.version
         best, found = until, []
         place = 0
         while place < len(order):
             start, index = order[place]
             if start > best:
                 break
-            if self._stale(place, start, index):
+            if at[index][1] != version.get(index, 0):
+                self._stale(place, start, index)
                 continue
             if start < INF and wanted(index):
                 best = start

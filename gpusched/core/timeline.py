@@ -240,7 +240,7 @@ class TimelineMixin(PassResources):
         reservation: ``earliest`` and ``_ready_by`` then read the same one order, the
         first up to the ``shape.nodes``-th member, the second on to its start; here
         both in one walk."""
-        nodes, wanted = self.nodes, shape.nodes
+        nodes, wanted, restricted = self.nodes, shape.nodes, self.restricted
         found, at = 0, INF
         best: list[tuple[float, int, int, str]] = []
         for start, index in self._start_order(kind, shape, False).each():
@@ -249,12 +249,16 @@ class TimelineMixin(PassResources):
             if index not in members:
                 continue
             node = nodes[index]
-            if not self._usable(node, shape):
+            if restricted and not self._usable(node, shape):
                 continue
             found += 1
             if found == wanted:
                 at = start
-            best.append((-start, node.count(kind) if kind else node.free_gpus(), index, kind))
+            if kind:
+                units = node.free.get(kind)
+                best.append((-start, len(units) if units else 0, index, kind))
+            else:
+                best.append((-start, node.free_gpus(), index, kind))
         if found < wanted:
             return INF, []
         best.sort()
@@ -326,15 +330,19 @@ class TimelineMixin(PassResources):
         """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
         end, cpus, mem = at + shape.duration, float(shape.cpus), float(shape.mem_mb)
         owners, profiles, version = self.owners, self._profiles, self._version
+        reserved_nodes, changed, own = self.reserved_nodes, self._changed, self._own
         for index, kind in where:
             owners[(index, at)] = job_id
-            node = self._own(index)
+            node = own(index)
             profile = profiles.get(index)
             if profile is not None and profile.version != version.get(index, 0):
                 profile = None
             node.reserved.append((at, end, kind, shape.gpus, cpus, mem))
-            self._join_reserved(index)
-            self._touched(index)
+            if index not in reserved_nodes:  # _join_reserved
+                reserved_nodes.add(index)
+                self._reserved_order.append(index)
+            changed.append(index)  # _touched
+            version[index] = len(changed)
             if profile is not None:  # follow the reservation instead of making it again
                 profile.take_out(at, end, kind, shape.gpus, cpus, mem)
                 profile.version = version[index]
