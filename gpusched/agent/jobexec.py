@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 _OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
@@ -68,7 +69,7 @@ def _note_error(fd: int, message: str) -> None:
         pass
 
 
-def _exec_job(spec: dict[str, Any]) -> None:
+def _exec_job(spec: dict[str, Any], changed: Sequence[int] | None = None) -> None:
     """In the forked child: become the job. Returns only by raising LaunchError.
 
     Privileges are dropped before the output files are opened, so a user cannot
@@ -87,7 +88,7 @@ def _exec_job(spec: dict[str, Any]) -> None:
         os.chdir(spec["cwd"])
     except OSError as exc:
         _fail_in_output(f"cannot change to working directory {spec['cwd']}: {exc.strerror}")
-    default_signals()
+    default_signals(changed)
     argv, env = spec["argv"], spec["env"]
     container = spec.get("container")
     if container:  # its runtime runs the script, as the user, after their own checks
@@ -115,15 +116,18 @@ def _fail_in_output(message: str) -> None:
     raise LaunchError(message)
 
 
-def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> None:
-    """Run in the fork; never returns. Failures go up the CLOEXEC pipe."""
+def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None,
+                changed: Sequence[int] | None = None) -> None:
+    """Run in the fork; never returns. Failures go up the CLOEXEC pipe. ``changed``:
+    the parent's changed_signals() (found before the fork, each page a forked child
+    touches being copied)."""
     try:
         if cgroup is not None:
             try:
                 cgroup.enter()  # as root, before anything of the job runs
             except OSError as exc:
                 raise LaunchError(f"cannot join the job's cgroup: {exc.strerror}") from None
-        _exec_job(spec)
+        _exec_job(spec, changed)
         message = "exec returned"
     except LaunchError as exc:
         message = str(exc)
@@ -135,17 +139,21 @@ def _child_main(spec: dict[str, Any], report_fd: int, cgroup: Any = None) -> Non
         os._exit(_LAUNCH_FAILED_EXIT)
 
 
-def default_signals() -> None:
+def changed_signals() -> tuple[int, ...]:
+    """The signals whose action is not the default here (signal.getsignal knows every
+    one, inherited ones included)."""
+    return tuple(sig for sig in _CATCHABLE if signal.getsignal(sig) is not signal.SIG_DFL)
+
+
+def default_signals(changed: Sequence[int] | None = None) -> None:
     """Every signal's default action, none blocked: what a job's process starts with,
-    whatever its supervisor had set."""
-    for sig in _CATCHABLE:
-        # Only those not at their default already: signal.getsignal knows every
-        # disposition, inherited ones included.
-        if signal.getsignal(sig) is not signal.SIG_DFL:
-            try:
-                signal.signal(sig, signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
+    whatever its supervisor had set. ``changed``: changed_signals(), when the caller
+    (a parent, before its fork) already knows them."""
+    for sig in changed_signals() if changed is None else changed:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 

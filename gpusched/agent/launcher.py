@@ -78,7 +78,7 @@ class Launcher:
         self._launch_lock = threading.Lock()
         self._select_lock = threading.Lock()  # whoever holds it owns the selector
         self._pidfds: dict[int, int] = {}  # job id -> pidfd of its live supervisor
-        self._specs = SpecIndex(self._jobdir)  # what run_of and held_cpus read
+        self._specs = SpecIndex(self.jobs_dir)  # what run_of and held_cpus read
         self._to_register: list[tuple[int, int]] = []
         # Jobs whose supervisor died and whose end could not be written yet (the state
         # disk full): tried again at each look for ended jobs.

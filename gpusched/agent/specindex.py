@@ -11,7 +11,7 @@ so a directory removed or written anew, by this agent or another, is read again.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,8 @@ class _Facts:
 class SpecIndex:
     """The run and cpuset CPUs of each job directory's spec, read once per version."""
 
-    def __init__(self, jobdir: Callable[[int], Path]) -> None:
-        self._jobdir = jobdir
+    def __init__(self, jobs_dir: Path) -> None:
+        self._jobs_dir = os.fspath(jobs_dir)  # a job's directory is jobs_dir/<job id>
         self._known: dict[int, _Facts] = {}
 
     def remember(self, job_id: int, spec: Mapping[str, Any]) -> None:
@@ -60,16 +60,19 @@ class SpecIndex:
         facts = self._known.get(job_id)
         if facts is not None and facts.stamp == stamp:
             return facts
-        spec = read_json(self._jobdir(job_id) / "spec.json")
+        spec = read_json(Path(self._path(job_id)))
         if spec is None:
             self._known.pop(job_id, None)
             return None
         facts = self._known[job_id] = _Facts(stamp, spec)
         return facts
 
+    def _path(self, job_id: int) -> str:
+        return f"{self._jobs_dir}/{int(job_id)}/spec.json"
+
     def _stamp(self, job_id: int) -> _Stamp | None:
         try:
-            st = os.stat(os.path.join(self._jobdir(job_id), "spec.json"))
+            st = os.stat(self._path(job_id))
         except (FileNotFoundError, NotADirectoryError):
             return None
         return st.st_ino, st.st_size, st.st_mtime_ns

@@ -56,7 +56,7 @@ if not __package__:  # run as a script: the job's exec is in a module of its pac
 
 # LaunchError, _drop_privileges and _note_error are re-exported (steptask, spawner).
 from gpusched.agent.jobexec import LaunchError as LaunchError  # noqa: E402
-from gpusched.agent.jobexec import _child_main, run_as_job_user  # noqa: E402
+from gpusched.agent.jobexec import _child_main, changed_signals, run_as_job_user  # noqa: E402
 from gpusched.agent.jobexec import _drop_privileges as _drop_privileges  # noqa: E402
 from gpusched.agent.jobexec import _note_error as _note_error  # noqa: E402
 from gpusched.agent.jobfiles import FULL_DISK_PATIENCE, write_job_file  # noqa: E402
@@ -189,10 +189,11 @@ class Supervisor:
         self.start_time = time.time()
         os.close(os.open(os.path.join(self.jobdir, FORKING),
                          os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        changed = changed_signals()
         self.job_pid = os.fork()
         if self.job_pid == 0:
             os.close(report_r)
-            _child_main(self.spec, report_w, self.cgroup)
+            _child_main(self.spec, report_w, self.cgroup, changed)
         os.close(report_w)
         # Not durable: what it names (this process, the job's) does not outlive a
         # crash of the machine either, and the job runs meanwhile.

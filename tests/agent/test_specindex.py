@@ -21,7 +21,7 @@ def _write(jobs: Path, job_id: int, spec: dict[str, object]) -> None:
 
 
 def test_the_run_and_cpus_follow_the_spec_on_disk(tmp_path: Path) -> None:
-    index = SpecIndex(lambda job_id: tmp_path / str(job_id))
+    index = SpecIndex(tmp_path)
     assert index.run_of(7) is None and index.cpus_of(7) == frozenset()
     _write(tmp_path, 7, _spec(2, [0, 3, True, "x"]))
     index.remember(7, _spec(2, [0, 3, True, "x"]))
@@ -36,7 +36,7 @@ def test_the_run_and_cpus_follow_the_spec_on_disk(tmp_path: Path) -> None:
 
 def test_a_spec_never_remembered_is_read_from_disk(tmp_path: Path) -> None:
     _write(tmp_path, 9, {"env": {"GPUSCHED_RESTART_COUNT": "4"}})  # a spec without run
-    index = SpecIndex(lambda job_id: tmp_path / str(job_id))
+    index = SpecIndex(tmp_path)
     assert index.run_of(9) == 4
     (tmp_path / "9" / "spec.json").write_text("not json")
     assert index.run_of(9) is None
