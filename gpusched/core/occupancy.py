@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from gpusched.core.kept_starts import KeptStarts
-from gpusched.core.model import NodeView, RunningJob
+from gpusched.core.model import GpuView, NodeView, RunningJob
 from gpusched.core.node_timeline import NodeTimeline
 from gpusched.core.units import INF, inventory
 
@@ -50,6 +50,7 @@ class SealedDict(dict[_K, _V]):
 
 
 _NOTHING_RESERVED: SealedList[tuple[float, float, str, int, float, float]] = SealedList()
+_NOTHING_RELEASED: SealedList[Release] = SealedList()
 _new = object.__new__
 
 
@@ -150,6 +151,10 @@ class Occupancy:
         self.kind_of = known.kind_of
         self.kept = False
         self._jobs: dict[int, RunningJob] = {}
+        # Sealed free units, shared by the nodes that have them (nothing changes a sealed
+        # one): (node, kind, how many of its units are free) -> the node's free units,
+        # kept for none and for all of them.
+        self._sealed_free: dict[tuple[int, str, int], dict[str, list[GpuView]]] = {}
         # A kept occupancy's changes: the nodes each start or end changed, in order
         # (the first ``_log_from`` forgotten), and the start orders it keeps.
         self._log: list[int] = []
@@ -260,30 +265,44 @@ class Occupancy:
             buckets[kind][before].remove(at)
             insort(buckets[kind][after], at)
         elif moves:
-            leave: dict[tuple[str, int], set[int]] = {}
-            join: dict[tuple[str, int], list[int]] = {}
+            # Nodes that move alike, by (kind, before, after): each node moves once.
+            alike: dict[tuple[str, int, int], list[int]] = {}
             for kind, before, after, at in moves:
-                leave.setdefault((kind, before), set()).add(at)
-                join.setdefault((kind, after), []).append(at)
-            for (kind, count), gone in leave.items():
-                bucket = buckets[kind][count]
-                if len(gone) == 1:
-                    bucket.remove(next(iter(gone)))
+                key = (kind, before, after)
+                group = alike.get(key)
+                if group is None:
+                    alike[key] = [at]
                 else:
-                    bucket[:] = [at for at in bucket if at not in gone]
-            for (kind, count), came in join.items():
-                bucket = buckets[kind][count]
+                    group.append(at)
+            for (kind, before, after), came in alike.items():
                 if len(came) == 1:
-                    insort(bucket, came[0])
-                else:
-                    bucket.extend(came)
-                    bucket.sort()
+                    buckets[kind][before].remove(came[0])
+                    insort(buckets[kind][after], came[0])
+                    continue
+                gone = set(came)
+                bucket = buckets[kind][before]
+                bucket[:] = [at for at in bucket if at not in gone]
+                bucket = buckets[kind][after]
+                bucket.extend(came)
+                bucket.sort()
         log = self._log
         log.extend(changed)
         if len(log) > 4096:  # passes begun that long ago work their orders out anew
             self._log_from += 2048
             del log[:2048]
         self.starts.changed(changed, len(nodes))
+
+    def _free_with(self, node: NodeTimeline, kind: str, units: list[GpuView]
+                   ) -> dict[str, list[GpuView]]:
+        """``node``'s free units with those of ``kind`` now ``units`` (in inventory
+        order); on a node of one kind, none or all of them are shared sealed ones."""
+        if len(node.free) != 1 or (units and len(units) != node.total.get(kind)):
+            return SealedDict({**node.free, kind: SealedList(units)})
+        key = (node.index, kind, len(units))
+        known = self._sealed_free.get(key)
+        if known is None:
+            known = self._sealed_free[key] = SealedDict({kind: SealedList(units)})
+        return known
 
     def add(self, job: RunningJob) -> None:
         """``job`` started: it holds its units, CPUs and memory until its end time."""
@@ -326,7 +345,7 @@ class Occupancy:
             if free is not None:
                 left = [gpu for gpu in free if gpu.uuid not in taken]
                 if len(left) != len(free):
-                    node.free = SealedDict({**node.free, kind: SealedList(left)})
+                    node.free = self._free_with(node, kind, left)
                     if kind in node.total:
                         moves.append((kind, len(free), len(left), at))
             if timed:
@@ -386,7 +405,7 @@ class Occupancy:
                 returned = returned.union(gpu.uuid for gpu in now_free)
             back = [gpu for gpu in every if gpu.uuid in returned]
             if len(back) != len(now_free):
-                node.free = SealedDict({**node.free, kind: SealedList(back)})
+                node.free = self._free_with(node, kind, back)
                 if kind in node.total:
                     moves.append((kind, len(now_free), len(back), at))
         for node in changed.values():
@@ -394,5 +413,5 @@ class Occupancy:
             if releases:
                 kept = [release for release in releases if release[5] != job_id]
                 if len(kept) != len(releases):
-                    node.releases = SealedList(kept)
+                    node.releases = SealedList(kept) if kept else _NOTHING_RELEASED
         self._replace(changed, moves)
