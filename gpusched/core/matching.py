@@ -169,7 +169,10 @@ class MatchingMixin(PassResources):
         if shape.gpus:
             free = node.free[kind]
             before = len(free)
-            gpus = choose_gpus(node.view, free, shape.gpus, kind in node.slices)
+            if shape.gpus == before and kind not in node.slices:
+                gpus = tuple(free)  # every free GPU, as choose_gpus gives them
+            else:
+                gpus = choose_gpus(node.view, free, shape.gpus, kind in node.slices)
             if len(gpus) == before:
                 node.free[kind] = []  # every free unit
             else:
@@ -185,5 +188,7 @@ class MatchingMixin(PassResources):
         if shape.exclusive:
             self._hold_whole(index, self.now + shape.duration)
         self.started.add(index)
-        self._touched(index)
+        changed = self._changed  # _touched
+        changed.append(index)
+        self._version[index] = len(changed)
         return gpus

@@ -151,6 +151,7 @@ class Occupancy:
         self.kind_of = known.kind_of
         self.kept = False
         self._jobs: dict[int, RunningJob] = {}
+        self._units_of: dict[int, dict[tuple[int, str], set[str]]] = {}  # by add, for remove
         # Sealed free units, shared by the nodes that have them (nothing changes a sealed
         # one): (node, kind, how many of its units are free) -> the node's free units,
         # kept for none and for all of them.
@@ -337,7 +338,8 @@ class Occupancy:
                     added.setdefault(at, []).append((end, "", 0, float(cpus), float(mem),
                                                      job_id))
         moves: list[tuple[str, int, int, int]] = []
-        for (at, kind), taken in self._units_by_node(job).items():
+        units = self._units_of[job_id] = self._units_by_node(job)
+        for (at, kind), taken in units.items():
             node = changed.get(at)
             if node is None:
                 node = changed[at] = _fresh(nodes[at])
@@ -366,8 +368,12 @@ class Occupancy:
         if not self.kept:
             raise ValueError("only a kept occupancy is told of starts and ends")
         job_id = job.job_id
-        if self._jobs.pop(job_id, None) is None:
+        added = self._jobs.pop(job_id, None)
+        if added is None:
             raise ValueError(f"job {job_id} is not running")
+        units = self._units_of.pop(job_id, None)
+        if units is None or added is not job:
+            units = self._units_by_node(job)
         if self._whole_involved(job):
             self._rebuild()
             return
@@ -393,7 +399,7 @@ class Occupancy:
                     on_node.pop(at, None)
         inventory = self.inventory.nodes
         moves: list[tuple[str, int, int, int]] = []
-        for (at, kind), returned in self._units_by_node(job).items():
+        for (at, kind), returned in units.items():
             node = changed.get(at)
             if node is None:
                 node = changed[at] = _fresh(nodes[at])
