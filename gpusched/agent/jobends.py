@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -98,3 +100,37 @@ def read_json(path: Path) -> dict[str, Any] | None:
         log.warning("%s: unreadable: %s", path, exc)
         return None
     return data if isinstance(data, dict) else None
+
+
+# A job directory whose run is over is renamed DISCARDED + its name, then removed: the
+# rename makes no file (a marker would, and making files is what costs a job most on
+# some file systems), and an interrupted removal leaves nothing under the job's id.
+DISCARDED = ".discarded-"
+
+
+def discard(jobdir: Path) -> None:
+    """Remove the directory of a run that is over; nothing when it is gone already."""
+    trash = jobdir.with_name(DISCARDED + jobdir.name)
+    for attempt in range(2):
+        try:
+            os.rename(jobdir, trash)
+            break
+        except FileNotFoundError:
+            return
+        except OSError:
+            if attempt:  # not even renamed: removed in place
+                shutil.rmtree(jobdir, ignore_errors=True)
+                return
+            shutil.rmtree(trash, ignore_errors=True)  # an interrupted removal's leftovers
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_discarded(jobs_dir: Path) -> None:
+    """Finish the removals of job directories that were interrupted (see discard)."""
+    try:
+        entries = list(os.scandir(jobs_dir))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.name.startswith(DISCARDED):
+            shutil.rmtree(entry.path, ignore_errors=True)

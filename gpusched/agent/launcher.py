@@ -33,9 +33,11 @@ from gpusched.agent.jobends import (
     NEVER_STARTED,
     SUPERVISOR_LOST,
     JobEnd,
+    discard,
     job_end,
     node_fault,
     read_json,
+    remove_discarded,
     spec_run,
     write_status,
 )
@@ -300,6 +302,7 @@ class Launcher:
     def adopt(self) -> list[int]:
         """Watch the live supervisors found in jobs_dir; return the ids of running jobs."""
         with self._launch_lock:
+            remove_discarded(self.jobs_dir)
             running = [job_id for job_id in self._job_ids() if self._adopt_one(job_id)]
             self.mps.release(self.jobs_dir)  # MPS daemons left that no job here needs
             return running
@@ -310,7 +313,7 @@ class Launcher:
             if job_id in self._pidfds:
                 return True
         jobdir = self._jobdir(job_id)
-        if (jobdir / "reported").exists():
+        if (jobdir / "reported").exists():  # the marker an earlier version made
             shutil.rmtree(jobdir, ignore_errors=True)  # mark_reported was interrupted
             return False
         if (jobdir / "status.json").exists():
@@ -368,7 +371,7 @@ class Launcher:
                                          int(spec["uid"]), int(info["supervisor_starttime"]))
         if (jobdir / "status.json").exists():
             return  # it did write it after all, just before dying
-        if not info and not (jobdir / supervisor_files.FORKING).exists():  # never forked
+        if not info and not supervisor_files.job_forked(str(jobdir)):  # never forked
             log.warning("job %s: %s", jobdir.name, NEVER_STARTED)
             write_status(jobdir, "not_started", None, NEVER_STARTED)
             return
@@ -411,8 +414,7 @@ class Launcher:
             return False
         if jobdir.is_dir():
             log.info("job %s: a new run replaces what an ended run left here", job_id)
-            (jobdir / "reported").touch()  # an interrupted removal still counts as reported
-            shutil.rmtree(jobdir, ignore_errors=True)
+            discard(jobdir)
         return True
 
     def mark_reported(self, job_id: int) -> None:
@@ -420,9 +422,7 @@ class Launcher:
         jobdir = self._jobdir(job_id)
         if not (jobdir / "status.json").exists():
             return
-        # The marker makes an interrupted removal still count as reported.
-        (jobdir / "reported").touch()
-        shutil.rmtree(jobdir, ignore_errors=True)
+        discard(jobdir)  # an interrupted removal still counts as reported
 
     def _handle_exits(self, timeout: float) -> None:
         """Register new supervisors, wait up to timeout, and handle those that exited."""

@@ -10,8 +10,10 @@ be upgrading underneath it.
 
 Files in JOBDIR:
   spec.json        (input) what to run, as whom, where, for how long
-  supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked
-  forking          made just before the job is forked (without it, nothing of the job ran)
+  supervisor.lock  held (flock) for the supervisor's whole life: alive <=> locked; it
+                   holds FORKED from just before the job is forked (empty: nothing of
+                   the job ran; a supervisor of an earlier version made a file
+                   ``forking`` instead)
   status.reserve   room set aside by the launcher, given up to write the two files
                    below when the state disk is full (see make_reserve)
   supervisor.json  {"supervisor_pid", "supervisor_starttime", "job_pid", "job_starttime",
@@ -63,8 +65,11 @@ from gpusched.agent.jobfiles import FULL_DISK_PATIENCE, write_job_file  # noqa: 
 from gpusched.agent.jobfiles import write_json_atomic as write_json_atomic  # noqa: E402
 from gpusched.agent.notices import reap, take_notices, write_as_job_user  # noqa: E402
 
-# Made just before the job is forked: a job directory without it (nor supervisor.json)
-# is one of which nothing ever ran, whatever became of its supervisor.
+# Written into supervisor.lock just before the job is forked (a write, not a new file:
+# on some file systems making a file costs a job more than most of its start): a job
+# directory with an empty lock (nor supervisor.json, nor the ``forking`` file an earlier
+# version made) is one of which nothing ever ran, whatever became of its supervisor.
+FORKED = b"forked\n"
 FORKING = "forking"
 # The agent writes a running job's new time limit here and sends LIMIT_SIGNAL; the
 # same signal has the supervisor write the job's notices (gpusched.agent.notices).
@@ -80,6 +85,17 @@ def proc_starttime(pid: int | str) -> int:
         stat = f.read()
     # comm (field 2) may contain spaces and parentheses; the fields after it do not.
     return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+def job_forked(jobdir: str) -> bool:
+    """Whether JOBDIR's supervisor got as far as forking the job (FORKED in its lock, or
+    an earlier version's ``forking`` file)."""
+    try:
+        if os.stat(os.path.join(jobdir, "supervisor.lock")).st_size > 0:
+            return True
+    except FileNotFoundError:
+        pass
+    return os.path.exists(os.path.join(jobdir, FORKING))
 
 
 def _starttime_or_none(pid: int) -> int | None:
@@ -105,9 +121,10 @@ def confinement_module() -> ModuleType:
 class Supervisor:
     """Starts the job of one JOBDIR and sees it to its end."""
 
-    def __init__(self, jobdir: str, spec: dict[str, Any]) -> None:
+    def __init__(self, jobdir: str, spec: dict[str, Any], lock_fd: int) -> None:
         self.jobdir = jobdir
         self.spec = spec
+        self.lock_fd = lock_fd  # supervisor.lock, held
         self.job_pid = 0
         self.start_time = 0.0
         self.stop_reason: str | None = None  # "cancelled" or "timeout" once stopping
@@ -187,8 +204,7 @@ class Supervisor:
         """Fork and exec the job; return the launch error, or None once it runs."""
         report_r, report_w = os.pipe()  # both ends CLOEXEC: exec closes the write end
         self.start_time = time.time()
-        os.close(os.open(os.path.join(self.jobdir, FORKING),
-                         os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        os.pwrite(self.lock_fd, FORKED, 0)
         changed = changed_signals()
         self.job_pid = os.fork()
         if self.job_pid == 0:
@@ -386,7 +402,8 @@ def main(argv: list[str]) -> int:
     if os.path.exists(status_path):
         return 0
     _ensure_std_fds()
-    if _take_lock(jobdir, lock_fd) is None or os.path.exists(status_path):
+    held = _take_lock(jobdir, lock_fd)
+    if held is None or os.path.exists(status_path):
         return 0  # another supervisor runs (or ran) this job
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # The launcher spawns us with these blocked already (so an early cancel is not
@@ -402,7 +419,7 @@ def main(argv: list[str]) -> int:
             "start_time": now, "end_time": now, "error": f"bad job spec: {exc}"},
             patience=FULL_DISK_PATIENCE)
         return 0
-    supervisor = Supervisor(jobdir, spec)
+    supervisor = Supervisor(jobdir, spec, held)
     try:
         status = supervisor.run()
     except BaseException as exc:

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpusched.agent.jobends import NEVER_STARTED, SUPERVISOR_LOST, JobEnd
+from gpusched.agent.jobends import DISCARDED, NEVER_STARTED, SUPERVISOR_LOST, JobEnd
 from gpusched.agent.launcher import Launcher, build_spec
+from gpusched.agent.supervisor import FORKED
 from gpusched.messages import LaunchOrder
 
 WaitFor = Callable[..., Any]
@@ -178,6 +179,7 @@ def test_script_and_job_dir_permissions(launcher: Launcher, jobs_dir: Path, work
         if (jobdir / name).exists():
             assert (jobdir / name).stat().st_mode & 0o077 == 0, name
     assert (jobdir / "status.json").exists() and (jobdir / "supervisor.json").exists()
+    assert (jobdir / "supervisor.lock").read_bytes() == FORKED  # it got as far as the fork
 
 
 def test_job_of_a_uid_below_the_minimum_never_runs(
@@ -387,6 +389,40 @@ def test_a_job_whose_supervisor_never_forked_it_is_reported_not_started(
     assert [(e.job_id, e.outcome, e.error, e.start_time) for e in ends] == [
         (7, "not_started", NEVER_STARTED, None)]
     assert not (work_dir / "never").exists()
+
+
+def test_a_job_whose_supervisor_died_right_after_forking_it_is_reported_lost(
+        jobs_dir: Path, work_dir: Path) -> None:
+    """Its lock says it forked (FORKED), but it never named the job in supervisor.json:
+    the job may have run, so it is lost, not never started."""
+    first = Launcher(jobs_dir)
+    first._spawn_supervisor = lambda jobdir: os.getpid()  # type: ignore[method-assign]
+    try:
+        start(first, work_dir, "true")
+    finally:
+        first.close()
+    (jobs_dir / "7" / "supervisor.lock").write_bytes(FORKED)
+    second = Launcher(jobs_dir)
+    try:
+        assert second.adopt() == []
+        ends = second.unreported()
+    finally:
+        second.close()
+    assert [(e.job_id, e.outcome, e.error) for e in ends] == [(7, "failed", SUPERVISOR_LOST)]
+
+
+def test_an_interrupted_removal_of_a_reported_job_is_finished_at_adoption(
+        launcher: Launcher, jobs_dir: Path, work_dir: Path, wait_for: WaitFor) -> None:
+    start(launcher, work_dir, "exit 0")
+    wait_end(launcher, 7, wait_for)
+    launcher.mark_reported(7)
+    assert sorted(os.listdir(jobs_dir)) == []  # renamed away, then removed
+    left = jobs_dir / f"{DISCARDED}8"  # as a removal cut short leaves it
+    left.mkdir()
+    (left / "status.json").write_text('{"outcome": "completed", "end_time": 1}')
+    assert launcher.unreported() == []  # not a job's directory
+    assert launcher.adopt() == []
+    assert not left.exists()
 
 
 def test_supervisor_killed_while_watched_is_reported_lost(
