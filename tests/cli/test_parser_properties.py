@@ -100,17 +100,22 @@ def refuses(parse: Callable[[str], object]) -> Callable[[str], bool]:
     return check
 
 
+def commas_after(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """``parse`` of a list that may end in commas, as sbatch's lists may ("a," is "a")."""
+    return lambda t: parse(t.rstrip().rstrip(",") or t)
+
+
 # Each flag with the parser whose refusal gsubmit must report.
 PARSERS: dict[str, Callable[[str], object]] = {
     "--time": parse_time_limit,
     "--gpus": gpu_request,  # parse_gpus, and a type alone is one GPU of it
-    "--gres": parse_gres,
+    "--gres": commas_after(parse_gres),
     "--mem": parse_memory,
     "--array": lambda t: parse_array(without_empty_items(t)),  # "1," is "1", as in sbatch
     "--begin": lambda t: parse_begin(t, NOW),
     "--signal": parse_warn_signal,
-    "--nodelist": expand_hostlist,
-    "--dependency": parse_dependency,
+    "--nodelist": commas_after(expand_hostlist),
+    "--dependency": commas_after(parse_dependency),
 }
 junk = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=14)
 

@@ -75,8 +75,11 @@ def test_one_license_runs_two_jobs_one_after_the_other(cluster: Cluster) -> None
         assert len(lines) == 1 and words in lines[0], refused.stderr
     assert len(cluster.jobs()) == before
 
+    # The first job holds the license until the checks below are done (at most 60 s).
+    release = cluster.work / "release-matlab"
     script = cluster.work / "matlab.sh"
-    script.write_text("#!/bin/sh\n#SBATCH -L matlab\nsleep 4\n")
+    script.write_text("#!/bin/sh\n#SBATCH -L matlab\n"
+                      f"for i in $(seq 600); do [ -e {release} ] && exit 0; sleep 0.1; done\n")
     first = cluster.submit(str(script))
     second = cluster.submit("--licenses=matlab:1", "--wrap", "true")
     free_job = cluster.submit("-L", "ansys:3", "--wrap", "sleep 2")  # other licenses: not held
@@ -99,6 +102,7 @@ def test_one_license_runs_two_jobs_one_after_the_other(cluster: Cluster) -> None
     plain = cluster.run("gcontrol", "show", "licenses", "matlab")
     assert "LicenseName=matlab Total=1 Used=1 Free=0" in plain.stdout, plain
 
+    release.touch()
     done_first = cluster.wait_state(first, "COMPLETED", timeout=30)
     done_second = cluster.wait_state(second, "COMPLETED", timeout=30)
     # One after the other: the second started only once the first had ended.
