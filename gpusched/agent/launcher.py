@@ -482,11 +482,16 @@ class Launcher:
     def _scan_ended(self) -> list[JobEnd]:
         with self._lock:
             waiting, self._unrecorded = self._unrecorded, set()
+            # A watched supervisor writes status.json just before it exits, and its
+            # exit is handled before the next scan: only the others are read.
+            watched = set(self._pidfds)
         for job_id in waiting:  # lost supervisors whose end the full disk refused
             if self._jobdir(job_id).is_dir() and not (self._jobdir(job_id) / "status.json").exists():
                 self._record_lost_or_later(job_id)
         ended = []
         for job_id in self._job_ids():
+            if job_id in watched:
+                continue
             jobdir = self._jobdir(job_id)
             if (jobdir / "reported").exists():
                 continue
