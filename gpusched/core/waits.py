@@ -55,8 +55,9 @@ class WaitRulesMixin:
     def _plain(self, job: PendingJob) -> bool:
         """Whether no rule of ``waits`` can apply to ``job``: most jobs, checked cheaply.
         Every rule added to ``waits`` needs its condition here too."""
-        return (job.partition in self.open_partitions and not job.dependency
-                and job.hold is None and job.begin_time is None
+        return ((job.partition in self.open_partitions or next(partition_waits(
+                    job, self.partitions.get(job.partition)), None) is None)
+                and not job.dependency and job.hold is None and job.begin_time is None
                 and job.deadline is None and job.time_min is None  # core/timecut.py
                 and (job.qos is None or job.qos not in self.limited_qos)
                 and job.array_max_running is None and not job.licenses and not job.constraint

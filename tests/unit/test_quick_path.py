@@ -129,3 +129,25 @@ def test_jobs_of_one_size_get_a_new_estimate_once_a_start_changed_it() -> None:
     waits = {p.job_id: p.expected_start for p in result.pending}
     assert waits[2] == waits[3] == NOW + 100
     assert 4 not in waits and waits[5] == NOW + 3600
+
+
+partition_st = st.builds(
+    PartitionView, st.just("gpu"), st.just(("n0",)), up=st.booleans(),
+    max_time=st.sampled_from((None, 600, 3600)),
+    allow_accounts=st.sampled_from((None, frozenset({"a"}), frozenset({"a", "b"}))),
+    deny_accounts=st.sampled_from((frozenset(), frozenset({"b"}))),
+    max_gpus_per_job=st.sampled_from((None, 1, 4)))
+waiting_st = st.builds(
+    PendingJob, st.just(1), st.sampled_from(("gpu", "gone")), st.integers(1, 8), st.just(1000),
+    st.just(NOW), time_limit=st.sampled_from((None, 60, 600, 3600, 7200)),
+    account=st.sampled_from((None, "a", "b", "c")))
+
+
+@given(partition_st, waiting_st)
+@settings(max_examples=400, deadline=None)
+def test_a_job_the_quick_check_passes_waits_for_no_rule(part: PartitionView,
+                                                        job: PendingJob) -> None:
+    # The short path and the full one both trust ``_plain``: it may only say a job is
+    # clear of every waiting rule (its partition's limits here) when ``waits`` agrees.
+    sched = SchedulingPass(Snapshot((_node(0, 8, False),), (part,), (job,), ()), NOW, Policy())
+    assert sched._plain(job) == (next(sched.waits(job), None) is None)
