@@ -173,12 +173,15 @@ def job_cgroup_spec(confinement: Confinement, order: LaunchOrder,
         memory = None
     cpus = mems = None
     if "cpuset" in controllers:
-        numa = numa_cpus()
+        # A job counting no CPUs gets no cpuset, whatever the node's CPUs: they are
+        # read (from /sys, at every launch) only for one that counts some.
+        counts = order.cpus > 0
+        numa = numa_cpus() if counts else {}
         gpu_numa = {gpus[u]["numa_node"] for u in order.gpu_uuids
-                    if u in gpus and gpus[u].get("numa_node") is not None}
+                    if counts and u in gpus and gpus[u].get("numa_node") is not None}
         try:
-            choice = choose_cpus(order.cpus, agent_cpus(tree), held_cpus, gpu_numa, numa,
-                                 order.gres_flags)
+            choice = choose_cpus(order.cpus, agent_cpus(tree) if counts else set(),
+                                 held_cpus, gpu_numa, numa, order.gres_flags)
         except BindingError as exc:
             raise LaunchRefused(str(exc)) from None
         cpus, mems = choice.cpus, choice.mems
