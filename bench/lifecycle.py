@@ -14,9 +14,9 @@ the controller, the agent with its supervisors and jobs, PostgreSQL), each with 
 process under it, the ended ones included once their parent has reaped them; and the
 agent's part split (``drain_cpu_ms_per_job_agent_*``): the agent process itself (with
 anything it ran directly), its supervisor spawners, the job supervisors they forked,
-and the jobs (what their cgroups counted: from the fork of the job's process, so its
-way to exec included; on a node that confines no job, supervisors and jobs are one
-figure, ``..._supervisors_and_jobs``).
+and the jobs (what their cgroups counted: from the job's process joining its cgroup,
+just after its fork, so its way to exec included; on a node that confines no job,
+supervisors and jobs are one figure, ``..._supervisors_and_jobs``).
 """
 
 from __future__ import annotations
