@@ -1,6 +1,7 @@
 """Lifecycle figures on a fresh local cluster; prints ``name: value`` lines.
 
     .venv/bin/python bench/lifecycle.py [--jobs 1000] [--gpus 8] [--trials 30] [--no-stages]
+                                        [--tmp /tmp]
 
 Starts its own cluster (``gpusched up`` under a temporary XDG_STATE_HOME) and stops it.
 Its daemons run with ``GPUSCHED_LOG_STAGES=1`` (gpusched/stages.py), unless
@@ -227,8 +228,12 @@ def main() -> None:
     parser.add_argument("--no-stages", action="store_true",
                         help="run the daemons without their stage log (no stage_* lines)")
     parser.add_argument("--only", choices=["latency", "throughput", "cli"], default=None)
+    parser.add_argument("--tmp", default="/tmp", help=(
+        "where the cluster's state dir is made. On ext4 without a journal every new file "
+        "costs more while many were deleted in the last 30 s (by a previous run's "
+        "cleanup, say): the agent's figures then vary with what ran just before"))
     opts = parser.parse_args()
-    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="gpusched-bench-"))
+    root = Path(tempfile.mkdtemp(dir=opts.tmp, prefix="gpusched-bench-"))
     os.chmod(root, 0o755)
     work = root / "work"
     work.mkdir()
