@@ -149,16 +149,24 @@ class MatchingMixin(PassResources):
                    among: set[int] | None) -> tuple[int, str] | None:
         """The first member node (by kind, then index) with exactly ``count`` free units of
         one of ``kinds`` where ``shape`` fits now; only nodes of ``among`` when given."""
+        nodes, reserved, restricted, now = (self.nodes, self.reserved_nodes, self.restricted,
+                                            self.now)
         for kind in kinds:
             bucket = self.buckets[kind][count]
             candidates: Iterable[int] = bucket
             if among is not None and len(among) < len(bucket):
-                candidates = (i for i in sorted(among) if self.nodes[i].count(kind) == count
-                              and kind in self.nodes[i].total)
+                candidates = (i for i in sorted(among) if nodes[i].count(kind) == count
+                              and kind in nodes[i].total)
             for index in candidates:
                 if index in members and (among is None or index in among):
-                    node = self.nodes[index]
-                    if self._usable(node, shape) and self._fits_now(node, kind, shape):
+                    node = nodes[index]
+                    if restricted and not self._usable(node, shape):
+                        continue
+                    # _fits_now: the node has ``count`` units of ``kind`` free
+                    if index in reserved:
+                        if node.fits(kind, shape, now):
+                            return index, kind
+                    elif node.cpus >= shape.cpus and node.mem >= shape.mem_mb:
                         return index, kind
         return None
 

@@ -430,14 +430,17 @@ def simulate(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
     (tests hold the shortcuts to it).
 
     While it runs, what was alive before (the trace, the cluster) is kept out of the
-    cyclic collector's walks (``gc.freeze``) and put back after: the replay makes and
-    drops many objects, and each full collection would walk the whole trace again.
+    cyclic collector's walks (``gc.freeze``) and put back after, unless the process had
+    frozen objects of its own (a controller does), which then stay frozen: the replay
+    makes and drops many objects, and each full collection would walk the whole trace.
     """
+    thaw = not gc.get_freeze_count()
     gc.freeze()
     try:
         return _replay(jobs, cluster, policy, progress, shortcuts)
     finally:
-        gc.unfreeze()
+        if thaw:
+            gc.unfreeze()
 
 
 def _replay(jobs: Sequence[TraceJob], cluster: SimCluster, policy: SimPolicy,
