@@ -458,10 +458,7 @@ class Launcher:
 
     def held_cpus(self) -> set[int]:
         """The CPUs of the cpusets of the jobs running here."""
-        held: set[int] = set()
-        for job_id in self.running():
-            held |= self._specs.cpus_of(job_id)
-        return held
+        return set[int]().union(*(self._specs.cpus_of(job_id) for job_id in self.running()))
 
     def _job_ids(self) -> list[int]:
         ids = []
