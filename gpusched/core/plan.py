@@ -453,6 +453,14 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
         return Plan(starts=tuple(self.starts[starts:]), pending=tuple(self.pending[pending:]),
                     reservations=tuple(self.reservations[reservations:]))
 
+    def close(self) -> None:
+        """Done with this pass: break the reference cycles it holds (hooks that point
+        back at it, start orders whose recompute closes over its capacity), so that
+        reference counting frees it and its copies of nodes at once rather than the
+        cyclic collector later. Nothing may be asked of it afterwards."""
+        vars(self.capacity).clear()
+        vars(self).clear()
+
     def _keep_reason(self, job: PendingJob) -> None:
         self.pending.append(Pending(job.job_id, job.reason if job.reason is not Reason.NONE
                                     else Reason.PRIORITY, job.expected_start))
@@ -468,5 +476,8 @@ def plan(snapshot: Snapshot, now: float, policy: Policy, resume_after: int | Non
     if snapshot.advance_reservations:  # jobs in one run in a pass of their own
         from gpusched.core.resvpass import plan_with_reservations
         return plan_with_reservations(snapshot, now, policy, resume_after, spent)[0]
-    return SchedulingPass(snapshot, now, policy).run(queue_order(snapshot, now, policy),
-                                                     resume_after, spent)
+    scheduling = SchedulingPass(snapshot, now, policy)
+    try:
+        return scheduling.run(queue_order(snapshot, now, policy), resume_after, spent)
+    finally:
+        scheduling.close()

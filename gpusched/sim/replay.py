@@ -320,14 +320,11 @@ class Replay:
                         start.gpu_uuids, start.kind is StartKind.BACKFILLED, start.shares)
 
     def _drop_last(self) -> None:
-        """Forget the last pass, breaking the reference cycles it holds (hooks that point
-        back at it, start orders whose recompute closes over its capacity): reference
-        counting then frees it and its copies of nodes at once, instead of the cyclic
-        collector finding them later, which costs the replay more than they do."""
+        """Forget the last pass and free it at once (``SchedulingPass.close``): letting
+        the cyclic collector find passes costs the replay more than they do."""
         last, self.last = self.last, None
         if last is not None:
-            vars(last.capacity).clear()
-            vars(last).clear()
+            last.close()
 
     def _free_units(self, uuids: Sequence[str], more: int) -> None:
         """Each of these GPUs is free (``more`` 1) or taken (-1) on its node."""
