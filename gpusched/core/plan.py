@@ -336,10 +336,14 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
 
     def _behind(self, job: PendingJob) -> float | None:
         """For a job ``consider`` may decide quickly: None if it is not ``refused``, else
-        when it should start (INF: unknown), also kept in ``expected``. Jobs of one size
-        share the answer, remembered while no start, reservation or preemption has
-        changed the capacity since (``refused`` stays true until ``advance``)."""
+        when it should start (INF: unknown), also kept in ``expected``. With estimates,
+        jobs of one size share the answer, remembered while no start, reservation or
+        preemption has changed the capacity since (``refused`` stays true until
+        ``advance``)."""
         capacity = self.capacity
+        if not self.estimating:  # nothing to share but ``refused``, which is cheap
+            return self.expected.get(job.job_id, INF) \
+                if capacity.refused(job, job.partition) else None
         key = (job.partition, job.gpu_kinds, job.nodes, job.gpus, job.cpus, job.mem_mb,
                job.time_limit, job.uid if capacity.restricted else 0)
         stamp = (len(capacity._changed), capacity._gave_back)
@@ -347,14 +351,9 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
         if known is None:
             if not capacity.refused(job, job.partition):
                 return None
-        elif not self.estimating:
-            return self.expected.get(job.job_id, INF)
         elif known[1] == stamp:
             self.expected[job.job_id] = known[0]
             return known[0]
-        if not self.estimating:
-            self._refused[key] = (INF, stamp)
-            return self.expected.get(job.job_id, INF)
         at = capacity.estimate(Shape.of(job), self.members.get(job.partition, frozenset()),
                                job.partition)
         self._refused[key] = (at, stamp)
