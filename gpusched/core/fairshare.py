@@ -107,15 +107,17 @@ class FairShareTree:
     def account_usage(self, usage: Mapping[UserKey, float]) -> dict[str, float]:
         """Usage of every account: the sum over the users below it."""
         totals: dict[str, float] = {}
-
-        def total(name: str) -> float:
-            value = sum(usage.get(k, 0.0) for k in self._user_children[name])
-            value += sum(total(child) for child in self._children[name])
-            totals[name] = value
-            return value
-
-        total(ROOT)
+        self._total(ROOT, usage, totals)
         return totals
+
+    def _total(self, name: str, usage: Mapping[UserKey, float], totals: dict[str, float]
+               ) -> float:
+        # A method, not a nested function: a recursive closure is a reference cycle,
+        # left for the cyclic collector on every pass.
+        value = sum(usage.get(k, 0.0) for k in self._user_children[name])
+        value += sum(self._total(child, usage, totals) for child in self._children[name])
+        totals[name] = value
+        return value
 
     def normalized_shares(self) -> dict[UserKey, float]:
         """Each user's share of the whole cluster: sibling fractions multiplied down the path."""
@@ -201,28 +203,31 @@ class FairShareTree:
             return {}
         accounts_used = self.account_usage(usage)
         ranks: dict[UserKey, int] = {}
-        next_rank = [len(self.users)]
-
-        def visit(pool: list[tuple[float, str, bool]]) -> None:
-            # pool: (level fair-share, name or user key as text, is_user)
-            pool.sort(key=lambda item: (-item[0], item[1]))
-            for _, group in groupby(pool, key=lambda item: item[0]):
-                tied = list(group)
-                if all(is_user for _, _, is_user in tied):
-                    for _, name, _ in tied:
-                        ranks[self._user_key(name)] = next_rank[0]
-                    next_rank[0] -= len(tied)
-                    continue
-                # Tied accounts: their children form one pool, joined by the tied users,
-                # who keep their level fair-share (so with no usage anywhere, all tie).
-                merged = [item for item in tied if item[2]]
-                for _, name, is_user in tied:
-                    if not is_user:
-                        merged += self._level_pool(name, usage, accounts_used)
-                visit(merged)
-
-        visit(self._level_pool(ROOT, usage, accounts_used))
+        self._visit(self._level_pool(ROOT, usage, accounts_used), usage, accounts_used, ranks,
+                    len(self.users))
         return {key: rank / len(self.users) for key, rank in ranks.items()}
+
+    def _visit(self, pool: list[tuple[float, str, bool]], usage: Mapping[UserKey, float],
+               accounts_used: Mapping[str, float], ranks: dict[UserKey, int],
+               next_rank: int) -> int:
+        """Rank the users under ``pool`` (level fair-share, name or user key as text,
+        is_user), best first, from ``next_rank`` down; the next rank left."""
+        pool.sort(key=lambda item: (-item[0], item[1]))
+        for _, group in groupby(pool, key=lambda item: item[0]):
+            tied = list(group)
+            if all(is_user for _, _, is_user in tied):
+                for _, name, _ in tied:
+                    ranks[self._user_key(name)] = next_rank
+                next_rank -= len(tied)
+                continue
+            # Tied accounts: their children form one pool, joined by the tied users,
+            # who keep their level fair-share (so with no usage anywhere, all tie).
+            merged = [item for item in tied if item[2]]
+            for _, name, is_user in tied:
+                if not is_user:
+                    merged += self._level_pool(name, usage, accounts_used)
+            next_rank = self._visit(merged, usage, accounts_used, ranks, next_rank)
+        return next_rank
 
     def _user_key(self, text: str) -> UserKey:
         user, _, account = text.partition("\0")

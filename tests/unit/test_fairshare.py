@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -36,6 +37,20 @@ def test_fair_tree_ranks_depth_first_by_level_fairshare() -> None:
     factors = three_level_tree().fair_tree(USAGE)
     assert factors == {("dave", "bio"): 1.0, ("carol", "exp"): 0.75,
                        ("bob", "exp"): 0.5, ("alice", "theory"): 0.25}
+
+
+def test_ranking_leaves_nothing_for_the_cyclic_collector() -> None:
+    # A pass ranks the tree every time: what it makes is freed by reference counting.
+    tree = three_level_tree()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            assert tree.fair_tree(USAGE)["dave", "bio"] == 1.0
+            assert tree.account_usage(USAGE)["physics"] == 900.0
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_classic_formula_uses_effective_usage() -> None:
