@@ -122,18 +122,17 @@ class FairShareTree:
     def normalized_shares(self) -> dict[UserKey, float]:
         """Each user's share of the whole cluster: sibling fractions multiplied down the path."""
         result: dict[UserKey, float] = {}
-
-        def walk(name: str, fraction: float) -> None:
-            kids = self._children[name]
-            users = self._user_children[name]
-            total = sum(self.accounts[c].shares for c in kids) + sum(self.users[u].shares for u in users)
-            for child in kids:
-                walk(child, fraction * _ratio(self.accounts[child].shares, total))
-            for key in users:
-                result[key] = fraction * _ratio(self.users[key].shares, total)
-
-        walk(ROOT, 1.0)
+        self._normalized(ROOT, 1.0, result)
         return result
+
+    def _normalized(self, name: str, fraction: float, result: dict[UserKey, float]) -> None:
+        kids = self._children[name]
+        users = self._user_children[name]
+        total = sum(self.accounts[c].shares for c in kids) + sum(self.users[u].shares for u in users)
+        for child in kids:
+            self._normalized(child, fraction * _ratio(self.accounts[child].shares, total), result)
+        for key in users:
+            result[key] = fraction * _ratio(self.users[key].shares, total)
 
     def report(self, usage: Mapping[UserKey, float], method: str = "fair_tree") -> list[ShareRow]:
         """The tree depth first, as ``sshare`` shows it: shares, usage and factors."""
@@ -174,28 +173,29 @@ class FairShareTree:
         usage moved toward its account's effective usage by its fraction of the shares
         at its level; an association right under the root keeps its actual usage."""
         used = self.account_usage(usage)
-        grand = used[ROOT]
         result: dict[UserKey, float] = {}
-
-        def walk(name: str, parent_effective: float | None) -> None:
-            kids = self._children[name]
-            users = self._user_children[name]
-            total = (sum(self.accounts[c].shares for c in kids)
-                     + sum(self.users[u].shares for u in users))
-
-            def effective(used_here: float, shares: float) -> float:
-                actual = _ratio(used_here, grand)
-                if parent_effective is None:
-                    return actual
-                return actual + (parent_effective - actual) * _ratio(shares, total)
-
-            for child in kids:
-                walk(child, effective(used[child], self.accounts[child].shares))
-            for key in users:
-                result[key] = effective(usage.get(key, 0.0), self.users[key].shares)
-
-        walk(ROOT, None)
+        self._effective(ROOT, None, usage, used, used[ROOT], result)
         return result
+
+    def _effective(self, name: str, parent_effective: float | None,
+                   usage: Mapping[UserKey, float], used: Mapping[str, float], grand: float,
+                   result: dict[UserKey, float]) -> None:
+        kids = self._children[name]
+        users = self._user_children[name]
+        total = (sum(self.accounts[c].shares for c in kids)
+                 + sum(self.users[u].shares for u in users))
+
+        def effective(used_here: float, shares: float) -> float:
+            actual = _ratio(used_here, grand)
+            if parent_effective is None:
+                return actual
+            return actual + (parent_effective - actual) * _ratio(shares, total)
+
+        for child in kids:
+            self._effective(child, effective(used[child], self.accounts[child].shares), usage,
+                            used, grand, result)
+        for key in users:
+            result[key] = effective(usage.get(key, 0.0), self.users[key].shares)
 
     def fair_tree(self, usage: Mapping[UserKey, float]) -> dict[UserKey, float]:
         """Fair Tree factors: rank / number of users, best first."""

@@ -48,6 +48,7 @@ def test_ranking_leaves_nothing_for_the_cyclic_collector() -> None:
         for _ in range(3):
             assert tree.fair_tree(USAGE)["dave", "bio"] == 1.0
             assert tree.account_usage(USAGE)["physics"] == 900.0
+            assert tree.classic(USAGE).keys() == tree.fair_tree(USAGE).keys()
         assert gc.collect() == 0
     finally:
         gc.enable()
