@@ -118,7 +118,7 @@ class MatchingMixin(PassResources):
         stop = not self.blocks
         chosen: list[tuple[int, str]] = []
         seen: set[int] = set()
-        nodes, now, restricted = self.nodes, self.now, self.restricted
+        nodes, restricted = self.nodes, self.restricted
         cpus, mem = shape.cpus, shape.mem_mb
         for count in range(shape.gpus, self.most + 1):
             for held in (True, False) if reserved else (False,):
@@ -131,7 +131,7 @@ class MatchingMixin(PassResources):
                             continue
                         # _fits_now: the node has ``count`` units of ``kind`` free
                         if held:
-                            if not node.fits(kind, shape, now):
+                            if not self._held_fits_now(node, kind, shape):
                                 continue
                         elif node.cpus < cpus or node.mem < mem:
                             continue
@@ -149,8 +149,7 @@ class MatchingMixin(PassResources):
                    among: set[int] | None) -> tuple[int, str] | None:
         """The first member node (by kind, then index) with exactly ``count`` free units of
         one of ``kinds`` where ``shape`` fits now; only nodes of ``among`` when given."""
-        nodes, reserved, restricted, now = (self.nodes, self.reserved_nodes, self.restricted,
-                                            self.now)
+        nodes, reserved, restricted = self.nodes, self.reserved_nodes, self.restricted
         for kind in kinds:
             bucket = self.buckets[kind][count]
             candidates: Iterable[int] = bucket
@@ -164,7 +163,7 @@ class MatchingMixin(PassResources):
                         continue
                     # _fits_now: the node has ``count`` units of ``kind`` free
                     if index in reserved:
-                        if node.fits(kind, shape, now):
+                        if self._held_fits_now(node, kind, shape):
                             return index, kind
                     elif node.cpus >= shape.cpus and node.mem >= shape.mem_mb:
                         return index, kind

@@ -174,9 +174,19 @@ class PassResources:
 
     def _fits_now(self, node: NodeTimeline, kind: str, shape: Shape) -> bool:
         if node.index in self.reserved_nodes:
-            return node.fits(kind, shape, self.now)
+            return self._held_fits_now(node, kind, shape)
         return (node.count(kind) >= shape.gpus and node.cpus >= shape.cpus
                 and node.mem >= shape.mem_mb)
+
+    def _held_fits_now(self, node: NodeTimeline, kind: str, shape: Shape) -> bool:
+        """``node.fits(kind, shape, now)`` for a node holding reservations: read from its
+        profile when that is current (a bisection instead of adding up every
+        reservation at each one's start)."""
+        profile = self._profiles.get(node.index)
+        if profile is not None and profile.version == self._version.get(node.index, 0):
+            return profile.fits(kind, shape.gpus, shape.cpus, shape.mem_mb, self.now,
+                                shape.duration)
+        return node.fits(kind, shape, self.now)
 
     def _same_block(self, ordered: list[tuple[int, str]], count: int) -> list[tuple[int, str]]:
         """``count`` of the (best first) nodes, from one topology block when one has enough."""

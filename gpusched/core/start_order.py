@@ -93,16 +93,25 @@ class StartOrder:
         """The earliest start of a ``wanted`` node, if not after ``until``, and every
         wanted node that could start then, in order; (INF, []) if none. Reads no further
         than it must: past that start, entries are not worked out again."""
-        order, at, version = self.order, self.at, self.version
+        order, at, current, recompute = self.order, self.at, self.version.get, self.recompute
         best, found = until, []
         place = 0
         while place < len(order):
             start, index = order[place]
             if start > best:
                 break
-            if at[index][1] != version.get(index, 0):
-                self._stale(place, start, index)
-                continue
+            now = current(index, 0)
+            if at[index][1] != now:  # _stale, inline: this is the pass's hottest loop
+                fresh = recompute(index, start)
+                if fresh is None:
+                    del order[place]
+                    del at[index]
+                    continue
+                at[index] = (fresh, now)
+                if fresh != start:  # back in order: later (the rule), past its old place
+                    del order[place]
+                    insort(order, (fresh, index), place if fresh > start else 0)
+                    continue
             if start < INF and wanted(index):
                 best = start
                 found.append(index)

@@ -30,8 +30,19 @@ class TimelineMixin(PassResources):
         """
         key = (reserved, kind, shape.gpus, shape.cpus, shape.mem_mb,
                shape.duration if reserved else 0.0)
-        nodes, gpus = self.nodes, shape.gpus
         entry = self._starts.get(key)
+        if entry is not None and entry.gave_back == self._gave_back and (
+                not reserved or entry.joined == len(self._reserved_order)):
+            entry.changes = len(self._changed)  # the usual case: nothing to catch up on
+            return entry
+        return self._start_order_made(key, entry, kind, shape, reserved)
+
+    def _start_order_made(self, key: tuple[bool, str, int, int, int, float],
+                          entry: StartOrder | None, kind: str, shape: Shape,
+                          reserved: bool) -> StartOrder:
+        """``_start_order`` when the order is yet to be made, or must catch up with
+        resources given back early or with nodes reserved since it was last read."""
+        nodes, gpus = self.nodes, shape.gpus
         if entry is None and not reserved:
             entry = self._kept_start_order(kind, shape)
             if entry is not None:
@@ -99,17 +110,30 @@ class TimelineMixin(PassResources):
         held, nodes, profiles, version = (self.reserved_nodes, self.nodes, self._profiles,
                                           self._version)
         gpus, cpus, mem, length = shape.gpus, shape.cpus, shape.mem_mb, shape.duration
+        now, made = self.now, self._profile
 
-        def earliest(index: int, bound: float) -> float | None:
-            if (index in held) != reserved:
-                return None
-            node = nodes[index]
-            if not node.reserved:
-                return node.earliest(kind, shape, self.now)
-            profile = profiles.get(index)
-            if profile is None or profile.version != version.get(index, 0):
-                profile = self._profile(index)
-            return profile.earliest(kind, gpus, cpus, mem, length, bound)
+        if reserved:
+            def earliest(index: int, bound: float) -> float | None:
+                if index not in held:
+                    return None
+                profile = profiles.get(index)
+                if profile is None or profile.version != version.get(index, 0):
+                    node = nodes[index]
+                    if not node.reserved:
+                        return node.earliest(kind, shape, now)
+                    profile = made(index)
+                return profile.earliest(kind, gpus, cpus, mem, length, bound)
+        else:
+            def earliest(index: int, bound: float) -> float | None:
+                if index in held:
+                    return None
+                node = nodes[index]
+                if not node.reserved:
+                    return node.earliest(kind, shape, now)
+                profile = profiles.get(index)
+                if profile is None or profile.version != version.get(index, 0):
+                    profile = made(index)
+                return profile.earliest(kind, gpus, cpus, mem, length, bound)
 
         return earliest
 
@@ -213,6 +237,8 @@ class TimelineMixin(PassResources):
         nodes)."""
         if shape.nodes == 1:
             at, found = self._earliest_one(shape, members)
+            if len(found) == 1:  # what _same_block gives for one node
+                return at, [found[0][1:]]
             if not found:
                 return INF, []
             best: dict[int, tuple[int, int, str]] = {}
@@ -271,21 +297,26 @@ class TimelineMixin(PassResources):
         only up to the earliest start found so far, so a node reserved since it was
         last read is worked out again only if it may still be the answer."""
         best = INF
-        found: list[tuple[float, int, str]] = []
+        found: list[tuple[int, int, str]] = []
         nodes = self.nodes
-
-        def wanted(index: int) -> bool:
-            return index in members and self._usable(nodes[index], shape)
-
+        wanted: Callable[[int], bool]
+        if self.restricted:
+            def wanted(index: int) -> bool:
+                return index in members and self._usable(nodes[index], shape)
+        else:  # every node is usable: membership alone
+            wanted = members.__contains__
         # Once every node holds a reservation, the side without one is empty.
         sides = (True,) if len(self.reserved_nodes) == len(nodes) else (False, True)
+        order_of = self._start_order
         for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in sides:
-                at, indexes = self._start_order(kind, shape, reserved).first(best, wanted)
+                at, indexes = order_of(kind, shape, reserved).first(best, wanted)
                 if indexes:
-                    best = at
-                    found.extend((at, index, kind) for index in indexes)
-        return best, [(0, index, kind) for at, index, kind in found if at == best]
+                    if at < best:  # earlier than all found so far: they are dropped
+                        best, found = at, []
+                    for index in indexes:
+                        found.append((0, index, kind))
+        return best, found
 
     def _ready_by(self, at: float, shape: Shape, members: frozenset[int]
                   ) -> list[tuple[int, str]]:
