@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -89,6 +90,25 @@ def write_job_file(path: str, data: dict[str, Any], durable: bool = True,
             if time.monotonic() >= deadline:
                 raise
         time.sleep(0.5)
+
+
+def write_then_tell(path: str, data: dict[str, Any], patience: float,
+                    tell: Callable[[], None]) -> None:
+    """write_job_file, made durable only after ``tell()``: whoever is told may read the
+    file at once, while it goes to disk. Durable when this returns, as with
+    write_job_file."""
+    write_job_file(path, data, durable=False, patience=patience)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # opened first: it may be removed
+    try:
+        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            tell()
+            os.fsync(fd)
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        os.close(fd)
 
 
 def write_script(path: str, text: str, uid: int, gid: int) -> None:

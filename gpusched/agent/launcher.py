@@ -13,7 +13,6 @@ after the spawn and no trust in pids that may have been reused.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import selectors
@@ -22,49 +21,42 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpusched.agent import jobfiles, procs
-from gpusched.agent import supervisor as supervisor_files
-from gpusched.agent.confine import remove_lost_job_cgroup
+from gpusched.agent import procs
+from gpusched.agent.endpipe import EndPipe
+from gpusched.agent.jobcontrol import RunningJobs
 from gpusched.agent.jobends import (
-    NEVER_STARTED,
-    SUPERVISOR_LOST,
     JobEnd,
     discard,
     job_end,
-    node_fault,
     read_json,
     remove_discarded,
     spec_run,
     write_status,
 )
+from gpusched.agent.jobprep import prepare_job
 from gpusched.agent.jobspec import build_spec, site_programs
-from gpusched.agent.mps import MpsDaemons, MpsError
-from gpusched.agent.notices import post_notice
+from gpusched.agent.lostjobs import SupervisorNotFound, find_supervisor, record_lost
+from gpusched.agent.mps import MpsDaemons
 from gpusched.agent.spawn import (
     LOCK_FD_IN_SUPERVISOR,
     SupervisorSpawner,
     spawn_supervisor_process,
 )
 from gpusched.agent.specindex import SpecIndex
-from gpusched.agent.supervisor import LIMIT_FILE, LIMIT_SIGNAL, write_json_atomic
 
 log = logging.getLogger(__name__)
 __all__ = ["JobEnd", "Launcher", "build_spec", "site_programs", "spec_run"]
 
-# How long a signal or a new time limit waits for a just-started supervisor to write
-# supervisor.json (it names the job's process group) before it is refused.
-SUPERVISOR_INFO_WAIT = 5.0
+# How long the removal of a reported job's directory waits for its supervisor, which
+# told its end before making status.json durable, to exit (else its exit removes it).
+SUPERVISOR_EXIT_WAIT = 2.0
+_TOLD = -1  # the selector's key of the end pipe (jobs are keyed by their id)
 
 
-class _SupervisorNotFound(Exception):
-    """A job's supervisor holds its lock, but no process could be matched to it."""
-
-
-class Launcher:
+class Launcher(RunningJobs):
     """Starts job supervisors, cancels them, and reports how their jobs ended."""
 
     def __init__(self, jobs_dir: Path, python: str = sys.executable,
@@ -90,6 +82,13 @@ class Launcher:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        # Supervisors tell their jobs' ends on it before exiting (gpusched.agent.endpipe):
+        # jobs told, watched still, whose status.json is read; and those whose directory
+        # their supervisor's exit removes (reported while it still made the status durable).
+        self._ends = EndPipe()
+        self._selector.register(self._ends.read_fd, selectors.EVENT_READ, _TOLD)
+        self._told: set[int] = set()
+        self._discard_on_exit: set[int] = set()
         # site_programs: the node runs a prolog or an epilog (see serve_spawner).
         self._spawner = (SupervisorSpawner(python, self.jobs_dir.parent / "spawner.log",
                                            site_programs) if spawner else None)
@@ -111,11 +110,9 @@ class Launcher:
             self._pidfds.clear()
             self._to_register.clear()
             self._selector.close()
+            self._ends.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
-
-    def _jobdir(self, job_id: int) -> Path:
-        return self.jobs_dir / str(int(job_id))
 
     # ------------------------------------------------------------ launching
 
@@ -131,34 +128,11 @@ class Launcher:
         except FileExistsError:
             return False
         os.chmod(jobdir, 0o711)  # mkdir's mode went through the umask
-        try:
-            jobfiles.make_reserve(str(jobdir))  # first: room for how it ends
-            spec = dict(spec, job_id=int(job_id))
-            script = jobdir / "script"
-            jobfiles.write_script(str(script), script_text, int(spec["uid"]),
-                                  int(spec["gid"]))
-            spec["argv"] = [str(script), *spec["argv"][1:]]
-            # Not durable (its fsyncs cost a start milliseconds): it serves the run's
-            # supervisor and this agent's restarts; a crash of the machine ends the run
-            # too, and a spec lost in one reads as none, the run as one whose supervisor
-            # was lost (the node's registration fences it in any case).
-            write_json_atomic(str(jobdir / "spec.json"), spec, mode=0o600, durable=False)
-            self._specs.remember(job_id, spec)
-            self.mps.ensure(spec.get("mps"))  # its GPU's MPS daemon, before the job
-        except Exception as exc:  # noqa: BLE001 - a bad job fails itself, never the agent
-            try:
-                if node_fault(exc):  # this node's disk, not the job: nothing of it stays
-                    raise
-                write_status(jobdir, "launch_failed", None, str(exc) if isinstance(
-                    exc, MpsError) else f"cannot prepare the job: {exc!r}")
-            except OSError:
-                # The node's disk failing (or not even the status fits): nothing of the
-                # job stays here, and the caller reports the run as never started
-                # (agent.commands), a later launch of it finding no directory in the way.
-                shutil.rmtree(jobdir, ignore_errors=True)
-                raise exc from None
+        written = prepare_job(jobdir, job_id, spec, script_text, self.mps)
+        if written is None:
             self._wake()
             return True
+        self._specs.remember(job_id, written)
         try:
             pid = self._spawn_supervisor(jobdir)
         except OSError as exc:
@@ -170,9 +144,10 @@ class Launcher:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             # The supervisor ran the job and exited already (this agent was slow or
-            # paused): its status.json stands; without one it was lost.
-            if not (jobdir / "status.json").exists():
-                self._record_lost(jobdir)
+            # paused): its status.json stands (the end may be reported and the
+            # directory gone already); without one it was lost.
+            if jobdir.is_dir() and not (jobdir / "status.json").exists():
+                self._record_lost_or_later(job_id)
             self._wake()
             return True
         self._watch(job_id, pidfd)
@@ -184,7 +159,7 @@ class Launcher:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a fresh file: this never blocks
             if self._spawner is not None:
                 try:
-                    return self._spawner.spawn(jobdir, lock_fd)
+                    return self._spawner.spawn(jobdir, lock_fd, self._ends.write_fd)
                 except OSError as exc:
                     log.warning("supervisor spawner failed (%s); starting a fresh interpreter", exc)
             # Started with its signals blocked, as it runs: a cancel that comes
@@ -222,62 +197,11 @@ class Launcher:
                 return False
             return True
 
-    def signal(self, job_id: int, signum: int) -> bool:
-        """Send ``signum`` to the job's whole process group, leaving it running; False if
-        the job is unknown or ended. The supervisor keeps the job's main process unreaped
-        until the end, so the group id cannot have been reused."""
-        return self._with_running(job_id, lambda jobdir, info: os.killpg(int(info["job_pid"]),
-                                                                         signum))
-
-    def set_limit(self, job_id: int, time_limit: int | None) -> bool:
-        """Give a running job a new time limit (seconds from its start; None: none): its
-        supervisor rereads ``limit.json`` on SIGUSR2. False if the job is not running."""
-        def tell(jobdir: Path, info: dict[str, Any]) -> None:
-            write_json_atomic(str(jobdir / LIMIT_FILE), {"time_limit": time_limit})
-            os.kill(int(info["supervisor_pid"]), LIMIT_SIGNAL)
-
-        return self._with_running(job_id, tell)
-
-    def notice(self, job_id: int, seq: int, text: str) -> bool:
-        """Have the job's supervisor append ``text`` to its output file as the job's
-        user (gpusched.agent.notices); False if the job is not running."""
-        return self._with_running(job_id, lambda jobdir, info: post_notice(
-            str(jobdir), seq, text, int(info["supervisor_pid"])))
-
-    def _with_running(self, job_id: int, act: Callable[[Path, dict[str, Any]], None]) -> bool:
-        """``act(jobdir, supervisor.json)`` for a job still running here; False if the job
-        is unknown or ended, or acting failed."""
-        # A job may be running before its supervisor has written supervisor.json (it
-        # writes it once the job is forked): wait a little for it, outside the lock.
-        deadline = time.monotonic() + SUPERVISOR_INFO_WAIT
-        jobdir = self._jobdir(job_id)
-        while True:
-            with self._lock:
-                pidfd = self._pidfds.get(job_id)
-                if (pidfd is None or procs.pidfd_exited(pidfd)
-                        or (jobdir / "status.json").exists()):
-                    return False
-                try:
-                    info = json.loads((jobdir / "supervisor.json").read_text())
-                except FileNotFoundError:
-                    info = None
-                except (OSError, ValueError):
-                    return False
-                if info is not None:
-                    try:
-                        act(jobdir, info)
-                    except (OSError, ValueError, KeyError):
-                        return False
-                    return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-
     def running(self) -> list[int]:
-        """Ids of the jobs whose supervisor is alive."""
+        """Ids of the jobs whose supervisor is alive and has not told their end."""
         with self._lock:
             return sorted(job for job, pidfd in self._pidfds.items()
-                          if not procs.pidfd_exited(pidfd))
+                          if job not in self._told and not procs.pidfd_exited(pidfd))
 
     def run_of(self, job_id: int) -> int | None:
         """Which run of the job its directory here holds (its restart count), or None
@@ -316,7 +240,7 @@ class Launcher:
         if (jobdir / "reported").exists():  # the marker an earlier version made
             shutil.rmtree(jobdir, ignore_errors=True)  # mark_reported was interrupted
             return False
-        if (jobdir / "status.json").exists():
+        if read_json(jobdir / "status.json") is not None:  # one a crash cut is not
             return False
         if not (jobdir / "spec.json").exists() and not procs.lock_is_held(
                 jobdir / "supervisor.lock"):
@@ -327,57 +251,17 @@ class Launcher:
             shutil.rmtree(jobdir, ignore_errors=True)
             return False
         try:
-            pidfd = self._find_supervisor(jobdir)
-        except _SupervisorNotFound:
+            pidfd = find_supervisor(jobdir)
+        except SupervisorNotFound:
             # Alive (it holds the lock) but unidentifiable, e.g. started by hand: leave
             # it be. Its status.json is still found by the scans of wait_ended().
             log.warning("job %s: supervisor alive but not found; not watching it", job_id)
             return True
         if pidfd is None:
-            self._record_lost(jobdir)
+            record_lost(jobdir)
             return False
         self._watch(job_id, pidfd)
         return True
-
-    def _find_supervisor(self, jobdir: Path) -> int | None:
-        """A pidfd of the job's live supervisor, or None once it is surely dead."""
-        for _ in range(3):
-            if not procs.lock_is_held(jobdir / "supervisor.lock"):
-                return None
-            info = read_json(jobdir / "supervisor.json")
-            if info is not None:
-                pidfd = procs.open_pidfd(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
-            else:
-                # Started but not yet written supervisor.json: find it by its lock fd.
-                pidfd = procs.open_lock_holder(jobdir / "supervisor.lock")
-            if pidfd is not None:
-                return pidfd
-            # It may have exited between the two looks; look at the lock again.
-        raise _SupervisorNotFound(jobdir)
-
-    def _record_lost(self, jobdir: Path) -> None:
-        """Record the end of a job whose supervisor died without writing its status."""
-        info = read_json(jobdir / "supervisor.json") or {}
-        spec = read_json(jobdir / "spec.json") or {}
-        remove_lost_job_cgroup(jobdir.name, spec)
-        if info:
-            procs.reap_if_child(int(info["supervisor_pid"]), int(info["supervisor_starttime"]))
-            # Nothing else will ever stop the job now; Slurm kills a step whose
-            # slurmstepd is gone the same way.
-            starttime = info.get("job_starttime")
-            if "uid" in spec:
-                procs.kill_process_group(int(info["job_pid"]),
-                                         None if starttime is None else int(starttime),
-                                         int(spec["uid"]), int(info["supervisor_starttime"]))
-        if (jobdir / "status.json").exists():
-            return  # it did write it after all, just before dying
-        if not info and not supervisor_files.job_forked(str(jobdir)):  # never forked
-            log.warning("job %s: %s", jobdir.name, NEVER_STARTED)
-            write_status(jobdir, "not_started", None, NEVER_STARTED)
-            return
-        log.warning("job %s: %s", jobdir.name, SUPERVISOR_LOST)
-        start = info.get("start_time")
-        write_status(jobdir, "failed", None if start is None else float(start), SUPERVISOR_LOST)
 
     # ------------------------------------------------------------ ends
 
@@ -410,6 +294,10 @@ class Launcher:
         """Remove what an earlier run of the job left here, for a new run of it: False
         (and nothing removed) while a supervisor of the job is still alive."""
         jobdir = self._jobdir(job_id)
+        with self._lock:
+            told = job_id in self._told
+        if told:  # ended: its supervisor is making the status durable
+            self._exited(job_id, SUPERVISOR_EXIT_WAIT)
         if self.is_running(job_id) or procs.lock_is_held(jobdir / "supervisor.lock"):
             return False
         if jobdir.is_dir():
@@ -422,7 +310,25 @@ class Launcher:
         jobdir = self._jobdir(job_id)
         if not (jobdir / "status.json").exists():
             return
+        if not self._exited(job_id, SUPERVISOR_EXIT_WAIT):
+            with self._lock:
+                if job_id in self._pidfds:  # told, and still making it durable
+                    self._told.discard(job_id)
+                    self._discard_on_exit.add(job_id)
+                    return
         discard(jobdir)  # an interrupted removal still counts as reported
+
+    def _exited(self, job_id: int, timeout: float) -> bool:
+        """Whether the job's supervisor (if watched) has exited, waiting up to timeout."""
+        with self._lock:
+            pidfd = self._pidfds.get(job_id)
+            if pidfd is None:
+                return True
+            pidfd = os.dup(pidfd)  # its exit may be handled (and the pidfd closed) meanwhile
+        try:
+            return procs.pidfd_exited(pidfd, timeout)
+        finally:
+            os.close(pidfd)
 
     def _handle_exits(self, timeout: float) -> None:
         """Register new supervisors, wait up to timeout, and handle those that exited."""
@@ -431,7 +337,11 @@ class Launcher:
         for job_id, pidfd in new:
             self._selector.register(pidfd, selectors.EVENT_READ, job_id)
         for key, _ in self._selector.select(timeout):
-            if key.data is None:
+            if key.data == _TOLD:
+                told = self._ends.take()
+                with self._lock:
+                    self._told.update(job for job in told if job in self._pidfds)
+            elif key.data is None:
                 while True:
                     try:
                         if not os.read(self._wake_r, 4096):
@@ -448,10 +358,15 @@ class Launcher:
             current = self._pidfds.get(job_id) == pidfd
             if current:
                 del self._pidfds[job_id]
+                self._told.discard(job_id)
+            later = current and job_id in self._discard_on_exit
+            self._discard_on_exit.discard(job_id)
             os.close(pidfd)  # under the lock: cancel() must not signal a closed fd
         jobdir = self._jobdir(job_id)
+        if later:  # reported already
+            discard(jobdir)
         # Not current: the job was reported and launched anew; the dir is the new run's.
-        if current and jobdir.is_dir() and not (jobdir / "status.json").exists():
+        elif current and jobdir.is_dir() and not (jobdir / "status.json").exists():
             self._record_lost_or_later(job_id)
         with self._launch_lock:  # a launch that needs a daemon does not see it stop
             self.mps.release(self.jobs_dir)
@@ -470,7 +385,7 @@ class Launcher:
     def _record_lost_or_later(self, job_id: int) -> None:
         """_record_lost, or, when the state disk refuses the status, again later."""
         try:
-            self._record_lost(self._jobdir(job_id))
+            record_lost(self._jobdir(job_id))
         except OSError as exc:
             log.warning("job %s: cannot record its lost supervisor yet: %s", job_id, exc)
             with self._lock:
@@ -480,8 +395,9 @@ class Launcher:
         with self._lock:
             waiting, self._unrecorded = self._unrecorded, set()
             # A watched supervisor writes status.json just before it exits, and its
-            # exit is handled before the next scan: only the others are read.
-            watched = set(self._pidfds)
+            # exit (or its telling, endpipe) is handled before the next scan: only the
+            # others are read.
+            watched = set(self._pidfds) - self._told
         for job_id in waiting:  # lost supervisors whose end the full disk refused
             if self._jobdir(job_id).is_dir() and not (self._jobdir(job_id) / "status.json").exists():
                 self._record_lost_or_later(job_id)

@@ -12,10 +12,11 @@ from gpusched.agent.spawn import LOCK_FD_IN_SUPERVISOR
 from gpusched.agent.supervisor import proc_starttime
 
 
-def pidfd_exited(pidfd: int) -> bool:
+def pidfd_exited(pidfd: int, timeout: float = 0.0) -> bool:
+    """Whether the pidfd's process has exited, waiting up to ``timeout`` seconds."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(poller.poll(timeout * 1000))
 
 
 def lock_is_held(path: Path) -> bool:

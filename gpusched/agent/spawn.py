@@ -58,15 +58,17 @@ class SupervisorSpawner:
         self._pid = 0
         self._lock = threading.Lock()
 
-    def spawn(self, jobdir: Path, lock_fd: int) -> int:
-        """Have a supervisor forked for ``jobdir``, handing it ``lock_fd``; its pid."""
+    def spawn(self, jobdir: Path, lock_fd: int, tell_fd: int | None = None) -> int:
+        """Have a supervisor forked for ``jobdir``, handing it ``lock_fd`` (and
+        ``tell_fd``, the agent's end pipe, gpusched.agent.endpipe); its pid."""
         with self._lock:
             for attempt in range(2):
                 try:
                     if self._sock is None:
                         self._start()
                     assert self._sock is not None
-                    socket.send_fds(self._sock, [str(jobdir).encode()], [lock_fd])
+                    socket.send_fds(self._sock, [str(jobdir).encode()],
+                                    [lock_fd] if tell_fd is None else [lock_fd, tell_fd])
                     answer = b""
                     while len(answer) < 4:
                         chunk = self._sock.recv(4 - len(answer))

@@ -7,6 +7,7 @@ import os
 import socket
 
 from gpusched.agent import supervisor
+from gpusched.agent.endpipe import TELL_FD
 from gpusched.agent.supervisor import _note_error
 
 _LOCK_FD = 3  # where a supervisor keeps its supervisor.lock (as the launcher hands it)
@@ -16,8 +17,8 @@ def serve_spawner(sock_fd: int, site_programs: bool = False) -> int:
     """Fork one supervisor per request on ``sock_fd`` until the agent closes it.
 
     A request is a job directory path, with its already locked supervisor.lock passed
-    as SCM_RIGHTS; the answer is the new supervisor's pid as 4 bytes (0 if fork
-    failed). Forking this started interpreter spares every job a Python start-up.
+    as SCM_RIGHTS (and the agent's end pipe, gpusched.agent.endpipe, after it); the
+    answer is the new supervisor's pid as 4 bytes (0 if fork failed). Forking this started interpreter spares every job a Python start-up.
     When the agent goes away the spawner leaves; the supervisors it forked live on in
     their own sessions. ``site_programs``: the node runs a prolog or epilog, so what
     running them needs (subprocess) is imported once here rather than in every
@@ -39,18 +40,18 @@ def serve_spawner(sock_fd: int, site_programs: bool = False) -> int:
         if not select.select([sock], [], [], 1.0)[0]:
             continue
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+            message, fds, _, _ = socket.recv_fds(sock, 4096, 2)
         except OSError:
             return 0
         if not message:
             return 0
         try:
-            pid = os.fork() if len(fds) == 1 else -1
+            pid = os.fork() if len(fds) in (1, 2) else -1
         except OSError:
             pid = -1
         if pid == 0:
             sock.close()
-            _become_supervisor(message.decode(), fds[0])
+            _become_supervisor(message.decode(), fds[0], fds[1] if len(fds) == 2 else None)
         for fd in fds:
             os.close(fd)
         sock.sendall(max(pid, 0).to_bytes(4, "little"))
@@ -66,8 +67,9 @@ def _reap_children() -> None:
             return
 
 
-def _become_supervisor(jobdir: str, lock_fd: int) -> None:
-    """In a child of the spawner: turn into JOBDIR's supervisor; never returns."""
+def _become_supervisor(jobdir: str, lock_fd: int, tell_fd: int | None) -> None:
+    """In a child of the spawner: turn into JOBDIR's supervisor; never returns.
+    ``tell_fd``: the agent's end pipe (gpusched.agent.endpipe), kept on TELL_FD."""
     code = 1
     try:
         os.setsid()
@@ -78,7 +80,12 @@ def _become_supervisor(jobdir: str, lock_fd: int) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.dup2(lock_fd, _LOCK_FD)
-        for fd in {null, log, lock_fd} - {0, 1, 2, _LOCK_FD}:
+        if tell_fd is not None and tell_fd != TELL_FD:
+            os.dup2(tell_fd, TELL_FD, inheritable=False)  # the job must not hold it
+        elif tell_fd is not None:
+            os.set_inheritable(TELL_FD, False)
+        kept = {0, 1, 2, _LOCK_FD} if tell_fd is None else {0, 1, 2, _LOCK_FD, TELL_FD}
+        for fd in {null, log, lock_fd, *([] if tell_fd is None else [tell_fd])} - kept:
             os.close(fd)
         if os.path.basename(jobdir).startswith("step-"):  # a job step's part (steps.py)
             from gpusched.agent import stepsupervisor
@@ -86,7 +93,8 @@ def _become_supervisor(jobdir: str, lock_fd: int) -> None:
             code = stepsupervisor.main(["stepsupervisor.py", jobdir, "--lock-fd",
                                         str(_LOCK_FD)])
         else:
-            code = supervisor.main(["supervisor.py", jobdir, "--lock-fd", str(_LOCK_FD)])
+            code = supervisor.main(["supervisor.py", jobdir, "--lock-fd", str(_LOCK_FD)],
+                                   None if tell_fd is None else TELL_FD)
     except BaseException as exc:  # reported in supervisor.log; the launcher sees no status
         _note_error(2, f"job supervisor failed: {exc!r}")
     finally:

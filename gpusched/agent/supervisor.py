@@ -57,11 +57,16 @@ if not __package__:  # run as a script: the job's exec is in a module of its pac
     _add_package_path()
 
 # LaunchError, _drop_privileges and _note_error are re-exported (steptask, spawner).
+from gpusched.agent.endpipe import tell  # noqa: E402
 from gpusched.agent.jobexec import LaunchError as LaunchError  # noqa: E402
 from gpusched.agent.jobexec import _child_main, changed_signals, run_as_job_user  # noqa: E402
 from gpusched.agent.jobexec import _drop_privileges as _drop_privileges  # noqa: E402
 from gpusched.agent.jobexec import _note_error as _note_error  # noqa: E402
-from gpusched.agent.jobfiles import FULL_DISK_PATIENCE, write_job_file  # noqa: E402
+from gpusched.agent.jobfiles import (  # noqa: E402
+    FULL_DISK_PATIENCE,
+    write_job_file,
+    write_then_tell,
+)
 from gpusched.agent.jobfiles import write_json_atomic as write_json_atomic  # noqa: E402
 from gpusched.agent.notices import reap, take_notices, write_as_job_user  # noqa: E402
 
@@ -395,8 +400,9 @@ def _parse_args(argv: list[str]) -> tuple[str, int | None]:
                      "supervisor.py --spawner FD [--site-programs]")
 
 
-def main(argv: list[str]) -> int:
-    """Supervise the job of JOBDIR; exit 0 once its status.json is written."""
+def main(argv: list[str], tell_fd: int | None = None) -> int:
+    """Supervise the job of JOBDIR; exit 0 once its status.json is written (durably;
+    with ``tell_fd``, the agent's end pipe, told so before it is made durable)."""
     jobdir, lock_fd = _parse_args(argv)
     status_path = os.path.join(jobdir, "status.json")
     if os.path.exists(status_path):
@@ -428,7 +434,11 @@ def main(argv: list[str]) -> int:
         status = supervisor.status("failed", None, None, f"job supervisor error: {exc!r}")
         write_job_file(status_path, status, patience=FULL_DISK_PATIENCE)
         raise
-    write_job_file(status_path, status, patience=FULL_DISK_PATIENCE)
+    if tell_fd is None:
+        write_job_file(status_path, status, patience=FULL_DISK_PATIENCE)
+    else:  # the agent reads it while it goes to disk
+        write_then_tell(status_path, status, FULL_DISK_PATIENCE,
+                        lambda: tell(tell_fd, spec.get("job_id")))
     return 0
 
 
