@@ -14,7 +14,8 @@ reservations) over ``--repeat`` passes on the same snapshot. ``--backfill conser
 gives every job that cannot start a reservation instead (``--reservations`` is then not
 used). ``--budget`` gives the pass a time budget as the controller does: half for
 reservations, then backfill only. ``pass_cpu_ms`` is the median CPU time of the same
-passes (steadier than wall time on a shared machine).
+passes (steadier than wall time on a shared machine); ``reservations`` is the last pass's
+count, ``reservations_min`` the fewest of any pass (with ``--budget``, passes differ).
 
 ``--shares``: every whole GPU is shared by MPS (100 units, 80 GB), a fifth of the
 running jobs hold shares, and every pending job asks for a share of one GPU (10-50
@@ -209,13 +210,14 @@ def main() -> None:
                                  opts.shares)
     policy = (Policy(backfill="easy", reservations=opts.reservations, packing=opts.packing)
               if opts.backfill == "easy" else Policy(backfill="conservative", packing=opts.packing))
-    times, cpu_times, result = [], [], None
+    times, cpu_times, reserved, result = [], [], [], None
     for _ in range(opts.repeat):
         started, cpu_started = time.perf_counter(), time.process_time()
         spent = (lambda: (time.perf_counter() - started) / opts.budget) if opts.budget else None
         result = plan(snapshot, NOW, policy, spent=spent)
         times.append(time.perf_counter() - started)
         cpu_times.append(time.process_time() - cpu_started)
+        reserved.append(len(result.reservations))
     assert result is not None
     if opts.backfill != "easy":
         print(f"backfill: {opts.backfill}")
@@ -228,9 +230,11 @@ def main() -> None:
     print(f"starts: {len(result.starts)}")
     print(f"backfilled: {sum(s.kind is StartKind.BACKFILLED for s in result.starts)}")
     print(f"reservations: {len(result.reservations)}")
+    print(f"reservations_min: {min(reserved)}")
     print(f"pass_ms: {statistics.median(times) * 1000:.1f}")
     print(f"pass_ms_min: {min(times) * 1000:.1f}")
     print(f"pass_cpu_ms: {statistics.median(cpu_times) * 1000:.1f}")
+    print(f"pass_cpu_ms_min: {min(cpu_times) * 1000:.1f}")
     print(f"stopped_after_job: {result.resume_after}")
     print(f"plan_digest: {digest(result)}")
 

@@ -96,10 +96,15 @@ class NodeProfile:
         first = self._split(start)
         last = self._split(end) if end < INF else len(self.times)
         units, cpu_list, mem_list = self.gpus[kind], self.cpus, self.mem
-        for k in range(first, last):
-            units[k] -= gpus
-            cpu_list[k] -= cpus
-            mem_list[k] -= mem
+        if mem:
+            for k in range(first, last):
+                units[k] -= gpus
+                cpu_list[k] -= cpus
+                mem_list[k] -= mem
+        else:  # most requests ask for no memory: its list stays as it is
+            for k in range(first, last):
+                units[k] -= gpus
+                cpu_list[k] -= cpus
 
     def earliest(self, kind: str, gpus: int, cpus: float, mem: float, length: float,
                  after: float = -INF) -> float:
