@@ -241,14 +241,29 @@ class TimelineMixin(PassResources):
                 return at, [found[0][1:]]
             if not found:
                 return INF, []
+            nodes = self.nodes
             best: dict[int, tuple[int, int, str]] = {}
             for _, index, kind in found:
-                node = self.nodes[index]
-                key = (node.count(kind) if kind else node.free_gpus(), index, kind)
+                node = nodes[index]
+                if kind:
+                    units = node.free.get(kind)
+                    key = (len(units) if units else 0, index, kind)
+                else:
+                    key = (node.free_gpus(), index, kind)
                 if index not in best or key < best[index]:
                     best[index] = key
-            return at, self._same_block([(index, kind) for _, index, kind in
-                                         sorted(best.values())], 1)
+            # _same_block of the sorted keys for one node, without the sort: the tightest
+            # block (fewest of these nodes; then the one whose best key comes first) and
+            # its best key; with no block, the best key of all.
+            blocks: dict[str, tuple[int, tuple[int, int, str]]] = {}
+            for key in best.values():
+                block = nodes[key[1]].view.block
+                if block is not None:
+                    known = blocks.get(block)
+                    blocks[block] = (1, key) if known is None else (
+                        known[0] + 1, min(known[1], key))
+            chosen = min(blocks.values())[1] if blocks else min(best.values())
+            return at, [chosen[1:]]
         kinds = self.matching(shape.kinds) if shape.gpus else [""]
         if not self.reserved_nodes and len(kinds) == 1:
             return self._reserve_where_free(kinds[0], shape, members)
