@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -265,15 +266,16 @@ class Launcher(RunningJobs):
 
     # ------------------------------------------------------------ ends
 
-    def wait_ended(self, timeout: float) -> list[JobEnd]:
-        """Block up to timeout until a job has ended; return all ended, unreported jobs."""
+    def wait_ended(self, timeout: float, skip: Collection[int] = ()) -> list[JobEnd]:
+        """Block up to timeout until a job has ended; return all ended, unreported jobs
+        (but those of ``skip``)."""
         deadline = time.monotonic() + timeout
         if not self._select_lock.acquire(timeout=max(0.0, timeout)):
-            return self._scan_ended()
+            return [end for end in self._scan_ended() if end.job_id not in skip]
         try:
             while True:
                 self._handle_exits(0)
-                ended = self._scan_ended()
+                ended = [end for end in self._scan_ended() if end.job_id not in skip]
                 remaining = deadline - time.monotonic()
                 if ended or remaining <= 0:
                     return ended

@@ -38,6 +38,9 @@ from gpusched.messages import NodeHealth, error_text
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
+# Threads reporting job ends, each on a connection of its own: an end that comes while
+# another's report is on its way is reported at once instead of after it.
+REPORTERS = 2
 REMEMBER_REPORTED = 10_000
 
 
@@ -71,6 +74,7 @@ class Agent:
                                      self.steps, self._reported, lambda: self._gpus,
                                      self._queue_end, self._register, config.cluster_name)
         self._extra_ends: list[JobEnd] = []
+        self._reporting: set[int] = set()  # jobs whose end a reporter is reporting
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._polling = False  # the main thread waits for work (see install_signal_handlers)
@@ -121,8 +125,9 @@ class Agent:
                                    self.metrics.scrape, "metrics.agent_listen")
             server.start()
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        reporter = threading.Thread(target=self._report_loop, name="reporter", daemon=True)
-        reporter.start()
+        for number in range(REPORTERS):
+            threading.Thread(target=self._report_loop, name=f"reporter-{number}",
+                             daemon=True).start()
         self.steps.adopt()
         threading.Thread(target=self._step_report_loop, name="step-reporter",
                          daemon=True).start()
@@ -308,33 +313,44 @@ class Agent:
         backoff = 0.05
         with self._client() as client:
             while not self._stop.is_set():
-                try:
-                    ended = self.launcher.wait_ended(timeout=0.5)  # unreported ends stay on disk
+                try:  # unreported ends stay on disk; those another reporter has are skipped
+                    ended = self.launcher.wait_ended(timeout=0.5, skip=self._reporting)
                 except OSError as exc:  # the state disk failing: look again, never give up
                     log.warning("cannot read job ends from the state directory: %s", exc)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
                     continue
-                for end in ended:  # the batch run is over: so are the job's steps here
-                    self.steps.end_job(end.job_id, end.run)
                 with self._lock:
+                    ended = [end for end in ended if end.job_id not in self._reporting]
+                    self._reporting.update(end.job_id for end in ended)
                     synthetic, self._extra_ends = self._extra_ends, []
-                for end in ended if stages.on() else ():
-                    stages.stamp("end_seen", (end.job_id,), started=end.start_time,
-                                 ended=end.end_time)
                 try:
-                    self._report(client, ended, synthetic=False)
-                    while synthetic:
-                        batch = synthetic[:MAX_ENDS_REPORTED]
-                        self._report(client, batch, synthetic=True)
-                        del synthetic[:len(batch)]
-                    backoff = 0.05
-                except GpuschedError as exc:
-                    log.warning("cannot report job ends yet: %s", exc)
+                    backoff = self._report_ends(client, ended, synthetic, backoff)
+                finally:
                     with self._lock:
-                        self._extra_ends[:0] = synthetic  # kept only in memory: retry them
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF)
+                        self._reporting.difference_update(end.job_id for end in ended)
+
+    def _report_ends(self, client: ApiClient, ended: list[JobEnd], synthetic: list[JobEnd],
+                     backoff: float) -> float:
+        """Report the ends read from disk and the synthetic ones; the next backoff."""
+        for end in ended:  # the batch run is over: so are the job's steps here
+            self.steps.end_job(end.job_id, end.run)
+        for end in ended if stages.on() else ():
+            stages.stamp("end_seen", (end.job_id,), started=end.start_time,
+                         ended=end.end_time)
+        try:
+            self._report(client, ended, synthetic=False)
+            while synthetic:
+                batch = synthetic[:MAX_ENDS_REPORTED]
+                self._report(client, batch, synthetic=True)
+                del synthetic[:len(batch)]
+            return 0.05
+        except GpuschedError as exc:
+            log.warning("cannot report job ends yet: %s", exc)
+            with self._lock:
+                self._extra_ends[:0] = synthetic  # kept only in memory: retry them
+            self._stop.wait(backoff)
+            return min(backoff * 2, MAX_BACKOFF)
 
     def _step_report_loop(self) -> None:
         with self._client() as client:

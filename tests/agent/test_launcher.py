@@ -307,6 +307,18 @@ def test_a_new_run_clears_what_an_ended_run_left_but_never_a_live_one(
     assert (work_dir / "again").exists()
 
 
+def test_wait_ended_leaves_out_the_jobs_skipped(
+        launcher: Launcher, work_dir: Path, wait_for: WaitFor) -> None:
+    """What a second reporter asks: the ends another is reporting are not its own."""
+    start(launcher, work_dir, "exit 0", job_id=7)
+    start(launcher, work_dir, "exit 0", job_id=8)
+    wait_for(lambda: len(launcher.unreported()) == 2, "both jobs to end",
+             seen=launcher.unreported)
+    assert [end.job_id for end in launcher.wait_ended(timeout=0.05, skip={7})] == [8]
+    assert launcher.wait_ended(timeout=0.05, skip={7, 8}) == []
+    assert sorted(end.job_id for end in launcher.wait_ended(timeout=0.05)) == [7, 8]
+
+
 def test_wait_ended_in_another_thread_sees_a_job_launched_later(
         launcher: Launcher, work_dir: Path) -> None:
     result: list[JobEnd] = []
