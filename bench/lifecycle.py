@@ -9,7 +9,8 @@ Its daemons run with ``GPUSCHED_LOG_STAGES=1`` (gpusched/stages.py), unless
 call to the row committed, to the pass woken, the pass, its launch order sent to the
 agent and received there, the supervisor spawned, the job forked, its first
 instruction), and the drain too (``drain_*``: passes per second, jobs started per pass,
-and each stage from a job's start to its end and from its end to the next pass).
+and each stage from a job's start to its end and from its end to the next pass; and
+how the agent launches a work answer's jobs in turn: ``drain_launch_*``).
 The drain also reports the CPU each daemon spent per job (``drain_cpu_ms_per_job_*``:
 the controller, the agent with its supervisors and jobs, PostgreSQL), each with every
 process under it, the ended ones included once their parent has reaped them; and the

@@ -153,4 +153,26 @@ def drain(stamps: Stamps, jobs: list[int], first: float, last: float) -> list[st
                 rows.setdefault(name, []).append(value)
     lines += [f"drain_stage_{name}_median_ms: {_median_ms(values)}"
               for name, values in rows.items()]
-    return lines
+    return lines + launch_turns(stamps, jobs)
+
+
+def launch_turns(stamps: Stamps, jobs: list[int]) -> list[str]:
+    """The agent launches the jobs of one work answer in turn: per answer, how many,
+    from its receipt to its first supervisor spawned, and from one spawned to the next
+    (received_to_spawned is about the first plus half the rest of these)."""
+    answers: dict[float, list[float]] = {}  # a work answer's jobs share its stamp
+    for job in jobs:
+        received, spawned = stamps.at("received", job), stamps.at("spawned", job)
+        if received is not None and spawned is not None:
+            answers.setdefault(received, []).append(spawned)
+    sizes, firsts, gaps = [], [], []
+    for received, spawned in answers.items():
+        spawned.sort()
+        sizes.append(len(spawned))
+        firsts.append(spawned[0] - received)
+        gaps += [later - earlier for earlier, later in zip(spawned, spawned[1:])]
+    if not sizes:
+        return []
+    return [f"drain_launches_per_answer_median: {statistics.median(sizes):.0f}",
+            f"drain_launch_first_spawned_median_ms: {_median_ms(firsts)}",
+            f"drain_launch_next_spawned_median_ms: {_median_ms(gaps)}"]
