@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import compress, islice
-from operator import attrgetter, eq, ge
+from operator import attrgetter, eq, ge, itemgetter
 
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.jobcontrol import moved_to_top
@@ -26,7 +26,10 @@ def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str
 def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[PriorityBreakdown]:
     """Every pending job's priority factors, highest first (ties: lower job id first)."""
     ranked = _breakdowns(snapshot, now, policy)
-    ranked.sort(key=lambda b: (-b.total, b.job_id))
+    # Stable sorts: by job id, then by total, highest first (``reverse`` keeps equal
+    # totals in job id order).
+    ranked.sort(key=itemgetter(0))
+    ranked.sort(key=itemgetter(6), reverse=True)
     return ranked
 
 
