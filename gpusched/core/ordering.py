@@ -3,9 +3,8 @@ when every priority is 0."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import compress, islice
-from operator import attrgetter, eq, ge, itemgetter
+from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 from gpusched.core.fairshare import FairShareTree
 from gpusched.core.jobcontrol import moved_to_top
@@ -75,35 +74,19 @@ def queue_order(snapshot: Snapshot, now: float, policy: Policy) -> list[PendingJ
             job.priority is None and not job.nice for job in pending):
         # Every priority is 0: submit order, without working each one out.
         return moved_to_top(sorted(pending, key=lambda job: (job.submit_time, job.job_id)))
-    # Highest total first, then earliest submitted, then lowest job id (as ``ordered``).
-    keys = sorted([(-b.total, job.submit_time, job.job_id, i) for i, (b, job)
-                   in enumerate(zip(_breakdowns(snapshot, now, policy), pending))])
-    return moved_to_top([pending[k[3]] for k in keys])
+    return _by_total(pending, [b.total for b in _breakdowns(snapshot, now, policy)])
 
 
 def ordered(snapshot: Snapshot, ranked: Iterable[PriorityBreakdown]) -> list[PendingJob]:
-    """The snapshot's pending jobs in the order of their computed priorities: highest
-    total first, then earliest submitted, then lowest job id."""
-    ranked = list(ranked)
+    """The snapshot's pending jobs in the order of their computed priorities (``ranked``
+    gives every one's total), as ``queue_order`` takes them."""
     total = {b.job_id: b.total for b in ranked}
-    by_id = {job.job_id: job for job in snapshot.pending}
-    totals = [b.total for b in ranked]
-    if (len(ranked) == len(by_id) == len(snapshot.pending) and total.keys() == by_id.keys()
-            and all(map(ge, totals, islice(totals, 1, None)))):
-        # Already highest first (as ``job_priorities`` gives them): only runs of equal
-        # totals need their submit times looked at.
-        jobs = [by_id[b.job_id] for b in ranked]
-        end = 0
-        for i in compress(range(len(totals) - 1), map(eq, totals, islice(totals, 1, None))):
-            if i < end:
-                continue
-            end = i + 1
-            while end < len(totals) and totals[end] == totals[i]:
-                end += 1
-            jobs[i:end] = sorted(jobs[i:end], key=attrgetter("submit_time", "job_id"))
-        return moved_to_top(jobs)
-    # Stable sorts, least significant key first: job id, submit time, then total
-    # (highest first; ``reverse`` keeps equal totals in the order already made).
-    jobs = sorted(snapshot.pending, key=attrgetter("submit_time", "job_id"))
-    jobs.sort(key=lambda job: total[job.job_id], reverse=True)
-    return moved_to_top(jobs)
+    return _by_total(snapshot.pending, [total[job.job_id] for job in snapshot.pending])
+
+
+def _by_total(pending: Sequence[PendingJob], totals: Sequence[float]) -> list[PendingJob]:
+    """``pending`` (``totals[i]`` the priority of ``pending[i]``) in queue order: highest
+    total first, then earliest submitted, then lowest job id; then ``gcontrol top``."""
+    keys = sorted([(-total, job.submit_time, job.job_id, i)
+                   for i, (total, job) in enumerate(zip(totals, pending))])
+    return moved_to_top([pending[k[3]] for k in keys])
