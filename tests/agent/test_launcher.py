@@ -357,6 +357,17 @@ def test_adopt_after_a_restart_watches_running_jobs(
     assert end.outcome == "cancelled"
 
 
+def ends_after_adoption(jobs_dir: Path) -> list[JobEnd]:
+    """What a new launcher over ``jobs_dir`` reports ended, once it has adopted nothing
+    running there."""
+    second = Launcher(jobs_dir)
+    try:
+        assert second.adopt() == []
+        return second.unreported()
+    finally:
+        second.close()
+
+
 def test_adopt_reports_a_lost_supervisor_and_kills_its_job(
         jobs_dir: Path, work_dir: Path, wait_for: WaitFor, process_gone: Gone) -> None:
     first = Launcher(jobs_dir)
@@ -368,12 +379,7 @@ def test_adopt_reports_a_lost_supervisor_and_kills_its_job(
     os.kill(info["supervisor_pid"], signal.SIGKILL)
     wait_for(lambda: process_gone(info["supervisor_pid"]), "the supervisor to die")
 
-    second = Launcher(jobs_dir)
-    try:
-        assert second.adopt() == []
-        ends = second.unreported()
-    finally:
-        second.close()
+    ends = ends_after_adoption(jobs_dir)
     assert [(e.job_id, e.outcome, e.error) for e in ends] == [(7, "failed", SUPERVISOR_LOST)]
     assert ends[0].start_time == info["start_time"]
     wait_for(lambda: process_gone(info["job_pid"]), "the orphaned job to be killed")
@@ -392,12 +398,7 @@ def test_a_job_whose_supervisor_never_forked_it_is_reported_not_started(
         first.close()
     assert (jobs_dir / "7" / "spec.json").exists()
     assert not (jobs_dir / "7" / "supervisor.json").exists()
-    second = Launcher(jobs_dir)
-    try:
-        assert second.adopt() == []
-        ends = second.unreported()
-    finally:
-        second.close()
+    ends = ends_after_adoption(jobs_dir)
     assert [(e.job_id, e.outcome, e.error, e.start_time) for e in ends] == [
         (7, "not_started", NEVER_STARTED, None)]
     assert not (work_dir / "never").exists()
@@ -414,12 +415,7 @@ def test_a_job_whose_supervisor_died_right_after_forking_it_is_reported_lost(
     finally:
         first.close()
     (jobs_dir / "7" / "supervisor.lock").write_bytes(FORKED)
-    second = Launcher(jobs_dir)
-    try:
-        assert second.adopt() == []
-        ends = second.unreported()
-    finally:
-        second.close()
+    ends = ends_after_adoption(jobs_dir)
     assert [(e.job_id, e.outcome, e.error) for e in ends] == [(7, "failed", SUPERVISOR_LOST)]
 
 
