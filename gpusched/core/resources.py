@@ -12,7 +12,7 @@ buckets upward instead of scanning every node.
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from gpusched.core.model import NodeView, RunningJob
 from gpusched.core.node_profile import NodeProfile
@@ -199,3 +199,17 @@ class PassResources:
         if enough:  # the tightest block that holds it, leaving bigger ones whole
             return min(enough, key=len)[:count]
         return ordered[:count]
+
+    def _same_block_one(self, keyed: Collection[tuple[int, int, str]]) -> tuple[int, str]:
+        """``_same_block`` of one node, given (key, index, kind) entries unsorted (best:
+        the lowest): the best entry of the tightest block (fewest of these nodes, then
+        the one whose best entry comes first), or the best of all when none has a block."""
+        blocks: dict[str, tuple[int, tuple[int, int, str]]] = {}
+        for entry in keyed:
+            block = self.nodes[entry[1]].view.block
+            if block is not None:
+                known = blocks.get(block)
+                blocks[block] = (1, entry) if known is None else (
+                    known[0] + 1, min(known[1], entry))
+        chosen = min(blocks.values())[1] if blocks else min(keyed)
+        return chosen[1], chosen[2]

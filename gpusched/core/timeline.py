@@ -252,18 +252,7 @@ class TimelineMixin(PassResources):
                     key = (node.free_gpus(), index, kind)
                 if index not in best or key < best[index]:
                     best[index] = key
-            # _same_block of the sorted keys for one node, without the sort: the tightest
-            # block (fewest of these nodes; then the one whose best key comes first) and
-            # its best key; with no block, the best key of all.
-            blocks: dict[str, tuple[int, tuple[int, int, str]]] = {}
-            for key in best.values():
-                block = nodes[key[1]].view.block
-                if block is not None:
-                    known = blocks.get(block)
-                    blocks[block] = (1, key) if known is None else (
-                        known[0] + 1, min(known[1], key))
-            chosen = min(blocks.values())[1] if blocks else min(best.values())
-            return at, [chosen[1:]]
+            return at, [self._same_block_one(best.values())]
         kinds = self.matching(shape.kinds) if shape.gpus else [""]
         if not self.reserved_nodes and len(kinds) == 1:
             return self._reserve_where_free(kinds[0], shape, members)
