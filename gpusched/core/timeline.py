@@ -311,20 +311,9 @@ class TimelineMixin(PassResources):
             wanted = members.__contains__
         # Once every node holds a reservation, the side without one is empty.
         sides = (True,) if len(self.reserved_nodes) == len(nodes) else (False, True)
-        # _start_order's usual case inline: the order is known and has nothing to catch up on.
-        starts, gave_back, joined = self._starts, self._gave_back, len(self._reserved_order)
-        changes = len(self._changed)
-        gpus, cpus, mem, duration = shape.gpus, shape.cpus, shape.mem_mb, shape.duration
-        for kind in (self.matching(shape.kinds) if gpus else [""]):
+        for kind in (self.matching(shape.kinds) if shape.gpus else [""]):
             for reserved in sides:
-                entry = starts.get((reserved, kind, gpus, cpus, mem,
-                                    duration if reserved else 0.0))
-                if entry is None or entry.gave_back != gave_back or (
-                        reserved and entry.joined != joined):
-                    entry = self._start_order(kind, shape, reserved)
-                else:
-                    entry.changes = changes
-                at, indexes = entry.first(best, wanted)
+                at, indexes = self._start_order(kind, shape, reserved).first(best, wanted)
                 if indexes:
                     if at < best:  # earlier than all found so far: they are dropped
                         best, found = at, []
