@@ -364,7 +364,7 @@ class TimelineMixin(PassResources):
         """Hold ``shape`` on these nodes from ``at`` for its duration, for ``job_id``."""
         end, cpus, mem = at + shape.duration, float(shape.cpus), float(shape.mem_mb)
         owners, profiles, version = self.owners, self._profiles, self._version
-        reserved_nodes, changed, own = self.reserved_nodes, self._changed, self._own
+        own = self._own
         for index, kind in where:
             owners[(index, at)] = job_id
             node = own(index)
@@ -372,11 +372,8 @@ class TimelineMixin(PassResources):
             if profile is not None and profile.version != version.get(index, 0):
                 profile = None
             node.reserved.append((at, end, kind, shape.gpus, cpus, mem))
-            if index not in reserved_nodes:  # _join_reserved
-                reserved_nodes.add(index)
-                self._reserved_order.append(index)
-            changed.append(index)  # _touched
-            version[index] = len(changed)
+            self._join_reserved(index)
+            self._touched(index)
             if profile is not None:  # follow the reservation instead of making it again
                 profile.take_out(at, end, kind, shape.gpus, cpus, mem)
                 profile.version = version[index]
