@@ -6,8 +6,10 @@ head, some a whole request that lists every job of the database or stores a job,
 submission's head whose body never comes, some a target the router does not know
 (``//[x/...``, once a traceback); then every one is closed at the same moment,
 half of them with a reset (SO_LINGER 0). Right after, a fresh request on each transport
-must be answered within ANSWER_WITHIN seconds (the requests of clients that left are
-not run); the controller's log holds no traceback; and within SETTLE seconds the
+must be answered within ANSWER_WITHIN seconds; the requests of clients that left are
+not run (the controller's own count of the job lists it answered, ``GET /v1/diag``,
+grows by far fewer than the burst sent: only those it read and began before their
+clients left); the controller's log holds no traceback; and within SETTLE seconds the
 controller holds no descriptor of an API connection and no more threads than before
 the burst plus the idle workers it keeps (Workers.KEEP_IDLE).
 """
@@ -44,7 +46,11 @@ from tests.e2e.cluster import Cluster, wait_for
 
 PER_TRANSPORT = 250  # connections opened on each of the Unix socket and TCP
 JOBS = 3000  # held jobs stored first: what each of the burst's GET /v1/jobs lists
-ANSWER_WITHIN = 1.0  # seconds from the burst's close to a fresh request's answer
+# Seconds from the burst's close to a fresh request's answer. The lists the controller
+# began before their clients left still run: on a loaded machine of 2 cores they
+# delayed a ping by up to 1.5 s. That the others are not run is counted instead.
+ANSWER_WITHIN = 3.0
+LISTS_RUN_AT_MOST = 0.5  # of the burst's job lists, the share the controller may answer
 SETTLE = 10.0  # seconds for the controller's threads and descriptors to come back
 READ_AFTER = 0.0  # seconds the burst's requests are left with the controller before the close
 THREADS_SLACK = 4  # threads the controller's periodic jobs may start meanwhile
@@ -193,6 +199,19 @@ def timed_tcp(live: Live, path: str) -> tuple[float, dict[str, Any]]:
     return time.monotonic() - began, body
 
 
+def lists_answered(live: Live) -> int:
+    """How many ``GET /v1/jobs`` the controller has answered, by its own count."""
+    with ApiClient(live.cluster.socket, timeout=60) as client:
+        rows = client.request("GET", "/v1/diag")["api"]
+    return sum(row["count"] for row in rows if row["method"] == "GET"
+               and row["route"] == "/v1/jobs")
+
+
+def lists_sent(per_transport: int = PER_TRANSPORT) -> int:
+    """How many whole job lists a burst sends."""
+    return 2 * sum(KINDS[i % len(KINDS)] == "list" for i in range(per_transport))
+
+
 def threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
@@ -271,6 +290,7 @@ def test_a_fresh_request_is_answered_at_once_after_a_burst_closes(live: Live) ->
     wait_for(lambda: api_connections(live) == 0, SETTLE, "the quiet requests' connections",
              seen=lambda: api_connections(live))
 
+    lists_before = lists_answered(live)
     burst(live)
     after = {"unix ping": timed_unix(live, "/v1/ping")[0],
              "unix jobs": timed_unix(live, "/v1/jobs?all=1")[0],
@@ -281,6 +301,10 @@ def test_a_fresh_request_is_answered_at_once_after_a_burst_closes(live: Live) ->
     slow = {k: v for k, v in after.items() if v >= ANSWER_WITHIN}
     assert not slow, (slow, live.log()[-3000:])
     settled(live, before)
+    # The fresh "unix jobs" and "tcp jobs" above are two of the lists counted.
+    run = lists_answered(live) - lists_before - 2
+    print(f"the burst's job lists answered: {run} of {lists_sent()}")
+    assert 0 <= run <= LISTS_RUN_AT_MOST * lists_sent(), (run, lists_sent())
     quiet_log(live, bursts=1)
 
 
