@@ -38,7 +38,7 @@ class FeatureHooks:
     def __init__(self, sched: SchedulingPass) -> None:
         self.sched = sched
         self._parsed: dict[str, Constraint] = {}
-        self._options: dict[tuple[object, str], list[frozenset[int]]] = {}
+        self._options: dict[tuple[object, str, bool], list[frozenset[int]]] = {}
         self._possible: dict[tuple[object, str, int], bool] = {}
 
     def constraint(self, job: PendingJob) -> Constraint:
@@ -54,20 +54,24 @@ class FeatureHooks:
         return {i: nodes[i].view.features for i in members}
 
     def _node_sets(self, job: PendingJob, members: frozenset[int], group: object
-                   ) -> list[frozenset[int]]:
-        key = (group, job.constraint or "")
+                   ) -> tuple[list[frozenset[int]], tuple[object, str, bool]]:
+        """The node sets ``job`` may take (one per alternative of a matching OR), and
+        the key they are known by."""
+        constraint = self.constraint(job)
+        # Whether every node fills a count depends on the job's number of nodes too.
+        only_counted = bool(constraint.counts) and constraint.counted >= job.nodes
+        key = (group, job.constraint or "", only_counted)
         found = self._options.get(key)
         if found is None:
-            constraint = self.constraint(job)
             features = self._features(members)
             found = options(constraint, features)
-            if constraint.counts and constraint.counted >= job.nodes:
+            if only_counted:
                 # Every node fills a count: only nodes some count takes.
                 found = [frozenset(i for i in option if any(
                     expr.holds(features[i]) for expr, _ in constraint.counts))
                     for option in found]
             self._options[key] = found
-        return found
+        return found, key
 
     def possible(self, job: PendingJob) -> bool:
         """Whether some nodes of those the job may use could satisfy its constraint."""
@@ -83,17 +87,15 @@ class FeatureHooks:
               ) -> tuple[frozenset[int], object]:
         """The nodes ``job`` may take now under its constraint, and the group whose
         failures they share."""
-        sets = self._node_sets(job, members, group)
-        key = (group, job.constraint)
+        sets, key = self._node_sets(job, members, group)
         if len(sets) == 1:
             return sets[0], key
         if job.nodes <= 1:  # one node: any alternative
             return frozenset().union(*sets), key
         shape = Shape.of(job)
         estimate = self.sched.capacity.estimate  # remembered per set and shape
-        best = min(range(len(sets)), key=lambda k: (
-            estimate(shape, sets[k], (group, job.constraint, k)), k))
-        return sets[best], (group, job.constraint, best)
+        best = min(range(len(sets)), key=lambda k: (estimate(shape, sets[k], (*key, k)), k))
+        return sets[best], (*key, best)
 
     def counted(self, job: PendingJob) -> bool:
         """Whether ``job`` starts by ``try_counted``: several nodes, counts among them."""

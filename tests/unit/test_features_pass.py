@@ -98,7 +98,7 @@ constraints_st = st.sampled_from(
      "b|a&c"))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(st.lists(st.tuples(feature_sets_st, st.integers(0, 2)), min_size=1, max_size=5),
        st.lists(st.tuples(st.none() | constraints_st, st.integers(0, 2), st.integers(1, 2)),
                 min_size=1, max_size=5),
@@ -148,3 +148,12 @@ def test_a_waiting_counted_job_gets_a_reservation_backfill_keeps() -> None:
         job(1, "c", gpus=2), job(2, "c*1", nodes=2))), NOW, Policy(reservations=0))
     assert not estimated.reservations
     assert next(p for p in estimated.pending if p.job_id == 2).expected_start is None
+
+
+def test_a_one_node_count_is_not_taken_from_a_many_node_job_of_the_same_constraint() -> None:
+    """``a*1`` on one node asks for a node with ``a``; on two nodes, one of them. The
+    nodes a job may take were once remembered by the constraint's text alone, so the
+    second job took what the first could."""
+    nodes = [node("n0", "a", "b"), node("n1", "c", gpus=0)]
+    result = run(nodes, [job(1, "a*1", gpus=0, nodes=2), job(2, "a*1", gpus=0)], "none")
+    assert placed(result) == {1: ("n0", "n1"), 2: ("n0",)}
