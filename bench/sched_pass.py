@@ -13,7 +13,7 @@ arrays, from 500 users in a 3-level account tree. ``pass_ms`` is the median time
 reservations) over ``--repeat`` passes on the same snapshot. ``--backfill conservative``
 gives every job that cannot start a reservation instead (``--reservations`` is then not
 used). ``--budget`` gives the pass a time budget as the controller does: half for
-reservations, then backfill only. ``pass_cpu_ms`` is the median CPU time of the same
+reservations under EASY (0.8 under conservative), then backfill only. ``pass_cpu_ms`` is the median CPU time of the same
 passes (steadier than wall time on a shared machine); ``reservations`` is the last pass's
 count, ``reservations_min`` the fewest of any pass (with ``--budget``, passes differ).
 

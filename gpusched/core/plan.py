@@ -46,6 +46,9 @@ __all__ = ["Moment", "SchedulingPass", "fairshare_factors", "job_priorities", "o
 
 
 _PRIORITY = Reason.PRIORITY
+# The share of a pass's time budget that goes to reservations (SchedulingPass.reserving).
+EASY_RESERVE_SHARE = 0.5
+CONSERVATIVE_RESERVE_SHARE = 0.8
 
 
 class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, MomentMixin):
@@ -116,7 +119,13 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
         self.considered = 0
         self.spent: Callable[[], float] | None = None
         self.out_of_time = False
-        self.reserving = True  # False once half the time budget is spent
+        # False once the share of the time budget that reservations may use is spent.
+        # EASY reserves for a few jobs and then backfills the whole queue: half. Under
+        # conservative backfill the reservations are the walk itself (each job starts,
+        # or is held for), so they get most of it, and the rest still backfills.
+        self.reserving = True
+        self.reserve_share = (CONSERVATIVE_RESERVE_SHARE if policy.backfill == "conservative"
+                              else EASY_RESERVE_SHARE)
         self.budget_asked = 0
         # Whether a job started after a reservation was made, or a reservation starts
         # now: then a later pass would see a different present (see ``arrive``).
@@ -362,15 +371,16 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
 
     def _exhausted(self, job: PendingJob) -> bool:
         """Whether the pass must stop before ``job``: its time (asked every 32 jobs) or
-        its count of jobs examined for backfill alone is spent. Half the time goes to
-        reservations; after that the pass only backfills, so the tail is still reached."""
+        its count of jobs examined for backfill alone is spent. A share of the time
+        (``reserve_share``) goes to reservations; after that the pass only backfills, so
+        the tail is still reached."""
         if self.out_of_time:
             return True
         if self.spent is not None and self.considered % 32 == 0 and self.considered \
                 and self.considered != self.budget_asked:
             self.budget_asked = self.considered
             used = self.spent()
-            self.reserving = self.reserving and used < 0.5
+            self.reserving = self.reserving and used < self.reserve_share
             self.out_of_time = used >= 1.0
             if self.out_of_time:
                 return True
@@ -382,7 +392,8 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
         """Consider the jobs of ``order`` in turn; the decisions made.
 
         ``spent()`` tells what part of its time budget the pass has used (the core reads
-        no clock). From half of it on, no more reservations are made; the pass stops
+        no clock). From ``reserve_share`` of it on (half under EASY, 0.8 under
+        conservative backfill), no more reservations are made; the pass stops
         early when all of it is used, or when it has
         examined ``policy.backfill_max_jobs`` jobs for backfill alone; the jobs not
         examined keep their reasons and expected starts, and the plan says where it

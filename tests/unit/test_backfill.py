@@ -358,27 +358,34 @@ def test_mig_slices_are_packed_onto_the_gpu_with_the_fewest_free() -> None:
     assert got[2] == ("p1-s0", "p1-s1")
 
 
-def test_a_pass_stops_when_its_time_budget_is_spent() -> None:
-    """The caller says what part of the budget is used (asked every 32 jobs): from half
-    on no more reservations are made, at all of it the pass stops; the jobs not reached
-    keep their stored reasons, and the plan says where it stopped."""
+@pytest.mark.parametrize(("mode", "answers", "reserved"), [
+    ("easy", [0.4, 0.6, 1.0], 64),  # EASY: reservations for half of the budget
+    ("conservative", [0.6, 0.85, 1.0], 64),  # conservative: for 0.8 of it
+    ("conservative", [0.79, 0.8, 1.0], 64),
+])
+def test_a_pass_stops_when_its_time_budget_is_spent(mode: str, answers: list[float],
+                                                    reserved: int) -> None:
+    """The caller says what part of the budget is used (asked every 32 jobs): from a
+    share of it on (half under EASY, 0.8 under conservative backfill) no more
+    reservations are made, at all of it the pass stops; the jobs not reached keep their
+    stored reasons, and the plan says where it stopped."""
     busy = [RunningJob(90, "n0", ("n0-g0",), end_time=1000.0)]
-    jobs = [pj(j, 1, 100, reason=Reason.BEGIN_TIME) for j in range(1, 101)]
-    answers = iter([0.6, 1.0])
+    jobs = [pj(j, 1, 100, reason=Reason.BEGIN_TIME) for j in range(1, 201)]
+    told = iter(answers)
     asked: list[int] = []
 
     def spent() -> float:
         asked.append(1)
-        return next(answers)
+        return next(told)
 
-    deep = policy("conservative")
+    deep = policy(mode, reservations=1000)
     p = plan(snapshot([node("n0", 1)], jobs, busy), 0.0, deep, spent=spent)
     examined = sorted(j for j, r in reasons(p).items() if r is not Reason.BEGIN_TIME)
-    assert examined == list(range(1, 65)) and len(asked) == 2
-    assert p.resume_after == 64 and len(p.pending) == 100
-    assert [r.job_id for r in p.reservations] == list(range(1, 33))  # none after half-time
+    assert examined == list(range(1, 97)) and len(asked) == 3
+    assert p.resume_after == 96 and len(p.pending) == 200
+    assert [r.job_id for r in p.reservations] == list(range(1, reserved + 1))
     whole = plan(snapshot([node("n0", 1)], jobs, busy), 0.0, deep)
-    assert whole.resume_after is None and len(whole.reservations) == 100
+    assert whole.resume_after is None and len(whole.reservations) == 200
 
 
 # -- EASY's extra nodes ---------------------------------------------------------------
