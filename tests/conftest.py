@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests.nvml_fixture import fake_nvml, fake_nvml_factory, fake_nvml_lib  # noqa: F401
 from tests.pg import ScratchPostgres
+
+# ./run-tests, the gate every change passes, draws the same examples on every run (a
+# seed per test), so that it fails for what a change did, not for what one run happened
+# to draw; pytest run directly draws new ones, and keeps the failures it finds.
+settings.register_profile("gate", derandomize=True)
+if os.environ.get("GPUSCHED_TEST_PROFILE") == "gate":
+    settings.load_profile("gate")
 
 
 @pytest.fixture(scope="session")
