@@ -360,7 +360,8 @@ def test_mig_slices_are_packed_onto_the_gpu_with_the_fewest_free() -> None:
 
 @pytest.mark.parametrize(("mode", "answers", "reserved"), [
     ("easy", [0.4, 0.6, 1.0], 64),  # EASY: reservations for half of the budget
-    ("conservative", [0.6, 0.85, 1.0], 64),  # conservative: for 0.8 of it
+    ("conservative", [0.4, 0.6, 1.0], 96),  # conservative: for 0.8 of it
+    ("conservative", [0.6, 0.85, 1.0], 64),
     ("conservative", [0.79, 0.8, 1.0], 64),
 ])
 def test_a_pass_stops_when_its_time_budget_is_spent(mode: str, answers: list[float],
