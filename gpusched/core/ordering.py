@@ -11,6 +11,9 @@ from gpusched.core.jobcontrol import moved_to_top
 from gpusched.core.model import PendingJob, Policy, Snapshot
 from gpusched.core.priority import PriorityBreakdown, PriorityScale, scored_fields
 
+# Sort keys of a PriorityBreakdown by field (an item getter is faster than a lambda).
+_JOB_ID = itemgetter(PriorityBreakdown._fields.index("job_id"))
+_TOTAL = itemgetter(PriorityBreakdown._fields.index("total"))
 
 def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:
     """Each user association's fair-share factor (empty when no tree is configured)."""
@@ -27,8 +30,8 @@ def job_priorities(snapshot: Snapshot, now: float, policy: Policy) -> list[Prior
     ranked = _breakdowns(snapshot, now, policy)
     # Stable sorts: by job id, then by total, highest first (``reverse`` keeps equal
     # totals in job id order).
-    ranked.sort(key=itemgetter(0))
-    ranked.sort(key=itemgetter(6), reverse=True)
+    ranked.sort(key=_JOB_ID)
+    ranked.sort(key=_TOTAL, reverse=True)
     return ranked
 
 
