@@ -18,8 +18,8 @@ def serve_spawner(sock_fd: int, site_programs: bool = False) -> int:
 
     A request is a job directory path, with its already locked supervisor.lock passed
     as SCM_RIGHTS (and the agent's end pipe, gpusched.agent.endpipe, after it); the
-    answer is the new supervisor's pid as 4 bytes (0 if fork failed). Forking this started interpreter spares every job a Python start-up.
-    When the agent goes away the spawner leaves; the supervisors it forked live on in
+    answer is the new supervisor's pid as 4 bytes (0 if fork failed). Forking this
+    started interpreter spares every job a Python start-up. When the agent goes away the spawner leaves; the supervisors it forked live on in
     their own sessions. ``site_programs``: the node runs a prolog or epilog, so what
     running them needs (subprocess) is imported once here rather than in every
     supervisor; elsewhere it is not, since a process that imported threading (as
@@ -80,12 +80,15 @@ def _become_supervisor(jobdir: str, lock_fd: int, tell_fd: int | None) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.dup2(lock_fd, _LOCK_FD)
-        if tell_fd is not None and tell_fd != TELL_FD:
-            os.dup2(tell_fd, TELL_FD, inheritable=False)  # the job must not hold it
-        elif tell_fd is not None:
-            os.set_inheritable(TELL_FD, False)
-        kept = {0, 1, 2, _LOCK_FD} if tell_fd is None else {0, 1, 2, _LOCK_FD, TELL_FD}
-        for fd in {null, log, lock_fd, *([] if tell_fd is None else [tell_fd])} - kept:
+        fds, kept = {null, log, lock_fd}, {0, 1, 2, _LOCK_FD}
+        if tell_fd is not None:  # on TELL_FD, which the job must not hold
+            if tell_fd != TELL_FD:
+                os.dup2(tell_fd, TELL_FD, inheritable=False)
+            else:
+                os.set_inheritable(TELL_FD, False)
+            fds.add(tell_fd)
+            kept.add(TELL_FD)
+        for fd in fds - kept:
             os.close(fd)
         if os.path.basename(jobdir).startswith("step-"):  # a job step's part (steps.py)
             from gpusched.agent import stepsupervisor
