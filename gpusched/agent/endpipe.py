@@ -28,22 +28,27 @@ class EndPipe:
 
     def take(self) -> list[int]:
         """The ids of the jobs told since the last call."""
-        chunks = [self._partial]
-        while True:
-            try:
-                chunk = os.read(self.read_fd, 65536)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        lines = b"".join(chunks).split(b"\n")
+        lines = (self._partial + read_ready(self.read_fd)).split(b"\n")
         self._partial = lines.pop()[-64:]  # a line cut by the read; ids are short
         return [int(line) for line in lines if line.isdigit() and len(line) < 20]
 
     def close(self) -> None:
         os.close(self.read_fd)
         os.close(self.write_fd)
+
+
+def read_ready(fd: int) -> bytes:
+    """What a non-blocking ``fd`` holds now (b"" when nothing, or at its end)."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def tell(fd: int | None, job_id: object) -> None:

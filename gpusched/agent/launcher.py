@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent import procs
-from gpusched.agent.endpipe import EndPipe
+from gpusched.agent.endpipe import EndPipe, read_ready
 from gpusched.agent.jobcontrol import RunningJobs
 from gpusched.agent.jobends import (
     JobEnd,
@@ -344,12 +344,7 @@ class Launcher(RunningJobs):
                 with self._lock:
                     self._told.update(job for job in told if job in self._pidfds)
             elif key.data is None:
-                while True:
-                    try:
-                        if not os.read(self._wake_r, 4096):
-                            break
-                    except BlockingIOError:
-                        break
+                read_ready(self._wake_r)  # empty the wake-up pipe
             else:
                 self._supervisor_exited(key.data, key.fd)
 
