@@ -12,7 +12,11 @@ when the one before has exited, as in a shell loop; the jobs are trivial one-GPU
 - ``cli_loop_jobs_per_s``: jobs / (last job's end - first gsubmit's start);
 - ``cli_loop_span_s``: that span; ``cli_loop_submit_s``: the loop alone;
 - ``cli_loop_gsubmit_median_ms`` / ``_p90_ms``: one ``gsubmit`` in the loop, wall time;
-- ``cli_loop_drain_s``: last submit → last job's end.
+- ``cli_loop_drain_s``: last submit → last job's end;
+- ``cli_loop_python_bare_ms``: ``python -I -S -c pass`` of gsubmit's environment, median
+  of 21 back to back on the idle cluster just before the loop: the floor under every
+  call, which says how fast the machine was at the time (it varies by a quarter on a
+  virtual machine from one hour to the next).
 """
 
 from __future__ import annotations
@@ -43,6 +47,16 @@ def submit_loop(gsubmit: Path, count: int, work: Path) -> tuple[list[int], list[
             raise SystemExit(f"gsubmit failed: {result.stderr.decode(errors='replace')}")
         ids.append(int(result.stdout))
     return ids, took
+
+
+def bare_python_ms(python: Path, trials: int = 21) -> float:
+    """Median wall time of ``python -I -S -c pass``, back to back."""
+    took = []
+    for _ in range(trials):
+        began = time.perf_counter()
+        subprocess.run([str(python), "-I", "-S", "-c", "pass"], check=True)
+        took.append((time.perf_counter() - began) * 1000)
+    return statistics.median(took)
 
 
 def wait_done(ids: list[int], timeout: float) -> list[dict]:  # type: ignore[type-arg]
@@ -78,6 +92,7 @@ def main() -> None:
     subprocess.run([*gpusched, "up", "--nodes", str(args.nodes), "--gpus", str(args.gpus)],
                    check=True, stdout=subprocess.DEVNULL)
     try:
+        bare = bare_python_ms(args.bin / "python")
         first = time.time()
         ids, took = submit_loop(args.bin / "gsubmit", args.jobs, work)
         submitted = time.time()
@@ -98,6 +113,7 @@ def main() -> None:
     print(f"cli_loop_gsubmit_median_ms: {statistics.median(took_ms):.1f}")
     print(f"cli_loop_gsubmit_p90_ms: {took_ms[int(len(took_ms) * 0.9)]:.1f}")
     print(f"cli_loop_jobs_per_s: {args.jobs / (last - first):.1f}")
+    print(f"cli_loop_python_bare_ms: {bare:.1f}")
 
 
 if __name__ == "__main__":
