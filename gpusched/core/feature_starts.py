@@ -6,8 +6,9 @@ nodes it may use, whether any node set of its partition could ever satisfy it
   several nodes with a matching OR (``[a|b]``) takes all of them from one alternative:
   the one where it could start soonest (the first written among equals).
 - A job on several nodes whose constraint counts nodes (``a*2``, ``[a*2&b*4]``) starts
-  only when, at once, each count finds its nodes (distinct, fewest candidates first)
-  and its other nodes are found among the eligible rest. When it waits, it gets a
+  only when, at once, each count finds its nodes (distinct: fewest candidates first,
+  else as a matching of the counts to the nodes ready now finds them) and its other
+  nodes are found among the eligible rest. When it waits, it gets a
   reservation (or an expected start) at the earliest time its number of nodes is free
   together, when the nodes found then satisfy its counts; else neither (the pass does
   not search the timeline for counts).
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from gpusched.core.features import (
     Constraint,
+    assign_counts,
     options,
     parse_constraint,
     possible,
@@ -103,34 +105,56 @@ class FeatureHooks:
 
     def try_counted(self, job: PendingJob, task: int | None, members: frozenset[int],
                     group: object) -> Reason | None:
-        """Start ``job`` now with each count on its own nodes; else the reason it waits."""
+        """Start ``job`` now with each count on its own nodes; else the reason it waits.
+        The counts take their nodes in turn, fewest candidates first; where the nodes
+        one took leave another short, the counts are matched to the nodes ready now
+        (``assign_counts``), which finds nodes for them all whenever any choice can."""
         constraint = self.constraint(job)
-        capacity = self.sched.capacity
         features = self._features(members)
         shape = Shape.of(job)
         fits = sorted(((frozenset(i for i in members if expr.holds(features[i])), count, k)
                        for k, (expr, count) in enumerate(constraint.counts)),
                       key=lambda item: (len(item[0]), item[2]))
-        used: set[int] = set()
-        placed: list[tuple[int, str]] = []
         rest = job.nodes - constraint.counted
         parts = [(nodes, count, ("count", k)) for nodes, count, k in fits]
-        if rest > 0:
-            parts.append((members, rest, ("rest", 0)))
-        for nodes, count, part in parts:
-            found = capacity.place_now(shape._replace(nodes=count),
-                                       nodes - used,
-                                       (group, job.constraint, *part, frozenset(used)))
-            if found is None:
-                first = job.partition not in self.sched.blocked
-                self.sched.blocked.setdefault(job.partition, job)
-                self._wait(job, constraint, shape, members, features)
-                return (self.sched._resources_reason(job, shape, members) if first
-                        else Reason.PRIORITY)
-            used.update(index for index, _ in found)
-            placed.extend(found)
+        placed, crowded = self._place(parts, rest, shape, members, (group, job.constraint))
+        if placed is None and crowded:
+            ready = self.sched.capacity.ready_now(shape._replace(nodes=1), members)
+            chosen = assign_counts(constraint.counts, {i: features[i] for i in ready})
+            if chosen is not None:
+                parts = [(frozenset(nodes), len(nodes), ("count", k))
+                         for k, nodes in enumerate(chosen)]
+                placed, _ = self._place(parts, rest, shape, members,
+                                        (group, job.constraint, "matched"))
+        if placed is None:
+            first = job.partition not in self.sched.blocked
+            self.sched.blocked.setdefault(job.partition, job)
+            self._wait(job, constraint, shape, members, features)
+            return (self.sched._resources_reason(job, shape, members) if first
+                    else Reason.PRIORITY)
         self.sched._start_placed(job, task, placed, shape)
         return None
+
+    def _place(self, parts: list[tuple[frozenset[int], int, tuple[str, int]]], rest: int,
+               shape: Shape, members: frozenset[int], key: tuple[object, ...]
+               ) -> tuple[list[tuple[int, str]] | None, bool]:
+        """Best-fit nodes now for each part in turn (its count of nodes from its set,
+        none taken twice), then for the job's ``rest`` among ``members``. When a part
+        finds too few: None, and whether the parts before it had taken nodes (else no
+        other choice of nodes could start the job either)."""
+        capacity = self.sched.capacity
+        used: set[int] = set()
+        placed: list[tuple[int, str]] = []
+        if rest > 0:
+            parts = [*parts, (members, rest, ("rest", 0))]
+        for nodes, count, part in parts:
+            found = capacity.place_now(shape._replace(nodes=count), nodes - used,
+                                       (*key, *part, frozenset(used)))
+            if found is None:
+                return None, bool(used)
+            used.update(index for index, _ in found)
+            placed.extend(found)
+        return placed, False
 
     def _wait(self, job: PendingJob, constraint: Constraint, shape: Shape,
               members: frozenset[int], features: dict[int, frozenset[str]]) -> None:

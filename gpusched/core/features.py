@@ -22,7 +22,7 @@ rule; ``eligible``, ``options`` and ``possible`` are what the pass asks of it.
 from __future__ import annotations
 
 import re
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -308,25 +308,32 @@ def options(constraint: Constraint, nodes: Mapping[int, frozenset[str]]) -> list
 
 def counts_fit(counts: Sequence[tuple[Expr, int]], nodes: Mapping[int, frozenset[str]]
                ) -> bool:
-    """Whether distinct ``nodes`` can fill every count (each node at most one). A
-    maximum flow from the counts to the kinds of node (which counts a node may fill, as
-    a bit mask), each kind as many times as it has nodes; augmenting paths found breadth
-    first, so a large count takes few rounds and no recursion."""
+    """Whether distinct ``nodes`` can fill every count (each node at most one)."""
+    return assign_counts(counts, nodes) is not None
+
+
+def assign_counts(counts: Sequence[tuple[Expr, int]], nodes: Mapping[int, frozenset[str]]
+                  ) -> list[list[int]] | None:
+    """Distinct ``nodes`` for each count (each node fills at most one), in the order of
+    ``counts`` and of ``nodes``; None when no choice fills them all. A maximum flow from
+    the counts to the kinds of node (which counts a node may fill, as a bit mask), each
+    kind as many times as it has nodes; augmenting paths found breadth first, so a large
+    count takes few rounds and no recursion."""
     needed = sum(count for _, count in counts)
-    kinds: Counter[int] = Counter()
-    for features in nodes.values():
+    kinds: dict[int, list[int]] = {}
+    for index, features in nodes.items():
         mask = sum(1 << k for k, (expr, _) in enumerate(counts) if expr.holds(features))
         if mask:
-            kinds[mask] += 1
-    if sum(kinds.values()) < needed:
-        return False
+            kinds.setdefault(mask, []).append(index)
+    if sum(len(members) for members in kinds.values()) < needed:
+        return None
     # Vertices: "s", ("count", k), ("kind", mask), "t"; residual capacities.
     room: dict[object, dict[object, int]] = {"s": {}, "t": {}}
     for k, (_, count) in enumerate(counts):
         room["s"][("count", k)] = count
         room[("count", k)] = {"s": 0}
-    for mask, have in kinds.items():
-        room[("kind", mask)] = {"t": have}
+    for mask, members in kinds.items():
+        room[("kind", mask)] = {"t": len(members)}
         room["t"][("kind", mask)] = 0
         for k in range(len(counts)):
             if mask >> k & 1:
@@ -343,7 +350,7 @@ def counts_fit(counts: Sequence[tuple[Expr, int]], nodes: Mapping[int, frozenset
                     came[to] = at
                     queue.append(to)
         if "t" not in came:
-            return False
+            return None
         path: list[object] = ["t"]
         while path[-1] != "s":
             path.append(came[path[-1]])
@@ -352,7 +359,16 @@ def counts_fit(counts: Sequence[tuple[Expr, int]], nodes: Mapping[int, frozenset
             room[b][a] -= push
             room[a][b] += push
         flow += push
-    return True
+    # What flowed from count k to a kind is the residual room back from the kind.
+    unused = {mask: iter(members) for mask, members in kinds.items()}
+    chosen: list[list[int]] = []
+    for k in range(len(counts)):
+        taken: list[int] = []
+        for mask, members_left in unused.items():
+            taken.extend(next(members_left)
+                         for _ in range(room[("kind", mask)].get(("count", k), 0)))
+        chosen.append(taken)
+    return chosen
 
 
 def satisfied(constraint: Constraint, allocation: Sequence[frozenset[str]]) -> bool:

@@ -75,6 +75,20 @@ class MatchingMixin(PassResources):
                 (shape.gpus, shape.cpus, shape.mem_mb, shape.duration))
         return found
 
+    def ready_now(self, shape: Shape, members: frozenset[int]) -> frozenset[int]:
+        """The nodes of ``members`` where one node's part of ``shape`` could start now,
+        each by the checks ``place_now`` makes of it (no search among them)."""
+        kinds = self.matching(shape.kinds) if shape.gpus else [""]
+        ready = []
+        for index in members:
+            if index in self.whole or (shape.exclusive and not self._idle(index)):
+                continue
+            node = self.nodes[index]
+            if self._usable(node, shape) and any(self._fits_now(node, kind, shape)
+                                                 for kind in kinds):
+                ready.append(index)
+        return frozenset(ready)
+
     def _search_now(self, shape: Shape, members: frozenset[int]) -> list[tuple[int, str]] | None:
         """Best fit: the nodes with the fewest free units that hold ``shape``; among those,
         nodes where it ends before a reservation come first, since what no reservation

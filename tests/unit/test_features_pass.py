@@ -157,3 +157,37 @@ def test_a_one_node_count_is_not_taken_from_a_many_node_job_of_the_same_constrai
     nodes = [node("n0", "a", "b"), node("n1", "c", gpus=0)]
     result = run(nodes, [job(1, "a*1", gpus=0, nodes=2), job(2, "a*1", gpus=0)], "none")
     assert placed(result) == {1: ("n0", "n1"), 2: ("n0",)}
+
+
+def test_counts_find_their_nodes_where_taking_the_fewest_candidates_first_would_not() -> None:
+    """c has the fewest candidates (n2, n3) and would take n2 first, then a would take n1,
+    leaving b only n4 of the two it needs. c on n3 leaves b n2 and n4: the job starts."""
+    nodes = [node("n1", "a", "b"), node("n2", "a", "b", "c"), node("n3", "a", "c"),
+             node("n4", "b")]
+    result = run(nodes, [job(1, "[a*1&b*2&c*1]", nodes=4)])
+    assert sorted(placed(result)[1]) == ["n1", "n2", "n3", "n4"]
+    # The same with a fifth node for the job's uncounted rest, and busy nodes beside.
+    nodes.append(node("n5"))
+    result = run(nodes, [job(1, "[a*1&b*2&c*1]", nodes=5), job(2, None)])
+    assert sorted(placed(result)[1]) == ["n1", "n2", "n3", "n4", "n5"]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.tuples(st.frozensets(st.sampled_from(FEATURES)), st.integers(0, 2)),
+                min_size=1, max_size=6),
+       st.sampled_from(("a*1", "[a*1&b*1]", "[a*2]", "[a*1&b*2]", "[a*1&b*1&c*1]",
+                        "[a*2&c*1]", "[b*1&c*2]", "[a*1&b*2&c*1]")),
+       st.integers(0, 2), st.integers(1, 4))
+def test_on_idle_nodes_a_counted_job_that_could_start_does(
+        shapes: list[tuple[frozenset[str], int]], text: str, gpus: int, count: int) -> None:
+    """Every node idle: a job that some set of nodes could hold now (a brute-force search:
+    enough GPUs on each, the constraint satisfied) starts in the first pass, and one
+    that none could does not."""
+    nodes = [node(f"n{i}", *features, gpus=n_gpus)
+             for i, (features, n_gpus) in enumerate(shapes)]
+    asked = job(1, text, gpus, count)
+    constraint = parse_constraint(text)
+    could = any(satisfied(constraint, [n.features for n in subset])
+                for subset in combinations([n for n in nodes if len(n.gpus) >= gpus], count))
+    result = run(nodes, [asked])
+    assert (1 in placed(result)) == could, (shapes, text, gpus, count)

@@ -1,7 +1,8 @@
 """A differential property test of -C/--constraint: random constraints are written out
 as text, parsed by gpusched.core.features, and judged against a deliberately simple
 reference that evaluates the generated tree itself (left to right, as Slurm reads it)
-and tries every assignment of nodes to counts and every node subset by brute force."""
+and tries every assignment of nodes to counts and every node subset by brute force;
+the nodes ``assign_counts`` gives each count are checked against the same brute force."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from itertools import combinations, permutations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.core.features import parse_constraint, possible, satisfied
+from gpusched.core.features import assign_counts, parse_constraint, possible, satisfied
 
 NAMES = ("a", "b", "c", "d")
 
@@ -96,3 +97,23 @@ def test_possible_is_some_subset_satisfying(
     expected = any(reference(base, choice, counts, [nodes[i] for i in subset])
                    for subset in combinations(range(len(nodes)), wanted))
     assert possible(parse_constraint(text), dict(enumerate(nodes)), wanted) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(trees_st, st.integers(1, 3)), min_size=1, max_size=3),
+       st.lists(feature_sets_st, min_size=1, max_size=6))
+def test_assigned_counts_are_distinct_nodes_each_of_its_count(
+        counts: list[tuple[object, int]], nodes: list[frozenset[str]]) -> None:
+    """Nodes for every count exactly when some assignment exists (the reference over all
+    the nodes); each count gets as many nodes as it names, each holding its expression,
+    and no node serves two counts."""
+    text = "[" + "&".join(f"{write(t, True)}*{n}" for t, n in counts) + "]"
+    parsed = parse_constraint(text)
+    chosen = assign_counts(parsed.counts, dict(enumerate(nodes)))
+    assert (chosen is not None) == reference(None, [], counts, nodes)
+    if chosen is not None:
+        flat = [index for taken in chosen for index in taken]
+        assert len(flat) == len(set(flat))
+        assert [len(taken) for taken in chosen] == [n for _, n in parsed.counts]
+        assert all(expr.holds(nodes[index])
+                   for (expr, _), taken in zip(parsed.counts, chosen) for index in taken)
