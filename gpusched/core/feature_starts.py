@@ -42,6 +42,9 @@ class FeatureHooks:
         self._parsed: dict[str, Constraint] = {}
         self._options: dict[tuple[object, str, bool], list[frozenset[int]]] = {}
         self._possible: dict[tuple[object, str, int], bool] = {}
+        # Counted jobs the matching found no nodes for, by what decides it, with the
+        # capacity's state then: a like job is not matched again until that changes.
+        self._unmatched: set[tuple[object, ...]] = set()
 
     def constraint(self, job: PendingJob) -> Constraint:
         """The job's parsed constraint (stored texts were checked at submit)."""
@@ -118,7 +121,8 @@ class FeatureHooks:
         rest = job.nodes - constraint.counted
         parts = [(nodes, count, ("count", k)) for nodes, count, k in fits]
         placed, crowded = self._place(parts, rest, shape, members, (group, job.constraint))
-        if placed is None and crowded:
+        unmatched = (group, job.constraint, shape, members, self.sched.capacity.state())
+        if placed is None and crowded and unmatched not in self._unmatched:
             ready = self.sched.capacity.ready_now(shape._replace(nodes=1), members)
             chosen = assign_counts(constraint.counts, {i: features[i] for i in ready})
             if chosen is not None:
@@ -126,6 +130,8 @@ class FeatureHooks:
                          for k, nodes in enumerate(chosen)]
                 placed, _ = self._place(parts, rest, shape, members,
                                         (group, job.constraint, "matched"))
+            if placed is None:
+                self._unmatched.add(unmatched)
         if placed is None:
             first = job.partition not in self.sched.blocked
             self.sched.blocked.setdefault(job.partition, job)

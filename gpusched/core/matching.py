@@ -75,6 +75,11 @@ class MatchingMixin(PassResources):
                 (shape.gpus, shape.cpus, shape.mem_mb, shape.duration))
         return found
 
+    def state(self) -> tuple[int, int, float]:
+        """What changes whenever what could start now may have: the starts and
+        reservations made, the preemptions, the present."""
+        return len(self._changed), self._gave_back, self.now
+
     def ready_now(self, shape: Shape, members: frozenset[int]) -> frozenset[int]:
         """The nodes of ``members`` where one node's part of ``shape`` could start now,
         each by the checks ``place_now`` makes of it (no search among them)."""
