@@ -19,8 +19,9 @@ def serve_spawner(sock_fd: int, site_programs: bool = False) -> int:
     A request is a job directory path, with its already locked supervisor.lock passed
     as SCM_RIGHTS (and the agent's end pipe, gpusched.agent.endpipe, after it); the
     answer is the new supervisor's pid as 4 bytes (0 if fork failed). Forking this
-    started interpreter spares every job a Python start-up. When the agent goes away the spawner leaves; the supervisors it forked live on in
-    their own sessions. ``site_programs``: the node runs a prolog or epilog, so what
+    started interpreter spares every job a Python start-up. When the agent goes away
+    the spawner leaves; the supervisors it forked live on in their own sessions.
+    ``site_programs``: the node runs a prolog or epilog, so what
     running them needs (subprocess) is imported once here rather than in every
     supervisor; elsewhere it is not, since a process that imported threading (as
     subprocess does) pays for its fork handlers in every child it forks.

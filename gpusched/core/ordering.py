@@ -15,6 +15,7 @@ from gpusched.core.priority import PriorityBreakdown, PriorityScale, scored_fiel
 _JOB_ID = itemgetter(PriorityBreakdown._fields.index("job_id"))
 _TOTAL = itemgetter(PriorityBreakdown._fields.index("total"))
 
+
 def fairshare_factors(snapshot: Snapshot, policy: Policy) -> dict[tuple[str, str], float]:
     """Each user association's fair-share factor (empty when no tree is configured)."""
     if not snapshot.user_shares or policy.weights.fairshare == 0:
