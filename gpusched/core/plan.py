@@ -112,7 +112,7 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
         self.expected: dict[int, float] = {}  # job -> when it should start, if it waits
         # Sizes of jobs ``refused`` in this pass: their estimate and the state of the
         # capacity it was made in (``_behind``).
-        self._refused: dict[tuple[object, ...], tuple[float, tuple[int, int]]] = {}
+        self._refused: dict[tuple[object, ...], tuple[float, tuple[int, int, float]]] = {}
         self.moment: Moment | None = None
         self.backfill_examined = 0
         self.last_examined: int | None = None
@@ -355,7 +355,7 @@ class SchedulingPass(WaitRulesMixin, ShareStartsMixin, ReservationHooksMixin, Mo
                 if capacity.refused(job, job.partition) else None
         key = (job.partition, job.gpu_kinds, job.nodes, job.gpus, job.cpus, job.mem_mb,
                job.time_limit, job.uid if capacity.restricted else 0)
-        stamp = (len(capacity._changed), capacity._gave_back)
+        stamp = capacity.state()
         known = self._refused.get(key)
         if known is None:
             if not capacity.refused(job, job.partition):
