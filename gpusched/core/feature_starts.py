@@ -121,17 +121,8 @@ class FeatureHooks:
         rest = job.nodes - constraint.counted
         parts = [(nodes, count, ("count", k)) for nodes, count, k in fits]
         placed, crowded = self._place(parts, rest, shape, members, (group, job.constraint))
-        unmatched = (group, job.constraint, shape, members, self.sched.capacity.state())
-        if placed is None and crowded and unmatched not in self._unmatched:
-            ready = self.sched.capacity.ready_now(shape._replace(nodes=1), members)
-            chosen = assign_counts(constraint.counts, {i: features[i] for i in ready})
-            if chosen is not None:
-                parts = [(frozenset(nodes), len(nodes), ("count", k))
-                         for k, nodes in enumerate(chosen)]
-                placed, _ = self._place(parts, rest, shape, members,
-                                        (group, job.constraint, "matched"))
-            if placed is None:
-                self._unmatched.add(unmatched)
+        if placed is None and crowded:
+            placed = self._matched(job, constraint, shape, members, features, rest, group)
         if placed is None:
             first = job.partition not in self.sched.blocked
             self.sched.blocked.setdefault(job.partition, job)
@@ -140,6 +131,27 @@ class FeatureHooks:
                     else Reason.PRIORITY)
         self.sched._start_placed(job, task, placed, shape)
         return None
+
+    def _matched(self, job: PendingJob, constraint: Constraint, shape: Shape,
+                 members: frozenset[int], features: dict[int, frozenset[str]], rest: int,
+                 group: object) -> list[tuple[int, str]] | None:
+        """Nodes for a counted job by matching its counts to the nodes ready now; None
+        when none fill them all (remembered while the capacity is unchanged)."""
+        capacity = self.sched.capacity
+        unmatched = (group, job.constraint, shape, members, capacity.state())
+        if unmatched in self._unmatched:
+            return None
+        ready = capacity.ready_now(shape._replace(nodes=1), members)
+        chosen = assign_counts(constraint.counts, {i: features[i] for i in ready})
+        placed = None
+        if chosen is not None:
+            parts = [(frozenset(nodes), len(nodes), ("count", k))
+                     for k, nodes in enumerate(chosen)]
+            placed, _ = self._place(parts, rest, shape, members,
+                                    (group, job.constraint, "matched"))
+        if placed is None:
+            self._unmatched.add(unmatched)
+        return placed
 
     def _place(self, parts: list[tuple[frozenset[int], int, tuple[str, int]]], rest: int,
                shape: Shape, members: frozenset[int], key: tuple[object, ...]
