@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+from starts import start_times  # noqa: E402
 
 from tests.e2e.cluster import BIN, Cluster, scratch_cluster  # noqa: E402
 
@@ -114,13 +115,7 @@ def timed(cluster: Cluster, *argv: str, bin_dir: Path = BIN) -> tuple[float, str
 
 def python_ms(python: str, *flags: str, trials: int) -> float:
     """Median wall time of ``python FLAGS -c pass``."""
-    took = []
-    for _ in range(trials):
-        time.sleep(GAP)
-        began = time.perf_counter()
-        subprocess.run([python, *flags, "-c", "pass"], check=True)
-        took.append((time.perf_counter() - began) * 1000)
-    return statistics.median(took)
+    return statistics.median(start_times([python, *flags, "-c", "pass"], trials, GAP))
 
 
 def import_split(stderr: str) -> dict[str, float]:

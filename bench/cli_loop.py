@@ -32,6 +32,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from starts import start_times
+
 BIN = Path(sys.executable).parent
 
 
@@ -47,16 +49,6 @@ def submit_loop(gsubmit: Path, count: int, work: Path) -> tuple[list[int], list[
             raise SystemExit(f"gsubmit failed: {result.stderr.decode(errors='replace')}")
         ids.append(int(result.stdout))
     return ids, took
-
-
-def bare_python_ms(python: Path, trials: int = 21) -> float:
-    """Median wall time of ``python -I -S -c pass``, back to back."""
-    took = []
-    for _ in range(trials):
-        began = time.perf_counter()
-        subprocess.run([str(python), "-I", "-S", "-c", "pass"], check=True)
-        took.append((time.perf_counter() - began) * 1000)
-    return statistics.median(took)
 
 
 def wait_done(ids: list[int], timeout: float) -> list[dict]:  # type: ignore[type-arg]
@@ -92,7 +84,8 @@ def main() -> None:
     subprocess.run([*gpusched, "up", "--nodes", str(args.nodes), "--gpus", str(args.gpus)],
                    check=True, stdout=subprocess.DEVNULL)
     try:
-        bare = bare_python_ms(args.bin / "python")
+        bare = statistics.median(start_times([str(args.bin / "python"), "-I", "-S", "-c",
+                                              "pass"], 21))
         first = time.time()
         ids, took = submit_loop(args.bin / "gsubmit", args.jobs, work)
         submitted = time.time()
