@@ -17,10 +17,14 @@ BIN = Path(sys.executable).parent
 
 
 def inventory(fake: FakeNvml | None, tmp_path: Path, source: str = "nvml",
-              extra: str = "") -> subprocess.CompletedProcess[str]:
+              extra: str = "", driver: bool = True) -> subprocess.CompletedProcess[str]:
+    """``driver=False``: the fake library acts as a host without an NVIDIA driver (as
+    on CI, but also on a host with real GPUs, whose library it stands in front of)."""
     config = tmp_path / "gpusched.toml"
     config.write_text(f'[agent]\nnode_name = "n1"\n[agent.gpus]\nsource = "{source}"\n{extra}')
     env = fake.env() if fake is not None else None
+    if env is not None and not driver:
+        env["FAKENVML_CONFIG"] = ""
     return subprocess.run([str(BIN / "gpusched"), "agent", "inventory", "--json",
                            "--config", str(config)], capture_output=True, text=True, env=env,
                           timeout=60)
@@ -77,12 +81,14 @@ def test_a_heterogeneous_node_gets_its_types(fake_nvml_factory: Callable[..., Fa
     assert {g["type"] for g in found} >= {"h100-80gb", "l4", "t4"}
 
 
-def test_without_nvml_auto_falls_back_and_nvml_refuses(tmp_path: Path) -> None:
-    auto = answer(inventory(None, tmp_path, "auto", "count = 2\n"))
+def test_without_nvml_auto_falls_back_and_nvml_refuses(fake_nvml: FakeNvml,
+                                                       tmp_path: Path) -> None:
+    auto = answer(inventory(fake_nvml, tmp_path, "auto", "count = 2\n", driver=False))
     assert auto["source"] == "static" and len(auto["gpus"]) == 2
-    strict = inventory(None, tmp_path, "nvml", "count = 2\n")
+    strict = inventory(fake_nvml, tmp_path, "nvml", "count = 2\n", driver=False)
     assert strict.returncode == 1
-    assert strict.stderr.startswith("gpusched: error: NVML is not available")
+    said = [line for line in strict.stderr.splitlines() if not line.startswith("fakenvml: ")]
+    assert len(said) == 1 and said[0].startswith("gpusched: error: NVML is not available")
     assert strict.stdout == ""
 
 

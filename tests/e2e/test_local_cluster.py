@@ -37,13 +37,14 @@ def test_up_submit_down(state_home: Path) -> None:
         return subprocess.run([str(BIN / args[0]), *args[1:]], env=env, capture_output=True,
                               text=True, cwd=state_home, timeout=180)
 
-    first = run("gpusched", "up", "--gpus", "3")
+    # --demo: 3 made-up GPUs, also on a host where NVML finds real ones (up would use those)
+    first = run("gpusched", "up", "--demo", "--gpus", "3")
     assert first.returncode == 0, first.stderr
     assert "started PostgreSQL" in first.stdout and "started the controller" in first.stdout
     assert "gsubmit" in first.stdout  # tells how to submit a first job
     assert (state_home / "gpusched" / "controller.sock").exists()
 
-    again = run("gpusched", "up", "--gpus", "3")
+    again = run("gpusched", "up", "--demo", "--gpus", "3")
     assert again.returncode == 0 and "already running" in again.stdout, again
 
     submitted = run("gsubmit", "--parsable", "--gpus", "3", "--wrap", "echo $CUDA_VISIBLE_DEVICES")
