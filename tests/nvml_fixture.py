@@ -47,6 +47,19 @@ CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra")
 LDLIBS = ("-lpthread",)
 
 
+def host_has_gpus() -> bool:
+    """Whether NVML finds a GPU on this host without the fake library (a GPU machine):
+    the agent's own discovery, in a child process."""
+    probe = subprocess.run([sys.executable, "-c", (
+        "from gpusched.agent.nvml import discover\n"
+        "import sys\n"
+        "try:\n    sys.exit(0 if discover().gpus else 1)\n"
+        "except Exception:\n    sys.exit(1)\n")],
+        env={k: v for k, v in os.environ.items() if not k.startswith("FAKENVML")},
+        capture_output=True, timeout=60)
+    return probe.returncode == 0
+
+
 def _sources() -> list[Path]:
     return sorted(p for p in FAKENVML_DIR.iterdir() if p.suffix in (".c", ".h"))
 

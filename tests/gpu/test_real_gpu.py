@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from gpusched.agent.nvml import gpu_type
+from tests.nvml_fixture import host_has_gpus
 
 BIN = Path(sys.executable).parent
 
@@ -57,16 +58,7 @@ def _smi(*fields: str) -> list[list[str]]:
 
 
 def _real_gpus() -> bool:
-    if shutil.which("nvidia-smi") is None:
-        return False
-    probe = subprocess.run([sys.executable, "-c", (
-        "from gpusched.agent.nvml import discover\n"
-        "import sys\n"
-        "try:\n    sys.exit(0 if discover().gpus else 1)\n"
-        "except Exception:\n    sys.exit(1)\n")],
-        env={k: v for k, v in os.environ.items() if not k.startswith("FAKENVML")},
-        capture_output=True, timeout=60)
-    return probe.returncode == 0
+    return shutil.which("nvidia-smi") is not None and host_has_gpus()
 
 
 pytestmark = pytest.mark.skipif(not _real_gpus(), reason="no NVIDIA GPU on this host "

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.cluster import wait_for
-from tests.nvml_fixture import FakeNvml
+from tests.nvml_fixture import FakeNvml, host_has_gpus
 
 BIN = Path(sys.executable).parent
 UUIDS = ("GPU-0a0a0a0a-0000-4000-8000-00000000000a", "GPU-0b0b0b0b-0000-4000-8000-00000000000b")
@@ -81,22 +81,12 @@ def test_up_uses_the_gpus_nvml_finds_and_demo_forces_made_up_ones(
     assert all(uuid.startswith("GPU-") for uuid in seen)
 
 
-def _host_has_nvml() -> bool:
-    """Whether NVML finds a GPU on this host in a plain environment (a GPU machine)."""
-    probe = subprocess.run([sys.executable, "-c", (
-        "from gpusched.agent.nvml import discover\n"
-        "import sys\n"
-        "try:\n    sys.exit(0 if discover().gpus else 1)\n"
-        "except Exception:\n    sys.exit(1)\n")], capture_output=True, timeout=60)
-    return probe.returncode == 0
-
-
 def test_up_without_nvml_falls_back_to_the_demo_inventory(state_home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKENVML")}
     run = _runner(state_home, env)
     up = run("gpusched", "up", "--gpus", "2")
     assert up.returncode == 0, up.stderr
-    if _host_has_nvml():  # a host with a real GPU uses it: the NVML line instead
+    if host_has_gpus():  # a host with a real GPU uses it: the NVML line instead
         assert "found through NVML" in up.stdout, up.stdout
         return
     line = next(x for x in up.stdout.splitlines() if x.startswith("GPUs: "))
