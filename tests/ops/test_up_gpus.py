@@ -46,13 +46,16 @@ def _runner(state_home: Path, env: dict[str, str]) -> Callable[..., subprocess.C
 
 def _visible_devices(run: Callable[..., subprocess.CompletedProcess[str]], home: Path,
                      gpus: int) -> list[str]:
-    """Run a job on ``gpus`` GPUs; the CUDA_VISIBLE_DEVICES it saw."""
+    """Run a job on ``gpus`` GPUs; the CUDA_VISIBLE_DEVICES it saw (set and empty: none;
+    unset, which CUDA reads as every device, shows as ``["unset"]``)."""
     submitted = run("gsubmit", "--parsable", "--gpus", str(gpus), "--wrap",
-                    "echo $CUDA_VISIBLE_DEVICES")
+                    "echo visible=${CUDA_VISIBLE_DEVICES-unset}")
     assert submitted.returncode == 0, submitted.stderr
     out = home / f"gpusched-{submitted.stdout.strip()}.out"
     wait_for(lambda: out.exists() and out.read_text().strip(), timeout=60, what="job output")
-    return out.read_text().strip().split(",")
+    line = out.read_text().strip()
+    assert line.startswith("visible="), line
+    return [uuid for uuid in line.removeprefix("visible=").split(",") if uuid]
 
 
 def test_up_uses_the_gpus_nvml_finds_and_demo_forces_made_up_ones(
@@ -68,6 +71,7 @@ def test_up_uses_the_gpus_nvml_finds_and_demo_forces_made_up_ones(
     assert ("GPUs: 2 x a100-80gb found through NVML, driver 580.00.01; the agent uses them"
             in up.stdout), up.stdout
     assert sorted(_visible_devices(run, state_home, 2)) == sorted(UUIDS)
+    assert _visible_devices(run, state_home, 0) == []  # asked for none: sees none
     info = json.loads(run("ginfo", "--json").stdout)
     assert info["nodes"][0]["total"] == 2
 
