@@ -84,23 +84,24 @@ class MatchingMixin(PassResources):
         """The nodes of ``members`` where one node's part of ``shape`` could start now,
         each by the checks ``place_now`` makes of it (no search among them)."""
         kinds = self.matching(shape.kinds) if shape.gpus else [""]
-        ready = []
-        for index in members:
-            if index in self.whole or (shape.exclusive and not self._idle(index)):
-                continue
-            node = self.nodes[index]
-            if self._usable(node, shape) and any(self._fits_now(node, kind, shape)
-                                                 for kind in kinds):
-                ready.append(index)
-        return frozenset(ready)
+        return frozenset(
+            index for index in self._open_now(shape, members)
+            if self._usable(self.nodes[index], shape)
+            and any(self._fits_now(self.nodes[index], kind, shape) for kind in kinds))
+
+    def _open_now(self, shape: Shape, members: frozenset[int]) -> frozenset[int]:
+        """``members`` less the nodes ``shape`` may not join now: those a whole-node job
+        holds and, for an exclusive shape, those not idle."""
+        if not (self.whole or shape.exclusive):
+            return members
+        return frozenset(i for i in members if i not in self.whole
+                         and (not shape.exclusive or self._idle(i)))
 
     def _search_now(self, shape: Shape, members: frozenset[int]) -> list[tuple[int, str]] | None:
         """Best fit: the nodes with the fewest free units that hold ``shape``; among those,
         nodes where it ends before a reservation come first, since what no reservation
         holds is all that a job running past the reservation could use."""
-        if self.whole or shape.exclusive:
-            members = frozenset(i for i in members if i not in self.whole
-                                and (not shape.exclusive or self._idle(i)))
+        members = self._open_now(shape, members)
         reserved = self.reserved_nodes
         if shape.gpus == 0:
             fit = [(node.free_gpus(), node.index not in reserved, node.index)
