@@ -48,8 +48,11 @@ SELECT
             WHERE g.present
               AND NOT EXISTS (SELECT 1 FROM gpus c WHERE c.parent_id = g.id AND c.present)
             GROUP BY 1, 2, 3) AS gpus) AS gpus,
+  -- A heartbeat stamped (by its controller's clock) after this transaction began is
+  -- age 0, not a negative one.
   (SELECT coalesce(json_agg(json_build_array(
-            name, state, extract(epoch FROM now() - last_seen)) ORDER BY name), '[]')
+            name, state, greatest(0, extract(epoch FROM now() - last_seen))) ORDER BY name),
+            '[]')
      FROM nodes) AS nodes,
   (SELECT coalesce(json_agg(json_build_array(account, held)), '[]')
      FROM (SELECT coalesce(h.account, '') AS account,
