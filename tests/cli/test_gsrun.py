@@ -202,6 +202,12 @@ def test_kill_on_bad_exit_asks_once_and_keeps_the_bad_status() -> None:
     served = Served({"n1": [0, 1], "n2": [2, 3]}, kill_on_bad_exit=True)
     a, b = served.node(0), served.node(1)
     a.exit(1, 5)
+    # The kill comes after gsrun heard the bad end (it asks the controller): the ends
+    # it causes must not reach gsrun before that end, on the other node's socket.
+    deadline = time.monotonic() + 10
+    while not served.bad and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert served.bad == [1]
     a.exit(0, None, 15)
     b.exit(2, None, 15)
     b.exit(3, 6)  # a real exit code after the kill still counts
