@@ -200,6 +200,11 @@ class HttpConnection:
             if started:
                 raise error from None
             raise Unanswered(error) from None
+        except BaseException:
+            # Interrupted (a signal's exception, KeyboardInterrupt) between sending and
+            # reading the whole answer: that answer would be taken for the next one's.
+            self.close()
+            raise
         if cut_off or headers.get("connection", "").lower() == "close":
             self.close()
         return status, data

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -105,7 +106,10 @@ class MiniServer:
             answer = self.reply(seen)
             if answer is None:
                 return
-            conn.sendall(answer)
+            try:
+                conn.sendall(answer)
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the client gave up on this connection
             if self.close_after_each:
                 return
 
@@ -328,3 +332,34 @@ def test_one_instance_is_safe_to_share_between_threads(server: MiniServer) -> No
             thread.join(10)
     assert results == {n: {"n": n} for n in range(8)}
     assert server.connections == 1
+
+
+class _Interrupted(BaseException):
+    """What a signal handler raises in the middle of a request (as the agent's stop)."""
+
+
+def test_a_request_interrupted_before_its_answer_does_not_answer_the_next(
+        server: MiniServer) -> None:
+    def late(seen: Seen) -> bytes:
+        if seen.path == "/slow":
+            time.sleep(0.4)  # the answer comes after the interruption
+        return echo(seen)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted()
+
+    server.reply = late
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with ApiClient(server.path) as client:
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            with pytest.raises(_Interrupted):
+                client.request("GET", "/slow")
+            # Sent before the slow answer comes: on that connection, it would be read
+            # as this request's.
+            answer = client.request("POST", "/next", {"n": 1})
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert answer["path"] == "/next" and answer["body"] == {"n": 1}
+    assert answer["connection"] == 2  # the interrupted one was dropped
