@@ -1,6 +1,8 @@
 """The node commands an agent claims from the controller: launch, cancel, kill, signal,
 limit, suspend, steps, a MIG layout for an idle GPU. Done in order, launches deferred while an earlier run of the same job is
-still alive here, and acknowledged in batches."""
+still alive here, and acknowledged in batches: by the next work poll, where the
+controller takes them there (it says so when the node registers), else by a request of
+their own."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from gpusched.agent.settings import AgentConfig
 from gpusched.agent.stepagent import NodeSteps
 from gpusched.agent.suspend import Suspender
 from gpusched.client import ApiClient
-from gpusched.core.bounds import MAX_COMMANDS_ACKED
+from gpusched.core.bounds import MAX_ACKS_IN_POLL, MAX_COMMANDS_ACKED
 from gpusched.errors import UsageError
 from gpusched.messages import (
     LaunchOrder,
@@ -64,6 +66,10 @@ class NodeCommands:
         self._register = register
         # Commands done whose acknowledgement may have been lost: done again as nothing.
         self._done: deque[int] = deque(maxlen=REMEMBER_DONE)
+        # Whether the controller takes acknowledgements in a work poll (``done``), as it
+        # said when the node last registered; and those the next poll is to carry.
+        self.acks_in_poll = False
+        self._unacked: list[int] = []
         # Launches waiting for an earlier run of the same job to end here first.
         self._deferred: dict[tuple[int, int], NodeCommand] = {}
         self._disk_waits: dict[tuple[int, int], float] = {}  # (job, run) -> first refusal
@@ -106,7 +112,35 @@ class NodeCommands:
             if self._launch(client, command):
                 del self._deferred[key]
                 done.append(command.seq)
-        self._ack(client, done)
+        if not self.acks_in_poll:
+            self._ack(client, done)
+            return
+        self._unacked.extend(done)
+        over = len(self._unacked) - MAX_ACKS_IN_POLL
+        if over > 0:  # more than one poll carries: the oldest go now
+            self._ack(client, self._unacked[:over])
+            del self._unacked[:over]
+
+    def acks_for_poll(self, client: ApiClient) -> list[int]:
+        """The acknowledgements the next work poll carries (call ``acked`` with them once
+        it is answered). Any held while the controller no longer takes them in a poll
+        are sent now, by a request of their own."""
+        if self._unacked and not self.acks_in_poll:
+            self.flush_acks(client)
+        return self._unacked[:MAX_ACKS_IN_POLL]
+
+    def acked(self, seqs: list[int]) -> None:
+        """A work poll that carried ``seqs`` (acks_for_poll's) was answered."""
+        if seqs and self._unacked[:len(seqs)] == seqs:
+            del self._unacked[:len(seqs)]
+            self._done.extend(seqs)
+
+    def flush_acks(self, client: ApiClient, timeout: float | None = None) -> None:
+        """Send every acknowledgement still held, by a request of its own (the agent
+        stops polling, or the controller no longer takes them in a poll)."""
+        held = list(self._unacked)
+        self._ack(client, held, timeout)
+        del self._unacked[:len(held)]
     def _mig(self, client: ApiClient, raw: dict[str, Any]) -> int | None:
         """Give one GPU the MIG layout a ``mig`` command asks for (gpusched.agent.migconfig),
         and register the node's GPUs again when its slices changed; the number to
@@ -174,12 +208,12 @@ class NodeCommands:
             self.steps.new_limit(job_id, run, command.payload)  # batch run here or not
         return True
 
-    def _ack(self, client: ApiClient, seqs: list[int]) -> None:
+    def _ack(self, client: ApiClient, seqs: list[int], timeout: float | None = None) -> None:
         """Tell the controller these commands are done, as few requests as the bound allows."""
         for first in range(0, len(seqs), MAX_COMMANDS_ACKED):
             batch = seqs[first:first + MAX_COMMANDS_ACKED]
             client.request("POST", "/agent/v1/commands/done", {"node": self.node,
-                                                               "seqs": batch})
+                                                               "seqs": batch}, timeout)
             self._done.extend(batch)
 
     def _launch(self, client: ApiClient, command: NodeCommand) -> bool:

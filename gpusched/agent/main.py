@@ -38,6 +38,7 @@ from gpusched.messages import NodeHealth, error_text
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
+STOP_ACK_TIMEOUT = 2.0  # seconds a stopping agent gives its last acknowledgements
 # Threads reporting job ends, each on a connection of its own: an end that comes while
 # another's report is on its way is reported at once instead of after it.
 REPORTERS = 2
@@ -213,6 +214,10 @@ class Agent:
                     backoff = min(backoff * 2, MAX_BACKOFF)
         except _Stopping:
             pass
+        try:  # the commands done since the last poll, which no poll will carry now
+            self.commands.flush_acks(client, timeout=STOP_ACK_TIMEOUT)
+        except GpuschedError as exc:
+            log.warning("could not acknowledge the last commands done: %s", exc)
         log.info("agent stopped; running jobs continue under their supervisors")
 
     def _register(self, client: ApiClient, body: dict[str, Any] | None = None) -> None:
@@ -226,6 +231,7 @@ class Agent:
                 "health": None if health is None else health.to_json()})
             self._registered = _hardware(body)
             self._gpus = {g["uuid"]: g for g in body["gpus"]}
+            self.commands.acks_in_poll = answer.get("acks_in_poll") is True
             for job_id, run in _runs_to_kill(answer.get("kill")):
                 self.commands.kill_run(job_id, run)
         log.info("registered node %s with %d GPUs and slices (%s)", self.node,
@@ -291,10 +297,14 @@ class Agent:
         commands that still hold handed out again."""
         # While a launch waits for an earlier run to end here, look again soon.
         wait = min(self.config.poll_wait, 1.0) if self.commands.waiting else self.config.poll_wait
-        query = {"node": self.node, "wait": wait}
+        query: dict[str, Any] = {"node": self.node, "wait": wait}
+        acks = self.commands.acks_for_poll(client)
+        if acks:  # the commands done since the last poll (one request less for them)
+            query["done"] = ",".join(map(str, acks))
         asked = time.monotonic()
         work = client.request("GET", f"/agent/v1/work?{urlencode(query)}", timeout=wait + 15)
         took = time.monotonic() - asked
+        self.commands.acked(acks)
         if took > trusted_for(wait, self.node_timeout):
             log.warning("a work answer took %.1f s: registering again before acting on it",
                         took)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 MAX_JOB_ID = 2**63 - 1  # jobs.id, a BIGINT
 MAX_COMMANDS_ACKED = 500  # command numbers one POST /agent/v1/commands/done carries
+MAX_ACKS_IN_POLL = 200  # command numbers one GET /agent/v1/work?done= carries
 MAX_ENDS_REPORTED = 500  # runs' ends one POST /agent/v1/jobs/ended carries
 MAX_INT32 = 2**31 - 1  # the INTEGER columns: time limit, counts, sizes
 PATH_MAX = 4096  # bytes, with the terminating NUL on Linux: 4095 usable

@@ -128,9 +128,10 @@ _LAUNCHED = text(
     " AND jobs.state = 'RUNNING' AND jobs.launched_at IS NULL")
 
 
-def poll(session: Session, name: str, registered: datetime | None
+def poll(session: Session, name: str, registered: datetime | None, done: Iterable[int] = ()
          ) -> tuple[list[CommandMessage], datetime | None]:
-    """An agent's poll for node ``name``: record that it is alive, then claim its
+    """An agent's poll for node ``name``: record that it is alive, mark the commands
+    ``done`` that it did since its last poll (see complete_all), then claim its
     commands (see claim). Returns them and when the node registered; when that is not
     ``registered`` (given: the poll waited meanwhile), nothing is claimed: the poll is
     that of an agent since replaced, and what it claimed would be lost.
@@ -146,6 +147,8 @@ def poll(session: Session, name: str, registered: datetime | None
     if lost_at is not None or state == "DOWN":
         raise NotFound(f"node {name} is {state} ({reason or 'not registered'}): "
                        f"the agent must register again")
+    if done:
+        complete_all(session, node_id, done)
     if registered is not None and registered_at != registered:
         return [], registered_at
     return _claim(session, node_id, name, now, RECLAIM_AFTER, MAX_PER_POLL), registered_at

@@ -19,7 +19,7 @@ from gpusched.client import ApiClient
 from gpusched.controller.api import Api
 from gpusched.controller.events import Events
 from gpusched.controller.http import UnixHttpServer
-from gpusched.core.bounds import MAX_COMMANDS_ACKED
+from gpusched.core.bounds import MAX_ACKS_IN_POLL, MAX_COMMANDS_ACKED
 from gpusched.db import agents
 from gpusched.db.models import Job, NodeCommand
 from gpusched.errors import GpuschedError
@@ -101,4 +101,58 @@ def test_a_bad_list_is_refused_and_changes_nothing(
     with pytest.raises(GpuschedError) as refused:
         client.request("POST", "/agent/v1/commands/done", {"node": "n1", "seqs": seqs})
     assert refused.value.http_status == 400 and "seqs:" in refused.value.message
+    assert _launched(sessions) == {job: False} and _open(sessions) == 1
+
+
+# -- acknowledged by the next poll (GET /agent/v1/work?done=) --------------------------
+def _poll(client: ApiClient, done: list[int] | str, node: str = "n1") -> list[int]:
+    text = done if isinstance(done, str) else ",".join(map(str, done))
+    answer = client.request("GET", f"/agent/v1/work?node={node}&done={text}")
+    return [command["seq"] for command in answer["commands"]]
+
+
+def test_the_next_poll_acknowledges_and_then_claims(
+        served: tuple[sessionmaker[Session], ApiClient]) -> None:
+    sessions, client = served
+    first = start_on(sessions, ("GPU-0",))
+    seqs = _claim(client)
+    assert len(seqs) == 1 and _launched(sessions) == {first: False}
+    second = start_on(sessions, ("GPU-1",))
+    claimed = _poll(client, seqs)  # done before claimed: the acknowledged is not handed out
+    assert len(claimed) == 1 and claimed != seqs
+    assert _launched(sessions) == {first: True, second: False}
+    assert _open(sessions) == 1
+    assert _poll(client, seqs) == []  # a repeated acknowledgement changes nothing
+    assert _poll(client, claimed) == [] and _open(sessions) == 0
+    assert _launched(sessions) == {first: True, second: True}
+
+
+def test_a_poll_does_not_acknowledge_another_nodes_commands(
+        served: tuple[sessionmaker[Session], ApiClient]) -> None:
+    sessions, client = served
+    job = start_on(sessions, ("GPU-0",))
+    seqs = _claim(client)
+    assert _poll(client, seqs, node="n2") == []
+    assert _launched(sessions) == {job: False} and _open(sessions) == 1
+
+
+def test_the_register_answer_says_polls_take_acknowledgements(
+        served: tuple[sessionmaker[Session], ApiClient]) -> None:
+    _, client = served
+    answer = client.request("POST", "/agent/v1/register", {"node": "n3", "uid": 0, "gpus": []})
+    assert answer["acks_in_poll"] is True
+
+
+@pytest.mark.parametrize("done", [
+    ",", "1,", "x", "-3", "0", "1.5", "%2B1", "%201", "%D9%A1", str(2**63), "9" * 40,
+    ",".join(map(str, range(1, MAX_ACKS_IN_POLL + 2))),
+])
+def test_a_bad_done_is_refused_and_changes_nothing(
+        served: tuple[sessionmaker[Session], ApiClient], done: str) -> None:
+    sessions, client = served
+    job = start_on(sessions, ("GPU-0",))
+    seqs = _claim(client)
+    with pytest.raises(GpuschedError) as refused:
+        _poll(client, f"{seqs[0]},{done}" if done in ("x", "0") else done)
+    assert refused.value.http_status == 400 and "done:" in refused.value.message
     assert _launched(sessions) == {job: False} and _open(sessions) == 1

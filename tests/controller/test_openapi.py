@@ -117,7 +117,7 @@ def test_who_may_call_and_the_query(doc: dict[str, Any]) -> None:
     names = {p["name"] for p in paths["/v1/accounting/report"]["get"]["parameters"]}
     assert names == {"start", "end"}
     names = {p["name"] for p in paths["/agent/v1/work"]["get"]["parameters"]}
-    assert names == {"node", "wait"}
+    assert names == {"node", "wait", "done"}
 
 
 def test_the_schemas_are_json_schema_2020_12(doc: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.e2e.cluster import Cluster, wait_for
+from tests.e2e.dbview import open_commands, query
 
 HOLD = 'while [ ! -e "{flag}" ]; do sleep 0.05; done'
 
@@ -110,3 +111,22 @@ def test_job_without_gpus_sees_none_and_still_has_its_node(cluster: Cluster) -> 
     job = cluster.wait_state(job_id, "COMPLETED")
     assert (job["node"], job["gpu_uuids"], job["partition"]) == ("node01", [], "debug")
     assert (cluster.work / f"gpusched-{job_id}.out").read_text() == "[]\n"
+
+
+def test_launches_are_acknowledged_by_the_agents_next_poll(cluster: Cluster,
+                                                           db_url: str) -> None:
+    jobs = [cluster.submit("--gpus", "1", "--wrap", HOLD.format(flag="go")) for _ in range(3)]
+    for job_id in jobs:
+        cluster.wait_state(job_id, "RUNNING")
+    # Each launch is done (the job's launched_at set) while the jobs still run, so by an
+    # acknowledgement, not by the jobs' ends; none came by a request of its own.
+    wait_for(lambda: not open_commands(db_url, "launch"), timeout=20,
+             what="the launches acknowledged", seen=cluster.logs)
+    launched = query(db_url, "SELECT id FROM jobs WHERE launched_at IS NOT NULL ORDER BY id")
+    assert [job_id for (job_id,) in launched] == sorted(jobs)
+    routes = {(r["method"], r["route"]) for r in cluster.api("GET", "/v1/diag")["api"]}
+    assert ("GET", "/agent/v1/work") in routes
+    assert ("POST", "/agent/v1/commands/done") not in routes
+    _release(cluster, "go")
+    for job_id in jobs:
+        assert cluster.wait_state(job_id, "COMPLETED")["exit_code"] == 0

@@ -50,10 +50,15 @@ class AgentRoutes:
             kill = node_failure.fence_runs(session, node, runs)
             notify_in(session, "sched")
         ctx.events.wake_scheduler()
-        return 200, {"ok": True, "kill": [{"job_id": job_id, "run": run} for job_id, run in kill]}
+        # acks_in_poll: this controller takes a work poll's ``done`` (an agent that is
+        # not told so acknowledges by POST /agent/v1/commands/done, as before it).
+        return 200, {"ok": True, "kill": [{"job_id": job_id, "run": run} for job_id, run in kill],
+                     "acks_in_poll": True}
 
     def work(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """Long poll: claim the node's open commands; doubles as its heartbeat."""
+        """Long poll: claim the node's open commands; doubles as its heartbeat. ``done``
+        acknowledges the commands the agent did since its last poll, in the same
+        transaction and before anything is claimed (one request less per work answer)."""
         ctx = self.context
         ctx.require_node(request, request.query.get("node"))
         node_name = request.query.get("node", "")
@@ -62,8 +67,9 @@ class AgentRoutes:
             wait = min(wait, MAX_POLL_WAIT) if math.isfinite(wait) else 0.0
         except ValueError:
             raise UsageError("wait: expected seconds") from None
+        done = _done_seqs(request.query.get("done"))
         seen = ctx.events.node_generation(node_name)
-        claimed, registered = self._claim(node_name, None)
+        claimed, registered = self._claim(node_name, None, done)
         woke = None
         if not claimed and wait > 0:
             ctx.events.wait_node(node_name, seen, wait)
@@ -74,13 +80,14 @@ class AgentRoutes:
                          node=node_name, woke=woke)
         return 200, {"commands": claimed}
 
-    def _claim(self, node_name: str, registered: datetime | None
+    def _claim(self, node_name: str, registered: datetime | None, done: list[int] | None = None
                ) -> tuple[list[dict[str, Any]], datetime | None]:
-        """Claim the node's commands, and say when the node registered. A poll that
-        waited while its node registered again claims nothing: it is an agent's that
-        has been replaced (killed, restarted), and what it claimed would be lost."""
+        """Mark ``done`` commands done, claim the node's commands, and say when the node
+        registered. A poll that waited while its node registered again claims nothing:
+        it is an agent's that has been replaced (killed, restarted), and what it claimed
+        would be lost."""
         with self.context.sessions() as session, session.begin():
-            claimed, registered_at = commands.poll(session, node_name, registered)
+            claimed, registered_at = commands.poll(session, node_name, registered, done or ())
             return [command.to_json() for command in claimed], registered_at
 
     def done(self, request: Request) -> tuple[int, dict[str, Any]]:
@@ -215,3 +222,18 @@ def _end_of(node: str, item: object) -> tuple[int, dict[str, Any]]:
                          f"{str(report.get('node'))[:64]}, the request for {node[:64]}")
     JobEnd.parse(report)  # refused whole before anything is recorded
     return job_id, report
+
+
+def _done_seqs(text: str | None) -> list[int] | None:
+    """A work poll's ``done``: command numbers separated by commas (None: none given)."""
+    if text is None:
+        return None
+    parts = text.split(",", bounds.MAX_ACKS_IN_POLL)
+    if len(parts) > bounds.MAX_ACKS_IN_POLL or not all(
+            part.isdigit() and part.isascii() and len(part) <= 19 for part in parts):
+        raise UsageError(f"done: expected 1 to {bounds.MAX_ACKS_IN_POLL} command numbers "
+                         "separated by commas")
+    seqs = [int(part) for part in parts]
+    if not all(1 <= seq <= bounds.MAX_JOB_ID for seq in seqs):
+        raise UsageError(f"done: command numbers run from 1 to {bounds.MAX_JOB_ID}")
+    return seqs
