@@ -16,13 +16,20 @@ when the one before has exited, as in a shell loop; the jobs are trivial one-GPU
 - ``cli_loop_python_bare_ms``: ``python -I -S -c pass`` of gsubmit's environment, median
   of 21 back to back on the idle cluster just before the loop: the floor under every
   call, which says how fast the machine was at the time (it varies by a quarter on a
-  virtual machine from one hour to the next).
+  virtual machine from one hour to the next);
+- ``cli_loop_cpu_ms_per_job_*``: CPU time (user and system) per job, first submit to
+  last end, of the ``gsubmit`` calls, and of the controller, the agents (with their
+  supervisors and jobs) and PostgreSQL, each with every process under it
+  (bench/daemon_cpu.py); ``cli_loop_cpu_busy_share``: the share of the machine's CPU
+  time (all its cores) that was busy meanwhile, whoever used it: near 1, the loop is
+  bound by the CPU the whole cluster spends per job rather than by any one wait.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -32,6 +39,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from daemon_cpu import busy_seconds, cpu_of_trees
 from starts import start_times
 
 BIN = Path(sys.executable).parent
@@ -49,6 +57,12 @@ def submit_loop(gsubmit: Path, count: int, work: Path) -> tuple[list[int], list[
             raise SystemExit(f"gsubmit failed: {result.stderr.decode(errors='replace')}")
         ids.append(int(result.stdout))
     return ids, took
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the gsubmit calls) so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def wait_done(ids: list[int], timeout: float) -> list[dict]:  # type: ignore[type-arg]
@@ -86,10 +100,15 @@ def main() -> None:
     try:
         bare = statistics.median(start_times([str(args.bin / "python"), "-I", "-S", "-c",
                                               "pass"], 21))
+        daemons_before, busy_before = cpu_of_trees(root), busy_seconds()
+        children_before = _children_cpu()
         first = time.time()
         ids, took = submit_loop(args.bin / "gsubmit", args.jobs, work)
         submitted = time.time()
         jobs = wait_done(ids, timeout=600)
+        waited = time.time()
+        daemons_after, busy_after = cpu_of_trees(root), busy_seconds()
+        gsubmit_cpu = _children_cpu() - children_before
     finally:
         subprocess.run([*gpusched, "down"], check=False, stdout=subprocess.DEVNULL)
         shutil.rmtree(root, ignore_errors=True)
@@ -107,6 +126,13 @@ def main() -> None:
     print(f"cli_loop_gsubmit_p90_ms: {took_ms[int(len(took_ms) * 0.9)]:.1f}")
     print(f"cli_loop_jobs_per_s: {args.jobs / (last - first):.1f}")
     print(f"cli_loop_python_bare_ms: {bare:.1f}")
+    per_job = 1000 / args.jobs
+    print(f"cli_loop_cpu_ms_per_job_gsubmit: {gsubmit_cpu * per_job:.2f}")
+    for name in ("controller", "agent", "postgres"):
+        used = daemons_after[name] - daemons_before[name]
+        print(f"cli_loop_cpu_ms_per_job_{name}: {used * per_job:.2f}")
+    share = (busy_after - busy_before) / ((waited - first) * (os.cpu_count() or 1))
+    print(f"cli_loop_cpu_busy_share: {share:.2f}")
 
 
 if __name__ == "__main__":
