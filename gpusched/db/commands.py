@@ -113,19 +113,27 @@ _JOBS = text(
     "WHERE j.id = ANY(:ids)")
 _CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = ANY(:ids)")
 _NODE_ID = text("SELECT id FROM nodes WHERE name = :name")
-_COMMAND_JOBS = text(
-    "SELECT DISTINCT job_id FROM node_commands"
-    " WHERE id = ANY(:ids) AND node_id = :node AND job_id IS NOT NULL")
-_LOCK_JOBS = text("SELECT id FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR UPDATE")
-_DONE = text(
-    "UPDATE node_commands SET done_at = now()"
-    " WHERE id = ANY(:ids) AND node_id = :node AND done_at IS NULL "
-    "RETURNING id, kind, job_id, run")
-_LAUNCHED = text(
-    "UPDATE jobs SET launched_at = now() FROM unnest(CAST(:jobs AS bigint[]),"
-    " CAST(:runs AS integer[])) AS done(job_id, run)"
-    " WHERE jobs.id = done.job_id AND jobs.restarts = done.run"
-    " AND jobs.state = 'RUNNING' AND jobs.launched_at IS NULL")
+# An agent's acknowledgements, in one statement: the jobs of the node's commands named
+# are locked first (``locked``, which ``done`` waits for: it joins its count), in id
+# order, as a job's end locks its row before its commands, so an acknowledgement and an
+# end arriving together never wait on each other in a cycle; then the commands not done
+# yet are marked done, and the runs they launched get ``launched_at`` (a row a
+# concurrent end changed meanwhile is checked again as it is now: EvalPlanQual).
+_COMPLETE = text(
+    "WITH locked AS ("
+    " SELECT id FROM jobs WHERE id IN (SELECT job_id FROM node_commands"
+    "  WHERE id = ANY(:ids) AND node_id = :node AND job_id IS NOT NULL)"
+    " ORDER BY id FOR UPDATE), "
+    "done AS ("
+    " UPDATE node_commands AS c SET done_at = now()"
+    " FROM (SELECT count(*) AS n FROM locked) AS l"
+    " WHERE c.id = ANY(:ids) AND c.node_id = :node AND c.done_at IS NULL AND l.n >= 0"
+    " RETURNING c.id, c.kind, c.job_id, c.run), "
+    "launched AS ("
+    " UPDATE jobs SET launched_at = now() FROM done"
+    " WHERE done.kind = 'launch' AND jobs.id = done.job_id AND jobs.restarts = done.run"
+    " AND jobs.state = 'RUNNING' AND jobs.launched_at IS NULL) "
+    "SELECT id FROM done")
 
 
 def poll(session: Session, name: str, registered: datetime | None, done: Iterable[int] = ()
@@ -262,21 +270,10 @@ def complete(session: Session, node: Node, command_id: int) -> bool:
 
 def complete_all(session: Session, node_id: int, command_ids: Iterable[int]) -> list[int]:
     """The agent of node ``node_id`` did these commands (for a launch: the job's
-    supervisor runs); those not done before and this node's, in the order given.
-
-    The jobs' rows are locked before the commands', the order a job's end takes (its
-    row, then its commands), so acknowledgements and an end arriving together never
-    wait on each other in a cycle."""
+    supervisor runs); those not done before and this node's, in the order given (one
+    statement: _COMPLETE, which says how it orders its locks)."""
     ids = list(dict.fromkeys(command_ids))
-    job_ids = list(session.scalars(_COMMAND_JOBS, {"ids": ids, "node": node_id}))
-    if job_ids:
-        session.execute(_LOCK_JOBS, {"ids": job_ids})
-    rows = session.execute(_DONE, {"ids": ids, "node": node_id}).all()
-    launched = [(job_id, run) for _, kind, job_id, run in rows if kind == "launch"]
-    if launched:
-        session.execute(_LAUNCHED, {"jobs": [job_id for job_id, _ in launched],
-                                    "runs": [run for _, run in launched]})
-    done = {row[0] for row in rows}
+    done = set(session.scalars(_COMPLETE, {"ids": ids, "node": node_id}))
     return [command_id for command_id in ids if command_id in done]
 
 
