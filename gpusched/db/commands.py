@@ -20,10 +20,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from psycopg.rows import namedtuple_row
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from gpusched.db.engine import rowcount
+from gpusched.db.engine import driver, rowcount
 from gpusched.db.models import Node, NodeCommand
 from gpusched.db.nodes import unregistered
 from gpusched.db.placements import latest_gpus_sql, latest_share_sql
@@ -77,15 +78,16 @@ def has_open(session: Session, node_id: int) -> bool:
 
 
 # The statements of an agent's poll and acknowledgements, the calls every job's launch
-# makes: plain SQL built once (an ORM query of the same costs several times the CPU).
-_HEARTBEAT = text(
-    "UPDATE nodes SET last_seen = :now WHERE name = :name "
+# makes: plain SQL run on the driver's connection (engine.driver; an ORM or Core query of
+# the same costs several times the CPU).
+_HEARTBEAT = (
+    "UPDATE nodes SET last_seen = %(now)s WHERE name = %(name)s "
     "RETURNING id, state, lost_at, registered_at, reason")
-_CLAIM = text(
-    "UPDATE node_commands SET claimed_at = :now WHERE id IN ("
-    " SELECT id FROM node_commands WHERE node_id = :node AND done_at IS NULL"
-    " AND (claimed_at IS NULL OR claimed_at < :stale)"
-    " ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) "
+_CLAIM = (
+    "UPDATE node_commands SET claimed_at = %(now)s WHERE id IN ("
+    " SELECT id FROM node_commands WHERE node_id = %(node)s AND done_at IS NULL"
+    " AND (claimed_at IS NULL OR claimed_at < %(stale)s)"
+    " ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
     "RETURNING id, kind, job_id, run, payload")
 # A job to launch (its script read) that may hold a share of a GPU: only those pay for
 # reading it.
@@ -93,7 +95,7 @@ _MAY_SHARE = "s.id IS NOT NULL AND (j.share_mode IS NOT NULL OR j.gpu_mem_mb IS 
 # The jobs of claimed commands; for those to launch (:launch), their script and the GPU
 # UUIDs of their latest run on the node of the batch script (placements.latest_gpus_sql):
 # like Slurm's, the batch script of a multi-node job sees only its own node's GPUs.
-_JOBS = text(
+_JOBS = (
     "SELECT j.id, j.state, j.restarts, j.node_id, j.node_names, j.name, j.user_name,"
     " j.uid, j.gid, j.work_dir, j.output, j.error, j.umask, j.time_limit, j.warn_signal,"
     " j.warn_seconds, j.warn_batch_only, j.array_job_id, j.array_task_id, j.array_spec,"
@@ -109,9 +111,11 @@ _JOBS = text(
     "  JOIN nodes AS sn ON sn.id = j.node_id WHERE p.sharing IS NOT NULL"
     "  AND p.shares IS NOT NULL AND ('*' = ANY(p.nodes) OR sn.name = ANY(p.nodes))"
     "  ORDER BY p.name LIMIT 1) END AS share_of "
-    "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id AND j.id = ANY(:launch) "
-    "WHERE j.id = ANY(:ids)")
-_CLOSE = text("UPDATE node_commands SET done_at = :now WHERE id = ANY(:ids)")
+    "FROM jobs j LEFT JOIN job_scripts s ON s.id = j.script_id"
+    " AND j.id = ANY(CAST(%(launch)s AS bigint[])) "
+    "WHERE j.id = ANY(CAST(%(ids)s AS bigint[]))")
+_CLOSE = ("UPDATE node_commands SET done_at = %(now)s"
+          " WHERE id = ANY(CAST(%(ids)s AS bigint[]))")
 _NODE_ID = text("SELECT id FROM nodes WHERE name = :name")
 # An agent's acknowledgements, in one statement: the jobs of the node's commands named
 # are locked first (``locked``, which ``done`` waits for: it joins its count), in id
@@ -119,15 +123,15 @@ _NODE_ID = text("SELECT id FROM nodes WHERE name = :name")
 # end arriving together never wait on each other in a cycle; then the commands not done
 # yet are marked done, and the runs they launched get ``launched_at`` (a row a
 # concurrent end changed meanwhile is checked again as it is now: EvalPlanQual).
-_COMPLETE = text(
+_COMPLETE = (
     "WITH locked AS ("
     " SELECT id FROM jobs WHERE id IN (SELECT job_id FROM node_commands"
-    "  WHERE id = ANY(:ids) AND node_id = :node AND job_id IS NOT NULL)"
+    "  WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND node_id = %(node)s AND job_id IS NOT NULL)"
     " ORDER BY id FOR UPDATE), "
     "done AS ("
     " UPDATE node_commands AS c SET done_at = now()"
     " FROM (SELECT count(*) AS n FROM locked) AS l"
-    " WHERE c.id = ANY(:ids) AND c.node_id = :node AND c.done_at IS NULL AND l.n >= 0"
+    " WHERE c.id = ANY(CAST(%(ids)s AS bigint[])) AND c.node_id = %(node)s AND c.done_at IS NULL AND l.n >= 0"
     " RETURNING c.id, c.kind, c.job_id, c.run), "
     "launched AS ("
     " UPDATE jobs SET launched_at = now() FROM done"
@@ -148,7 +152,7 @@ def poll(session: Session, name: str, registered: datetime | None, done: Iterabl
     again first: NotFound says so (the transaction, rolled back, records nothing), and
     the agent's answer to NotFound is to register."""
     now = datetime.now(UTC)
-    row = session.execute(_HEARTBEAT, {"now": now, "name": name}).first()
+    row = driver(session).execute(_HEARTBEAT, {"now": now, "name": name}).fetchone()
     if row is None:
         raise unregistered(name)
     node_id, state, lost_at, registered_at, reason = row
@@ -171,21 +175,22 @@ def claim(session: Session, node: Node, reclaim_after: float = RECLAIM_AFTER,
 
 def _claim(session: Session, node_id: int, node_name: str, now: datetime,
            reclaim_after: float, limit: int) -> list[CommandMessage]:
-    rows = sorted(session.execute(_CLAIM, {
+    conn = driver(session)
+    rows = sorted(conn.execute(_CLAIM, {
         "now": now, "node": node_id, "stale": now - timedelta(seconds=reclaim_after),
-        "limit": limit}).all(), key=lambda row: row[0])
+        "limit": limit}).fetchall(), key=lambda row: row[0])
     if not rows:
         return []
     job_ids = list({job_id for _, kind, job_id, _, _ in rows if kind != "kill" and job_id})
     launch = [job_id for _, kind, job_id, _, _ in rows if kind == "launch" and job_id]
-    jobs = {row[0]: row for row in session.execute(
+    jobs = {row.id: row for row in conn.cursor(row_factory=namedtuple_row).execute(
         _JOBS, {"ids": job_ids, "launch": launch})} if job_ids else {}
     current = [row for row in rows
                if row[1] in ("kill", "mig") or _is_current(jobs.get(row[2]), row[3], node_id,
                                                             node_name, row[1])]
     stale = [row[0] for row in rows if row not in current]
     if stale:
-        session.execute(_CLOSE, {"now": now, "ids": stale})
+        conn.execute(_CLOSE, {"now": now, "ids": stale})
     return [CommandMessage(kind, node_name, job_id, run, command_id,
                            _payload(kind, payload, node_name, jobs.get(job_id)))
             for command_id, kind, job_id, run, payload in current]
@@ -273,7 +278,7 @@ def complete_all(session: Session, node_id: int, command_ids: Iterable[int]) -> 
     supervisor runs); those not done before and this node's, in the order given (one
     statement: _COMPLETE, which says how it orders its locks)."""
     ids = list(dict.fromkeys(command_ids))
-    done = set(session.scalars(_COMPLETE, {"ids": ids, "node": node_id}))
+    done = {row[0] for row in driver(session).execute(_COMPLETE, {"ids": ids, "node": node_id})}
     return [command_id for command_id in ids if command_id in done]
 
 
