@@ -13,6 +13,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from types import FrameType
 
+import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeoutError
@@ -42,6 +43,11 @@ from gpusched.db.usage import accrue_usage
 from gpusched.errors import Unavailable
 
 log = logging.getLogger(__name__)
+# What a request fails with when the database is out of reach or its pool exhausted:
+# answered 503 (HttpService.unavailable). Statements run on the driver's connection
+# (db.engine.driver, the hot paths) raise psycopg's own error, not SQLAlchemy's.
+UNAVAILABLE: tuple[type[Exception], ...] = (SqlTimeoutError, OperationalError,
+                                            psycopg.OperationalError)
 SWITCH_INTERVAL = 0.0005  # seconds; see serve_forever
 GC_THRESHOLD = 50_000  # allocations between young-generation collections (default 700)
 
@@ -112,7 +118,7 @@ class Controller:
                               max_connections_per_user=config.controller.max_connections_per_user)
         router = api.router()
         service = HttpService(router, limits, *_authentication(config))
-        service.unavailable = (SqlTimeoutError, OperationalError)
+        service.unavailable = UNAVAILABLE
         service.observe = self.metrics.observe_request
         self.server = UnixHttpServer(config.controller.socket, router,
                                      config.controller.socket_mode, limits, service)
