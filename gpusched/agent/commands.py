@@ -141,6 +141,7 @@ class NodeCommands:
         held = list(self._unacked)
         self._ack(client, held, timeout)
         del self._unacked[:len(held)]
+
     def _mig(self, client: ApiClient, raw: dict[str, Any]) -> int | None:
         """Give one GPU the MIG layout a ``mig`` command asks for (gpusched.agent.migconfig),
         and register the node's GPUs again when its slices changed; the number to

@@ -92,7 +92,7 @@ _CLAIM = (
 # A job to launch (its script read) that may hold a share of a GPU: only those pay for
 # reading it.
 _MAY_SHARE = "s.id IS NOT NULL AND (j.share_mode IS NOT NULL OR j.gpu_mem_mb IS NOT NULL)"
-# The jobs of claimed commands; for those to launch (:launch), their script and the GPU
+# The jobs of claimed commands; for those to launch (``launch``), their script and the GPU
 # UUIDs of their latest run on the node of the batch script (placements.latest_gpus_sql):
 # like Slurm's, the batch script of a multi-node job sees only its own node's GPUs.
 _JOBS = (
@@ -126,12 +126,14 @@ _NODE_ID = text("SELECT id FROM nodes WHERE name = :name")
 _COMPLETE = (
     "WITH locked AS ("
     " SELECT id FROM jobs WHERE id IN (SELECT job_id FROM node_commands"
-    "  WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND node_id = %(node)s AND job_id IS NOT NULL)"
+    "  WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND node_id = %(node)s"
+    "  AND job_id IS NOT NULL)"
     " ORDER BY id FOR UPDATE), "
     "done AS ("
     " UPDATE node_commands AS c SET done_at = now()"
     " FROM (SELECT count(*) AS n FROM locked) AS l"
-    " WHERE c.id = ANY(CAST(%(ids)s AS bigint[])) AND c.node_id = %(node)s AND c.done_at IS NULL AND l.n >= 0"
+    " WHERE c.id = ANY(CAST(%(ids)s AS bigint[])) AND c.node_id = %(node)s"
+    " AND c.done_at IS NULL AND l.n >= 0"
     " RETURNING c.id, c.kind, c.job_id, c.run), "
     "launched AS ("
     " UPDATE jobs SET launched_at = now() FROM done"
