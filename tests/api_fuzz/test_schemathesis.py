@@ -26,25 +26,23 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis.generation import GenerationMode
 
-schemathesis = pytest.importorskip("schemathesis")
-
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
-from schemathesis.generation import GenerationMode  # noqa: E402
-
-from gpusched.controller.api import Api  # noqa: E402
-from gpusched.controller.openapi import build_document  # noqa: E402
-from tests.api_fuzz.callers import (  # noqa: E402
+from gpusched.controller.api import Api
+from gpusched.controller.openapi import build_document
+from tests.api_fuzz.callers import (
     FUZZ_ADMIN_GROUP,
     SocketCaller,
     admin_user,
     snapshot,
 )
-from tests.e2e.cluster import Cluster  # noqa: E402
-from tests.pg import ScratchPostgres  # noqa: E402
-from tests.security.conftest import ensure_user  # noqa: E402
+from tests.e2e.cluster import Cluster
+from tests.pg import ScratchPostgres
+from tests.security.conftest import ensure_user
 
 pytestmark = pytest.mark.slow
 
