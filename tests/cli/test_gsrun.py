@@ -26,6 +26,7 @@ from gpusched.cli.stepio_server import ServeOptions, StepIOServer, StepPlan, Ste
 from gpusched.cli.stepoutput import ExitTally, OutputSink
 from gpusched.messages import stepio
 from tests.cli.stepside import FakeController, FakeNode, created
+from tests.e2e.cluster import wait_for
 
 BIN = Path(sys.executable).parent
 IO = {"host": "127.0.0.1", "port": 4000, "token": "ab" * 32}
@@ -204,9 +205,7 @@ def test_kill_on_bad_exit_asks_once_and_keeps_the_bad_status() -> None:
     a.exit(1, 5)
     # The kill comes after gsrun heard the bad end (it asks the controller): the ends
     # it causes must not reach gsrun before that end, on the other node's socket.
-    deadline = time.monotonic() + 10
-    while not served.bad and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: served.bad, timeout=10, what="gsrun to hear the bad end")
     assert served.bad == [1]
     a.exit(0, None, 15)
     b.exit(2, None, 15)

@@ -5,7 +5,8 @@ the GPUs it was given.
 Each test skips where NVML finds no GPU (CI has none). Their fake-NVML twins run
 everywhere: tests/agent/test_nvml_inventory.py (the inventory), tests/agent/
 test_health_monitor.py (checks, samples, events) and tests/ops/test_up_gpus.py (jobs on
-all the GPUs ``gpusched up`` found, and on none, see those in CUDA_VISIBLE_DEVICES). Read-only: nothing here changes a GPU's settings.
+all the GPUs ``gpusched up`` found, and on none, see those in CUDA_VISIBLE_DEVICES).
+Read-only: nothing here changes a GPU's settings.
 """
 
 from __future__ import annotations
