@@ -4,7 +4,7 @@ claim is in db/commands.py; node failure and fencing in db/node_failure.py)."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import case, delete, select, update
@@ -201,8 +201,11 @@ def record_end(session: Session, job_id: int, body: dict[str, Any]) -> bool:
 # record_run_end works the end out from the whole row instead). Plain SQL built once.
 _PLAIN_END = (
     "WITH node AS (SELECT id FROM nodes WHERE name = %(node)s), ended AS ("
-    " UPDATE jobs SET state = CASE WHEN jobs.cancel_requested_at IS NULL"
-    "  THEN CAST(%(state)s AS text) ELSE CAST(%(stopped)s AS text) END,"
+    " UPDATE jobs SET state = CASE WHEN jobs.cancel_requested_at IS NOT NULL"
+    "  THEN CAST(%(stopped)s AS text)"
+    "  WHEN %(may_be_late)s AND jobs.time_limit IS NOT NULL AND jobs.suspended_at IS NULL"
+    "  AND jobs.start_time + make_interval(secs => jobs.time_limit + jobs.suspended_seconds)"
+    "  <= %(end_time)s THEN 'TIMEOUT' ELSE CAST(%(state)s AS text) END,"
     " end_time = %(end_time)s,"
     " exit_code = %(exit_code)s, signal = %(signal)s, error_message = %(error)s,"
     " reason = COALESCE(%(reason)s, jobs.reason),"
@@ -250,6 +253,7 @@ def record_run_end(session: Session, job_id: int, body: dict[str, Any]) -> tuple
     state = OUTCOME_STATES[end.outcome]
     row = driver(session).execute(_PLAIN_END, {
         "node": end.node, "job": job_id, "run": end.run, "state": state,
+        "may_be_late": end.outcome == "failed",
         "stopped": stopped_state(end.outcome), "end_time": ended,
         "exit_code": end.exit_code, "signal": end.signal, "error": end.error,
         "reason": LAUNCH_FAILED_REASON if end.outcome == "launch_failed" else None,
@@ -333,8 +337,13 @@ def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str
         # Preempted to requeue: back in the queue with its submit time, one restart more
         # (an allocation's client waits on this run: it ends instead).
         return requeued(job.error_message)
-    values: dict[str, Any] = {"state": OUTCOME_STATES[end.outcome] if job.cancel_requested_at
-                              is None else stopped_state(end.outcome), "end_time": ended,
+    if job.cancel_requested_at is not None:
+        state = stopped_state(end.outcome)
+    elif end.outcome == "failed" and past_limit(job, ended):
+        state = "TIMEOUT"
+    else:
+        state = OUTCOME_STATES[end.outcome]
+    values: dict[str, Any] = {"state": state, "end_time": ended,
                               "exit_code": end.exit_code, "signal": end.signal,
                               "error_message": end.error}
     if end.outcome == "launch_failed":  # nothing of it ran: say so where users look
@@ -344,6 +353,18 @@ def _end_values(session: Session, job: Job, node: Node, end: JobEnd) -> dict[str
     if job.preempted_at is not None:
         values.update(state="CANCELLED", error_message=f"preempted by job {job.preempted_by}")
     return values
+
+
+def past_limit(job: Job, when: datetime) -> bool:
+    """Whether ``job``'s run had reached its time limit at ``when`` (the time it was
+    suspended not counted). A run that fails then is recorded TIMEOUT, as a limit that
+    ends it is: with the limit lowered below what the job has run, its nodes act on the
+    change at moments apart, and a task killed on one node can make the batch script fail
+    before the timeout reaches the script's own node."""
+    return (job.time_limit is not None and job.suspended_at is None
+            and job.start_time is not None
+            and job.start_time + timedelta(seconds=job.time_limit + job.suspended_seconds)
+            <= when)
 
 
 def _drain_after_epilog(session: Session, node_id: int, end: JobEnd) -> None:

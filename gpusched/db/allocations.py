@@ -18,7 +18,7 @@ from sqlalchemy import false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpusched.db import steps
-from gpusched.db.agents import release_job
+from gpusched.db.agents import past_limit, release_job
 from gpusched.db.engine import rowcount
 from gpusched.db.jobs import Identity, _owned_job
 from gpusched.db.models import Job, Node
@@ -148,8 +148,7 @@ def _why_it_ends(job: Job, now: datetime, silent_since: datetime, lost: str
                  ) -> tuple[str, str | None]:
     """The state and error a running allocation the check picked ends with."""
     assert job.start_time is not None
-    if job.time_limit is not None and job.suspended_at is None and job.start_time + timedelta(
-            seconds=job.time_limit + job.suspended_seconds) <= now:
+    if past_limit(job, now):
         return "TIMEOUT", None
     if job.cancel_requested_at is not None:
         return "CANCELLED", (f"preempted by job {job.preempted_by}"

@@ -75,6 +75,10 @@ def _bad_exit(db: sessionmaker[Session], job_id: int) -> None:
         steps.cancel_step(s, job_id, 0, ALICE, bad_exit=True)
 
 
+# The job's run started 61 s before the end reported (WHEN), with a limit of ``limit`` s.
+PAST = ("UPDATE jobs SET start_time = to_timestamp(:when) - interval '61 seconds',"
+        " time_limit = :limit WHERE id = :job")
+SUSPENDED = "UPDATE jobs SET suspended_seconds = :seconds WHERE id = :job"
 PREEMPTED = ("UPDATE jobs SET preempted_at = now(), cancel_requested_at = now(),"
              " preempt_mode = :mode, preempted_by = 7 WHERE id = :job")
 
@@ -94,6 +98,12 @@ CASES: list[tuple[str, tuple[str, ...], bool, tuple[Prep, ...], dict[str, Any], 
                                          "end_time": None}, True),
     ("epilog failed", ("n1",), False, (), {"outcome": "completed", "exit_code": 0,
                                            "epilog_error": "disk full\nmore"}, True),
+    ("failed past its limit", ("n1",), False, (_sql(PAST, when=WHEN, limit=60),),
+     {"outcome": "failed", "exit_code": 1}, True),
+    ("failed within its limit", ("n1",), False, (_sql(PAST, when=WHEN, limit=62),),
+     {"outcome": "failed", "exit_code": 1}, True),
+    ("failed past its limit, suspended", ("n1",), False, (
+        _sql(PAST, when=WHEN, limit=60), _sql(SUSPENDED, seconds=5)), {"outcome": "failed", "exit_code": 1}, True),
     ("being cancelled", ("n1",), False, (_cancelled,), {"outcome": "cancelled", "signal": 15},
      True),
     ("steps", ("n1", "n2"), False, (_steps({}, {"overlap": True}),),
@@ -258,3 +268,30 @@ def test_a_preemption_to_requeue_cancels_a_job_that_may_not_be_requeued(
     with db() as s:
         job = s.get(Job, job_id)
         assert job is not None and (job.state, job.restarts) == (state, restarts)
+
+
+@pytest.mark.parametrize(("limit", "suspended", "fields", "cancelled", "state"), [
+    (60, 0, {"outcome": "failed", "exit_code": 1}, False, "TIMEOUT"),
+    (61, 0, {"outcome": "failed", "signal": 15}, False, "TIMEOUT"),  # at the limit itself
+    (62, 0, {"outcome": "failed", "exit_code": 1}, False, "FAILED"),
+    (60, 5, {"outcome": "failed", "exit_code": 1}, False, "FAILED"),  # suspended 5 s of it
+    (None, 0, {"outcome": "failed", "exit_code": 1}, False, "FAILED"),
+    (60, 0, {"outcome": "completed", "exit_code": 0}, False, "COMPLETED"),
+    (60, 0, {"outcome": "launch_failed", "error": "no user"}, False, "FAILED"),
+    (60, 0, {"outcome": "failed", "exit_code": 1}, True, "CANCELLED"),
+])
+def test_a_run_that_fails_past_its_time_limit_ends_timeout(
+        db: sessionmaker[Session], limit: int | None, suspended: int, fields: dict[str, Any],
+        cancelled: bool, state: str) -> None:
+    # A limit lowered below what a job has run reaches its nodes at moments apart: a
+    # task killed on another node can make the batch script fail before its own node's
+    # timeout does. Failing at or past the limit is the limit's doing, as Slurm has it.
+    for index, whole_row in enumerate((False, True)):
+        job_id = _start(db, ("n1",), index, False)
+        _sql(PAST, when=WHEN, limit=limit)(db, job_id)
+        _sql(SUSPENDED, seconds=suspended)(db, job_id)
+        if cancelled:
+            _cancelled(db, job_id)
+        _end(db, job_id, {"node": "n1", "run": 0, "end_time": WHEN, **fields}, whole_row)
+        with db() as s:
+            assert s.get(Job, job_id).state == state  # type: ignore[union-attr]
