@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.agent import jobfiles
+from gpusched.agent.sparedirs import SPARE
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,12 @@ def discard(jobdir: Path) -> None:
 
 
 def remove_discarded(jobs_dir: Path) -> None:
-    """Finish the removals of job directories that were interrupted (see discard)."""
+    """Finish the removals of job directories that were interrupted (see discard), and
+    remove the spare directories an earlier agent kept (gpusched.agent.sparedirs)."""
     try:
         entries = list(os.scandir(jobs_dir))
     except FileNotFoundError:
         return
     for entry in entries:
-        if entry.name.startswith(DISCARDED):
+        if entry.name.startswith((DISCARDED, SPARE)):
             shutil.rmtree(entry.path, ignore_errors=True)

@@ -54,8 +54,14 @@ FULL_DISK_PATIENCE = 600.0
 
 
 def make_reserve(jobdir: str) -> None:
-    """Set RESERVE_BYTES aside in ``jobdir``; OSError when the disk has not got them."""
+    """Set RESERVE_BYTES aside in ``jobdir`` (one set aside already, in a spare
+    directory, is kept); OSError when the disk has not got them."""
     path = os.path.join(jobdir, RESERVE)
+    try:
+        if os.stat(path).st_blocks * 512 >= RESERVE_BYTES:
+            return
+    except FileNotFoundError:
+        pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         try:

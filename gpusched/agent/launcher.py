@@ -41,6 +41,7 @@ from gpusched.agent.jobprep import prepare_job
 from gpusched.agent.jobspec import build_spec, site_programs
 from gpusched.agent.lostjobs import SupervisorNotFound, find_supervisor, record_lost
 from gpusched.agent.mps import MpsDaemons
+from gpusched.agent.sparedirs import SpareDirs
 from gpusched.agent.spawn import (
     LOCK_FD_IN_SUPERVISOR,
     SupervisorSpawner,
@@ -74,6 +75,7 @@ class Launcher(RunningJobs):
         self._select_lock = threading.Lock()  # whoever holds it owns the selector
         self._pidfds: dict[int, int] = {}  # job id -> pidfd of its live supervisor
         self._specs = SpecIndex(self.jobs_dir)  # what run_of and held_cpus read
+        self._spares = SpareDirs(self.jobs_dir)  # reported runs' directories, for new runs
         self._to_register: list[tuple[int, int]] = []
         # Jobs whose supervisor died and whose end could not be written yet (the state
         # disk full): tried again at each look for ended jobs.
@@ -124,11 +126,12 @@ class Launcher(RunningJobs):
 
     def _launch(self, job_id: int, spec: dict[str, Any], script_text: str) -> bool:
         jobdir = self._jobdir(job_id)
-        try:
-            os.mkdir(jobdir, 0o711)  # atomic: of two launches of one job, one wins
-        except FileExistsError:
-            return False
-        os.chmod(jobdir, 0o711)  # mkdir's mode went through the umask
+        if not self._spares.take(jobdir):
+            try:
+                os.mkdir(jobdir, 0o711)  # atomic: of two launches of one job, one wins
+            except FileExistsError:
+                return False
+            os.chmod(jobdir, 0o711)  # mkdir's mode went through the umask
         written = prepare_job(jobdir, job_id, spec, script_text, self.mps)
         if written is None:
             self._wake()
@@ -318,7 +321,13 @@ class Launcher(RunningJobs):
                     self._told.discard(job_id)
                     self._discard_on_exit.add(job_id)
                     return
-        discard(jobdir)  # an interrupted removal still counts as reported
+        self._retire(jobdir)  # an interrupted removal still counts as reported
+
+    def _retire(self, jobdir: Path) -> None:
+        """A reported run's directory, its supervisor gone: kept for a later run, or
+        removed."""
+        if not self._spares.keep(jobdir):
+            discard(jobdir)
 
     def _exited(self, job_id: int, timeout: float) -> bool:
         """Whether the job's supervisor (if watched) has exited, waiting up to timeout."""
@@ -361,7 +370,7 @@ class Launcher(RunningJobs):
             os.close(pidfd)  # under the lock: cancel() must not signal a closed fd
         jobdir = self._jobdir(job_id)
         if later:  # reported already
-            discard(jobdir)
+            self._retire(jobdir)
         # Not current: the job was reported and launched anew; the dir is the new run's.
         elif current and jobdir.is_dir() and not (jobdir / "status.json").exists():
             self._record_lost_or_later(job_id)

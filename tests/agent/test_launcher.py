@@ -16,6 +16,7 @@ import pytest
 
 from gpusched.agent.jobends import DISCARDED, NEVER_STARTED, SUPERVISOR_LOST, JobEnd
 from gpusched.agent.launcher import Launcher, build_spec
+from gpusched.agent.sparedirs import SPARE
 from gpusched.agent.supervisor import FORKED
 from gpusched.messages import LaunchOrder
 
@@ -424,13 +425,14 @@ def test_an_interrupted_removal_of_a_reported_job_is_finished_at_adoption(
     start(launcher, work_dir, "exit 0")
     wait_end(launcher, 7, wait_for)
     launcher.mark_reported(7)
-    assert sorted(os.listdir(jobs_dir)) == []  # renamed away, then removed
+    assert sorted(os.listdir(jobs_dir)) == [f"{SPARE}0"]  # kept for a later run
     left = jobs_dir / f"{DISCARDED}8"  # as a removal cut short leaves it
     left.mkdir()
     (left / "status.json").write_text('{"outcome": "completed", "end_time": 1}')
     assert launcher.unreported() == []  # not a job's directory
-    assert launcher.adopt() == []
-    assert not left.exists()
+    # A new agent's launcher: the spares of the last are removed with the leftovers.
+    assert Launcher(jobs_dir, spawner=False).adopt() == []
+    assert sorted(os.listdir(jobs_dir)) == []
 
 
 def test_supervisor_killed_while_watched_is_reported_lost(
