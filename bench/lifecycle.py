@@ -177,8 +177,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["latency", "throughput", "cli"], default=None)
     parser.add_argument("--tmp", default="/tmp", help=(
         "where the cluster's state dir is made. On ext4 without a journal every new file "
-        "costs more while many were deleted in the last 30 s (by a previous run's "
-        "cleanup, say): the agent's figures then vary with what ran just before"))
+        "costs more while many were deleted in the last minute or more (by a previous "
+        "run's cleanup, say): the figures then vary with what ran just before, less since "
+        "a job's run reuses the directory of one that ended (gpusched/agent/sparedirs.py)"))
     opts = parser.parse_args()
     root = Path(tempfile.mkdtemp(dir=opts.tmp, prefix="gpusched-bench-"))
     os.chmod(root, 0o755)
