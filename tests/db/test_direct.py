@@ -29,7 +29,7 @@ def engine(db_url: str) -> Iterator[Engine]:
 
 def _kill(db_url: str, conn: psycopg.Connection[object]) -> None:
     with psycopg.connect(psycopg_dsn(db_url), autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+        admin.execute("SELECT pg_terminate_backend(%s, 10000)", [conn.info.backend_pid])
 
 
 def test_connections_are_autocommit_reused_and_bounded(engine: Engine) -> None:

@@ -19,7 +19,7 @@ def test_a_dropped_idle_connection_is_replaced_before_use(db_url: str, monkeypat
             first = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
         # Another session ends that backend, as a PostgreSQL restart would.
         with make_engine(db_url, pool_size=1).connect() as other:
-            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+            other.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": first})
             other.commit()
         monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)
         with engine.connect() as conn:  # pinged, found dead, replaced

@@ -83,7 +83,7 @@ def _backends(dsn: str, where: str) -> list[int]:
 def _terminate(dsn: str, pids: list[int]) -> None:
     with psycopg.connect(dsn, autocommit=True) as admin:
         for pid in pids:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
 
 
 def _lock_waiters(dsn: str, text: str) -> list[int]:

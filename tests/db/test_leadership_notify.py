@@ -34,9 +34,10 @@ def test_one_leader_at_a_time_and_a_lost_connection_steps_down(dsn: str) -> None
         assert not second.try_acquire() and not second.is_held
         assert first.try_acquire()  # holding it already
         with psycopg.connect(dsn, autocommit=True) as admin:
+            # With a timeout it returns once the backend has gone, its lock with it.
             killed = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
-                "AND granted AND objid = %s AND database = "
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_locks"
+                " WHERE locktype = 'advisory' AND granted AND objid = %s AND database = "
                 "(SELECT oid FROM pg_database WHERE datname = current_database())",
                 (LEADER_LOCK_KEY,)).fetchall()
         assert killed == [(True,)]
