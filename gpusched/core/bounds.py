@@ -141,9 +141,10 @@ def check_environment(env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
-def parse_id_list(field: str, text: str, limit: int = MAX_LIST) -> list[int]:
-    """``12,13,14``: job ids (1 to MAX_JOB_ID), de-duplicated in order, at most
-    ``limit``; empty items are skipped."""
+def parse_id_list(field: str, text: str, limit: int = MAX_LIST, what: str = "job ids"
+                  ) -> list[int]:
+    """``12,13,14``: job ids (1 to MAX_JOB_ID; or other numbers of that range, ``what``),
+    de-duplicated in order, at most ``limit``; empty items are skipped."""
     ids: dict[int, None] = {}
     for item in text.split(","):
         item = item.strip()
@@ -151,11 +152,11 @@ def parse_id_list(field: str, text: str, limit: int = MAX_LIST) -> list[int]:
             continue
         if not (item.isascii() and item.isdigit()) or len(item) > 19 \
                 or not 1 <= int(item) <= MAX_JOB_ID:
-            raise BoundError(f"{field}: expected job ids from 1 to {MAX_JOB_ID} separated by "
+            raise BoundError(f"{field}: expected {what} from 1 to {MAX_JOB_ID} separated by "
                              f"commas, got {item[:40]!r}")
         ids[int(item)] = None
         if len(ids) > limit:
-            raise BoundError(f"{field}: more than {limit} job ids")
+            raise BoundError(f"{field}: more than {limit} {what}")
     return list(ids)
 
 

@@ -225,15 +225,17 @@ def _end_of(node: str, item: object) -> tuple[int, dict[str, Any]]:
 
 
 def _done_seqs(text: str | None) -> list[int] | None:
-    """A work poll's ``done``: command numbers separated by commas (None: none given)."""
+    """A work poll's ``done``: command numbers separated by commas (None: none given).
+    Stricter than the lists users give (bounds.parse_id_list, which checks each number):
+    no empty item, no space, and at most MAX_ACKS_IN_POLL items, repeats counted."""
     if text is None:
         return None
     parts = text.split(",", bounds.MAX_ACKS_IN_POLL)
-    if len(parts) > bounds.MAX_ACKS_IN_POLL or not all(
-            part.isdigit() and part.isascii() and len(part) <= 19 for part in parts):
+    if len(parts) > bounds.MAX_ACKS_IN_POLL or not all(part and not any(
+            c.isspace() for c in part) for part in parts):
         raise UsageError(f"done: expected 1 to {bounds.MAX_ACKS_IN_POLL} command numbers "
                          "separated by commas")
-    seqs = [int(part) for part in parts]
-    if not all(1 <= seq <= bounds.MAX_JOB_ID for seq in seqs):
-        raise UsageError(f"done: command numbers run from 1 to {bounds.MAX_JOB_ID}")
-    return seqs
+    try:
+        return bounds.parse_id_list("done", text, bounds.MAX_ACKS_IN_POLL, "command numbers")
+    except bounds.BoundError as exc:
+        raise UsageError(str(exc)) from None
